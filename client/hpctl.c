@@ -1,0 +1,91 @@
+/* client/hpctl.c — the command-line client: verb dispatch, usage, and the flag helpers the
+ * verbs share. Verbs that talk to the coordinator arrive with it; the offline ones (new,
+ * inspect) are in hpctl_job.c.
+ *
+ * Conventions: one line on stderr per error ("hpctl: new: --batch: 'x' is not an integer"),
+ * exit 0 ok, 1 an error (bad file, failed operation), 2 a usage error. */
+#include "client/hpctl.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HPCTL_VERSION "0.1.0"
+
+int hpctl_fail(int code, const char *verb, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "hpctl: %s: ", verb);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+int hpctl_parse_i64(const char *verb, const char *flag, const char *s, int64_t lo, int64_t hi,
+                    int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno)
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is not an integer", flag, s);
+    if (v < lo || v > hi)
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: %lld is outside [%lld, %lld]", flag, v,
+                          (long long)lo, (long long)hi);
+    *out = v;
+    return HPCTL_OK;
+}
+
+int hpctl_parse_f64(const char *verb, const char *flag, const char *s, double lo, double hi,
+                    double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v))
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is not a finite number", flag, s);
+    if (v < lo || v > hi)
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: %g is outside [%g, %g]", flag, v, lo, hi);
+    *out = v;
+    return HPCTL_OK;
+}
+
+static void usage(FILE *f) {
+    fputs("usage: hpctl <verb> [flags]\n"
+          "\n"
+          "offline verbs:\n"
+          "  new --model FAMILY[:FLAVOR] [model and training flags] -o JOB.pb\n"
+          "                        write a job file (see `hpctl new --help`)\n"
+          "  inspect JOB.pb [--hpir] [--json]\n"
+          "                        print a job's summary (params, FLOPs/token, graph size);\n"
+          "                        --hpir prints the graph's text form\n"
+          "\n"
+          "  --help, -h            this text\n"
+          "  --version             print the version\n"
+          "\n"
+          "exit codes: 0 ok, 1 error, 2 usage error\n",
+          f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return HPCTL_USAGE;
+    }
+    const char *verb = argv[1];
+    if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
+        usage(stdout);
+        return HPCTL_OK;
+    }
+    if (!strcmp(verb, "--version")) {
+        printf("hpctl %s\n", HPCTL_VERSION);
+        return HPCTL_OK;
+    }
+    if (!strcmp(verb, "new")) return hpctl_new(argc - 1, argv + 1);
+    if (!strcmp(verb, "inspect")) return hpctl_inspect(argc - 1, argv + 1);
+    fprintf(stderr, "hpctl: unknown verb '%s' (try hpctl --help)\n", verb);
+    return HPCTL_USAGE;
+}

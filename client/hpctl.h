@@ -1,0 +1,23 @@
+/* client/hpctl.h — what hpctl's verbs share: exit codes, error printing, flag parsing. */
+#ifndef HP_CLIENT_HPCTL_H
+#define HP_CLIENT_HPCTL_H
+
+#include <stdint.h>
+
+enum { HPCTL_OK = 0, HPCTL_ERROR = 1, HPCTL_USAGE = 2 };
+
+/* Prints "hpctl: VERB: message" on stderr; returns code. */
+int hpctl_fail(int code, const char *verb, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Parse a flag's value, with range; on failure print one line and return HPCTL_USAGE. */
+int hpctl_parse_i64(const char *verb, const char *flag, const char *s, int64_t lo, int64_t hi,
+                    int64_t *out);
+int hpctl_parse_f64(const char *verb, const char *flag, const char *s, double lo, double hi,
+                    double *out);
+
+/* Verbs: argv[0] is the verb. Return an exit code. */
+int hpctl_new(int argc, char **argv);
+int hpctl_inspect(int argc, char **argv);
+
+#endif

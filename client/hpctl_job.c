@@ -1,0 +1,323 @@
+/* client/hpctl_job.c — the offline job verbs: `new` builds a job file from a model spec and
+ * training flags; `inspect` reads one back and prints its summary, its graph as text, or JSON. */
+#include "client/hpctl.h"
+
+#include "hp/job.h"
+#include "hp/models.h"
+#include "hp/text.h"
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- new ------------------------------------------------------------------------------------ */
+
+typedef enum { FLAG_I64, FLAG_F64 } flag_kind;
+
+/* Numeric flags of `new`, as one table: flag, field in hp_job, range, help. */
+static const struct num_flag {
+    const char *flag;
+    flag_kind kind;
+    size_t offset;
+    double lo, hi;
+    const char *help;
+} num_flags[] = {
+    {"--batch", FLAG_I64, offsetof(hp_job, model.batch), 1, 1 << 20, "local batch (sequences)"},
+    {"--seq", FLAG_I64, offsetof(hp_job, model.seq), 1, 1 << 24, "sequence length"},
+    {"--dim", FLAG_I64, offsetof(hp_job, model.dim), 1, 1 << 20, "model dim"},
+    {"--layers", FLAG_I64, offsetof(hp_job, model.n_layers), 1, 4096, "layers"},
+    {"--heads", FLAG_I64, offsetof(hp_job, model.n_heads), 1, 4096, "attention heads"},
+    {"--kv-heads", FLAG_I64, offsetof(hp_job, model.n_kv_heads), 1, 4096, "key/value heads"},
+    {"--ffn-hidden", FLAG_I64, offsetof(hp_job, model.ffn_hidden), 1, 1 << 22, "FFN hidden"},
+    {"--vocab", FLAG_I64, offsetof(hp_job, model.vocab), 2, 1 << 24, "vocabulary size"},
+    {"--steps", FLAG_I64, offsetof(hp_job, train.steps), 1, 1e12, "training steps"},
+    {"--warmup", FLAG_I64, offsetof(hp_job, train.warmup_steps), 0, 1e12, "warmup steps"},
+    {"--seed", FLAG_I64, offsetof(hp_job, train.seed), 0, 9.2e18, "RNG seed"},
+    {"--log-interval", FLAG_I64, offsetof(hp_job, train.log_interval), 0, 1e12,
+     "steps between metrics lines (0: never)"},
+    {"--checkpoint-interval", FLAG_I64, offsetof(hp_job, train.checkpoint_interval), 0, 1e12,
+     "steps between checkpoints (0: never)"},
+    {"--lr", FLAG_F64, offsetof(hp_job, train.lr), 1e-12, 1e3, "peak learning rate"},
+    {"--min-lr-ratio", FLAG_F64, offsetof(hp_job, train.min_lr_ratio), 0, 1, "final lr / peak lr"},
+    {"--weight-decay", FLAG_F64, offsetof(hp_job, train.weight_decay), 0, 1e3, "AdamW decay"},
+    {"--grad-clip", FLAG_F64, offsetof(hp_job, train.grad_clip), 0, 1e12,
+     "max global grad norm (0: off)"},
+};
+
+static void new_usage(FILE *f) {
+    fputs("usage: hpctl new --model FAMILY[:FLAVOR] [flags] -o JOB.pb\n"
+          "\n"
+          "  --model SPEC          llama3:debugmodel | llama3:8B | llama3:70B | llama3:405B | mlp\n"
+          "  --name NAME           job name (default: the flavor)\n"
+          "  --decay KIND          linear | cosine | none (after warmup)\n"
+          "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
+          "  --init-from PATH      initial weights (safetensors)\n"
+          "  -o, --output PATH     where to write the job (written atomically)\n",
+          f);
+    for (size_t i = 0; i < HP_ARRAY_LEN(num_flags); i++)
+        fprintf(f, "  %-21s %s\n", num_flags[i].flag, num_flags[i].help);
+}
+
+static int set_string(const char *verb, const char *flag, const char *v, char *dst, size_t cap) {
+    if (strlen(v) >= cap)
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: longer than %zu bytes", flag, cap - 1);
+    strcpy(dst, v);
+    return HPCTL_OK;
+}
+
+/* Parses `new`'s flags into job; returns an exit code. */
+static int new_flags(int argc, char **argv, hp_job *job, const char **model, const char **out) {
+    const char *verb = "new";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            new_usage(stdout);
+            exit(HPCTL_OK);
+        }
+        if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
+        const char *v = argv[++i];
+        int rc = HPCTL_OK;
+        const struct num_flag *nf = NULL;
+        for (size_t k = 0; k < HP_ARRAY_LEN(num_flags); k++)
+            if (!strcmp(a, num_flags[k].flag)) nf = &num_flags[k];
+        if (nf && nf->kind == FLAG_I64) {
+            int64_t x;
+            rc = hpctl_parse_i64(verb, a, v, (int64_t)nf->lo, (int64_t)nf->hi, &x);
+            if (rc == HPCTL_OK) *(int64_t *)((char *)job + nf->offset) = x;
+        } else if (nf) {
+            rc = hpctl_parse_f64(verb, a, v, nf->lo, nf->hi, (double *)((char *)job + nf->offset));
+        } else if (!strcmp(a, "--model")) {
+            *model = v;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            *out = v;
+        } else if (!strcmp(a, "--name")) {
+            rc = set_string(verb, a, v, job->name, sizeof job->name);
+        } else if (!strcmp(a, "--data")) {
+            rc = set_string(verb, a, v, job->train.data_path, sizeof job->train.data_path);
+        } else if (!strcmp(a, "--init-from")) {
+            rc = set_string(verb, a, v, job->train.init_from, sizeof job->train.init_from);
+        } else if (!strcmp(a, "--decay")) {
+            if (!strcmp(v, "linear"))
+                job->train.decay = HP_DECAY_LINEAR;
+            else if (!strcmp(v, "cosine"))
+                job->train.decay = HP_DECAY_COSINE;
+            else if (!strcmp(v, "none"))
+                job->train.decay = HP_DECAY_NONE;
+            else
+                rc =
+                    hpctl_fail(HPCTL_USAGE, verb, "--decay: '%s' is not linear, cosine or none", v);
+        } else {
+            return hpctl_fail(HPCTL_USAGE, verb, "unknown flag '%s' (try hpctl new --help)", a);
+        }
+        if (rc != HPCTL_OK) return rc;
+    }
+    if (!*model) return hpctl_fail(HPCTL_USAGE, verb, "--model is required");
+    if (!*out) return hpctl_fail(HPCTL_USAGE, verb, "-o JOB.pb is required");
+    return HPCTL_OK;
+}
+
+int hpctl_new(int argc, char **argv) {
+    const char *verb = "new";
+    hp_job *job = hp_job_new();
+    if (!job) return hpctl_fail(HPCTL_ERROR, verb, "out of memory");
+    const char *model = NULL, *out = NULL;
+    hp_model_spec overrides = {0};
+    job->name[0] = 0; /* default: the flavor, once known */
+    int rc = new_flags(argc, argv, job, &model, &out);
+    if (rc != HPCTL_OK) goto done;
+    overrides = job->model;
+    hp_err err = {0};
+    if (hp_model_spec_parse(model, &job->model, &err) != HP_OK) {
+        rc = hpctl_fail(HPCTL_USAGE, verb, "--model: %s", err.msg);
+        goto done;
+    }
+    /* the parse zeroes the overrides; put back the ones the flags set */
+    strcpy(overrides.family, job->model.family);
+    strcpy(overrides.flavor, job->model.flavor);
+    job->model = overrides;
+    if (!job->name[0]) snprintf(job->name, sizeof job->name, "%s", job->model.flavor);
+    if (hp_model_build_joint(&job->model, &job->graph, &err) != HP_OK) {
+        rc = hpctl_fail(HPCTL_USAGE, verb, "model: %s", err.msg);
+        goto done;
+    }
+    /* The training shapes are the graph's: its first data input is [batch, seq, ...]. */
+    hp_graph_inputs in = hp_graph_count_inputs(job->graph);
+    if (in.n_data > 0) {
+        const hp_type *t = &job->graph->nodes[in.n_params + in.n_buffers].out[0];
+        if (t->rank >= 1) job->train.local_batch = t->shape[0];
+        if (t->rank >= 2) job->train.seq = t->shape[1];
+    }
+    if (hp_job_validate(job, &err) != HP_OK) {
+        rc = hpctl_fail(HPCTL_USAGE, verb, "%s", err.msg);
+        goto done;
+    }
+    if (hp_job_write_file(out, job, &err) != HP_OK) {
+        rc = hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
+        goto done;
+    }
+    printf("wrote %s (%s:%s, %lld parameters, %d nodes)\n", out, job->model.family,
+           job->model.flavor, (long long)hp_graph_param_count(job->graph), job->graph->n_nodes);
+done:
+    hp_job_free(job);
+    return rc;
+}
+
+/* ---- inspect -------------------------------------------------------------------------------- */
+
+typedef struct job_summary {
+    int64_t params, embedding_params, param_bytes;
+    double flops_per_token;
+    int n_nodes, n_backward, n_collectives;
+    int op_count[HP_OP_COUNT];
+    hp_graph_inputs inputs;
+} job_summary;
+
+static void summarize(const hp_job *job, job_summary *s) {
+    memset(s, 0, sizeof *s);
+    const hp_graph *g = job->graph;
+    s->params = hp_graph_param_count(g);
+    s->inputs = hp_graph_count_inputs(g);
+    for (int i = 0; i < s->inputs.n_params; i++)
+        s->param_bytes +=
+            hp_type_numel(&g->nodes[i].out[0]) * (int64_t)hp_dtype_size(g->nodes[i].out[0].dtype);
+    int e = hp_graph_find_fqn(g, "tok_embeddings.weight");
+    if (e >= 0) s->embedding_params = hp_type_numel(&g->nodes[e].out[0]);
+    s->flops_per_token = hp_model_flops_per_token(&job->model);
+    s->n_nodes = g->n_nodes;
+    for (int i = 0; i < g->n_nodes; i++) {
+        unsigned flags = hp_op_get(g->nodes[i].op)->flags;
+        s->op_count[g->nodes[i].op]++;
+        if (flags & HP_OPF_BACKWARD) s->n_backward++;
+        if (flags & HP_OPF_COLLECTIVE) s->n_collectives++;
+    }
+}
+
+static const char *decay_name(hp_decay_kind d) {
+    return d == HP_DECAY_LINEAR ? "linear" : d == HP_DECAY_COSINE ? "cosine" : "none";
+}
+
+/* 1234567 -> "1,234,567" */
+static const char *commas(int64_t v, char *buf) {
+    char tmp[32];
+    int n = snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v)), o = 0;
+    if (v < 0) buf[o++] = '-';
+    for (int i = 0; i < n; i++) {
+        buf[o++] = tmp[i];
+        if ((n - i - 1) % 3 == 0 && i != n - 1) buf[o++] = ',';
+    }
+    buf[o] = 0;
+    return buf;
+}
+#define COMMAS(v) commas((v), (char[40]){0})
+
+static void print_text(const hp_job *job, const job_summary *s) {
+    const hp_model_spec *m = &job->model;
+    printf("job         %s\n", job->name);
+    printf("model       %s:%s", m->family, m->flavor);
+    hp_llama3_config c;
+    if (!strcmp(m->family, "llama3") && hp_llama3_resolve(m, &c, NULL) == HP_OK)
+        printf("  dim %lld, layers %lld, heads %lld (kv %lld), ffn %lld, vocab %lld",
+               (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
+               (long long)c.n_kv_heads, (long long)c.ffn_hidden, (long long)c.vocab);
+    printf("\nbatch       %lld x seq %lld = %s tokens per rank per step\n",
+           (long long)job->train.local_batch, (long long)job->train.seq,
+           COMMAS(job->train.local_batch * job->train.seq));
+    printf("parameters  %s (%.1f MiB)", COMMAS(s->params), (double)s->param_bytes / (1 << 20));
+    if (s->embedding_params) printf(", %s in the embedding", COMMAS(s->embedding_params));
+    printf("\nflops/token %.4g (6*(N - embedding) + 12*L*d*T, torchtitan's convention)\n",
+           s->flops_per_token);
+    printf("graph       %d nodes (%d backward ops, %d collectives); inputs: %d params, %d buffers, "
+           "%d data; %d outputs (loss + %d gradients)\n",
+           s->n_nodes, s->n_backward, s->n_collectives, s->inputs.n_params, s->inputs.n_buffers,
+           s->inputs.n_data, job->graph->n_outputs, job->graph->n_outputs - 1);
+    printf("ops        ");
+    for (int op = 0; op < HP_OP_COUNT; op++)
+        if (s->op_count[op] && op != HP_OP_PLACEHOLDER)
+            printf(" %s %d", hp_op_get((hp_op)op)->name, s->op_count[op]);
+    const hp_train_config *t = &job->train;
+    printf("\ntrain       %lld steps, AdamW lr %g (warmup %lld, %s decay to %g x), betas "
+           "%g/%g, eps %g, weight decay %g, clip %g, seed %llu\n",
+           (long long)t->steps, t->lr, (long long)t->warmup_steps, decay_name(t->decay),
+           t->min_lr_ratio, t->beta1, t->beta2, t->eps, t->weight_decay, t->grad_clip,
+           (unsigned long long)t->seed);
+    printf("data        %s\n", t->data_path[0] ? t->data_path : "built-in corpus");
+    printf("plan        mesh");
+    for (int i = 0; i < job->plan.n_mesh; i++)
+        printf("%s%s=%d", i ? "," : " ", job->plan.mesh[i].name, job->plan.mesh[i].size);
+    printf(", mode %s, %d FSDP marks, %d patterns\n",
+           job->plan.mode == HP_PLAN_FSDP ? "fsdp" : "auto", job->plan.n_fsdp_fqns,
+           job->plan.n_fsdp_patterns);
+    printf("resources   world %d, %s\n", job->resources.world_size,
+           job->resources.device == HP_DEVICE_CPU ? "cpu" : "cuda");
+}
+
+static int print_json(const hp_job *job, const job_summary *s) {
+    json_t *ops = json_object();
+    for (int op = 0; op < HP_OP_COUNT; op++)
+        if (s->op_count[op])
+            json_object_set_new(ops, hp_op_get((hp_op)op)->name, json_integer(s->op_count[op]));
+    const hp_train_config *t = &job->train;
+    json_t *root = json_pack(
+        "{s:s, s:{s:s, s:s}, s:I, s:I, s:I, s:f, s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o},"
+        " s:{s:I, s:f, s:I, s:s, s:I, s:I, s:s}, s:{s:i}}",
+        "name", job->name, "model", "family", job->model.family, "flavor", job->model.flavor,
+        "params", (json_int_t)s->params, "param_bytes", (json_int_t)s->param_bytes,
+        "embedding_params", (json_int_t)s->embedding_params, "flops_per_token", s->flops_per_token,
+        "graph", "nodes", s->n_nodes, "backward_ops", s->n_backward, "collectives",
+        s->n_collectives, "param_inputs", s->inputs.n_params, "buffer_inputs", s->inputs.n_buffers,
+        "data_inputs", s->inputs.n_data, "outputs", job->graph->n_outputs, "ops", ops, "train",
+        "steps", (json_int_t)t->steps, "lr", t->lr, "warmup_steps", (json_int_t)t->warmup_steps,
+        "decay", decay_name(t->decay), "local_batch", (json_int_t)t->local_batch, "seq",
+        (json_int_t)t->seq, "data", t->data_path[0] ? t->data_path : "", "resources", "world_size",
+        job->resources.world_size);
+    if (!root) return hpctl_fail(HPCTL_ERROR, "inspect", "out of memory building JSON");
+    json_dumpf(root, stdout, JSON_INDENT(2));
+    putchar('\n');
+    json_decref(root);
+    return HPCTL_OK;
+}
+
+int hpctl_inspect(int argc, char **argv) {
+    const char *verb = "inspect", *path = NULL;
+    bool hpir = false, json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--hpir"))
+            hpir = true;
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            puts("usage: hpctl inspect JOB.pb [--hpir | --json]");
+            return HPCTL_OK;
+        } else if (argv[i][0] == '-')
+            return hpctl_fail(HPCTL_USAGE, verb, "unknown flag '%s'", argv[i]);
+        else if (path)
+            return hpctl_fail(HPCTL_USAGE, verb, "one job file at a time ('%s' and '%s')", path,
+                              argv[i]);
+        else
+            path = argv[i];
+    }
+    if (!path) return hpctl_fail(HPCTL_USAGE, verb, "which job file? (hpctl inspect JOB.pb)");
+    if (hpir && json) return hpctl_fail(HPCTL_USAGE, verb, "--hpir and --json exclude each other");
+    hp_job *job = NULL;
+    hp_err err = {0};
+    if (hp_job_read_file(path, &job, &err) != HP_OK)
+        return hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
+    int rc = HPCTL_OK;
+    if (!job->graph) {
+        rc = hpctl_fail(HPCTL_ERROR, verb, "%s: the job has no graph", path);
+    } else if (hpir) {
+        if (hp_graph_fprint(job->graph, stdout, &err) != HP_OK)
+            rc = hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
+    } else {
+        job_summary s;
+        summarize(job, &s);
+        if (json)
+            rc = print_json(job, &s);
+        else
+            print_text(job, &s);
+    }
+    hp_job_free(job);
+    return rc;
+}

@@ -1,0 +1,241 @@
+/* graph/base.c — status strings, error messages, the fault-injectable allocator, the arena
+ * and the two file helpers (whole-file read with a cap, atomic write). */
+#include "hp/base.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *hp_status_str(hp_status s) {
+    switch (s) {
+#define X(name, text)                                                                              \
+    case HP_##name:                                                                                \
+        return text;
+        HP_STATUS_LIST(X)
+#undef X
+    }
+    return "unknown status";
+}
+
+hp_status hp_errf(hp_err *err, hp_status status, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        err->status = status;
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+hp_status hp_err_prefix(hp_err *err, const char *fmt, ...) {
+    if (!err) return HP_OK;
+    char prefix[HP_ERR_MSG_MAX], old[HP_ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    /* a message cut at HP_ERR_MSG_MAX still names what matters first */
+    size_t o = 0, cap = sizeof err->msg - 1;
+    for (const char *parts[3] = {prefix, ": ", old}, **p = parts; p < parts + 3; p++) {
+        size_t n = strlen(*p);
+        if (n > cap - o) n = cap - o;
+        memcpy(err->msg + o, *p, n);
+        o += n;
+    }
+    err->msg[o] = 0;
+    return err->status;
+}
+
+void hp__assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "hp: internal invariant failed: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+/* ---- allocator ------------------------------------------------------------------------------ */
+
+static atomic_long alloc_count;        /* allocations since the last hp_alloc_fail_at */
+static atomic_long alloc_fail_at = -1; /* fail this one and every later one; -1 never */
+
+static bool alloc_should_fail(void) {
+    long n = atomic_fetch_add(&alloc_count, 1);
+    long at = atomic_load(&alloc_fail_at);
+    return at >= 0 && n >= at;
+}
+
+long hp_alloc_fail_at(long n) {
+    long made = atomic_exchange(&alloc_count, 0);
+    atomic_store(&alloc_fail_at, n);
+    return made;
+}
+
+void *hp_malloc(size_t n) {
+    if (alloc_should_fail()) return NULL;
+    return malloc(n ? n : 1);
+}
+
+void *hp_calloc(size_t count, size_t size) {
+    if (size && count > SIZE_MAX / size) return NULL;
+    if (alloc_should_fail()) return NULL;
+    return calloc(count ? count : 1, size ? size : 1);
+}
+
+void *hp_realloc(void *p, size_t n) {
+    if (alloc_should_fail()) return NULL;
+    return realloc(p, n ? n : 1);
+}
+
+void hp_free(void *p) {
+    free(p);
+}
+
+char *hp_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = hp_malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* ---- arena ---------------------------------------------------------------------------------- */
+
+struct hp_arena_chunk {
+    hp_arena_chunk *next;
+    size_t size; /* usable bytes after the header */
+    _Alignas(16) unsigned char data[];
+};
+
+#define ARENA_CHUNK_MIN (64 * 1024)
+
+void hp_arena_init(hp_arena *a) {
+    memset(a, 0, sizeof *a);
+}
+
+void hp_arena_fini(hp_arena *a) {
+    hp_arena_chunk *c = a->head;
+    while (c) {
+        hp_arena_chunk *next = c->next;
+        hp_free(c);
+        c = next;
+    }
+    memset(a, 0, sizeof *a);
+}
+
+void *hp_arena_alloc(hp_arena *a, size_t n) {
+    if (n > SIZE_MAX / 2) return NULL;
+    size_t need = (n + 15) & ~(size_t)15;
+    if (!a->head || a->used + need > a->head->size) {
+        size_t size = need > ARENA_CHUNK_MIN ? need : ARENA_CHUNK_MIN;
+        hp_arena_chunk *c = hp_malloc(sizeof *c + size);
+        if (!c) return NULL;
+        c->next = a->head;
+        c->size = size;
+        a->head = c;
+        a->used = 0;
+    }
+    void *p = a->head->data + a->used;
+    a->used += need;
+    a->total += need;
+    memset(p, 0, n);
+    return p;
+}
+
+char *hp_arena_strdup(hp_arena *a, const char *s) {
+    return hp_arena_memdup(a, s, strlen(s) + 1);
+}
+
+void *hp_arena_memdup(hp_arena *a, const void *p, size_t n) {
+    void *d = hp_arena_alloc(a, n);
+    if (d && n) memcpy(d, p, n);
+    return d;
+}
+
+/* ---- files ---------------------------------------------------------------------------------- */
+
+hp_status hp_file_read(const char *path, size_t max_bytes, uint8_t **data, size_t *len,
+                       hp_err *err) {
+    *data = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return hp_errf(err, HP_IO, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        close(fd);
+        return hp_errf(err, HP_LIMIT, "%s: file is %lld bytes, over the limit of %zu", path,
+                       (long long)st.st_size, max_bytes);
+    }
+    size_t n = (size_t)st.st_size;
+    uint8_t *buf = hp_malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return hp_errf(err, HP_NOMEM, "%s: out of memory reading %zu bytes", path, n);
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            close(fd);
+            hp_free(buf);
+            return hp_errf(err, HP_IO, "%s: %s", path, e ? strerror(e) : "file shrank while read");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0; /* text readers may treat the buffer as a C string */
+    *data = buf;
+    *len = n;
+    return HP_OK;
+}
+
+hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, hp_err *err) {
+    size_t plen = strlen(path);
+    char *tmp = hp_malloc(plen + 32);
+    if (!tmp) return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        hp_status s = hp_errf(err, HP_IO, "%s: %s", tmp, strerror(errno));
+        hp_free(tmp);
+        return s;
+    }
+    const uint8_t *p = data;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, p + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) goto fail;
+        done += (size_t)w;
+    }
+    if (fsync(fd) != 0) goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) goto fail;
+    hp_free(tmp);
+    return HP_OK;
+fail:;
+    int e = errno;
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    hp_free(tmp);
+    return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
+}

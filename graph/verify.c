@@ -1,0 +1,197 @@
+/* graph/verify.c — the verifier: one node at a time (shared with the builder), then the graph
+ * as a whole (placeholder order, unique FQNs, outputs). Everything a file or a peer can get
+ * wrong is checked here before any pass or backend looks at the graph. */
+#include "graph/graph_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static hp_status check_attrs(const hp_node *n, const hp_op_info *info, hp_err *err) {
+    uint64_t seen = 0;
+    for (int i = 0; i < n->n_attrs; i++) {
+        const hp_attr *a = &n->attrs[i];
+        if ((unsigned)a->key >= HP_ATTR_COUNT)
+            return hp_errf(err, HP_INVALID, "attribute key %d out of range", (int)a->key);
+        const char *name = hp_attr_key_name(a->key);
+        uint64_t bit = UINT64_C(1) << a->key;
+        if (!((info->required | info->optional) & bit))
+            return hp_errf(err, HP_INVALID, "attribute '%s' is not accepted by %s", name,
+                           info->name);
+        if (seen & bit) return hp_errf(err, HP_INVALID, "duplicate attribute '%s'", name);
+        seen |= bit;
+        if (a->kind != hp_attr_key_kind(a->key))
+            return hp_errf(err, HP_INVALID, "attribute '%s' has the wrong kind", name);
+        switch (a->kind) {
+        case HP_ATTR_KIND_INTS:
+            if (a->ints.n < 0 || a->ints.n > HP_MAX_ATTR_INTS)
+                return hp_errf(err, HP_INVALID, "attribute '%s' has %d values, at most %d allowed",
+                               name, a->ints.n, HP_MAX_ATTR_INTS);
+            break;
+        case HP_ATTR_KIND_DTYPE:
+            if ((unsigned)a->dtype >= HP_DTYPE_COUNT)
+                return hp_errf(err, HP_INVALID, "attribute '%s': dtype %d out of range", name,
+                               (int)a->dtype);
+            break;
+        case HP_ATTR_KIND_STR:
+            if (!a->s) return hp_errf(err, HP_INVALID, "attribute '%s' has no string", name);
+            if (strnlen(a->s, HP_MAX_STR + 1) > HP_MAX_STR)
+                return hp_errf(err, HP_INVALID, "attribute '%s' is longer than %d bytes", name,
+                               HP_MAX_STR);
+            break;
+        case HP_ATTR_KIND_INIT: {
+            hp_status s = hp_init_check(&a->init, err);
+            if (s != HP_OK) return s;
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    uint64_t missing = info->required & ~seen;
+    if (missing) {
+        int k = __builtin_ctzll(missing);
+        return hp_errf(err, HP_INVALID, "missing required attribute '%s'",
+                       hp_attr_key_name((hp_attr_key)k));
+    }
+    return HP_OK;
+}
+
+hp_status hp__check_node(const hp_graph *g, int id, const hp_node *n, hp_type *inferred,
+                         hp_err *err) {
+    const hp_op_info *info = hp_op_get(n->op);
+    if (!info) {
+        hp_errf(err, HP_INVALID, "op %d out of range", (int)n->op);
+        return hp_err_prefix(err, "node %d", id);
+    }
+    hp_status s = HP_OK;
+    hp_type small[8], *in = small;
+    if (info->n_in == HP_VARIADIC ? (n->n_in < 1 || n->n_in > HP_MAX_INPUTS)
+                                  : n->n_in != info->n_in) {
+        s = info->n_in == HP_VARIADIC
+                ? hp_errf(err, HP_INVALID, "takes 1 to %d inputs, got %d", HP_MAX_INPUTS, n->n_in)
+                : hp_errf(err, HP_INVALID, "takes %d inputs, got %d", info->n_in, n->n_in);
+        goto out;
+    }
+    if (n->n_out != info->n_out) {
+        s = hp_errf(err, HP_INVALID, "has %d outputs, got %d", info->n_out, n->n_out);
+        goto out;
+    }
+    if (n->n_in > (int)HP_ARRAY_LEN(small)) {
+        in = hp_calloc((size_t)n->n_in, sizeof *in);
+        if (!in) {
+            s = hp_errf(err, HP_NOMEM, "out of memory");
+            goto out;
+        }
+    }
+    for (int i = 0; i < n->n_in; i++) {
+        hp_value v = n->in[i];
+        if (v.node < 0 || v.node >= id) {
+            s = v.node >= id && v.node < g->n_nodes
+                    ? hp_errf(err, HP_INVALID,
+                              "input %d refers to node %d, which does not come before it "
+                              "(cycle or wrong order)",
+                              i, v.node)
+                    : hp_errf(err, HP_INVALID, "input %d refers to node %d, which does not exist",
+                              i, v.node);
+            goto out;
+        }
+        const hp_node *src = &g->nodes[v.node];
+        if (v.out < 0 || v.out >= src->n_out) {
+            s = hp_errf(err, HP_INVALID, "input %d refers to output %d of node %d, which has %d", i,
+                        v.out, v.node, src->n_out);
+            goto out;
+        }
+        in[i] = src->out[v.out];
+    }
+    s = check_attrs(n, info, err);
+    if (s != HP_OK) goto out;
+    memset(inferred, 0, (size_t)info->n_out * sizeof *inferred);
+    s = info->shape(n, in, inferred, err);
+    if (s != HP_OK) goto out;
+    for (int k = 0; k < info->n_out; k++) {
+        s = hp_type_check(&inferred[k], err);
+        if (s != HP_OK) {
+            hp_err_prefix(err, "output %d", k);
+            goto out;
+        }
+    }
+out:
+    if (in != small) hp_free(in);
+    if (s != HP_OK) hp_err_prefix(err, "node %d (%s)", id, info ? info->name : "?");
+    return s;
+}
+
+static int str_ptr_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Placeholders first, ordered param, buffer, data; params and buffers named, names unique. */
+static hp_status check_placeholders(const hp_graph *g, hp_err *err) {
+    int n_ph = 0;
+    int64_t last_kind = HP_INPUT_PARAM;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        if (n->op != HP_OP_PLACEHOLDER) continue;
+        if (i != n_ph)
+            return hp_errf(err, HP_INVALID,
+                           "node %d (placeholder): placeholders must come before all other nodes",
+                           i);
+        n_ph++;
+        int64_t kind = hp_node_int(n, HP_ATTR_KIND, -1);
+        if (kind < last_kind)
+            return hp_errf(err, HP_INVALID,
+                           "node %d (placeholder): inputs must be ordered parameters, buffers, "
+                           "then data",
+                           i);
+        last_kind = kind;
+    }
+    if (n_ph < 2) return HP_OK;
+    const char **names = hp_calloc((size_t)n_ph, sizeof *names);
+    if (!names) return hp_errf(err, HP_NOMEM, "out of memory checking names");
+    int k = 0;
+    for (int i = 0; i < n_ph; i++) {
+        const hp_attr *a = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
+        if (a) names[k++] = a->s;
+    }
+    qsort(names, (size_t)k, sizeof *names, str_ptr_cmp);
+    hp_status s = HP_OK;
+    for (int i = 1; i < k; i++) {
+        if (strcmp(names[i], names[i - 1]) == 0) {
+            s = hp_errf(err, HP_INVALID, "placeholder name '%s' is used twice", names[i]);
+            break;
+        }
+    }
+    hp_free(names);
+    return s;
+}
+
+hp_status hp_graph_verify(const hp_graph *g, hp_err *err) {
+    if (g->failed) {
+        if (err) *err = g->err;
+        return g->err.status;
+    }
+    if (g->n_nodes > HP_MAX_NODES)
+        return hp_errf(err, HP_LIMIT, "graph has more than %d nodes", HP_MAX_NODES);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        hp_type inferred[HP_MAX_OUTS];
+        HP_TRY(hp__check_node(g, i, n, inferred, err));
+        for (int k = 0; k < n->n_out; k++) {
+            if (!hp_type_eq(&inferred[k], &n->out[k])) {
+                char a[96], b[96];
+                return hp_errf(err, HP_INVALID,
+                               "node %d (%s): output %d is declared %s but its shape rule gives %s",
+                               i, hp_op_get(n->op)->name, k, hp_type_str(&n->out[k], a, sizeof a),
+                               hp_type_str(&inferred[k], b, sizeof b));
+            }
+        }
+    }
+    HP_TRY(check_placeholders(g, err));
+    for (int i = 0; i < g->n_outputs; i++) {
+        hp_value v = g->outputs[i];
+        if (!hp_graph_type(g, v))
+            return hp_errf(err, HP_INVALID, "graph output %d refers to %d.%d, which does not exist",
+                           i, v.node, v.out);
+    }
+    return HP_OK;
+}

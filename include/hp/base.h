@@ -1,0 +1,110 @@
+/* hp/base.h — status codes, error messages, the swappable allocator and the arena.
+ *
+ * Every fallible function returns hp_status and takes `hp_err *err` last (may be NULL).
+ * On failure the message names the bad value; libraries never print and never exit.
+ * HP_ASSERT is for invariants of our own code only, never for anything a user, a file
+ * or a peer sent.
+ */
+#ifndef HP_BASE_H
+#define HP_BASE_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes. X(NAME, "text"). */
+#define HP_STATUS_LIST(X)                                                                          \
+    X(OK, "ok")                                                                                    \
+    X(INVALID, "invalid argument")                                                                 \
+    X(NOMEM, "out of memory")                                                                      \
+    X(IO, "i/o error")                                                                             \
+    X(PARSE, "parse error")                                                                        \
+    X(UNSUPPORTED, "unsupported")                                                                  \
+    X(NOT_FOUND, "not found")                                                                      \
+    X(LIMIT, "limit exceeded")                                                                     \
+    X(INTERNAL, "internal error")
+
+typedef enum {
+#define X(name, text) HP_##name,
+    HP_STATUS_LIST(X)
+#undef X
+} hp_status;
+
+const char *hp_status_str(hp_status s);
+
+#define HP_ERR_MSG_MAX 512
+
+/* An error: the status and one line a person can act on. Caller storage. */
+typedef struct hp_err {
+    hp_status status;
+    char msg[HP_ERR_MSG_MAX];
+} hp_err;
+
+/* Records status and a printf-formatted message in err (if non-NULL); returns status, so that
+ * `return hp_errf(err, HP_INVALID, "...")` reads naturally. The first error wins only if the
+ * caller wants it to: this always overwrites. */
+hp_status hp_errf(hp_err *err, hp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prepends "prefix: " to an existing message (context as an error travels up). */
+hp_status hp_err_prefix(hp_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define HP_TRY(expr)                                                                               \
+    do {                                                                                           \
+        hp_status hp__s = (expr);                                                                  \
+        if (hp__s != HP_OK) return hp__s;                                                          \
+    } while (0)
+
+/* Invariant of our own code. Never for input validation. */
+void hp__assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+#define HP_ASSERT(e) ((e) ? (void)0 : hp__assert_fail(#e, __FILE__, __LINE__))
+
+#define HP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- allocator ------------------------------------------------------------------------------
+ * All heap memory of the libraries goes through these, so that tests can fail the Nth
+ * allocation (fault injection) and check that nothing leaks. They behave as malloc & co.
+ */
+void *hp_malloc(size_t n);
+void *hp_calloc(size_t count, size_t size); /* checks count*size overflow */
+void *hp_realloc(void *p, size_t n);
+void hp_free(void *p);
+char *hp_strdup(const char *s);
+
+/* Fault injection: the allocation numbered `n` (counting from 0 after this call) and every
+ * later one fail. n < 0 disables. Returns the number of allocations made since the last call
+ * (so a test can learn how many allocations an operation makes). Not for production use. */
+long hp_alloc_fail_at(long n);
+
+/* ---- arena ----------------------------------------------------------------------------------
+ * A bump allocator for IR objects: everything lives until hp_arena_fini. Chunks come from
+ * hp_malloc; a failed allocation returns NULL and leaves the arena usable. */
+typedef struct hp_arena_chunk hp_arena_chunk;
+typedef struct hp_arena {
+    hp_arena_chunk *head;
+    size_t used;  /* bytes used in head */
+    size_t total; /* bytes handed out, all chunks */
+} hp_arena;
+
+void hp_arena_init(hp_arena *a);
+void hp_arena_fini(hp_arena *a);
+void *hp_arena_alloc(hp_arena *a, size_t n); /* zeroed, 16-byte aligned */
+char *hp_arena_strdup(hp_arena *a, const char *s);
+void *hp_arena_memdup(hp_arena *a, const void *p, size_t n);
+
+/* ---- files ---------------------------------------------------------------------------------- */
+
+/* Reads a whole file (at most max_bytes) into a fresh hp_malloc'd buffer. A larger file is
+ * HP_LIMIT, naming the path and the limit. */
+hp_status hp_file_read(const char *path, size_t max_bytes, uint8_t **data, size_t *len,
+                       hp_err *err);
+/* Writes atomically: a temp file beside path, fsync, rename. */
+hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, hp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,200 @@
+/* hp/job.h — a training job as C data: the joint graph, the model it came from, the parallel
+ * plan, the pass config, the training config and the resources; and its wire form
+ * (hp.v1.Job, proto/hp/v1/job.proto) as bytes and files.
+ *
+ * Defaults follow torchtitan's debug_model.toml (AdamW lr 8e-4, betas 0.9/0.95, weight decay
+ * 0.1, eps 1e-8, warmup 2 steps, linear decay, grad clip 1.0, 10 steps, local batch 8 x seq
+ * 2048) on one CPU rank with a 1-D mesh (dp=1).
+ *
+ * Ownership: a job owns its graph (hp_graph_free'd with it) and its plan lists (hp_malloc'd;
+ * use the hp_job_add_* helpers to grow them). Everything else is plain values.
+ * Decoding (hp_job_unpack, hp_job_read_file) trusts nothing: every field is range-checked by
+ * hp_job_validate and the graph is imported with full validation (hp/proto_io.h); errors
+ * name the field ("train.lr: -1 must be > 0 and finite", "plan.mesh[1].size: ...").
+ * Not thread-safe; no I/O but hp_job_read_file / hp_job_write_file.
+ */
+#ifndef HP_JOB_H
+#define HP_JOB_H
+
+#include "hp/graph.h"
+#include "hp/models.h"
+
+#include "hp/v1/job.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_JOB_FORMAT_VERSION 1
+
+#define HP_JOB_NAME_MAX 64    /* [A-Za-z0-9._-], 1..63 chars */
+#define HP_JOB_PATH_MAX 1024  /* data_path, init_from */
+#define HP_MAX_WORLD 65536    /* ranks */
+#define HP_MESH_MAX_DIMS 4    /* e.g. (pp, dp, tp, cp) */
+#define HP_MESH_NAME_MAX 16   /* identifier, 1..15 chars */
+#define HP_PASS_NAME_MAX 32   /* pass names in dump lists and switches */
+#define HP_PASS_MAX 32        /* entries in a dump list / switch list */
+#define HP_PLAN_MAX_ITEMS 65536 /* FSDP marks, patterns, constraints (each list) */
+/* hp_job_read_file reads at most this much (the largest message decoding accepts). */
+#define HP_JOB_FILE_MAX ((size_t)64 << 20)
+
+/* ---- the parallel plan ----------------------------------------------------------------------- */
+typedef enum { HP_PLAN_FSDP = 0, HP_PLAN_AUTO = 1 } hp_plan_mode;
+
+/* A link class for the cost model: bytes per second and seconds per message. */
+typedef struct hp_link_class {
+    double bandwidth; /* bytes/s, > 0 */
+    double latency;   /* s, >= 0 */
+} hp_link_class;
+
+/* Typical links: NVLink within a node, InfiniBand across nodes. */
+#define HP_LINK_INTRA_NODE ((hp_link_class){200e9, 5e-6})
+#define HP_LINK_INTER_NODE ((hp_link_class){25e9, 20e-6})
+
+typedef struct hp_mesh_dim {
+    char name[HP_MESH_NAME_MAX];
+    int size; /* ranks along this dim, >= 1 */
+    hp_link_class link;
+} hp_mesh_dim;
+
+/* DTensor's placements: Replicate, Shard(dim), Partial(sum|avg). */
+typedef enum { HP_PLACE_REPLICATE = 0, HP_PLACE_SHARD = 1, HP_PLACE_PARTIAL = 2 } hp_place_kind;
+typedef struct hp_placement {
+    hp_place_kind kind;
+    int dim;             /* Shard: the tensor dim (>= 0) */
+    hp_reduce_op reduce; /* Partial: HP_REDUCE_SUM | HP_REDUCE_AVG */
+} hp_placement;
+
+/* A constraint on one graph input (by FQN) or output (by index): one placement per mesh dim. */
+typedef struct hp_place_constraint {
+    char *input_fqn; /* hp_malloc'd; NULL: the constraint is on graph output `output` */
+    int output;
+    int n_placements; /* == the mesh's dims */
+    hp_placement placements[HP_MESH_MAX_DIMS];
+} hp_place_constraint;
+
+typedef struct hp_plan {
+    int n_mesh;
+    hp_mesh_dim mesh[HP_MESH_MAX_DIMS];
+    hp_plan_mode mode;
+    char **fsdp_fqns; /* [n_fsdp_fqns], exact parameter FQNs, hp_malloc'd */
+    int n_fsdp_fqns;
+    char **fsdp_patterns; /* [n_fsdp_patterns], fnmatch globs over parameter FQNs */
+    int n_fsdp_patterns;
+    bool reshard_after_forward;
+    /* Parameter bytes one rank may hold, as fractions of the unsharded total (0 <= low <= high
+     * <= 1); (0, 1) is no constraint. */
+    double mem_low, mem_high;
+    hp_place_constraint *constraints; /* [n_constraints], hp_malloc'd */
+    int n_constraints;
+} hp_plan;
+
+/* ---- the compiler's pass config ---------------------------------------------------------------- */
+typedef struct hp_pass_switch {
+    char name[HP_PASS_NAME_MAX];
+    bool enabled;
+} hp_pass_switch;
+
+typedef struct hp_pass_config {
+    bool enable_overlap;
+    int64_t bucket_bytes; /* all-gather / reduce-scatter bucket size; 0: no bucketing */
+    int prefetch_depth;   /* all-gathers in flight ahead of use */
+    int n_dump;
+    char dump[HP_PASS_MAX][HP_PASS_NAME_MAX]; /* passes whose IR to dump; "all" */
+    int n_switches;
+    hp_pass_switch switches[HP_PASS_MAX]; /* unique names */
+} hp_pass_config;
+
+/* ---- training ------------------------------------------------------------------------------- */
+typedef enum { HP_DECAY_LINEAR = 0, HP_DECAY_COSINE = 1, HP_DECAY_NONE = 2 } hp_decay_kind;
+
+typedef struct hp_train_config {
+    int64_t steps;
+    double lr;
+    double min_lr_ratio; /* final lr as a fraction of lr, in [0, 1] */
+    int64_t warmup_steps;
+    hp_decay_kind decay;
+    double weight_decay, beta1, beta2, eps;
+    double grad_clip; /* max global grad norm; 0: no clipping */
+    uint64_t seed;
+    int64_t log_interval;        /* 0: never */
+    int64_t checkpoint_interval; /* 0: never */
+    char data_path[HP_JOB_PATH_MAX]; /* "": synthetic data */
+    char init_from[HP_JOB_PATH_MAX]; /* "": fresh init */
+    int64_t global_batch; /* 0: local_batch x data-parallel degree */
+    int64_t local_batch;
+    int64_t seq;
+} hp_train_config;
+
+typedef enum { HP_DEVICE_CPU = 0, HP_DEVICE_CUDA = 1 } hp_device_kind;
+
+typedef struct hp_resources {
+    int world_size;
+    hp_device_kind device;
+    int gpus_per_node; /* cuda: >= 1 */
+    int max_restarts;
+} hp_resources;
+
+/* ---- the job ---------------------------------------------------------------------------------- */
+typedef struct hp_job {
+    char name[HP_JOB_NAME_MAX];
+    hp_graph *graph; /* owned; NULL: build it from `model` */
+    hp_model_spec model;
+    hp_plan plan;
+    hp_pass_config passes;
+    hp_train_config train;
+    hp_resources resources;
+} hp_job;
+
+/* Fills caller storage with the defaults (no graph, empty lists). Allocates nothing. */
+void hp_job_init_defaults(hp_job *job);
+/* Frees what the job owns (graph, lists) and leaves it as after hp_job_init_defaults. */
+void hp_job_fini(hp_job *job);
+/* A heap job with the defaults (NULL on out of memory); free with hp_job_free. */
+hp_job *hp_job_new(void);
+void hp_job_free(hp_job *job); /* NULL is fine */
+
+/* Appends to the plan's lists (strings copied). HP_LIMIT past HP_PLAN_MAX_ITEMS, HP_INVALID
+ * for a string over HP_MAX_STR, HP_NOMEM. */
+hp_status hp_job_add_fsdp_fqn(hp_job *job, const char *fqn, hp_err *err);
+hp_status hp_job_add_fsdp_pattern(hp_job *job, const char *pattern, hp_err *err);
+/* input_fqn NULL: constrain graph output `output`. */
+hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
+                                const hp_placement *placements, int n, hp_err *err);
+
+/* Parses and prints the placement words "Replicate", "Shard(1)", "Partial(sum)",
+ * "Partial(avg)". */
+hp_status hp_placement_parse(const char *s, hp_placement *p, hp_err *err);
+char *hp_placement_str(const hp_placement *p, char *buf, size_t len);
+
+/* Checks every field's range and the fields against each other (mesh product == world size,
+ * batch sizes, marks and constraints naming graph inputs, ...) and verifies the graph.
+ * HP_INVALID naming the field and the value ("resources.world_size: 0 must be in [1,
+ * 65536]"), or what hp_graph_verify says. */
+hp_status hp_job_validate(const hp_job *job, hp_err *err);
+
+/* Field-by-field equality, graphs by hp_graph_eq. */
+bool hp_job_eq(const hp_job *a, const hp_job *b);
+
+/* Serialises a job (it need not be valid: `hpctl` may write a draft; readers validate).
+ * On success *data is hp_malloc'd and *len its size. HP_LIMIT over HP_JOB_FILE_MAX; HP_NOMEM. */
+hp_status hp_job_pack(const hp_job *job, uint8_t **data, size_t *len, hp_err *err);
+/* Decodes len untrusted bytes into a new heap job (*out, hp_job_free), imports its graph and
+ * runs hp_job_validate. On failure *out is NULL and err names the offender. */
+hp_status hp_job_unpack(const uint8_t *data, size_t len, hp_job **out, hp_err *err);
+
+/* Message level, for embedding a job in RPCs. Export allocates everything in `arena` (the
+ * result lives until hp_arena_fini(arena) or the job changes). Import checks every field,
+ * imports the graph (hp_graph_import) and runs hp_job_validate; on failure *out is NULL. */
+hp_status hp_job_export(const hp_job *job, hp_arena *arena, Hp__V1__Job **msg, hp_err *err);
+hp_status hp_job_import(const Hp__V1__Job *msg, hp_job **out, hp_err *err);
+
+/* Reads (at most HP_JOB_FILE_MAX bytes) and unpacks a job file; errors are prefixed with the
+ * path. Writes atomically (temp file, fsync, rename). */
+hp_status hp_job_read_file(const char *path, hp_job **out, hp_err *err);
+hp_status hp_job_write_file(const char *path, const hp_job *job, hp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds hp twice (release with -Werror, and ASan+UBSan), and runs
+# every test in both. Exits non-zero on any failure. This is the README's test command and
+# exactly what .ci/run calls.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh
+
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== format check (clang-format)"
+files=$(git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build*')
+if [ -n "$files" ]; then
+    clang-format --dry-run --Werror $files
+fi
+
+echo "== build (release, -Werror)"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHP_WERROR=ON >/dev/null
+cmake --build build -j"$jobs"
+
+echo "== tests (release)"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+echo "== build (ASan + UBSan)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=ON -DHP_WERROR=ON >/dev/null
+cmake --build build-asan -j"$jobs"
+
+echo "== tests (ASan + UBSan)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"

@@ -1,0 +1,217 @@
+/* The graph core: types, attributes, init specs, placeholders, the raw append API and the
+ * verifier's whole-graph checks, clone/eq, and a fault-injection loop over building. */
+#include "hp/build.h"
+#include "hp/graph.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+static hp_type f32(int rank, const int64_t *s) {
+    return hp_type_make(HP_F32, rank, s);
+}
+
+Test(graph, dtype_names_round_trip) {
+    for (int i = 0; i < HP_DTYPE_COUNT; i++) {
+        hp_dtype dt;
+        cr_assert_eq(hp_dtype_parse(hp_dtype_name((hp_dtype)i), &dt, NULL), HP_OK);
+        cr_assert_eq(dt, i);
+    }
+    hp_err e;
+    hp_dtype dt;
+    cr_assert_eq(hp_dtype_parse("f64", &dt, &e), HP_PARSE);
+    cr_assert(strstr(e.msg, "'f64'"));
+    cr_assert_eq(hp_dtype_size(HP_BF16), 2);
+    cr_assert(hp_dtype_is_float(HP_F16) && !hp_dtype_is_float(HP_I64));
+}
+
+Test(graph, type_check_bounds) {
+    hp_err e;
+    hp_type t = hp_type_make(HP_F32, 2, (int64_t[]){-1, 3});
+    cr_assert_eq(hp_type_check(&t, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "dim 0 is -1"), "%s", e.msg);
+    t = hp_type_make(HP_F32, 3, (int64_t[]){1 << 20, 1 << 20, 1 << 20});
+    cr_assert_eq(hp_type_check(&t, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "2^50"), "%s", e.msg);
+    t.rank = 9;
+    cr_assert_eq(hp_type_check(&t, &e), HP_INVALID);
+    char buf[64];
+    t = hp_type_make(HP_BF16, 0, NULL);
+    cr_assert_str_eq(hp_type_str(&t, buf, sizeof buf), "bf16[]");
+}
+
+Test(graph, init_specs_round_trip) {
+    const char *good[] = {"zeros",
+                          "ones",
+                          "constant(0.5)",
+                          "normal(0,0.02)",
+                          "trunc_normal(0,0.02,-2,2)",
+                          "uniform(-0.10000000000000001,0.5)"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(good); i++) {
+        hp_init init;
+        hp_err e;
+        cr_assert_eq(hp_init_parse(good[i], &init, &e), HP_OK, "%s: %s", good[i], e.msg);
+        char buf[128];
+        hp_init back;
+        cr_assert_eq(hp_init_parse(hp_init_str(&init, buf, sizeof buf), &back, NULL), HP_OK);
+        cr_assert(memcmp(&init, &back, sizeof init) == 0, "%s -> %s", good[i], buf);
+    }
+    struct {
+        const char *text, *msg;
+    } bad[] = {{"gauss(0,1)", "unknown init 'gauss"},  {"normal(0)", "takes 2 arguments, got 1"},
+               {"normal(0,-1)", "std -1 must be > 0"}, {"uniform(1,1)", "is empty"},
+               {"normal(0,1", "expected ',' or ')'"},  {"normal(0,x)", "expected a number"},
+               {"ones()x", "trailing text"},           {"normal(0,nan)", "non-finite"}};
+    for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
+        hp_init init;
+        hp_err e;
+        cr_assert_neq(hp_init_parse(bad[i].text, &init, &e), HP_OK, "%s accepted", bad[i].text);
+        cr_assert(strstr(e.msg, bad[i].msg), "%s: '%s' lacks '%s'", bad[i].text, e.msg, bad[i].msg);
+    }
+}
+
+Test(graph, placeholder_rules) {
+    int64_t s[2] = {4, 4};
+    hp_graph *g = hp_graph_new();
+    hp_init n01 = {.kind = HP_INIT_NORMAL, .std = 0.02};
+    hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w", f32(2, s), &n01);
+    cr_assert(hp_value_ok(w));
+    hp_value nameless = hp_build_placeholder(g, HP_INPUT_PARAM, NULL, f32(2, s), NULL);
+    cr_assert(!hp_value_ok(nameless));
+    cr_assert(strstr(g->err.msg, "node 1 (placeholder): a parameter needs an fqn"), "%s",
+              g->err.msg);
+    hp_graph_free(g);
+
+    g = hp_graph_new();
+    hp_value tok =
+        hp_build_placeholder(g, HP_INPUT_DATA, "tokens", hp_type_make(HP_I64, 2, s), NULL);
+    cr_assert(hp_value_ok(tok));
+    hp_value ip = hp_build_placeholder(g, HP_INPUT_PARAM, "ip", hp_type_make(HP_I64, 2, s), NULL);
+    cr_assert(!hp_value_ok(ip));
+    cr_assert(strstr(g->err.msg, "a parameter must be floating"), "%s", g->err.msg);
+    hp_graph_free(g);
+}
+
+Test(graph, verify_whole_graph_rules) {
+    int64_t s[1] = {4};
+    hp_type t = f32(1, s);
+    hp_err e;
+    hp_attr data = hp_attr_int(HP_ATTR_KIND, HP_INPUT_DATA);
+    hp_attr par[2] = {hp_attr_int(HP_ATTR_KIND, HP_INPUT_PARAM), hp_attr_str(HP_ATTR_FQN, "w")};
+
+    /* data before a parameter */
+    hp_graph *g = hp_graph_new();
+    cr_assert_eq(hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, &data, 1, NULL), 0);
+    cr_assert_eq(hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, par, 2, NULL), 1);
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "ordered parameters, buffers, then data"), "%s", e.msg);
+    hp_graph_free(g);
+
+    /* duplicate FQN */
+    g = hp_graph_new();
+    hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, par, 2, NULL);
+    hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, par, 2, NULL);
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "'w' is used twice"), "%s", e.msg);
+    hp_graph_free(g);
+
+    /* forward reference (a cycle through order) and a dangling one */
+    g = hp_graph_new();
+    hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, &data, 1, NULL);
+    hp_value fwd = {2, 0}, dang = {99, 0}, self = {0, 0};
+    hp_graph_append(g, HP_OP_NEG, &fwd, 1, &t, 1, NULL, 0, NULL);
+    hp_graph_append(g, HP_OP_NEG, &self, 1, &t, 1, NULL, 0, NULL);
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "node 1 (neg): input 0 refers to node 2, which does not come before"),
+              "%s", e.msg);
+    g->nodes[1].in[0] = dang;
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "node 99, which does not exist"), "%s", e.msg);
+    g->nodes[1].in[0] = (hp_value){0, 3};
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "output 3 of node 0, which has 1"), "%s", e.msg);
+    g->nodes[1].in[0] = self;
+    cr_assert_eq(hp_graph_verify(g, &e), HP_OK, "%s", e.msg);
+
+    /* declared type differs from the shape rule */
+    g->nodes[2].out[0].shape[0] = 5;
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "node 2 (neg): output 0 is declared f32[5] but its shape rule gives "
+                            "f32[4]"),
+              "%s", e.msg);
+    g->nodes[2].out[0].shape[0] = 4;
+
+    /* bad graph output */
+    hp_graph_add_output(g, (hp_value){7, 0}, NULL);
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "graph output 0 refers to 7.0"), "%s", e.msg);
+    hp_graph_free(g);
+
+    /* duplicate attribute, unknown arity */
+    g = hp_graph_new();
+    hp_attr two[2] = {hp_attr_int(HP_ATTR_KIND, 2), hp_attr_int(HP_ATTR_KIND, 2)};
+    cr_assert_eq(hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, two, 2, &e), -1);
+    cr_assert(strstr(e.msg, "duplicate attribute 'kind'"), "%s", e.msg);
+    hp_graph_free(g);
+}
+
+Test(graph, clone_eq_and_queries) {
+    int64_t s[2] = {3, 4};
+    hp_graph *g = hp_graph_new();
+    hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w", f32(2, s), NULL);
+    hp_value b = hp_build_placeholder(g, HP_INPUT_BUFFER, "b", f32(2, s), NULL);
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x", f32(2, s), NULL);
+    hp_value y = hp_mul(g, hp_add(g, w, b), x);
+    hp_value l = hp_sum(g, y, 0, NULL, false);
+    cr_assert_eq(hp_graph_add_output(g, l, NULL), HP_OK);
+    cr_assert_eq(hp_graph_verify(g, NULL), HP_OK);
+    hp_graph_inputs in = hp_graph_count_inputs(g);
+    cr_assert(in.n_params == 1 && in.n_buffers == 1 && in.n_data == 1);
+    cr_assert_eq(hp_graph_find_fqn(g, "b"), 1);
+    cr_assert_eq(hp_graph_find_fqn(g, "nope"), -1);
+    cr_assert_eq(hp_graph_param_count(g), 12);
+    hp_graph *c = hp_graph_clone(g);
+    cr_assert(c && hp_graph_eq(g, c));
+    c->nodes[5].attrs[0].ints.n = 1; /* sum over dim 0 now */
+    cr_assert(!hp_graph_eq(g, c));
+    hp_graph_free(c);
+    hp_graph_free(g);
+}
+
+/* Building fails cleanly at every allocation: no crash, a sticky HP_NOMEM, no leak (ASan). */
+Test(graph, build_fault_injection) {
+    int64_t s[2] = {3, 4};
+    for (long n = 0;; n++) {
+        hp_alloc_fail_at(n);
+        hp_graph *g = hp_graph_new();
+        if (!g) continue;
+        hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w", f32(2, s), NULL);
+        hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x", f32(2, s), NULL);
+        hp_value l = hp_sum(g, hp_mul(g, w, x), 0, NULL, false);
+        hp_status st = hp_graph_failed(g) ? g->err.status : hp_graph_add_output(g, l, NULL);
+        hp_graph *c = st == HP_OK ? hp_graph_clone(g) : NULL;
+        hp_alloc_fail_at(-1);
+        hp_graph_free(c);
+        hp_graph_free(g);
+        if (st == HP_OK && c) break;
+        cr_assert(st == HP_NOMEM || st == HP_OK, "step %ld: status %d", n, st);
+        cr_assert(n < 10000);
+    }
+}
+
+Test(graph, op_table_is_consistent) {
+    for (int i = 0; i < HP_OP_COUNT; i++) {
+        const hp_op_info *info = hp_op_get((hp_op)i);
+        cr_assert(info->name && info->shape, "op %d", i);
+        hp_op back;
+        cr_assert_eq(hp_op_parse(info->name, &back, NULL), HP_OK);
+        cr_assert_eq(back, i, "op name %s is not unique", info->name);
+        cr_assert_eq(info->required & info->optional, 0, "%s", info->name);
+        cr_assert(info->n_out >= 1 && info->n_out <= HP_MAX_OUTS);
+        if (info->flags & HP_OPF_BACKWARD) cr_assert_null(info->grad, "%s", info->name);
+    }
+    hp_err e;
+    hp_op op;
+    cr_assert_eq(hp_op_parse("matmul", &op, &e), HP_NOT_FOUND);
+    cr_assert_str_eq(e.msg, "unknown op 'matmul'");
+}

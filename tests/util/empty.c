@@ -1,0 +1,1 @@
+/* Keeps hp_test_util non-empty. */
