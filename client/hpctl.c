@@ -72,7 +72,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        usage(stderr);
+        fputs("hpctl: missing verb (try hpctl --help)\n", stderr);
         return HPCTL_USAGE;
     }
     const char *verb = argv[1];

@@ -162,6 +162,14 @@ static const char *init_names[] = {"none",   "zeros",        "ones",   "constant
                                    "normal", "trunc_normal", "uniform"};
 static const int init_nargs[] = {0, 0, 0, 1, 2, 4, 2};
 
+/* The shortest %g text that reads back to exactly x (0.02, not 0.020000000000000000416). */
+static void shortest(double x, char *buf, size_t len) {
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}
+
 char *hp_init_str(const hp_init *init, char *buf, size_t len) {
     unsigned k = (unsigned)init->kind;
     if (k >= HP_ARRAY_LEN(init_names)) {
@@ -187,8 +195,11 @@ char *hp_init_str(const hp_init *init, char *buf, size_t len) {
         break;
     }
     size_t o = (size_t)snprintf(buf, len, "%s", init_names[k]);
-    for (int i = 0; i < n && o < len; i++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%.17g", i ? "," : "(", args[i]);
+    for (int i = 0; i < n && o < len; i++) {
+        char num[32];
+        shortest(args[i], num, sizeof num);
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", i ? "," : "(", num);
+    }
     if (n && o < len) snprintf(buf + o, len - o, ")");
     return buf;
 }

@@ -8,7 +8,6 @@
 
 #include "graph/proto_internal.h"
 
-#include <fnmatch.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -151,6 +150,31 @@ hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
     c->n_placements = n;
     if (n) memcpy(c->placements, placements, (size_t)n * sizeof *placements);
     return HP_OK;
+}
+
+/* ---- FQN patterns ---------------------------------------------------------------------------- */
+
+/* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more
+ * character swallowed. O(len(pattern) * len(fqn)) at worst, unlike a backtracking fnmatch, whose
+ * time a pattern such as "*a*a*a*a*b" can make exponential (patterns come from job files). */
+bool hp_fqn_match(const char *pattern, const char *fqn) {
+    const char *star = NULL, *resume = NULL;
+    while (*fqn) {
+        if (*pattern == '*') {
+            star = pattern++;
+            resume = fqn;
+        } else if (*pattern == '?' || *pattern == *fqn) {
+            pattern++;
+            fqn++;
+        } else if (star) {
+            pattern = star + 1;
+            fqn = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*pattern == '*') pattern++;
+    return !*pattern;
 }
 
 /* ---- placement words ---------------------------------------------------------------------------
@@ -366,7 +390,7 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
         bool hit = false;
         for (int id = 0; !hit && id < gi.n_params; id++) {
             const hp_attr *a = hp_node_attr(&g->nodes[id], HP_ATTR_FQN);
-            hit = a && a->s && fnmatch(s, a->s, 0) == 0;
+            hit = a && a->s && hp_fqn_match(s, a->s);
         }
         if (!hit)
             return hp_errf(err, HP_INVALID, "%s: '%s' matches no parameter of the graph", what,
@@ -514,7 +538,7 @@ static bool plan_eq(const hp_plan *a, const hp_plan *b) {
         return false;
     for (int d = 0; d < a->n_mesh; d++) {
         const hp_mesh_dim *x = &a->mesh[d], *y = &b->mesh[d];
-        if (strcmp(x->name, y->name) || x->size != y->size ||
+        if (strncmp(x->name, y->name, sizeof x->name) || x->size != y->size ||
             x->link.bandwidth != y->link.bandwidth || x->link.latency != y->link.latency)
             return false;
     }
@@ -542,9 +566,9 @@ static bool passes_eq(const hp_pass_config *a, const hp_pass_config *b) {
         a->n_switches != b->n_switches)
         return false;
     for (int i = 0; i < a->n_dump; i++)
-        if (strcmp(a->dump[i], b->dump[i])) return false;
+        if (strncmp(a->dump[i], b->dump[i], sizeof a->dump[i])) return false;
     for (int i = 0; i < a->n_switches; i++)
-        if (strcmp(a->switches[i].name, b->switches[i].name) ||
+        if (strncmp(a->switches[i].name, b->switches[i].name, HP_PASS_NAME_MAX) ||
             a->switches[i].enabled != b->switches[i].enabled)
             return false;
     return true;
@@ -556,13 +580,15 @@ static bool train_eq(const hp_train_config *a, const hp_train_config *b) {
            a->weight_decay == b->weight_decay && a->beta1 == b->beta1 && a->beta2 == b->beta2 &&
            a->eps == b->eps && a->grad_clip == b->grad_clip && a->seed == b->seed &&
            a->log_interval == b->log_interval && a->checkpoint_interval == b->checkpoint_interval &&
-           !strcmp(a->data_path, b->data_path) && !strcmp(a->init_from, b->init_from) &&
+           !strncmp(a->data_path, b->data_path, sizeof a->data_path) &&
+           !strncmp(a->init_from, b->init_from, sizeof a->init_from) &&
            a->global_batch == b->global_batch && a->local_batch == b->local_batch &&
            a->seq == b->seq;
 }
 
 static bool model_eq(const hp_model_spec *a, const hp_model_spec *b) {
-    return !strcmp(a->family, b->family) && !strcmp(a->flavor, b->flavor) && a->batch == b->batch &&
+    return !strncmp(a->family, b->family, sizeof a->family) &&
+           !strncmp(a->flavor, b->flavor, sizeof a->flavor) && a->batch == b->batch &&
            a->seq == b->seq && a->dim == b->dim && a->n_layers == b->n_layers &&
            a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
            a->ffn_hidden == b->ffn_hidden && a->vocab == b->vocab && a->norm_eps == b->norm_eps &&
@@ -570,7 +596,7 @@ static bool model_eq(const hp_model_spec *a, const hp_model_spec *b) {
 }
 
 bool hp_job_eq(const hp_job *a, const hp_job *b) {
-    if (strcmp(a->name, b->name) || !model_eq(&a->model, &b->model) ||
+    if (strncmp(a->name, b->name, sizeof a->name) || !model_eq(&a->model, &b->model) ||
         !plan_eq(&a->plan, &b->plan) || !passes_eq(&a->passes, &b->passes) ||
         !train_eq(&a->train, &b->train))
         return false;

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* ---- the allocator -------------------------------------------------------------------------- */
+/* ---- the allocator --------------------------------------------------------------------------- */
 
 /* What one allocation really costs: malloc's header and rounding included, so that floods of
  * tiny allocations (empty repeated messages) count for what they take. */
@@ -61,7 +61,7 @@ hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_
                    len);
 }
 
-/* ---- strings -------------------------------------------------------------------------------- */
+/* ---- strings --------------------------------------------------------------------------------- */
 
 const char *hp__quote(const char *s, char buf[HP__QUOTE_MAX]) {
     size_t o = 0;
@@ -100,7 +100,7 @@ hp_status hp__check_str(const char *s, size_t max, const char *what, hp_err *err
     return HP_OK;
 }
 
-/* ---- enums ---------------------------------------------------------------------------------- */
+/* ---- enums ----------------------------------------------------------------------------------- */
 
 static Hp__V1__DType dtype_to_proto(hp_dtype dt) {
     switch (dt) {
@@ -177,7 +177,7 @@ static const char *value_case_name(Hp__V1__Attribute__ValueCase c) {
     }
 }
 
-/* ---- export --------------------------------------------------------------------------------- */
+/* ---- export ---------------------------------------------------------------------------------- */
 
 /* Arena allocation of n objects of `size` (NULL for n == 0, which protobuf-c accepts). */
 static void *arena_array(hp_arena *a, size_t n, size_t size, bool *ok) {
@@ -293,6 +293,8 @@ static Hp__V1__Node *export_node(hp_arena *a, const hp_node *n, bool *ok) {
 hp_status hp_graph_export(const hp_graph *g, hp_arena *arena, Hp__V1__Graph **msg, hp_err *err) {
     *msg = NULL;
     bool ok = true;
+    if (hp_graph_failed(g))
+        return hp_errf(err, HP_INVALID, "graph export: the graph failed to build: %s", g->err.msg);
     Hp__V1__Graph *m = hp_arena_alloc(arena, sizeof *m);
     if (!m) return hp_errf(err, HP_NOMEM, "graph export: out of memory");
     hp__v1__graph__init(m);
@@ -313,7 +315,10 @@ hp_status hp_graph_export(const hp_graph *g, hp_arena *arena, Hp__V1__Graph **ms
     return HP_OK;
 }
 
-/* ---- import --------------------------------------------------------------------------------- */
+/* ---- import ---------------------------------------------------------------------------------- */
+
+/* Attributes are tracked in a 64-bit mask. */
+_Static_assert(HP_ATTR_COUNT <= 64, "attribute keys must fit a uint64_t mask");
 
 /* Scratch space for one node, so that importing allocates only what the graph keeps. */
 typedef struct node_scratch {
@@ -558,7 +563,7 @@ hp_status hp_graph_import(const Hp__V1__Graph *msg, hp_graph **out, hp_err *err)
     return HP_OK;
 }
 
-/* ---- bytes ---------------------------------------------------------------------------------- */
+/* ---- bytes ----------------------------------------------------------------------------------- */
 
 hp_status hp_graph_pack(const hp_graph *g, uint8_t **data, size_t *len, hp_err *err) {
     *data = NULL;

@@ -27,5 +27,17 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=ON -DHP_WERROR=O
 cmake --build build-asan -j"$jobs"
 
 echo "== tests (ASan + UBSan)"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+# Criterion runs each test in a child process and does not fail a test whose child only
+# printed a LeakSanitizer or UBSan report at exit: scan the full log for any report.
+log=build-asan/ctest.log
+set +e
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -V -j"$jobs" >"$log" 2>&1
+rc=$?
+set -e
+tail -n 40 "$log"
+if grep -nE "ERROR: (LeakSanitizer|AddressSanitizer)|runtime error:" "$log"; then
+    echo "sanitizer reports found (full log: $log)" >&2
+    exit 1
+fi
+exit $rc

@@ -27,13 +27,13 @@ extern "C" {
 
 #define HP_JOB_FORMAT_VERSION 1
 
-#define HP_JOB_NAME_MAX 64    /* [A-Za-z0-9._-], 1..63 chars */
-#define HP_JOB_PATH_MAX 1024  /* data_path, init_from */
-#define HP_MAX_WORLD 65536    /* ranks */
-#define HP_MESH_MAX_DIMS 4    /* e.g. (pp, dp, tp, cp) */
-#define HP_MESH_NAME_MAX 16   /* identifier, 1..15 chars */
-#define HP_PASS_NAME_MAX 32   /* pass names in dump lists and switches */
-#define HP_PASS_MAX 32        /* entries in a dump list / switch list */
+#define HP_JOB_NAME_MAX   64    /* [A-Za-z0-9._-], 1..63 chars */
+#define HP_JOB_PATH_MAX   1024  /* data_path, init_from */
+#define HP_MAX_WORLD      65536 /* ranks */
+#define HP_MESH_MAX_DIMS  4     /* e.g. (pp, dp, tp, cp) */
+#define HP_MESH_NAME_MAX  16    /* identifier, 1..15 chars */
+#define HP_PASS_NAME_MAX  32    /* pass names in dump lists and switches */
+#define HP_PASS_MAX       32    /* entries in a dump list / switch list */
 #define HP_PLAN_MAX_ITEMS 65536 /* FSDP marks, patterns, constraints (each list) */
 /* hp_job_read_file reads at most this much (the largest message decoding accepts). */
 #define HP_JOB_FILE_MAX ((size_t)64 << 20)
@@ -79,7 +79,7 @@ typedef struct hp_plan {
     hp_plan_mode mode;
     char **fsdp_fqns; /* [n_fsdp_fqns], exact parameter FQNs, hp_malloc'd */
     int n_fsdp_fqns;
-    char **fsdp_patterns; /* [n_fsdp_patterns], fnmatch globs over parameter FQNs */
+    char **fsdp_patterns; /* [n_fsdp_patterns], hp_fqn_match globs over parameter FQNs */
     int n_fsdp_patterns;
     bool reshard_after_forward;
     /* Parameter bytes one rank may hold, as fractions of the unsharded total (0 <= low <= high
@@ -89,7 +89,7 @@ typedef struct hp_plan {
     int n_constraints;
 } hp_plan;
 
-/* ---- the compiler's pass config ---------------------------------------------------------------- */
+/* ---- the compiler's pass config -------------------------------------------------------------- */
 typedef struct hp_pass_switch {
     char name[HP_PASS_NAME_MAX];
     bool enabled;
@@ -105,7 +105,7 @@ typedef struct hp_pass_config {
     hp_pass_switch switches[HP_PASS_MAX]; /* unique names */
 } hp_pass_config;
 
-/* ---- training ------------------------------------------------------------------------------- */
+/* ---- training -------------------------------------------------------------------------------- */
 typedef enum { HP_DECAY_LINEAR = 0, HP_DECAY_COSINE = 1, HP_DECAY_NONE = 2 } hp_decay_kind;
 
 typedef struct hp_train_config {
@@ -117,11 +117,11 @@ typedef struct hp_train_config {
     double weight_decay, beta1, beta2, eps;
     double grad_clip; /* max global grad norm; 0: no clipping */
     uint64_t seed;
-    int64_t log_interval;        /* 0: never */
-    int64_t checkpoint_interval; /* 0: never */
+    int64_t log_interval;            /* 0: never */
+    int64_t checkpoint_interval;     /* 0: never */
     char data_path[HP_JOB_PATH_MAX]; /* "": synthetic data */
     char init_from[HP_JOB_PATH_MAX]; /* "": fresh init */
-    int64_t global_batch; /* 0: local_batch x data-parallel degree */
+    int64_t global_batch;            /* 0: local_batch x data-parallel degree */
     int64_t local_batch;
     int64_t seq;
 } hp_train_config;
@@ -135,7 +135,7 @@ typedef struct hp_resources {
     int max_restarts;
 } hp_resources;
 
-/* ---- the job ---------------------------------------------------------------------------------- */
+/* ---- the job --------------------------------------------------------------------------------- */
 typedef struct hp_job {
     char name[HP_JOB_NAME_MAX];
     hp_graph *graph; /* owned; NULL: build it from `model` */
@@ -161,6 +161,11 @@ hp_status hp_job_add_fsdp_pattern(hp_job *job, const char *pattern, hp_err *err)
 /* input_fqn NULL: constrain graph output `output`. */
 hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
                                 const hp_placement *placements, int n, hp_err *err);
+
+/* Does an FSDP pattern match an FQN? '*' matches any run of characters (dots included:
+ * "layers.*" matches "layers.3.attention.wq.weight"), '?' any one character, everything else
+ * itself. Linear-time in practice, quadratic at worst: safe on patterns from files. */
+bool hp_fqn_match(const char *pattern, const char *fqn);
 
 /* Parses and prints the placement words "Replicate", "Shard(1)", "Partial(sum)",
  * "Partial(avg)". */

@@ -36,7 +36,7 @@ extern "C" {
  * their encodings: real graphs take about 14x, a flood of empty repeated messages ~50x).
  * Worst case: 2 GiB for a message at HP_PROTO_MAX_BYTES. */
 #define HP_PROTO_DECODE_FACTOR 32
-#define HP_PROTO_DECODE_SLACK ((size_t)1 << 20)
+#define HP_PROTO_DECODE_SLACK  ((size_t)1 << 20)
 
 /* A protobuf-c allocator over hp_malloc/hp_free with a byte budget. Caller storage; use one
  * per decode (it counts). `nomem` is set when hp_malloc failed, `over_budget` when the budget
@@ -51,15 +51,14 @@ typedef struct hp_proto_alloc {
 void hp_proto_alloc_init(hp_proto_alloc *a, size_t msg_len);
 /* Turns a failed unpack into an error: HP_NOMEM, HP_LIMIT (over budget) or HP_PARSE
  * ("<what>: malformed message (N bytes)"). */
-hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_t len,
-                                hp_err *err);
+hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_t len, hp_err *err);
 
-/* ---- message level (for embedding a graph in other messages: jobs, RPCs) ------------------ */
+/* ---- message level (for embedding a graph in other messages: jobs, RPCs) --------------------- */
 
 /* Builds msg describing g. Every message, array and string of the result is allocated in
  * `arena` (strings may point into g's arena): the result lives until the first of
  * hp_arena_fini(arena) and hp_graph_free(g), and is never passed to free_unpacked.
- * Errors: HP_NOMEM. */
+ * Errors: HP_NOMEM; HP_INVALID for a graph holding a sticky builder error. */
 hp_status hp_graph_export(const hp_graph *g, hp_arena *arena, Hp__V1__Graph **msg, hp_err *err);
 
 /* Builds a new verified graph from msg (borrowed; may come from an untrusted peer). On
@@ -69,7 +68,7 @@ hp_status hp_graph_export(const hp_graph *g, hp_arena *arena, Hp__V1__Graph **ms
  * format version), HP_NOMEM, or whatever hp_graph_verify reports. */
 hp_status hp_graph_import(const Hp__V1__Graph *msg, hp_graph **out, hp_err *err);
 
-/* ---- bytes ---------------------------------------------------------------------------------- */
+/* ---- bytes ----------------------------------------------------------------------------------- */
 
 /* Serialises g. On success *data is hp_malloc'd (caller hp_frees) and *len its size.
  * HP_LIMIT if the encoding exceeds HP_PROTO_MAX_BYTES; HP_NOMEM. */

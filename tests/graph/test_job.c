@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- fixtures ------------------------------------------------------------------------------- */
+/* ---- fixtures -------------------------------------------------------------------------------- */
 
 static hp_model_spec tiny_llama_spec(void) {
     hp_model_spec s;
@@ -101,7 +101,7 @@ static void pack(const hp_job *job, uint8_t **data, size_t *len) {
     cr_assert_eq(hp_job_pack(job, data, len, &err), HP_OK, "pack: %s", err.msg);
 }
 
-/* ---- defaults ------------------------------------------------------------------------------- */
+/* ---- defaults -------------------------------------------------------------------------------- */
 
 Test(job, defaults_are_debug_model_toml) {
     hp_job job;
@@ -132,7 +132,7 @@ Test(job, defaults_are_debug_model_toml) {
     hp_job_fini(&job);
 }
 
-/* ---- validation ----------------------------------------------------------------------------- */
+/* ---- validation ------------------------------------------------------------------------------ */
 
 typedef struct bad_case {
     const char *want; /* substring of the error */
@@ -253,8 +253,8 @@ Test(job, every_field_is_validated) {
         bad_cases[i].edit(job);
         hp_status s = hp_job_validate(job, &err);
         cr_assert_neq(s, HP_OK, "case %zu (%s) passed validation", i, bad_cases[i].want);
-        cr_assert(strstr(err.msg, bad_cases[i].want), "case %zu: error '%s' lacks '%s'", i,
-                  err.msg, bad_cases[i].want);
+        cr_assert(strstr(err.msg, bad_cases[i].want), "case %zu: error '%s' lacks '%s'", i, err.msg,
+                  bad_cases[i].want);
 
         /* a writer may pack a bad draft; a reader must refuse it with the same message */
         uint8_t *bad;
@@ -296,8 +296,8 @@ Test(job, placement_words) {
         cr_assert_eq(hp_placement_parse(good[i], &p, &err), HP_OK, "%s: %s", good[i], err.msg);
         cr_assert_str_eq(hp_placement_str(&p, buf, sizeof buf), good[i]);
     }
-    const char *bad[] = {"", "Shard", "Shard()", "Shard(8)", "Shard(-1)", "Shard(1))",
-                         "Shard(1", "Partial(max)", "replicate", "Shard(99999999999)"};
+    const char *bad[] = {"",          "Shard",   "Shard()",      "Shard(8)",  "Shard(-1)",
+                         "Shard(1))", "Shard(1", "Partial(max)", "replicate", "Shard(99999999999)"};
     for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
         hp_placement p;
         hp_err err = {0};
@@ -306,7 +306,28 @@ Test(job, placement_words) {
     }
 }
 
-/* ---- round trips ---------------------------------------------------------------------------- */
+Test(job, fqn_patterns) {
+    cr_assert(hp_fqn_match("layers.*", "layers.3.attention.wq.weight"));
+    cr_assert(hp_fqn_match("*norm.weight", "layers.0.ffn_norm.weight"));
+    cr_assert(hp_fqn_match("*norm.weight", "norm.weight"));
+    cr_assert(hp_fqn_match("layers.?.*.w?.weight", "layers.7.feed_forward.w3.weight"));
+    cr_assert(hp_fqn_match("*", ""));
+    cr_assert(hp_fqn_match("tok_embeddings.weight", "tok_embeddings.weight"));
+    cr_assert_not(hp_fqn_match("layers.*", "norm.weight"));
+    cr_assert_not(hp_fqn_match("layers.?.*", "layers.12.attention.wq.weight"));
+    cr_assert_not(hp_fqn_match("*.bias", "output.weight"));
+    cr_assert_not(hp_fqn_match("", "x"));
+    /* a pattern that makes a backtracking matcher take exponential time */
+    char fqn[HP_MAX_STR], pat[HP_MAX_STR];
+    memset(fqn, 'a', sizeof fqn - 1);
+    fqn[sizeof fqn - 1] = 0;
+    for (size_t i = 0; i + 2 < sizeof pat; i += 2) pat[i] = '*', pat[i + 1] = 'a';
+    pat[sizeof pat - 2] = 'b';
+    pat[sizeof pat - 1] = 0;
+    cr_assert_not(hp_fqn_match(pat, fqn));
+}
+
+/* ---- round trips ----------------------------------------------------------------------------- */
 
 Test(job, round_trip_bytes) {
     hp_job *job = full_job();
@@ -396,7 +417,7 @@ Test(job, oversized_file) {
     cr_assert_null(job);
 }
 
-/* ---- hostile messages ---------------------------------------------------------------------------- */
+/* ---- hostile messages ------------------------------------------------------------------------ */
 
 /* Exports a valid job, lets `edit` break the message, and checks that unpacking its bytes
  * fails with an error containing `want`. */
@@ -451,6 +472,8 @@ MSG_EDIT(m_mesh_link, m->plan->mesh[1]->link = NULL)
 MSG_EDIT(m_mesh_name, m->plan->mesh[0]->name = "d p")
 MSG_EDIT(m_dump_many, m->passes->n_dump = HP_PASS_MAX + 1)
 MSG_EDIT(m_switch_long, m->passes->passes[0]->name = (char *)make_long())
+MSG_EDIT(m_fqns_many, m->plan->n_fsdp_fqns = HP_PLAN_MAX_ITEMS + 1)
+MSG_EDIT(m_constraints_many, m->plan->n_constraints = (size_t)1 << 40)
 MSG_EDIT(m_fqn_bad, m->plan->fsdp_fqns[0] = "tok\tembeddings")
 MSG_EDIT(m_target, m->plan->constraints[1]->target_case = 0)
 MSG_EDIT(m_place_kind, m->plan->constraints[0]->placements[1]->kind = 0)
@@ -488,10 +511,13 @@ Test(job_bad, hostile_fields) {
 
 /* Counts over a fixed array's size, at message level (no bytes needed to claim them). */
 Test(job_bad, oversized_counts) {
-    void (*edits[])(Hp__V1__Job *) = {m_mesh_many, m_dump_many, m_places_many};
+    void (*edits[])(Hp__V1__Job *) = {m_mesh_many, m_dump_many, m_places_many, m_fqns_many,
+                                      m_constraints_many};
     const char *want[] = {"plan.mesh: 5 entries, over the limit of 4",
                           "passes.dump: 33 entries, over the limit of 32",
-                          "plan.constraints[1].placements: 5 entries, over the limit of 4"};
+                          "plan.constraints[1].placements: 5 entries, over the limit of 4",
+                          "plan.fsdp_fqns: 65537 entries, over the limit of 65536",
+                          "plan.constraints: 1099511627776 entries"};
     for (size_t i = 0; i < HP_ARRAY_LEN(edits); i++) {
         hp_job *job = full_job(), *back = NULL;
         hp_arena arena;
@@ -549,7 +575,8 @@ Test(job_bad, random_and_mutated_bytes) {
         } else { /* a valid job with a few bytes changed */
             n = len;
             memcpy(buf, data, len);
-            for (int k = 0; k < 1 + it % 3; k++) buf[rng_next(&seed) % len] = (uint8_t)rng_next(&seed);
+            for (int k = 0; k < 1 + it % 3; k++)
+                buf[rng_next(&seed) % len] = (uint8_t)rng_next(&seed);
         }
         hp_job *back = NULL;
         hp_err err = {0};
@@ -570,7 +597,7 @@ Test(job_bad, random_and_mutated_bytes) {
     hp_job_free(job);
 }
 
-/* ---- allocation faults ------------------------------------------------------------------------- */
+/* ---- allocation faults ----------------------------------------------------------------------- */
 
 Test(job_faults, unpack_fault_loop) {
     hp_job *job = full_job();

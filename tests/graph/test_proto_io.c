@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* ---- fixtures ------------------------------------------------------------------------------- */
+/* ---- fixtures -------------------------------------------------------------------------------- */
 
 static hp_graph *check_built(hp_graph *g) {
     hp_err err = {0};
@@ -93,7 +93,7 @@ static void assert_round_trip(const hp_graph *g, const char *what) {
     hp_graph_free(back);
 }
 
-/* ---- round trips ---------------------------------------------------------------------------- */
+/* ---- round trips ----------------------------------------------------------------------------- */
 
 Test(proto_io, round_trip_hand_built) {
     hp_graph *g = graph_mlp();
@@ -120,18 +120,22 @@ static hp_model_spec spec(const char *text) {
     return s;
 }
 
-/* Every model builder, small: the joint graph survives the wire, and decoding it stays well
- * inside the memory budget. */
+/* Every model builder and flavor (graphs carry shapes, not weights, so even 405B is cheap),
+ * plus small overrides: the joint graph survives the wire, and decoding it stays well inside
+ * the memory budget. */
 Test(proto_io, round_trip_every_model) {
-    hp_model_spec specs[4];
+    hp_model_spec specs[8];
     specs[0] = spec("llama3:debugmodel");
-    specs[0].dim = 64, specs[0].n_layers = 2, specs[0].n_heads = 4, specs[0].n_kv_heads = 2;
-    specs[0].ffn_hidden = 96, specs[0].vocab = 128, specs[0].batch = 2, specs[0].seq = 16;
-    specs[1] = spec("llama3:8B"); /* the 8B shapes with a tiny stack: GQA 32/8 heads */
-    specs[1].dim = 256, specs[1].n_layers = 1, specs[1].vocab = 256, specs[1].seq = 8;
-    specs[1].ffn_hidden = 512;
-    specs[2] = spec("mlp");
-    specs[3] = spec("mlp:tiny");
+    specs[1] = spec("llama3:8B");
+    specs[2] = spec("llama3:70B");
+    specs[3] = spec("llama3:405B");
+    specs[4] = spec("llama3:debugmodel"); /* tiny, grouped-query */
+    specs[4].dim = 64, specs[4].n_layers = 2, specs[4].n_heads = 4, specs[4].n_kv_heads = 2;
+    specs[4].ffn_hidden = 96, specs[4].vocab = 128, specs[4].batch = 2, specs[4].seq = 16;
+    specs[5] = spec("mlp");
+    specs[6] = spec("mlp:tiny");
+    specs[7] = spec("mlp:tiny");
+    specs[7].n_layers = 5;
     for (size_t i = 0; i < HP_ARRAY_LEN(specs); i++) {
         char what[2 * HP_MODEL_NAME_MAX + 2];
         hp_graph *g = NULL;
@@ -156,7 +160,7 @@ Test(proto_io, round_trip_every_model) {
     }
 }
 
-/* ---- hostile messages, built field by field --------------------------------------------------- */
+/* ---- hostile messages, built field by field -------------------------------------------------- */
 
 /* A valid graph exported to a message the test may edit (shape arrays are copied so that
  * editing them leaves the graph alone). */
@@ -175,8 +179,8 @@ static void fixture_init(fixture *f, hp_graph *(*make)(void)) {
         Hp__V1__Node *n = f->m->nodes[i];
         for (size_t k = 0; k < n->n_outputs; k++)
             if (n->outputs[k]->n_shape)
-                n->outputs[k]->shape = hp_arena_memdup(
-                    &f->arena, n->outputs[k]->shape, n->outputs[k]->n_shape * sizeof(int64_t));
+                n->outputs[k]->shape = hp_arena_memdup(&f->arena, n->outputs[k]->shape,
+                                                       n->outputs[k]->n_shape * sizeof(int64_t));
     }
 }
 
@@ -192,8 +196,7 @@ static void expect_import_error(fixture *f, hp_status want, ...) {
     hp_err err = {0}, err2 = {0};
     hp_status s = hp_graph_import(f->m, &g, &err);
     cr_assert_null(g);
-    cr_assert_eq(s, want, "status %s, want %s: %s", hp_status_str(s), hp_status_str(want),
-                 err.msg);
+    cr_assert_eq(s, want, "status %s, want %s: %s", hp_status_str(s), hp_status_str(want), err.msg);
 
     size_t len = hp__v1__graph__get_packed_size(f->m);
     uint8_t *buf = hp_malloc(len ? len : 1);
@@ -235,7 +238,8 @@ Test(proto_io_bad, forward_refs_and_cycles) {
     fixture_init(&f, graph_mlp);
     Hp__V1__ValueRef *r = node(&f, 4)->inputs[1]; /* add(mm, b) */
     r->node = 6;
-    EXPECT(&f, HP_INVALID, "node 4 (add): input 1 refers to node 6", "forward reference or a cycle");
+    EXPECT(&f, HP_INVALID, "node 4 (add): input 1 refers to node 6",
+           "forward reference or a cycle");
     r->node = 4; /* itself */
     EXPECT(&f, HP_INVALID, "node 4 (add): input 1 refers to node 4");
     r->node = -1;
@@ -331,6 +335,14 @@ Test(proto_io_bad, placeholder_attributes) {
     fqn->str = "bad name";
     EXPECT(&f, HP_INVALID, "node 0 (placeholder): attribute 'fqn'", "bad character (byte 0x20");
     fqn->str = "layer.weight";
+
+    Hp__V1__Attribute *kind = w->attrs[0];
+    cr_assert_str_eq(kind->name, "kind");
+    kind->int_value = 7; /* a range the verifier owns */
+    EXPECT(&f, HP_INVALID, "node 0 (placeholder)");
+    kind->int_value = HP_INPUT_DATA; /* a data input with an init spec, before the params */
+    EXPECT(&f, HP_INVALID, "node 0 (placeholder)");
+    kind->int_value = HP_INPUT_PARAM;
 
     init->init->kind = 99;
     EXPECT(&f, HP_INVALID, "node 0 (placeholder): attribute 'init': unknown init kind 99");
@@ -430,7 +442,7 @@ Test(proto_io_bad, oversized_counts) {
     fixture_fini(&f);
 }
 
-/* ---- hostile bytes ------------------------------------------------------------------------------ */
+/* ---- hostile bytes --------------------------------------------------------------------------- */
 
 Test(proto_io_bytes, message_size_cap) {
     hp_graph *g = NULL;
@@ -555,7 +567,7 @@ Test(proto_io_bytes, mutated_bytes) {
     hp_graph_free(g);
 }
 
-/* ---- allocation faults ------------------------------------------------------------------------- */
+/* ---- allocation faults ----------------------------------------------------------------------- */
 
 /* Fail the Nth allocation of unpack + import for every N until it succeeds: each failure is a
  * clean HP_NOMEM with nothing leaked (the ASan build checks that). */
@@ -602,5 +614,21 @@ Test(proto_io_faults, pack_fault_loop) {
         cr_assert_eq(s, HP_NOMEM, "fail at %ld: %s", n, err.msg);
         cr_assert_null(data);
     }
+    hp_graph_free(g);
+}
+
+/* A graph whose builder failed is not written out. */
+Test(proto_io, failed_graph_is_not_packed) {
+    hp_graph *g = hp_graph_new();
+    hp_value a = hp_build_placeholder(g, HP_INPUT_DATA, "a",
+                                      hp_type_make(HP_F32, 2, (int64_t[]){2, 3}), NULL);
+    hp_mm(g, a, a); /* [2,3] x [2,3] */
+    cr_assert(hp_graph_failed(g));
+    uint8_t *data = NULL;
+    size_t len = 0;
+    hp_err err = {0};
+    cr_assert_eq(hp_graph_pack(g, &data, &len, &err), HP_INVALID);
+    cr_assert_null(data);
+    cr_assert(strstr(err.msg, "failed to build"), "%s", err.msg);
     hp_graph_free(g);
 }

@@ -1,0 +1,124 @@
+/* hp/program.h — the compiled form a worker runs: an ordered list of instructions (kernel or
+ * collective, buffer refs, stream), a buffer plan (every value an offset into the arena of
+ * its memory class, activations reusing space by liveness), and the parameter table
+ * (parameter, gradient, init, shard). The compiler produces it (hp_lower), the coordinator
+ * ships it (hp_program_pack, hp.v1.Program), the worker executes it and never compiles.
+ *
+ * A program owns its graph: instructions name a node, which gives the op, the attributes and
+ * the output types. Views that do not move data (view, reshape, squeeze, unsqueeze, clone,
+ * wait_tensor, same-dtype casts) become aliases of their input's storage, not instructions;
+ * a transpose feeding only matrix products is folded into their calls (HP_INSTR_TRANS_*).
+ *
+ * Ownership: hp_program_free frees everything. Not thread-safe while being built.
+ */
+#ifndef HP_PROGRAM_H
+#define HP_PROGRAM_H
+
+#include "hp/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_PROGRAM_FORMAT_VERSION 1
+
+/* Memory classes (values match hp.v1.MemoryClass). */
+typedef enum {
+    HP_MEM_PARAM = 1, /* parameters and buffers: persistent */
+    HP_MEM_GRAD = 2,  /* gradients: persistent, written by the step */
+    HP_MEM_ACT = 3,   /* activations and data: one arena, reused by liveness */
+    HP_MEM_COMM = 4,  /* collective staging (FSDP) */
+    HP_MEM_COUNT
+} hp_mem_class;
+
+const char *hp_mem_class_name(hp_mem_class m);
+
+#define HP_BUFFER_ALIGN 64
+
+typedef struct hp_buffer {
+    hp_mem_class mem;
+    int64_t offset; /* bytes into the class's arena (of alias_of's storage for an alias) */
+    int64_t bytes;  /* numel * dtype size */
+    hp_type type;
+    int32_t alias_of;              /* -1: own storage; else the buffer whose storage this is */
+    int32_t value_node, value_out; /* the graph value it holds */
+} hp_buffer;
+
+enum {
+    HP_INSTR_TRANS_A = 1 << 0, /* same bits as the backend's HP_CALL_TRANS_* */
+    HP_INSTR_TRANS_B = 1 << 1,
+};
+
+typedef struct hp_instr {
+    int32_t node;   /* graph node this runs */
+    int32_t stream; /* 0 compute, 1 comm */
+    uint32_t flags;
+    int n_in, n_out;
+    int32_t *in; /* [n_in] buffer ids (program arena) */
+    int32_t out[HP_MAX_OUTS];
+} hp_instr;
+
+typedef struct hp_param_slot {
+    const char *fqn; /* graph arena */
+    hp_type global;  /* the unsharded parameter */
+    hp_init init;
+    int32_t node;                     /* its placeholder */
+    int32_t buffer;                   /* the local value (PARAM) */
+    int32_t grad;                     /* its gradient (GRAD) */
+    int32_t shard_index, shard_count; /* dim-0 shard of this rank; 0, 1 when unsharded */
+    int64_t padded_dim0;              /* dim 0 rounded up to a multiple of shard_count */
+} hp_param_slot;
+
+typedef struct hp_data_slot {
+    const char *name; /* fqn of the data placeholder, or "" */
+    int32_t node;
+    int32_t buffer; /* ACT, live from the start of the step */
+} hp_data_slot;
+
+typedef struct hp_memplan_stats {
+    int64_t act_values_bytes; /* what activations would take with no reuse */
+    int64_t act_arena_bytes;  /* what the plan takes */
+    int n_aliases, n_folded_transposes;
+} hp_memplan_stats;
+
+typedef struct hp_program {
+    hp_arena arena;
+    hp_graph *graph; /* owned */
+    int rank, world;
+    int32_t n_buffers, n_instrs, n_params, n_data;
+    hp_buffer *buffers;
+    hp_instr *instrs;
+    hp_param_slot *params;
+    hp_data_slot *data;
+    int32_t loss; /* buffer of the loss (ACT, live to the end) */
+    int64_t arena_bytes[HP_MEM_COUNT];
+    hp_memplan_stats stats;
+} hp_program;
+
+/* Lowers a verified joint graph (outputs: loss, then one gradient per parameter) to a
+ * single-rank program. The graph is copied. Errors: HP_INVALID naming what does not fit the
+ * joint-graph convention, HP_NOMEM. */
+hp_status hp_lower(const hp_graph *joint, hp_program **out, hp_err *err);
+
+void hp_program_free(hp_program *p);
+
+/* The root buffer holding b's bytes (b itself unless it is an alias). */
+static inline int32_t hp_program_root(const hp_program *p, int32_t b) {
+    return p->buffers[b].alias_of >= 0 ? p->buffers[b].alias_of : b;
+}
+
+/* Checks every index, offset and type against the graph and the arenas (a program from the
+ * wire is untrusted). HP_INVALID naming the instruction or buffer. */
+hp_status hp_program_verify(const hp_program *p, hp_err *err);
+
+/* Wire form (hp.v1.Program). pack: *data hp_malloc'd. unpack: untrusted bytes, verified. */
+hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_err *err);
+hp_status hp_program_unpack(const uint8_t *data, size_t len, hp_program **out, hp_err *err);
+
+/* A human-readable listing: buffers, instructions, arenas (for `hpctl plan` and dumps). */
+hp_status hp_program_print(const hp_program *p, char **text, hp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

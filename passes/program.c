@@ -1,0 +1,233 @@
+/* passes/program.c — the Program's lifetime, its verifier (a program from the wire is
+ * untrusted: every index, offset and type is checked against the graph and the arenas before a
+ * worker touches memory) and its human-readable listing. */
+#include "hp/program.h"
+#include "hp/text.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *hp_mem_class_name(hp_mem_class m) {
+    switch (m) {
+    case HP_MEM_PARAM:
+        return "param";
+    case HP_MEM_GRAD:
+        return "grad";
+    case HP_MEM_ACT:
+        return "act";
+    case HP_MEM_COMM:
+        return "comm";
+    default:
+        return "?";
+    }
+}
+
+void hp_program_free(hp_program *p) {
+    if (!p) return;
+    hp_graph_free(p->graph);
+    hp_free(p->buffers);
+    hp_free(p->instrs);
+    hp_arena_fini(&p->arena);
+    hp_free(p);
+}
+
+static hp_status check_buffer(const hp_program *p, int32_t b, const char *what, int32_t at,
+                              hp_err *err) {
+    if (b < 0 || b >= p->n_buffers)
+        return hp_errf(err, HP_INVALID, "%s %d refers to buffer %d of %d", what, at, b,
+                       p->n_buffers);
+    return HP_OK;
+}
+
+static hp_status verify_buffers(const hp_program *p, hp_err *err) {
+    const hp_graph *g = p->graph;
+    for (int32_t b = 0; b < p->n_buffers; b++) {
+        const hp_buffer *buf = &p->buffers[b];
+        if (buf->mem < HP_MEM_PARAM || buf->mem >= HP_MEM_COUNT)
+            return hp_errf(err, HP_INVALID, "buffer %d: memory class %d", b, (int)buf->mem);
+        const hp_type *t = hp_graph_type(g, (hp_value){buf->value_node, buf->value_out});
+        if (!t)
+            return hp_errf(err, HP_INVALID, "buffer %d: holds value %d.%d, not in the graph", b,
+                           buf->value_node, buf->value_out);
+        if (!hp_type_eq(t, &buf->type))
+            return hp_errf(err, HP_INVALID, "buffer %d: type differs from its graph value", b);
+        if (buf->bytes != hp_type_numel(t) * (int64_t)hp_dtype_size(t->dtype))
+            return hp_errf(err, HP_INVALID, "buffer %d: %lld bytes for its type", b,
+                           (long long)buf->bytes);
+        int32_t root = b;
+        if (buf->alias_of >= 0) {
+            HP_TRY(check_buffer(p, buf->alias_of, "alias of buffer", b, err));
+            root = buf->alias_of;
+            const hp_buffer *r = &p->buffers[root];
+            if (r->alias_of >= 0 || r->mem != buf->mem || r->offset != buf->offset ||
+                r->bytes < buf->bytes)
+                return hp_errf(err, HP_INVALID, "buffer %d: a bad alias of buffer %d", b, root);
+        }
+        if (buf->offset < 0 || buf->offset % HP_BUFFER_ALIGN ||
+            buf->offset > p->arena_bytes[buf->mem] ||
+            buf->bytes > p->arena_bytes[buf->mem] - buf->offset)
+            return hp_errf(err, HP_INVALID,
+                           "buffer %d: [%lld, +%lld) lies outside the %s arena of %lld bytes", b,
+                           (long long)buf->offset, (long long)buf->bytes,
+                           hp_mem_class_name(buf->mem), (long long)p->arena_bytes[buf->mem]);
+    }
+    return HP_OK;
+}
+
+static hp_status verify_instrs(const hp_program *p, hp_err *err) {
+    const hp_graph *g = p->graph;
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        if (ins->node < 0 || ins->node >= g->n_nodes)
+            return hp_errf(err, HP_INVALID, "instruction %d: node %d of %d", i, ins->node,
+                           g->n_nodes);
+        const hp_node *n = &g->nodes[ins->node];
+        if (ins->n_in != n->n_in || ins->n_out != n->n_out)
+            return hp_errf(err, HP_INVALID,
+                           "instruction %d (%s): %d inputs, %d outputs for the "
+                           "node's %d, %d",
+                           i, hp_op_get(n->op)->name, ins->n_in, ins->n_out, n->n_in, n->n_out);
+        if (ins->stream < 0 || ins->stream > 1)
+            return hp_errf(err, HP_INVALID, "instruction %d: stream %d", i, ins->stream);
+        bool mat = n->op == HP_OP_MM || n->op == HP_OP_BMM || n->op == HP_OP_ADDMM;
+        if (ins->flags & ~(uint32_t)(HP_INSTR_TRANS_A | HP_INSTR_TRANS_B) || (ins->flags && !mat))
+            return hp_errf(err, HP_INVALID, "instruction %d (%s): flags 0x%x", i,
+                           hp_op_get(n->op)->name, ins->flags);
+        for (int k = 0; k < ins->n_out; k++) {
+            HP_TRY(check_buffer(p, ins->out[k], "instruction", i, err));
+            const hp_buffer *b = &p->buffers[ins->out[k]];
+            if (b->value_node != ins->node || b->value_out != k || b->alias_of >= 0 ||
+                b->mem == HP_MEM_PARAM)
+                return hp_errf(err, HP_INVALID,
+                               "instruction %d: output %d writes buffer %d, "
+                               "which does not hold it",
+                               i, k, ins->out[k]);
+        }
+        for (int k = 0; k < ins->n_in; k++) {
+            HP_TRY(check_buffer(p, ins->in[k], "instruction", i, err));
+            const hp_buffer *b = &p->buffers[ins->in[k]];
+            const hp_type *want = hp_graph_type(g, n->in[k]);
+            hp_type got = b->type;
+            unsigned bit = n->op == HP_OP_ADDMM ? (k == 1   ? HP_INSTR_TRANS_A
+                                                   : k == 2 ? HP_INSTR_TRANS_B
+                                                            : 0)
+                                                : (k == 0 ? HP_INSTR_TRANS_A : HP_INSTR_TRANS_B);
+            if (mat && (ins->flags & bit) && got.rank >= 2) {
+                int64_t t = got.shape[got.rank - 1];
+                got.shape[got.rank - 1] = got.shape[got.rank - 2];
+                got.shape[got.rank - 2] = t;
+            }
+            if (!hp_type_eq(&got, want))
+                return hp_errf(err, HP_INVALID,
+                               "instruction %d (%s): input %d reads buffer %d "
+                               "of the wrong type",
+                               i, hp_op_get(n->op)->name, k, ins->in[k]);
+        }
+    }
+    return HP_OK;
+}
+
+hp_status hp_program_verify(const hp_program *p, hp_err *err) {
+    if (!p->graph) return hp_errf(err, HP_INVALID, "program has no graph");
+    HP_TRY(hp_graph_verify(p->graph, err));
+    if (p->world < 1 || p->rank < 0 || p->rank >= p->world)
+        return hp_errf(err, HP_INVALID, "rank %d of world %d", p->rank, p->world);
+    for (int m = 0; m < HP_MEM_COUNT; m++)
+        if (p->arena_bytes[m] < 0 || p->arena_bytes[m] > HP_MAX_NUMEL)
+            return hp_errf(err, HP_INVALID, "%s arena of %lld bytes",
+                           hp_mem_class_name((hp_mem_class)m), (long long)p->arena_bytes[m]);
+    HP_TRY(verify_buffers(p, err));
+    HP_TRY(verify_instrs(p, err));
+    HP_TRY(check_buffer(p, p->loss, "the loss", 0, err));
+    hp_graph_inputs in = hp_graph_count_inputs(p->graph);
+    if (p->n_params != in.n_params || p->n_data != in.n_data)
+        return hp_errf(err, HP_INVALID, "%d parameters and %d data inputs, the graph has %d, %d",
+                       p->n_params, p->n_data, in.n_params, in.n_data);
+    for (int i = 0; i < p->n_params; i++) {
+        const hp_param_slot *ps = &p->params[i];
+        HP_TRY(check_buffer(p, ps->buffer, "parameter", i, err));
+        HP_TRY(check_buffer(p, ps->grad, "parameter", i, err));
+        if (ps->node != i || p->buffers[ps->buffer].value_node != i ||
+            p->buffers[ps->buffer].mem != HP_MEM_PARAM || p->buffers[ps->grad].mem != HP_MEM_GRAD)
+            return hp_errf(err, HP_INVALID, "parameter %d: inconsistent buffers", i);
+        if (ps->shard_count < 1 || ps->shard_index < 0 || ps->shard_index >= ps->shard_count)
+            return hp_errf(err, HP_INVALID, "parameter %d: shard %d of %d", i, ps->shard_index,
+                           ps->shard_count);
+    }
+    for (int i = 0; i < p->n_data; i++) {
+        HP_TRY(check_buffer(p, p->data[i].buffer, "data input", i, err));
+        if (p->buffers[p->data[i].buffer].value_node != p->data[i].node)
+            return hp_errf(err, HP_INVALID, "data input %d: buffer %d holds another value", i,
+                           p->data[i].buffer);
+    }
+    return HP_OK;
+}
+
+/* ---- listing -------------------------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *s;
+    size_t len, cap;
+    bool nomem;
+} sbuf;
+
+__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->nomem) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if ((size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)n + 1) * 2;
+        char *s = hp_realloc(b->s, cap);
+        if (!s) {
+            b->nomem = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+hp_status hp_program_print(const hp_program *p, char **text, hp_err *err) {
+    sbuf b = {0};
+    sb_printf(&b, "program rank %d of %d: %d instructions, %d buffers\n", p->rank, p->world,
+              p->n_instrs, p->n_buffers);
+    for (int m = HP_MEM_PARAM; m < HP_MEM_COUNT; m++)
+        sb_printf(&b, "arena %-5s %lld bytes\n", hp_mem_class_name((hp_mem_class)m),
+                  (long long)p->arena_bytes[m]);
+    sb_printf(&b,
+              "activations: %lld bytes of values in a %lld-byte arena; %d aliases, %d "
+              "transposes folded\n",
+              (long long)p->stats.act_values_bytes, (long long)p->stats.act_arena_bytes,
+              p->stats.n_aliases, p->stats.n_folded_transposes);
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        char line[256];
+        sb_printf(&b, "%5d %s ", i, ins->stream ? "comm" : "comp");
+        for (int k = 0; k < ins->n_out; k++) {
+            const hp_buffer *o = &p->buffers[ins->out[k]];
+            sb_printf(&b, "%sb%d@%s+%lld", k ? "," : "", ins->out[k], hp_mem_class_name(o->mem),
+                      (long long)o->offset);
+        }
+        sb_printf(&b, " <-");
+        for (int k = 0; k < ins->n_in; k++) sb_printf(&b, " b%d", ins->in[k]);
+        if (ins->flags)
+            sb_printf(&b, " [trans%s%s]", ins->flags & HP_INSTR_TRANS_A ? " a" : "",
+                      ins->flags & HP_INSTR_TRANS_B ? " b" : "");
+        sb_printf(&b, "   # %s\n", hp_node_str(p->graph, ins->node, line, sizeof line));
+    }
+    if (b.nomem) {
+        hp_free(b.s);
+        *text = NULL;
+        return hp_errf(err, HP_NOMEM, "out of memory printing the program");
+    }
+    *text = b.s;
+    return HP_OK;
+}

@@ -1,0 +1,184 @@
+/* hpctl as a user runs it: the real binary, its exit codes, its one-line errors, and its
+ * outputs read back (the --hpir text parses to the job's graph; --json is valid JSON). */
+#include "hp/job.h"
+#include "hp/text.h"
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct run_result {
+    int code;
+    char *out, *err; /* malloc'd */
+} run_result;
+
+static char tmpdir[256];
+
+static void setup(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/hpctl-test-XXXXXX");
+    cr_assert(mkdtemp(tmpdir));
+}
+static void teardown(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* Runs `hpctl ARGS` through the shell, capturing stdout and stderr. */
+static run_result hpctl(const char *args) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s/client/hpctl %s >%s/out 2>%s/err", HP_BINARY_DIR, args, tmpdir,
+             tmpdir);
+    int st = system(cmd);
+    run_result r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    char p[300];
+    snprintf(p, sizeof p, "%s/out", tmpdir);
+    r.out = slurp(p);
+    snprintf(p, sizeof p, "%s/err", tmpdir);
+    r.err = slurp(p);
+    return r;
+}
+
+static void done(run_result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+/* An error is exactly one line on stderr, starting "hpctl:", containing `want`. */
+static void expect_error(const char *args, int code, const char *want) {
+    run_result r = hpctl(args);
+    cr_expect_eq(r.code, code, "hpctl %s: exit %d, want %d (stderr: %s)", args, r.code, code,
+                 r.err);
+    cr_expect(strncmp(r.err, "hpctl", 5) == 0, "hpctl %s: stderr '%s'", args, r.err);
+    char *nl = strchr(r.err, '\n');
+    cr_expect(nl && nl[1] == 0, "hpctl %s: stderr is not one line: '%s'", args, r.err);
+    cr_expect(strstr(r.err, want), "hpctl %s: stderr '%s' lacks '%s'", args, r.err, want);
+    done(&r);
+}
+
+TestSuite(hpctl, .init = setup, .fini = teardown, .timeout = 120);
+
+Test(hpctl, new_then_inspect_debugmodel) {
+    char args[512];
+    snprintf(args, sizeof args,
+             "new --model llama3:debugmodel --batch 2 --seq 64 --steps 30 "
+             "--lr 1e-3 --decay cosine -o %s/job.pb",
+             tmpdir);
+    run_result r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    done(&r);
+
+    snprintf(args, sizeof args, "inspect %s/job.pb", tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "parameters  6,163,712"), "%s", r.out);
+    cr_expect(strstr(r.out, "2 x seq 64"), "%s", r.out);
+    cr_expect(strstr(r.out, "30 steps"), "%s", r.out);
+    cr_expect(strstr(r.out, "cosine decay"), "%s", r.out);
+    cr_expect(strstr(r.out, "58 outputs (loss + 57 gradients)"), "%s", r.out);
+    cr_expect(strstr(r.out, "job         debugmodel"), "%s", r.out);
+    done(&r);
+
+    /* --hpir prints the graph: it parses back to the very graph in the job file */
+    snprintf(args, sizeof args, "inspect %s/job.pb --hpir", tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_graph *g = NULL;
+    hp_err e;
+    cr_assert_eq(hp_graph_parse(r.out, strlen(r.out), &g, &e), HP_OK, "%s", e.msg);
+    hp_job *job = NULL;
+    snprintf(args, sizeof args, "%s/job.pb", tmpdir);
+    cr_assert_eq(hp_job_read_file(args, &job, &e), HP_OK, "%s", e.msg);
+    cr_expect(hp_graph_eq(g, job->graph));
+    cr_expect_eq(job->train.steps, 30);
+    cr_expect_eq(job->train.decay, HP_DECAY_COSINE);
+    cr_expect_eq(job->train.local_batch, 2);
+    cr_expect_eq(job->train.seq, 64);
+    hp_job_free(job);
+    hp_graph_free(g);
+    done(&r);
+
+    snprintf(args, sizeof args, "inspect %s/job.pb --json", tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_error_t je;
+    json_t *root = json_loads(r.out, 0, &je);
+    cr_assert(root, "invalid JSON: %s", je.text);
+    cr_expect_eq(json_integer_value(json_object_get(root, "params")), 6163712);
+    cr_expect_eq(json_integer_value(json_object_get(json_object_get(root, "graph"), "outputs")),
+                 58);
+    json_decref(root);
+    done(&r);
+}
+
+Test(hpctl, usage_errors_exit_2) {
+    expect_error("", 2, "missing verb");
+    expect_error("frobnicate", 2, "unknown verb 'frobnicate'");
+    expect_error("new -o x.pb", 2, "--model is required");
+    expect_error("new --model llama3:debugmodel", 2, "-o JOB.pb is required");
+    expect_error("new --model llama3:tiny9 -o x.pb", 2, "tiny9");
+    expect_error("new --model gpt9 -o x.pb", 2, "gpt9");
+    expect_error("new --model llama3:debugmodel --batch 0 -o x.pb", 2, "--batch: 0 is outside");
+    expect_error("new --model llama3:debugmodel --batch x -o x.pb", 2, "'x' is not an integer");
+    expect_error("new --model llama3:debugmodel --lr nan -o x.pb", 2, "--lr: 'nan'");
+    expect_error("new --model llama3:debugmodel --heads 5 -o x.pb", 2, "heads");
+    expect_error("new --model llama3:debugmodel --decay step -o x.pb", 2, "--decay: 'step'");
+    expect_error("new --model llama3:debugmodel --bogus 1 -o x.pb", 2, "unknown flag '--bogus'");
+    expect_error("new --model llama3:debugmodel --batch", 2, "--batch: missing value");
+    expect_error("inspect", 2, "which job file");
+    expect_error("inspect a.pb --wat", 2, "unknown flag '--wat'");
+}
+
+Test(hpctl, bad_files_exit_1) {
+    char args[512], path[300];
+    snprintf(args, sizeof args, "inspect %s/missing.pb", tmpdir);
+    expect_error(args, 1, "missing.pb");
+
+    /* garbage */
+    snprintf(path, sizeof path, "%s/garbage.pb", tmpdir);
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 4096; i++) fputc((i * 7919 + 13) & 0xff, f);
+    fclose(f);
+    snprintf(args, sizeof args, "inspect %s", path);
+    expect_error(args, 1, "garbage.pb");
+
+    /* a valid job cut in half */
+    snprintf(args, sizeof args, "new --model mlp -o %s/ok.pb", tmpdir);
+    run_result r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    done(&r);
+    snprintf(path, sizeof path, "%s/ok.pb", tmpdir);
+    char *data = slurp(path);
+    f = fopen(path, "r+b");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fclose(f);
+    cr_assert_eq(truncate(path, n / 2), 0);
+    free(data);
+    snprintf(args, sizeof args, "inspect %s", path);
+    expect_error(args, 1, "ok.pb");
+
+    /* a directory */
+    snprintf(args, sizeof args, "inspect %s", tmpdir);
+    expect_error(args, 1, "not a regular file");
+
+    /* an unwritable output */
+    expect_error("new --model mlp -o /nonexistent-dir/x.pb", 1, "/nonexistent-dir/x.pb");
+}

@@ -1,0 +1,174 @@
+/* Lowering and the memory plan: a Llama-3 joint graph becomes a verified program whose
+ * activation arena is well below the sum of its activations, with no two simultaneously live
+ * buffers overlapping; the program survives its wire form; hostile programs are refused. */
+#include "hp/models.h"
+#include "hp/program.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+static hp_graph *tiny_llama(void) {
+    hp_model_spec spec;
+    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &spec, NULL), HP_OK);
+    spec.dim = 64, spec.n_layers = 2, spec.n_heads = 4, spec.n_kv_heads = 2;
+    spec.ffn_hidden = 96, spec.vocab = 128, spec.batch = 2, spec.seq = 16;
+    hp_graph *g = NULL;
+    hp_err e;
+    cr_assert_eq(hp_model_build_joint(&spec, &g, &e), HP_OK, "%s", e.msg);
+    return g;
+}
+
+/* Live ranges recomputed independently of memplan.c: [producer, last reader]. */
+static void check_no_live_overlap(const hp_program *p) {
+    int32_t nb = p->n_buffers;
+    int32_t *def = malloc(sizeof(int32_t) * (size_t)nb),
+            *last = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int32_t b = 0; b < nb; b++) def[b] = last[b] = -2;
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        for (int k = 0; k < ins->n_out; k++) {
+            int32_t r = hp_program_root(p, ins->out[k]);
+            if (def[r] == -2) def[r] = i;
+            if (last[r] < i) last[r] = i;
+        }
+        for (int k = 0; k < ins->n_in; k++) {
+            int32_t r = hp_program_root(p, ins->in[k]);
+            if (last[r] < i) last[r] = i;
+        }
+    }
+    for (int i = 0; i < p->n_data; i++) def[p->data[i].buffer] = -1;
+    last[hp_program_root(p, p->loss)] = p->n_instrs;
+    for (int32_t a = 0; a < nb; a++) {
+        const hp_buffer *x = &p->buffers[a];
+        if (x->alias_of >= 0 || x->mem != HP_MEM_ACT || def[a] == -2) continue;
+        for (int32_t b = a + 1; b < nb; b++) {
+            const hp_buffer *y = &p->buffers[b];
+            if (y->alias_of >= 0 || y->mem != HP_MEM_ACT || def[b] == -2) continue;
+            int32_t la = last[a] < def[a] ? def[a] : last[a],
+                    lb = last[b] < def[b] ? def[b] : last[b];
+            bool live = def[a] <= lb && def[b] <= la;
+            bool mem = x->offset < y->offset + y->bytes && y->offset < x->offset + x->bytes;
+            cr_assert(!(live && mem && x->bytes && y->bytes),
+                      "buffers %d and %d are live together and overlap", a, b);
+        }
+    }
+    free(def);
+    free(last);
+}
+
+Test(lower, llama_joint_graph) {
+    hp_graph *g = tiny_llama();
+    hp_program *p = NULL;
+    hp_err e;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(hp_program_verify(p, &e), HP_OK, "%s", e.msg);
+    cr_expect_eq(p->n_params, 2 * 9 + 3);
+    cr_expect_eq(p->n_data, 2);
+    /* every t() feeding a matmul folds; views alias */
+    cr_expect_gt(p->stats.n_folded_transposes, 0);
+    cr_expect_gt(p->stats.n_aliases, 0);
+    /* a t() stays only where it is a graph output (a weight gradient laid out [out, in]) */
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        if (p->graph->nodes[p->instrs[i].node].op != HP_OP_T) continue;
+        bool is_output = false;
+        for (int k = 1; k < p->graph->n_outputs; k++)
+            is_output |= p->graph->outputs[k].node == p->instrs[i].node;
+        cr_expect(is_output, "instruction %d: a t() was not folded", i);
+    }
+    /* liveness-based reuse: well below the sum of all activations */
+    cr_expect_lt(p->stats.act_arena_bytes * 2, p->stats.act_values_bytes,
+                 "arena %lld vs values %lld", (long long)p->stats.act_arena_bytes,
+                 (long long)p->stats.act_values_bytes);
+    check_no_live_overlap(p);
+    for (int i = 0; i < p->n_params; i++) {
+        cr_expect_eq(p->buffers[p->params[i].buffer].mem, HP_MEM_PARAM);
+        cr_expect_eq(p->buffers[p->params[i].grad].mem, HP_MEM_GRAD);
+    }
+    char *text = NULL;
+    cr_assert_eq(hp_program_print(p, &text, &e), HP_OK);
+    cr_expect(strstr(text, "[trans b]"));
+    hp_free(text);
+
+    /* wire form round trip */
+    uint8_t *data = NULL;
+    size_t len = 0;
+    cr_assert_eq(hp_program_pack(p, &data, &len, &e), HP_OK, "%s", e.msg);
+    hp_program *q = NULL;
+    cr_assert_eq(hp_program_unpack(data, len, &q, &e), HP_OK, "%s", e.msg);
+    cr_expect(hp_graph_eq(p->graph, q->graph));
+    cr_expect_eq(q->n_instrs, p->n_instrs);
+    cr_expect_eq(q->n_buffers, p->n_buffers);
+    for (int32_t b = 0; b < p->n_buffers; b++) {
+        const hp_buffer *x = &p->buffers[b], *y = &q->buffers[b];
+        cr_expect(x->mem == y->mem && x->offset == y->offset && x->bytes == y->bytes &&
+                      x->alias_of == y->alias_of && hp_type_eq(&x->type, &y->type) &&
+                      x->value_node == y->value_node && x->value_out == y->value_out,
+                  "buffer %d differs", b);
+    }
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        cr_expect_eq(q->instrs[i].node, p->instrs[i].node);
+        cr_expect_eq(q->instrs[i].flags, p->instrs[i].flags);
+        cr_expect(memcmp(q->instrs[i].in, p->instrs[i].in,
+                         sizeof(int32_t) * (size_t)p->instrs[i].n_in) == 0);
+    }
+    cr_expect(memcmp(q->arena_bytes, p->arena_bytes, sizeof p->arena_bytes) == 0);
+    hp_program_free(q);
+
+    /* hostile: every truncation, and random byte flips, are refused or verified, never crash */
+    for (size_t n = 0; n < len; n += 1 + len / 300) {
+        q = NULL;
+        hp_status st = hp_program_unpack(data, n, &q, &e);
+        if (st == HP_OK) hp_program_free(q);
+    }
+    unsigned seed = 7;
+    uint8_t *copy = malloc(len);
+    for (int it = 0; it < 300; it++) {
+        memcpy(copy, data, len);
+        for (int k = 0; k < 4; k++) {
+            seed = seed * 1103515245u + 12345u;
+            copy[(seed >> 8) % len] ^= (uint8_t)(1u << (seed % 8));
+        }
+        q = NULL;
+        if (hp_program_unpack(copy, len, &q, &e) == HP_OK) {
+            cr_expect_eq(hp_program_verify(q, &e), HP_OK);
+            hp_program_free(q);
+        }
+    }
+    free(copy);
+    hp_free(data);
+    hp_program_free(p);
+    hp_graph_free(g);
+}
+
+Test(lower, refuses_non_joint_graphs) {
+    hp_model_spec spec;
+    cr_assert_eq(hp_model_spec_parse("mlp", &spec, NULL), HP_OK);
+    hp_graph *g = NULL;
+    cr_assert_eq(hp_model_build(&spec, &g, NULL), HP_OK);
+    hp_program *p = NULL;
+    hp_err e;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "not a joint graph"), "%s", e.msg);
+    cr_assert_null(p);
+    hp_graph_free(g);
+}
+
+Test(lower, fault_injection) {
+    hp_graph *g = tiny_llama();
+    for (long n = 0;; n++) {
+        hp_alloc_fail_at(n);
+        hp_program *p = NULL;
+        hp_err e;
+        hp_status st = hp_lower(g, &p, &e);
+        hp_alloc_fail_at(-1);
+        if (st == HP_OK) {
+            hp_program_free(p);
+            break;
+        }
+        cr_assert_eq(st, HP_NOMEM, "step %ld: %s", n, e.msg);
+        cr_assert_null(p);
+        cr_assert_lt(n, 100000);
+    }
+    hp_graph_free(g);
+}

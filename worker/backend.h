@@ -1,0 +1,103 @@
+/* worker/backend.h — the device interface the executor runs a Program on: memory, one kernel
+ * launch per instruction, collectives, streams and events, device facts. One vtable; the
+ * `cpu` backend (worker/cpu/) implements it now, a `cuda` backend (a compute stream and a
+ * comm stream ordered by events, cuBLASLt GEMMs) fits it without change.
+ *
+ * Streams: 0 is compute, 1 is communication. Work on one stream runs in issue order; an
+ * event recorded on one stream and waited on another orders the two. A backend whose
+ * launches are synchronous (cpu compute) may complete work inside launch and make events
+ * trivial.
+ *
+ * Memory: pointers from alloc are device pointers, only dereferenceable on the host when
+ * info.host_visible is true (cpu). Host <-> device transfers go through copy_in / copy_out.
+ *
+ * Threads: a backend is used by one executor thread; the backend may run its own threads.
+ * Errors: every call returns hp_status with err naming the op and the cause.
+ */
+#ifndef HP_WORKER_BACKEND_H
+#define HP_WORKER_BACKEND_H
+
+#include "hp/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { HP_STREAM_COMPUTE = 0, HP_STREAM_COMM = 1, HP_STREAM_COUNT = 2 };
+
+/* Kernel call flags: the lowering folds a transpose feeding a matrix product into the call,
+ * so the kernel reads the untransposed buffer (whose type in_type[] describes). */
+enum {
+    HP_CALL_TRANS_A = 1 << 0, /* mm/bmm/addmm: operand a is given transposed (last two dims) */
+    HP_CALL_TRANS_B = 1 << 1, /* mm/bmm/addmm: operand b is given transposed (last two dims) */
+};
+
+/* One kernel launch: the node says the op, its attributes and its declared output types;
+ * buffers are contiguous, row-major, of the types given. */
+typedef struct hp_kernel_call {
+    const hp_node *node;
+    unsigned flags;
+    int n_in, n_out;
+    const void *const *in;   /* [n_in] device pointers */
+    const hp_type *in_type;  /* [n_in] */
+    void *const *out;        /* [n_out] device pointers */
+    const hp_type *out_type; /* [n_out] */
+} hp_kernel_call;
+
+typedef struct hp_device_info {
+    char name[128];       /* "cpu: AMD EPYC 7B13 (2 threads)", "NVIDIA H200" */
+    int64_t memory_bytes; /* device memory (cpu: physical RAM) */
+    double peak_flops;    /* dense peak used for MFU (bf16 on GPUs; measured f32 on cpu); 0
+                             when unknown */
+    bool host_visible;    /* device pointers are host pointers */
+    int threads;          /* cpu: compute threads */
+} hp_device_info;
+
+typedef struct hp_backend hp_backend;
+typedef struct hp_event hp_event;
+
+typedef struct hp_backend_vtable {
+    const char *name;
+    hp_status (*info)(hp_backend *b, hp_device_info *out, hp_err *err);
+
+    /* memory: zeroed, 64-byte aligned; free(NULL) is a no-op */
+    hp_status (*alloc)(hp_backend *b, size_t bytes, void **out, hp_err *err);
+    void (*free)(hp_backend *b, void *p);
+    hp_status (*copy_in)(hp_backend *b, void *dst, const void *host_src, size_t bytes, hp_err *err);
+    hp_status (*copy_out)(hp_backend *b, void *host_dst, const void *src, size_t bytes,
+                          hp_err *err);
+
+    /* Launches call on a stream. HP_UNSUPPORTED naming the op and dtype when the backend has
+     * no kernel for it. */
+    hp_status (*launch)(hp_backend *b, int stream, const hp_kernel_call *call, hp_err *err);
+
+    /* Runs a collective node (all_gather_into_tensor, reduce_scatter_tensor, all_reduce,
+     * all_to_all_single) among the ranks of the communicator the backend was created with;
+     * usually on HP_STREAM_COMM. Without a communicator only group_size 1 is allowed (a copy). */
+    hp_status (*collective)(hp_backend *b, int stream, const hp_kernel_call *call, hp_err *err);
+
+    /* Events order streams: record after the work issued so far on `stream`; wait makes later
+     * work on `stream` wait for the event. */
+    hp_status (*event_new)(hp_backend *b, hp_event **out, hp_err *err);
+    void (*event_free)(hp_backend *b, hp_event *e);
+    hp_status (*event_record)(hp_backend *b, hp_event *e, int stream, hp_err *err);
+    hp_status (*event_wait)(hp_backend *b, hp_event *e, int stream, hp_err *err);
+
+    /* Waits until all work on all streams is done; reports the first asynchronous error. */
+    hp_status (*synchronize)(hp_backend *b, hp_err *err);
+    void (*destroy)(hp_backend *b);
+} hp_backend_vtable;
+
+/* Backends embed this first. */
+struct hp_backend {
+    const hp_backend_vtable *vt;
+};
+
+static inline void hp_backend_free(hp_backend *b) {
+    if (b) b->vt->destroy(b);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

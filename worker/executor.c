@@ -1,0 +1,174 @@
+/* worker/executor.c — the Program executor (see executor.h). */
+#include "worker/executor.h"
+
+#include <string.h>
+#include <time.h>
+
+typedef struct exec_call {
+    hp_kernel_call call;
+    int32_t wait_for; /* instruction whose event to wait on first (-1: none) */
+} exec_call;
+
+struct hp_exec {
+    const hp_program *p;
+    hp_backend *b;
+    void *region[HP_MEM_COUNT];
+    exec_call *calls;     /* [n_instrs] */
+    const void **in_ptrs; /* all instructions' input pointers */
+    void **out_ptrs;      /* all instructions' output pointers */
+    hp_type *types;       /* input types, then output types, per instruction */
+    hp_event **events;    /* [n_instrs]: recorded after a cross-stream producer */
+    int64_t bytes;
+    hp_exec_trace_fn trace;
+    void *trace_ctx;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *hp_exec_ptr(const hp_exec *e, int32_t b) {
+    const hp_buffer *buf = &e->p->buffers[b];
+    return (char *)e->region[buf->mem] + buf->offset;
+}
+
+int64_t hp_exec_bytes(const hp_exec *e) {
+    return e->bytes;
+}
+
+void hp_exec_set_trace(hp_exec *e, hp_exec_trace_fn fn, void *ctx) {
+    e->trace = fn;
+    e->trace_ctx = ctx;
+}
+
+void hp_exec_free(hp_exec *e) {
+    if (!e) return;
+    for (int m = 0; m < HP_MEM_COUNT; m++) e->b->vt->free(e->b, e->region[m]);
+    if (e->events)
+        for (int32_t i = 0; i < e->p->n_instrs; i++)
+            if (e->events[i]) e->b->vt->event_free(e->b, e->events[i]);
+    hp_free(e->events);
+    hp_free(e->calls);
+    hp_free(e->in_ptrs);
+    hp_free(e->out_ptrs);
+    hp_free(e->types);
+    hp_free(e);
+}
+
+/* Which instruction produced each root buffer (for cross-stream ordering). */
+static hp_status plan_events(hp_exec *e, hp_err *err) {
+    const hp_program *p = e->p;
+    int32_t *producer = hp_malloc((size_t)(p->n_buffers + 1) * sizeof *producer);
+    if (!producer) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int32_t b = 0; b < p->n_buffers; b++) producer[b] = -1;
+    hp_status st = HP_OK;
+    for (int32_t i = 0; i < p->n_instrs && st == HP_OK; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        e->calls[i].wait_for = -1;
+        for (int k = 0; k < ins->n_in; k++) {
+            int32_t src = producer[hp_program_root(p, ins->in[k])];
+            if (src < 0 || p->instrs[src].stream == ins->stream) continue;
+            if (!e->events[src]) st = e->b->vt->event_new(e->b, &e->events[src], err);
+            /* the latest cross-stream producer covers earlier ones on its stream */
+            if (src > e->calls[i].wait_for) e->calls[i].wait_for = src;
+        }
+        for (int k = 0; k < ins->n_out; k++) producer[hp_program_root(p, ins->out[k])] = i;
+    }
+    hp_free(producer);
+    return st;
+}
+
+hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err *err) {
+    *out = NULL;
+    hp_exec *e = hp_calloc(1, sizeof *e);
+    if (!e) return hp_errf(err, HP_NOMEM, "out of memory creating the executor");
+    e->p = p;
+    e->b = b;
+    hp_status st;
+    for (int m = HP_MEM_PARAM; m < HP_MEM_COUNT; m++) {
+        if ((st = b->vt->alloc(b, (size_t)p->arena_bytes[m], &e->region[m], err)) != HP_OK) {
+            hp_err_prefix(err, "allocating the %s arena (%lld bytes)",
+                          hp_mem_class_name((hp_mem_class)m), (long long)p->arena_bytes[m]);
+            goto fail;
+        }
+        e->bytes += p->arena_bytes[m];
+    }
+    size_t n_in = 0, n_out = 0;
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        n_in += (size_t)p->instrs[i].n_in;
+        n_out += (size_t)p->instrs[i].n_out;
+    }
+    e->calls = hp_calloc((size_t)p->n_instrs + 1, sizeof *e->calls);
+    e->events = hp_calloc((size_t)p->n_instrs + 1, sizeof *e->events);
+    e->in_ptrs = hp_calloc(n_in + 1, sizeof *e->in_ptrs);
+    e->out_ptrs = hp_calloc(n_out + 1, sizeof *e->out_ptrs);
+    e->types = hp_calloc(n_in + n_out + 1, sizeof *e->types);
+    if (!e->calls || !e->events || !e->in_ptrs || !e->out_ptrs || !e->types) {
+        st = hp_errf(err, HP_NOMEM, "out of memory creating the executor");
+        goto fail;
+    }
+    size_t ki = 0, ko = 0, kt = 0;
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        hp_kernel_call *c = &e->calls[i].call;
+        c->node = &p->graph->nodes[ins->node];
+        c->flags = ins->flags;
+        c->n_in = ins->n_in;
+        c->n_out = ins->n_out;
+        c->in = &e->in_ptrs[ki];
+        c->in_type = &e->types[kt];
+        for (int k = 0; k < ins->n_in; k++) {
+            e->in_ptrs[ki++] = hp_exec_ptr(e, ins->in[k]);
+            e->types[kt++] = p->buffers[ins->in[k]].type;
+        }
+        c->out = &e->out_ptrs[ko];
+        c->out_type = &e->types[kt];
+        for (int k = 0; k < ins->n_out; k++) {
+            e->out_ptrs[ko++] = hp_exec_ptr(e, ins->out[k]);
+            e->types[kt++] = p->buffers[ins->out[k]].type;
+        }
+    }
+    if ((st = plan_events(e, err)) != HP_OK) goto fail;
+    *out = e;
+    return HP_OK;
+fail:
+    hp_exec_free(e);
+    return st;
+}
+
+hp_status hp_exec_step(hp_exec *e, hp_err *err) {
+    const hp_program *p = e->p;
+    hp_backend *b = e->b;
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        const exec_call *c = &e->calls[i];
+        double t0 = e->trace ? now_s() : 0;
+        hp_status st = HP_OK;
+        if (c->wait_for >= 0) st = b->vt->event_wait(b, e->events[c->wait_for], ins->stream, err);
+        if (st == HP_OK) {
+            if (hp_op_get(c->call.node->op)->flags & HP_OPF_COLLECTIVE)
+                st = b->vt->collective(b, ins->stream, &c->call, err);
+            else
+                st = b->vt->launch(b, ins->stream, &c->call, err);
+        }
+        if (st == HP_OK && e->events[i])
+            st = b->vt->event_record(b, e->events[i], ins->stream, err);
+        if (st != HP_OK)
+            return hp_err_prefix(err, "instruction %d (node %d, %s)", i, ins->node,
+                                 hp_op_get(c->call.node->op)->name);
+        if (e->trace) e->trace(e->trace_ctx, i, t0, now_s());
+    }
+    return b->vt->synchronize(b, err);
+}
+
+hp_status hp_exec_loss(const hp_exec *e, double *loss, hp_err *err) {
+    const hp_buffer *buf = &e->p->buffers[e->p->loss];
+    if (buf->type.dtype != HP_F32)
+        return hp_errf(err, HP_UNSUPPORTED, "loss of dtype %s", hp_dtype_name(buf->type.dtype));
+    float v;
+    HP_TRY(e->b->vt->copy_out(e->b, &v, hp_exec_ptr(e, e->p->loss), sizeof v, err));
+    *loss = v;
+    return HP_OK;
+}

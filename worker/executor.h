@@ -1,0 +1,39 @@
+/* worker/executor.h — runs a Program on a backend: allocates one region per memory class,
+ * resolves every instruction's buffers to device pointers once, then each step issues the
+ * instructions in order on their streams (events order a consumer after a producer on
+ * another stream). The executor never compiles and never decides anything the program did
+ * not say.
+ *
+ * Ownership: the executor borrows the program and the backend (both must outlive it).
+ * Threads: one thread drives an executor.
+ */
+#ifndef HP_WORKER_EXECUTOR_H
+#define HP_WORKER_EXECUTOR_H
+
+#include "hp/program.h"
+#include "worker/backend.h"
+
+typedef struct hp_exec hp_exec;
+
+/* Per-instruction timing hook (profiling, traces): called after each instruction with its
+ * index and the wall seconds spent issuing it (for synchronous backends: running it). */
+typedef void (*hp_exec_trace_fn)(void *ctx, int32_t instr, double start_s, double end_s);
+
+hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err *err);
+void hp_exec_free(hp_exec *e);
+
+/* The device pointer of buffer b (aliases resolve to their storage). */
+void *hp_exec_ptr(const hp_exec *e, int32_t b);
+/* Bytes allocated per memory class, and in all. */
+int64_t hp_exec_bytes(const hp_exec *e);
+
+void hp_exec_set_trace(hp_exec *e, hp_exec_trace_fn fn, void *ctx);
+
+/* Runs every instruction once (one forward + backward) and waits for the device. Errors name
+ * the instruction and its node: "instruction 41 (node 57, mm): ...". */
+hp_status hp_exec_step(hp_exec *e, hp_err *err);
+
+/* Reads the step's loss (after hp_exec_step). */
+hp_status hp_exec_loss(const hp_exec *e, double *loss, hp_err *err);
+
+#endif
