@@ -109,8 +109,9 @@ Test(lower, llama_joint_graph) {
     for (int32_t i = 0; i < p->n_instrs; i++) {
         cr_expect_eq(q->instrs[i].node, p->instrs[i].node);
         cr_expect_eq(q->instrs[i].flags, p->instrs[i].flags);
-        cr_expect(memcmp(q->instrs[i].in, p->instrs[i].in,
-                         sizeof(int32_t) * (size_t)p->instrs[i].n_in) == 0);
+        cr_expect_eq(q->instrs[i].n_in, p->instrs[i].n_in);
+        for (int k = 0; k < p->instrs[i].n_in; k++)
+            cr_expect_eq(q->instrs[i].in[k], p->instrs[i].in[k]);
     }
     cr_expect(memcmp(q->arena_bytes, p->arena_bytes, sizeof p->arena_bytes) == 0);
     hp_program_free(q);
