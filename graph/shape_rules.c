@@ -153,6 +153,26 @@ hp_status hp__shape_placeholder(const hp_node *n, const hp_type *in, hp_type *ou
     if (kind == HP_INPUT_PARAM) HP_TRY(need_float(&out[0], "a parameter", err));
     if (attr(n, HP_ATTR_INIT) && kind == HP_INPUT_DATA)
         return hp_errf(err, HP_INVALID, "a data input takes no init spec");
+    const hp_attr *gs = attr(n, HP_ATTR_GLOBAL_SHAPE), *gz = attr(n, HP_ATTR_GROUP_SIZE);
+    if (!gs != !gz) return hp_errf(err, HP_INVALID, "global_shape and group_size go together");
+    if (!gs) return HP_OK;
+    hp_type global = {.dtype = out[0].dtype};
+    HP_TRY(shape_attr(n, HP_ATTR_GLOBAL_SHAPE, &global, err));
+    HP_TRY(hp_type_check(&global, err));
+    int64_t g = gz->i;
+    if (g < 1 || g > 65536)
+        return hp_errf(err, HP_INVALID, "group_size %lld outside [1, 65536]", (long long)g);
+    if (global.rank != out[0].rank || global.rank < 1)
+        return hp_errf(err, HP_INVALID, "global_shape %s and shard %s differ in rank",
+                       DIMS(&global), DIMS(&out[0]));
+    for (int d = 1; d < global.rank; d++)
+        if (global.shape[d] != out[0].shape[d])
+            return hp_errf(err, HP_INVALID, "global_shape %s and shard %s differ in dim %d",
+                           DIMS(&global), DIMS(&out[0]), d);
+    int64_t want = (global.shape[0] + g - 1) / g;
+    if (out[0].shape[0] != want)
+        return hp_errf(err, HP_INVALID, "a shard of %s over %lld ranks has dim 0 %lld, not %lld",
+                       DIMS(&global), (long long)g, (long long)want, (long long)out[0].shape[0]);
     return HP_OK;
 }
 

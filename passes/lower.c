@@ -159,6 +159,16 @@ static hp_status lower_nodes(lower_state *s, hp_err *err) {
             p->stats.n_aliases++;
             continue;
         }
+        if (n->op == HP_OP_WAIT_TENSOR) {
+            /* a synchronisation point: an instruction (stream 0 waits for the collective that
+             * produced its input) whose output is the input's storage */
+            int32_t src = s->buf[s->slot0[n->in[0].node] + n->in[0].out];
+            int32_t root = hp_program_root(p, src);
+            vb[0] = add_buffer(s, p->buffers[root].mem, &n->out[0], root, i, 0, err);
+            if (vb[0] < 0) return err ? err->status : HP_NOMEM;
+            HP_TRY(add_instr(s, i, 0, &src, 1, vb, 1, err));
+            continue;
+        }
         int32_t in[HP_MAX_INPUTS];
         uint32_t flags = 0;
         for (int k = 0; k < n->n_in; k++) {
@@ -227,16 +237,9 @@ static hp_status fill_tables(lower_state *s, hp_err *err) {
     for (int i = 0; i < in.n_params; i++) {
         const hp_node *n = &g->nodes[i];
         hp_param_slot *ps = &p->params[i];
-        ps->fqn = hp_node_attr(n, HP_ATTR_FQN)->s;
-        ps->global = n->out[0];
-        const hp_attr *init = hp_node_attr(n, HP_ATTR_INIT);
-        if (init) ps->init = init->init;
-        ps->node = i;
+        hp__param_slot_init(ps, n, i);
         ps->buffer = s->buf[s->slot0[i]];
         ps->grad = -1;
-        ps->shard_index = 0;
-        ps->shard_count = 1;
-        ps->padded_dim0 = n->out[0].rank ? n->out[0].shape[0] : 1;
     }
     int first = in.n_params + in.n_buffers;
     for (int i = 0; i < in.n_data; i++) {
@@ -275,7 +278,12 @@ hp_status hp_lower(const hp_graph *joint, hp_program **out, hp_err *err) {
     hp_program *p = hp_calloc(1, sizeof *p);
     if (!p) return hp_errf(err, HP_NOMEM, "out of memory lowering");
     hp_arena_init(&p->arena);
+    /* SPMD: one program for the whole group; the world is the widest group the graph uses */
     p->world = 1;
+    for (int i = 0; i < joint->n_nodes; i++) {
+        int64_t gs = hp_node_int(&joint->nodes[i], HP_ATTR_GROUP_SIZE, 1);
+        if (gs > p->world) p->world = (int)gs;
+    }
     lower_state s = {.p = p};
     hp_status st = HP_NOMEM;
     if (!(p->graph = hp_graph_clone(joint))) goto nomem;

@@ -52,6 +52,21 @@ hp_status hp__memplan(hp_program *p, hp_err *err) {
             if (last[r] < i) last[r] = i;
         }
     }
+    /* A collective reads its input and writes its output asynchronously until the
+     * wait_tensor that consumes it: both stay live until that wait. */
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *w = &p->instrs[i];
+        if (p->graph->nodes[w->node].op != HP_OP_WAIT_TENSOR) continue;
+        int32_t r = hp_program_root(p, w->in[0]);
+        int32_t c = def[r];
+        if (c < 0 || !(hp_op_get(p->graph->nodes[p->instrs[c].node].op)->flags & HP_OPF_COLLECTIVE))
+            continue;
+        const hp_instr *coll = &p->instrs[c];
+        for (int k = 0; k < coll->n_in; k++) {
+            int32_t ri = hp_program_root(p, coll->in[k]);
+            if (last[ri] < i) last[ri] = i;
+        }
+    }
     /* The loss is read after the step; data is written before it. */
     last[hp_program_root(p, p->loss)] = p->n_instrs;
     for (int i = 0; i < p->n_data; i++) def[hp_program_root(p, p->data[i].buffer)] = -1;

@@ -10,4 +10,9 @@
  * Fills p->arena_bytes and p->stats. */
 hp_status hp__memplan(hp_program *p, hp_err *err);
 
+/* Fills what a parameter slot takes from its placeholder node `id`: fqn, global type (its
+ * global_shape when FSDP sharded it), init, shard count and padded dim 0. shard_index is 0:
+ * the worker uses its own rank. Buffers are left to the caller. */
+void hp__param_slot_init(hp_param_slot *ps, const hp_node *n, int32_t id);
+
 #endif

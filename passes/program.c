@@ -1,7 +1,7 @@
 /* passes/program.c — the Program's lifetime, its verifier (a program from the wire is
  * untrusted: every index, offset and type is checked against the graph and the arenas before a
  * worker touches memory) and its human-readable listing. */
-#include "hp/program.h"
+#include "passes/passes_internal.h"
 #include "hp/text.h"
 
 #include <stdarg.h>
@@ -20,6 +20,24 @@ const char *hp_mem_class_name(hp_mem_class m) {
         return "comm";
     default:
         return "?";
+    }
+}
+
+void hp__param_slot_init(hp_param_slot *ps, const hp_node *n, int32_t id) {
+    const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN), *init = hp_node_attr(n, HP_ATTR_INIT);
+    const hp_attr *gs = hp_node_attr(n, HP_ATTR_GLOBAL_SHAPE);
+    ps->fqn = fqn ? fqn->s : "";
+    ps->node = id;
+    ps->global = n->out[0];
+    if (init) ps->init = init->init;
+    ps->shard_index = 0;
+    ps->shard_count = 1;
+    ps->padded_dim0 = n->out[0].rank ? n->out[0].shape[0] : 1;
+    if (gs) { /* an FSDP shard: dim 0 of the global tensor split over group_size ranks */
+        ps->global.rank = gs->ints.n;
+        for (int d = 0; d < gs->ints.n; d++) ps->global.shape[d] = gs->ints.v[d];
+        ps->shard_count = (int32_t)hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
+        ps->padded_dim0 = n->out[0].shape[0] * ps->shard_count;
     }
 }
 
@@ -97,8 +115,9 @@ static hp_status verify_instrs(const hp_program *p, hp_err *err) {
         for (int k = 0; k < ins->n_out; k++) {
             HP_TRY(check_buffer(p, ins->out[k], "instruction", i, err));
             const hp_buffer *b = &p->buffers[ins->out[k]];
-            if (b->value_node != ins->node || b->value_out != k || b->alias_of >= 0 ||
-                b->mem == HP_MEM_PARAM)
+            bool alias_ok = n->op == HP_OP_WAIT_TENSOR; /* its output is its input's storage */
+            if (b->value_node != ins->node || b->value_out != k ||
+                (b->alias_of >= 0 && !alias_ok) || b->mem == HP_MEM_PARAM)
                 return hp_errf(err, HP_INVALID,
                                "instruction %d: output %d writes buffer %d, "
                                "which does not hold it",
@@ -154,6 +173,9 @@ hp_status hp_program_verify(const hp_program *p, hp_err *err) {
         if (ps->shard_count < 1 || ps->shard_index < 0 || ps->shard_index >= ps->shard_count)
             return hp_errf(err, HP_INVALID, "parameter %d: shard %d of %d", i, ps->shard_index,
                            ps->shard_count);
+        if (ps->shard_count != 1 && ps->shard_count != p->world)
+            return hp_errf(err, HP_INVALID, "parameter %d: sharded %d ways in a world of %d", i,
+                           ps->shard_count, p->world);
     }
     for (int i = 0; i < p->n_data; i++) {
         HP_TRY(check_buffer(p, p->data[i].buffer, "data input", i, err));

@@ -1,8 +1,8 @@
 /* passes/program_proto.c — the Program on the wire (hp.v1.Program). Types and init specs are
  * not trusted from the message: they are taken from the program's own graph (which the
  * importer verifies), then hp_program_verify checks every index and offset. */
-#include "hp/program.h"
 #include "hp/proto_io.h"
+#include "passes/passes_internal.h"
 
 #include "hp/v1/program.pb-c.h"
 
@@ -174,17 +174,15 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
         if (mp->node < 0 || mp->node >= g->n_nodes || g->nodes[mp->node].op != HP_OP_PLACEHOLDER)
             return hp_errf(err, HP_INVALID, "parameter %zu: node %d is not a placeholder", i,
                            mp->node);
-        const hp_node *n = &g->nodes[mp->node];
-        const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN), *init = hp_node_attr(n, HP_ATTR_INIT);
-        ps->fqn = fqn ? fqn->s : "";
-        ps->global = n->out[0];
-        if (init) ps->init = init->init;
-        ps->node = mp->node;
+        hp__param_slot_init(ps, &g->nodes[mp->node], mp->node);
         ps->buffer = mp->buffer;
         ps->grad = mp->grad_buffer;
         ps->shard_index = mp->index;
-        ps->shard_count = mp->count;
-        ps->padded_dim0 = mp->padded_dim0;
+        if (mp->count != ps->shard_count || mp->padded_dim0 != ps->padded_dim0)
+            return hp_errf(err, HP_INVALID,
+                           "parameter %zu: shard %d-way, dim 0 %lld disagree "
+                           "with its placeholder",
+                           i, mp->count, (long long)mp->padded_dim0);
     }
     for (size_t i = 0; i < m->n_data; i++) {
         const Hp__V1__DataInput *md = m->data[i];

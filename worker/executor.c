@@ -147,7 +147,8 @@ hp_status hp_exec_step(hp_exec *e, hp_err *err) {
         double t0 = e->trace ? now_s() : 0;
         hp_status st = HP_OK;
         if (c->wait_for >= 0) st = b->vt->event_wait(b, e->events[c->wait_for], ins->stream, err);
-        if (st == HP_OK) {
+        if (st == HP_OK && c->call.node->op != HP_OP_WAIT_TENSOR) {
+            /* a wait is only its event wait: its output is its input's storage */
             if (hp_op_get(c->call.node->op)->flags & HP_OPF_COLLECTIVE)
                 st = b->vt->collective(b, ins->stream, &c->call, err);
             else
@@ -155,9 +156,11 @@ hp_status hp_exec_step(hp_exec *e, hp_err *err) {
         }
         if (st == HP_OK && e->events[i])
             st = b->vt->event_record(b, e->events[i], ins->stream, err);
-        if (st != HP_OK)
-            return hp_err_prefix(err, "instruction %d (node %d, %s)", i, ins->node,
-                                 hp_op_get(c->call.node->op)->name);
+        if (st != HP_OK) {
+            hp_err_prefix(err, "instruction %d (node %d, %s)", i, ins->node,
+                          hp_op_get(c->call.node->op)->name);
+            return st;
+        }
         if (e->trace) e->trace(e->trace_ctx, i, t0, now_s());
     }
     return b->vt->synchronize(b, err);

@@ -69,37 +69,38 @@ hp_status hp_type_check(const hp_type *t, hp_err *err);
 /* ---- attributes ------------------------------------------------------------------------------
  * X(ENUM, "name", KIND). The op table says which keys an op requires and which it accepts. */
 #define HP_ATTR_LIST(X)                                                                            \
-    X(DIM, "dim", INT)                   /* one dimension (negative counts from the end) */        \
-    X(DIMS, "dims", INTS)                /* reduction dims */                                      \
-    X(KEEPDIM, "keepdim", INT)           /* 0 | 1 */                                               \
-    X(SHAPE, "shape", INTS)              /* view, expand, full, zeros, ones, slice_backward */     \
-    X(PERM, "perm", INTS)                /* permute */                                             \
-    X(DIM0, "dim0", INT)                 /* transpose */                                           \
-    X(DIM1, "dim1", INT)                 /* transpose */                                           \
-    X(START, "start", INT)               /* slice */                                               \
-    X(END, "end", INT)                   /* slice (clamped to the dim, as Python does) */          \
-    X(STEP, "step", INT)                 /* slice, >= 1 */                                         \
-    X(VALUE, "value", FLOAT)             /* full, *_scalar, threshold_backward */                  \
-    X(EXPONENT, "exponent", FLOAT)       /* pow */                                                 \
-    X(ALPHA, "alpha", FLOAT)             /* addmm */                                               \
-    X(BETA, "beta", FLOAT)               /* addmm */                                               \
-    X(DTYPE, "dtype", DTYPE)             /* _to_copy, full, zeros, ones */                         \
-    X(EPS, "eps", FLOAT)                 /* _fused_rms_norm */                                     \
-    X(THETA, "theta", FLOAT)             /* rotary_emb base */                                     \
-    X(INVERSE, "inverse", INT)           /* rotary_emb: rotate by -angle (its gradient) */         \
-    X(SCALE, "scale", FLOAT)             /* attention score scale */                               \
-    X(CAUSAL, "causal", INT)             /* attention mask */                                      \
-    X(APPROXIMATE, "approximate", INT)   /* gelu: 0 none, 1 tanh */                                \
-    X(REDUCTION, "reduction", INT)       /* nll_loss: 0 none, 1 mean, 2 sum (ATen's enum) */       \
-    X(IGNORE_INDEX, "ignore_index", INT) /* nll_loss */                                            \
-    X(NUM_WEIGHTS, "num_weights", INT)   /* embedding_dense_backward */                            \
-    X(PADDING_IDX, "padding_idx", INT)   /* embedding, -1 for none */                              \
-    X(GROUP, "group", STR)               /* collectives: mesh dimension name */                    \
-    X(GROUP_SIZE, "group_size", INT)     /* collectives: ranks in the group */                     \
-    X(REDUCE_OP, "reduce_op", INT)       /* collectives: hp_reduce_op */                           \
-    X(KIND, "kind", INT)                 /* placeholder: hp_input_kind */                          \
-    X(FQN, "fqn", STR)                   /* placeholder: fully qualified name */                   \
-    X(INIT, "init", INIT)                /* placeholder: parameter init spec */
+    X(DIM, "dim", INT)                    /* one dimension (negative counts from the end) */       \
+    X(DIMS, "dims", INTS)                 /* reduction dims */                                     \
+    X(KEEPDIM, "keepdim", INT)            /* 0 | 1 */                                              \
+    X(SHAPE, "shape", INTS)               /* view, expand, full, zeros, ones, slice_backward */    \
+    X(PERM, "perm", INTS)                 /* permute */                                            \
+    X(DIM0, "dim0", INT)                  /* transpose */                                          \
+    X(DIM1, "dim1", INT)                  /* transpose */                                          \
+    X(START, "start", INT)                /* slice */                                              \
+    X(END, "end", INT)                    /* slice (clamped to the dim, as Python does) */         \
+    X(STEP, "step", INT)                  /* slice, >= 1 */                                        \
+    X(VALUE, "value", FLOAT)              /* full, *_scalar, threshold_backward */                 \
+    X(EXPONENT, "exponent", FLOAT)        /* pow */                                                \
+    X(ALPHA, "alpha", FLOAT)              /* addmm */                                              \
+    X(BETA, "beta", FLOAT)                /* addmm */                                              \
+    X(DTYPE, "dtype", DTYPE)              /* _to_copy, full, zeros, ones */                        \
+    X(EPS, "eps", FLOAT)                  /* _fused_rms_norm */                                    \
+    X(THETA, "theta", FLOAT)              /* rotary_emb base */                                    \
+    X(INVERSE, "inverse", INT)            /* rotary_emb: rotate by -angle (its gradient) */        \
+    X(SCALE, "scale", FLOAT)              /* attention score scale */                              \
+    X(CAUSAL, "causal", INT)              /* attention mask */                                     \
+    X(APPROXIMATE, "approximate", INT)    /* gelu: 0 none, 1 tanh */                               \
+    X(REDUCTION, "reduction", INT)        /* nll_loss: 0 none, 1 mean, 2 sum (ATen's enum) */      \
+    X(IGNORE_INDEX, "ignore_index", INT)  /* nll_loss */                                           \
+    X(NUM_WEIGHTS, "num_weights", INT)    /* embedding_dense_backward */                           \
+    X(PADDING_IDX, "padding_idx", INT)    /* embedding, -1 for none */                             \
+    X(GROUP, "group", STR)                /* collectives: mesh dimension name */                   \
+    X(GROUP_SIZE, "group_size", INT)      /* collectives: ranks in the group */                    \
+    X(REDUCE_OP, "reduce_op", INT)        /* collectives: hp_reduce_op */                          \
+    X(KIND, "kind", INT)                  /* placeholder: hp_input_kind */                         \
+    X(FQN, "fqn", STR)                    /* placeholder: fully qualified name */                  \
+    X(INIT, "init", INIT)                 /* placeholder: parameter init spec */                   \
+    X(GLOBAL_SHAPE, "global_shape", INTS) /* placeholder: unsharded shape (FSDP shards dim 0) */
 
 typedef enum {
 #define X(e, name, kind) HP_ATTR_##e,

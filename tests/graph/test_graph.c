@@ -92,6 +92,45 @@ Test(graph, placeholder_rules) {
     hp_graph_free(g);
 }
 
+/* An FSDP shard declares the global shape it is a piece of: dim 0 is ceil(d0 / group_size). */
+Test(graph, sharded_placeholder_rules) {
+    struct {
+        int64_t local0, global0, group;
+        int64_t global1;
+        const char *msg;
+    } cases[] = {{4, 7, 2, 3, NULL},
+                 {3, 9, 3, 3, NULL},
+                 {3, 7, 2, 3, "has dim 0 4, not 3"},
+                 {4, 7, 2, 5, "differ in dim 1"},
+                 {4, 7, 0, 3, "group_size 0"}};
+    for (size_t i = 0; i < HP_ARRAY_LEN(cases); i++) {
+        hp_graph *g = hp_graph_new();
+        hp_attr a[4] = {
+            hp_attr_int(HP_ATTR_KIND, HP_INPUT_PARAM), hp_attr_str(HP_ATTR_FQN, "w"),
+            hp_attr_ints(HP_ATTR_GLOBAL_SHAPE, 2, (int64_t[]){cases[i].global0, cases[i].global1}),
+            hp_attr_int(HP_ATTR_GROUP_SIZE, cases[i].group)};
+        hp_type t = f32(2, (int64_t[]){cases[i].local0, 3});
+        cr_assert_eq(hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, a, 4, NULL), 0);
+        hp_err e;
+        hp_status st = hp_graph_verify(g, &e);
+        if (!cases[i].msg)
+            cr_expect_eq(st, HP_OK, "case %zu: %s", i, e.msg);
+        else
+            cr_expect(st != HP_OK && strstr(e.msg, cases[i].msg), "case %zu: '%s'", i, e.msg);
+        hp_graph_free(g);
+    }
+    /* global_shape without group_size */
+    hp_graph *g = hp_graph_new();
+    hp_attr a[3] = {hp_attr_int(HP_ATTR_KIND, HP_INPUT_DATA),
+                    hp_attr_ints(HP_ATTR_GLOBAL_SHAPE, 1, (int64_t[]){8})};
+    hp_type t = hp_type_make(HP_I64, 1, (int64_t[]){4});
+    hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, a, 2, NULL);
+    hp_err e;
+    cr_expect_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "global_shape and group_size go together"), "%s", e.msg);
+    hp_graph_free(g);
+}
+
 Test(graph, verify_whole_graph_rules) {
     int64_t s[1] = {4};
     hp_type t = f32(1, s);

@@ -57,6 +57,13 @@ static char *round_trip(const hp_graph *g) {
 static hp_value build_op(hp_graph *g, hp_op op) {
     switch (op) {
     case HP_OP_PLACEHOLDER: {
+        /* an FSDP shard too: rows of a [7, 3] parameter split over 2 ranks */
+        hp_attr sh[5] = {hp_attr_int(HP_ATTR_KIND, HP_INPUT_PARAM),
+                         hp_attr_str(HP_ATTR_FQN, "w_shard"),
+                         hp_attr_ints(HP_ATTR_GLOBAL_SHAPE, 2, (int64_t[]){7, 3}),
+                         hp_attr_int(HP_ATTR_GROUP_SIZE, 2), hp_attr_str(HP_ATTR_GROUP, "dp")};
+        hp_type shard = TY(F32, 4, 3);
+        cr_assert_geq(hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &shard, 1, sh, 5, NULL), 0);
         hp_init init = {.kind = HP_INIT_NORMAL, .mean = 0, .std = 0.02};
         return hp_build_placeholder(g, HP_INPUT_PARAM, "w", TY(F32, 4, 3), &init);
     }

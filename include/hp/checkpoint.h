@@ -1,0 +1,149 @@
+/* hp/checkpoint.h — sharded training checkpoints that load into any world size.
+ *
+ * Layout of a checkpoint root DIR (one per run):
+ *   DIR/step-00000010/rank-00000.safetensors   rank 0's shards
+ *   DIR/step-00000010/rank-00001.safetensors   ...
+ *   DIR/step-00000010/index.json               written last: its presence marks the
+ *                                              checkpoint complete
+ * A rank file is an ordinary safetensors file: the parameter shard under its FQN, AdamW's
+ * first and second moments under "exp_avg/FQN" and "exp_avg_sq/FQN" (PyTorch's names),
+ * and in __metadata__ the scalars ("hp.step", "hp.seed", "hp.rng_offset", "hp.data_step",
+ * "hp.data_fingerprint", "hp.loss_scale"), "hp.rank", "hp.world", and "hp.shards" (JSON:
+ * FQN -> [start, end, global rows]). So any safetensors tool can read the tensors.
+ * The index maps each FQN to its global shape, dtype and every rank's range [start, end) of
+ * dim-0 rows: a checkpoint written by N ranks is read by M ranks with hp_ckpt_read, which
+ * assembles any row range from whichever rank files hold it. A tensor of rank 0 counts as
+ * one row.
+ *
+ * Protocol: every rank calls hp_ckpt_write_rank (each file: temp name, fsync, rename, fsync
+ * the directory); after all have returned (the caller's barrier), one rank calls
+ * hp_ckpt_commit, which re-reads every rank file's header, checks that the shards tile every
+ * tensor and agree on the scalars, writes index.json the same durable way, and prunes old
+ * checkpoints. A checkpoint interrupted anywhere before the index exists is ignored by
+ * hp_ckpt_latest (found by scanning the step directories, not through a symlink) and removed
+ * by a later prune once a newer checkpoint is complete.
+ *
+ * Replicated (unsharded) tensors: save them from one rank with [0, rows), or from several
+ * with identical ranges (copies); partially overlapping ranges are an error.
+ * Padding: FSDP pads dim 0 to a multiple of the world size; save only real rows
+ * (end <= global rows) and zero the padding after reading.
+ *
+ * Not here: async writes, compression, optimizer states other than AdamW's m and v.
+ * Threads: an opened hp_ckpt is immutable (all rank files are mapped at open); reads from
+ * many threads are safe. Writers of one step must be distinct ranks.
+ */
+#ifndef HP_CHECKPOINT_H
+#define HP_CHECKPOINT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hp/base.h"
+#include "hp/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_CKPT_VERSION   1
+#define HP_CKPT_INDEX     "index.json"
+#define HP_CKPT_MAX_WORLD 65536
+#define HP_CKPT_MAX_INDEX ((size_t)256 << 20) /* bytes of index.json read at most */
+
+/* The run's scalar state at a checkpoint; the same on every rank. */
+typedef struct hp_ckpt_scalars {
+    int64_t step;              /* optimizer steps completed: names the checkpoint (>= 0) */
+    uint64_t seed;             /* the run's seed (init RNG, data permutation) */
+    uint64_t rng_offset;       /* counter-based RNG draws consumed after init; 0 when none */
+    int64_t data_step;         /* the step to pass to hp_data_next next (the data position) */
+    uint64_t data_fingerprint; /* hp_data_info.fingerprint of the data, to check on resume */
+    double loss_scale;         /* dynamic loss scale; 1 when unused */
+} hp_ckpt_scalars;
+
+/* One tensor as one rank holds it, for hp_ckpt_write_rank. All pointers borrowed. */
+typedef struct hp_ckpt_shard {
+    const char *fqn; /* non-empty, no '/' */
+    hp_dtype dtype;
+    int rank;                   /* of the global tensor, 0..HP_MAX_RANK */
+    int64_t shape[HP_MAX_RANK]; /* the global shape */
+    int64_t start, end;         /* this rank's dim-0 rows, 0 <= start <= end <= shape[0]
+                                   ([0, 1) for a rank-0 tensor) */
+    const void *param;          /* [end - start, shape[1:]] of dtype, row-major */
+    hp_dtype state_dtype;       /* of exp_avg / exp_avg_sq (usually HP_F32) */
+    const void *exp_avg;        /* same rows as param, or NULL: no optimizer state */
+    const void *exp_avg_sq;     /* NULL exactly when exp_avg is NULL */
+} hp_ckpt_shard;
+
+/* Writes DIR/step-<sc->step>/rank-<rank>.safetensors (creating directories as needed and
+ * removing a stale index.json of the same step first). Errors: HP_INVALID naming the shard
+ * and field (bad range, shape, fqn, NULL data), HP_IO naming the path, HP_NOMEM. */
+hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt_scalars *sc,
+                             const hp_ckpt_shard *ts, int n, hp_err *err);
+
+/* Completes checkpoint `step` written by `world` ranks: validates every rank file (all
+ * present, same step/world/scalars, consistent dtypes and shapes, shards tiling each tensor's
+ * rows), writes index.json durably, then hp_ckpt_prune(dir, keep). Errors name the rank
+ * file and the tensor; nothing is written then. */
+hp_status hp_ckpt_commit(const char *dir, int64_t step, int world, int keep, hp_err *err);
+
+/* hp_ckpt_write_rank + hp_ckpt_commit for a single-rank run. */
+hp_status hp_ckpt_save(const char *dir, const hp_ckpt_scalars *sc, const hp_ckpt_shard *ts, int n,
+                       int keep, hp_err *err);
+
+/* The newest complete checkpoint's step in dir. HP_NOT_FOUND when there is none (a missing
+ * dir included); HP_IO when dir cannot be read. */
+hp_status hp_ckpt_latest(const char *dir, int64_t *step, hp_err *err);
+
+/* Keeps the `keep` newest complete checkpoints (keep <= 0 keeps all) and removes older ones,
+ * plus incomplete step directories older than the newest complete one (interrupted writes;
+ * newer incomplete ones may be in progress and stay). */
+hp_status hp_ckpt_prune(const char *dir, int keep, hp_err *err);
+
+/* ---- reading -------------------------------------------------------------------------------- */
+
+typedef struct hp_ckpt hp_ckpt;
+
+/* A tensor of an opened checkpoint (its global view). */
+typedef struct hp_ckpt_entry {
+    const char *fqn;
+    hp_dtype dtype;
+    int rank;
+    int64_t shape[HP_MAX_RANK];
+    int64_t rows;   /* shape[0], or 1 for rank 0 */
+    bool has_state; /* exp_avg / exp_avg_sq present */
+    hp_dtype state_dtype;
+} hp_ckpt_entry;
+
+typedef enum { HP_CKPT_PARAM, HP_CKPT_EXP_AVG, HP_CKPT_EXP_AVG_SQ } hp_ckpt_part;
+
+/* Opens checkpoint `step` of dir (step < 0: the latest complete one) and validates the index
+ * against every rank file it names (present, well-formed, same step and world, each listed
+ * shard there with the right dtype and shape). Errors: HP_NOT_FOUND (no such complete
+ * checkpoint), HP_PARSE naming the file and field, HP_IO, HP_NOMEM. */
+hp_status hp_ckpt_open(const char *dir, int64_t step, hp_ckpt **out, hp_err *err);
+void hp_ckpt_close(hp_ckpt *c); /* NULL is fine */
+
+int64_t hp_ckpt_step(const hp_ckpt *c);
+int hp_ckpt_world(const hp_ckpt *c); /* the world size that wrote it */
+const hp_ckpt_scalars *hp_ckpt_get_scalars(const hp_ckpt *c);
+int hp_ckpt_count(const hp_ckpt *c); /* tensors, sorted by FQN */
+const hp_ckpt_entry *hp_ckpt_entry_at(const hp_ckpt *c, int i);
+const hp_ckpt_entry *hp_ckpt_find(const hp_ckpt *c, const char *fqn); /* NULL when absent */
+
+/* Copies rows [start, end) of the FQN's `part` into out (row-major, the entry's dtype for the
+ * parameter, state_dtype for the moments), gathering them from whichever rank files hold
+ * them. out_bytes must equal (end - start) * row elements * dtype size. Errors: HP_NOT_FOUND
+ * (FQN, or a moment of a tensor saved without state), HP_INVALID (range or size, naming
+ * them). */
+hp_status hp_ckpt_read(const hp_ckpt *c, const char *fqn, hp_ckpt_part part, int64_t start,
+                       int64_t end, void *out, size_t out_bytes, hp_err *err);
+
+/* Writes the full parameters (not the optimizer state) as one safetensors file keyed by FQN,
+ * loadable by PyTorch. Holds all parameters in memory while writing. */
+hp_status hp_ckpt_export(const hp_ckpt *c, const char *path, hp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,65 @@
+/* hp/comm.h — communicators: the collectives a rank runs with its peers, behind one vtable.
+ * `shm` (worker/comm/shm.c) connects the ranks of one host through a shared-memory segment;
+ * `nccl` comes with the CUDA backend.
+ *
+ * Every call is blocking and collective: all ranks of the communicator must make the same
+ * calls in the same order with the same sizes. The backend runs them on its communication
+ * thread, which is what makes them asynchronous to compute. Reductions combine ranks in rank
+ * order (((x0 + x1) + x2) ...), so every rank gets bitwise the same result, run after run.
+ *
+ * A peer that does not arrive within the communicator's timeout (dead, hung, or making a
+ * different call) is an HP_IO error naming the collective, its sequence number and the
+ * missing rank — never a hang. After an error the communicator is unusable (destroy it).
+ * Threads: one thread calls into a communicator at a time.
+ */
+#ifndef HP_COMM_H
+#define HP_COMM_H
+
+#include "hp/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { HP_COMM_F32 = 0, HP_COMM_F64 = 1, HP_COMM_I64 = 2 } hp_comm_dtype;
+
+typedef struct hp_comm hp_comm;
+
+typedef struct hp_comm_vtable {
+    const char *name;
+    /* recv[r * bytes .. (r+1) * bytes) = rank r's send[0 .. bytes). send may alias its slot
+     * of recv. */
+    hp_status (*all_gather)(hp_comm *c, const void *send, void *recv, size_t bytes, hp_err *err);
+    /* send holds world * count elements; this rank receives the reduction of chunk `rank`
+     * (count elements) over all ranks. HP_REDUCE_AVG divides the sum by world. */
+    hp_status (*reduce_scatter)(hp_comm *c, const void *send, void *recv, int64_t count,
+                                hp_comm_dtype dt, hp_reduce_op op, hp_err *err);
+    /* recv (count elements) = the reduction of every rank's send; send may equal recv. */
+    hp_status (*all_reduce)(hp_comm *c, const void *send, void *recv, int64_t count,
+                            hp_comm_dtype dt, hp_reduce_op op, hp_err *err);
+    /* Every rank's buf (bytes) becomes root's. */
+    hp_status (*broadcast)(hp_comm *c, void *buf, size_t bytes, int root, hp_err *err);
+    hp_status (*barrier)(hp_comm *c, hp_err *err);
+    void (*destroy)(hp_comm *c);
+} hp_comm_vtable;
+
+struct hp_comm {
+    const hp_comm_vtable *vt;
+    int rank, world;
+};
+
+static inline void hp_comm_free(hp_comm *c) {
+    if (c) c->vt->destroy(c);
+}
+
+/* Joins (rank 0: creates) the shared-memory communicator `name` ([A-Za-z0-9._-], at most 64
+ * chars) of `world` ranks. Blocks until all ranks have joined or timeout_s passes (HP_IO
+ * naming the ranks that did not come). The segment is unlinked once all have joined, so
+ * nothing is left in /dev/shm even if the ranks die later. */
+hp_status hp_shm_comm_new(const char *name, int rank, int world, double timeout_s, hp_comm **out,
+                          hp_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

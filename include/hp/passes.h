@@ -1,0 +1,99 @@
+/* hp/passes.h — the compiler: the pass pipeline that turns a job's joint graph into the
+ * per-rank (SPMD) graph and Program, with a report of what each pass did.
+ *
+ * The order is one readable list in passes/pipeline.c:
+ *   dce → canonicalize → fsdp → overlap → bucketing → (memory plan + lowering: hp_lower)
+ * Between passes the verifier runs (always in debug/test builds; HP_VERIFY_PASSES=1 forces
+ * it); each pass reports nodes in/out, collectives inserted, bytes moved per step and its
+ * time; the IR after a pass is dumped as .hpir when the pass config's dump list or $HP_DUMP
+ * (comma-separated pass names, or "all") names it.
+ *
+ * Passes are functions from a graph to a new graph (the input is not modified); they never
+ * print. Ownership: everything in an hp_compiled belongs to it (hp_compiled_free).
+ */
+#ifndef HP_PASSES_H
+#define HP_PASSES_H
+
+#include "hp/job.h"
+#include "hp/program.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP_PASS_NAME_LEN 32
+#define HP_MAX_WARNINGS  64
+
+/* What one pass did. */
+typedef struct hp_pass_report {
+    char name[HP_PASS_NAME_LEN];
+    int nodes_in, nodes_out;
+    int collectives;    /* collectives in the graph after the pass */
+    int64_t comm_bytes; /* bytes one rank sends + receives per step through the collectives */
+    double seconds;
+    bool ran; /* false: disabled by the pass config */
+} hp_pass_report;
+
+/* Everything a pass may read: the job (plan, pass config), the world size, and where to put
+ * warnings (one line each, e.g. "fsdp: pattern 'layer.*' matches no parameter"). */
+typedef struct hp_pass_ctx {
+    const hp_job *job;
+    int world;
+    int n_warnings;
+    char warnings[HP_MAX_WARNINGS][HP_ERR_MSG_MAX];
+    /* the pass being run records its own counters here (the manager adds timing) */
+    hp_pass_report *report;
+} hp_pass_ctx;
+
+/* A pass: reads `in`, returns a new verified-shape graph in *out (which may be a clone of in
+ * when nothing changes). Errors name the node. */
+typedef hp_status (*hp_pass_fn)(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+
+/* Adds a warning to ctx (dropped past HP_MAX_WARNINGS). */
+void hp_pass_warn(hp_pass_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The passes, each usable alone (tests call them directly). */
+hp_status hp_pass_dce(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+
+/* Per-rank memory, bytes, before anything runs. */
+typedef struct hp_memory_report {
+    int64_t params, grads, optimizer, activations, comm, total;
+} hp_memory_report;
+
+/* The cost model's estimate for one step of one rank, with its stated assumptions. */
+typedef struct hp_cost_estimate {
+    double compute_s;      /* FLOPs / (peak * efficiency) */
+    double comm_s;         /* sum over collectives of latency + bytes / bandwidth */
+    double exposed_comm_s; /* comm not hidden behind compute, given the schedule */
+    double step_s;         /* compute + exposed comm */
+    double flops;          /* per step per rank */
+    double peak_flops, efficiency;
+    double bandwidth, latency; /* of the mesh's dp link */
+} hp_cost_estimate;
+
+typedef struct hp_compiled {
+    hp_graph *graph;     /* the per-rank graph after all passes */
+    hp_program *program; /* its lowering (rank 0's; other ranks differ only in rank) */
+    int world;
+    int n_passes;
+    hp_pass_report passes[16];
+    int n_warnings;
+    char warnings[HP_MAX_WARNINGS][HP_ERR_MSG_MAX];
+    hp_memory_report memory;
+    hp_cost_estimate cost;
+} hp_compiled;
+
+/* Compiles job for `world` ranks (world <= 0: the job's resources.world_size). Errors: the
+ * job invalid for that world (mesh, batch divisibility), a pass failing (prefixed with its
+ * name), the verifier failing after a pass ("after fsdp: node 12 (mm): ..."). */
+hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *err);
+void hp_compiled_free(hp_compiled *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,295 @@
+/* The rank runtime end to end: the executor on the cpu backend computes what the reference
+ * evaluator computes; training matches PyTorch's AdamW run step for step; a resumed run
+ * equals an uninterrupted one bit for bit; the debugmodel's loss falls on the built-in corpus. */
+#include "hp/data.h"
+#include "hp/eval.h"
+#include "hp/job.h"
+#include "hp/models.h"
+#include "hp/program.h"
+#include "hp/safetensors.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/executor.h"
+#include "worker/train.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char tmp[256];
+
+static void setup(void) {
+    snprintf(tmp, sizeof tmp, "/tmp/hp-train-XXXXXX");
+    cr_assert(mkdtemp(tmp));
+}
+static void teardown(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(train, .init = setup, .fini = teardown, .timeout = 600);
+
+static hp_model_spec tiny_spec(void) {
+    hp_model_spec s;
+    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &s, NULL), HP_OK);
+    s.dim = 64, s.n_layers = 2, s.n_heads = 4, s.n_kv_heads = 2, s.ffn_hidden = 96;
+    s.vocab = 128, s.batch = 2, s.seq = 16;
+    return s;
+}
+
+static hp_job *tiny_job(hp_model_spec spec, int64_t steps) {
+    hp_job *job = hp_job_new();
+    cr_assert(job);
+    job->model = spec;
+    hp_err e;
+    cr_assert_eq(hp_model_build_joint(&spec, &job->graph, &e), HP_OK, "%s", e.msg);
+    job->train.steps = steps;
+    job->train.local_batch = spec.batch;
+    job->train.seq = spec.seq;
+    job->train.log_interval = 1;
+    job->train.warmup_steps = 2;
+    job->train.lr = 1e-3;
+    cr_assert_eq(hp_job_validate(job, &e), HP_OK, "%s", e.msg);
+    return job;
+}
+
+static double urand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return ((*s >> 8) & 0xffffff) / (double)0x1000000;
+}
+
+/* ---- executor vs the reference evaluator ---------------------------------------------------- */
+
+Test(train, executor_matches_reference_evaluator) {
+    hp_model_spec spec = tiny_spec();
+    hp_graph *g = NULL;
+    hp_err e;
+    cr_assert_eq(hp_model_build_joint(&spec, &g, &e), HP_OK, "%s", e.msg);
+    hp_program *p = NULL;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+    hp_backend *be = NULL;
+    cr_assert_eq(hp_cpu_backend_new(2, &be, &e), HP_OK, "%s", e.msg);
+    hp_exec *ex = NULL;
+    cr_assert_eq(hp_exec_new(p, be, &ex, &e), HP_OK, "%s", e.msg);
+
+    /* the same random inputs to both */
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    int n_in = gi.n_params + gi.n_buffers + gi.n_data;
+    hp_tensor *in = calloc((size_t)n_in, sizeof *in);
+    unsigned seed = 42;
+    for (int i = 0; i < n_in; i++) {
+        const hp_type *t = &g->nodes[i].out[0];
+        cr_assert_eq(hp_tensor_alloc(&in[i], *t, NULL), HP_OK);
+        int64_t n = hp_type_numel(t);
+        for (int64_t k = 0; k < n; k++)
+            in[i].data[k] = t->dtype == HP_I64
+                                ? floor(urand(&seed) * 128)
+                                : (float)(t->rank == 1 ? 1 + 0.1 * (urand(&seed) - 0.5)
+                                                       : 0.2 * (urand(&seed) - 0.5));
+    }
+    for (int i = 0; i < gi.n_params; i++) {
+        float *dst = hp_exec_ptr(ex, p->params[i].buffer);
+        for (int64_t k = 0; k < hp_type_numel(&g->nodes[i].out[0]); k++)
+            dst[k] = (float)in[i].data[k];
+    }
+    for (int i = 0; i < p->n_data; i++) {
+        int64_t *dst = hp_exec_ptr(ex, p->data[i].buffer);
+        const hp_tensor *src = &in[p->data[i].node];
+        for (int64_t k = 0; k < hp_type_numel(&src->type); k++) dst[k] = (int64_t)src->data[k];
+    }
+    cr_assert_eq(hp_exec_step(ex, &e), HP_OK, "%s", e.msg);
+    double loss;
+    cr_assert_eq(hp_exec_loss(ex, &loss, &e), HP_OK);
+
+    hp_tensor *out = calloc((size_t)g->n_outputs, sizeof *out);
+    cr_assert_eq(hp_eval(g, in, n_in, NULL, out, &e), HP_OK, "%s", e.msg);
+    cr_expect(fabs(loss - out[0].data[0]) <= 1e-5 * fabs(out[0].data[0]), "loss %.9g vs %.9g", loss,
+              out[0].data[0]);
+    /* gradients: |hp - ref| <= 1e-4 * max|ref| per tensor */
+    for (int i = 0; i < gi.n_params; i++) {
+        const float *got = hp_exec_ptr(ex, p->params[i].grad);
+        const hp_tensor *want = &out[1 + i];
+        double maxabs = 0, maxerr = 0;
+        for (int64_t k = 0; k < hp_type_numel(&want->type); k++) {
+            maxabs = fmax(maxabs, fabs(want->data[k]));
+            maxerr = fmax(maxerr, fabs(got[k] - want->data[k]));
+        }
+        cr_expect(maxerr <= 1e-4 * maxabs + 1e-12, "grad of %s: error %g vs max %g",
+                  p->params[i].fqn, maxerr, maxabs);
+    }
+    for (int i = 0; i < g->n_outputs; i++) hp_tensor_free(&out[i]);
+    for (int i = 0; i < n_in; i++) hp_tensor_free(&in[i]);
+    free(out);
+    free(in);
+    hp_exec_free(ex);
+    hp_backend_free(be);
+    hp_program_free(p);
+    hp_graph_free(g);
+}
+
+/* ---- training against PyTorch --------------------------------------------------------------- */
+
+/* Reads DIR/metrics.jsonl's "loss" fields, in order. */
+static int read_losses(const char *dir, double *losses, int max) {
+    char path[512], line[8192];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "\"loss\":");
+        cr_assert(p, "%s", line);
+        losses[n++] = strtod(p + 7, NULL);
+    }
+    fclose(f);
+    return n;
+}
+
+static int run_py(const char *mode, const char *cfg) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/worker/train_ref.py %s %s %s",
+             HP_SOURCE_DIR, mode, tmp, cfg);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(train, matches_pytorch_adamw_five_steps) {
+    hp_model_spec spec = tiny_spec();
+    const int steps = 5;
+    char cfg[512];
+    snprintf(cfg, sizeof cfg,
+             "dim=64 n_layers=2 n_heads=4 n_kv_heads=2 ffn_hidden=96 vocab=128 batch=2 seq=16 "
+             "steps=%d warmup=2 lr=0.001 wd=0.1 clip=1.0 min_lr=0",
+             steps);
+    int rc = run_py("init", cfg);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    cr_assert_eq(rc, 0, "train_ref.py init failed");
+    /* exactly B windows of T+1 tokens: every step's batch is the same set of samples */
+    uint32_t toks[2 * 16 + 1];
+    unsigned seed = 9;
+    for (size_t i = 0; i < HP_ARRAY_LEN(toks); i++) toks[i] = (uint32_t)(urand(&seed) * 128);
+    char path[640], init[512];
+    snprintf(path, sizeof path, "%s/tokens.bin", tmp);
+    hp_err e;
+    cr_assert_eq(hp_data_write_shard(path, toks, HP_ARRAY_LEN(toks), 1, &e), HP_OK, "%s", e.msg);
+    rc = run_py("train", cfg);
+    cr_assert_eq(rc, 0, "train_ref.py train failed");
+
+    hp_job *job = tiny_job(spec, steps);
+    snprintf(init, sizeof init, "%s/init.safetensors", tmp);
+    char out[300];
+    snprintf(out, sizeof out, "%s/hp", tmp);
+    hp_train_opts o = {
+        .out_dir = out, .init_from = init, .data = path, .threads = 2, .log = stderr};
+    hp_train_result res;
+    cr_assert_eq(hp_train(job, &o, &res, &e), HP_OK, "%s", e.msg);
+
+    double got[16], want[16];
+    cr_assert_eq(read_losses(out, got, 16), steps);
+    snprintf(path, sizeof path, "%s/ref_losses.txt", tmp);
+    FILE *f = fopen(path, "r");
+    for (int i = 0; i < steps; i++) cr_assert_eq(fscanf(f, "%lf", &want[i]), 1);
+    fclose(f);
+    for (int i = 0; i < steps; i++)
+        cr_expect(fabs(got[i] - want[i]) <= 1e-4 * fabs(want[i]),
+                  "step %d: loss %.9g vs torch %.9g", i + 1, got[i], want[i]);
+
+    /* final weights */
+    hp_st_file *a = NULL, *b = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    cr_assert_eq(hp_st_open(path, &a, &e), HP_OK, "%s", e.msg);
+    snprintf(path, sizeof path, "%s/ref_final.safetensors", tmp);
+    cr_assert_eq(hp_st_open(path, &b, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(hp_st_count(a), hp_st_count(b));
+    for (int i = 0; i < hp_st_count(b); i++) {
+        const hp_st_tensor *w = hp_st_at(b, i), *h = hp_st_find(a, w->name);
+        cr_assert(h, "%s missing from hp's export", w->name);
+        int64_t n = hp_st_numel(w);
+        float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+        cr_assert_eq(hp_st_to_f32(h, x, n, NULL), HP_OK);
+        cr_assert_eq(hp_st_to_f32(w, y, n, NULL), HP_OK);
+        double maxabs = 0, maxerr = 0;
+        for (int64_t k = 0; k < n; k++) {
+            maxabs = fmax(maxabs, fabs(y[k]));
+            maxerr = fmax(maxerr, fabs(x[k] - y[k]));
+        }
+        cr_expect(maxerr <= 1e-4 * maxabs, "%s: error %g vs max %g", w->name, maxerr, maxabs);
+        free(x);
+        free(y);
+    }
+    hp_st_close(a);
+    hp_st_close(b);
+    hp_job_free(job);
+}
+
+/* ---- resume -----------------------------------------------------------------------------------
+ */
+
+static void read_file(const char *path, uint8_t **data, size_t *len) {
+    cr_assert_eq(hp_file_read(path, 1 << 30, data, len, NULL), HP_OK, "%s", path);
+}
+
+Test(train, resume_equals_uninterrupted_bit_for_bit) {
+    hp_job *job = tiny_job(tiny_spec(), 20);
+    job->train.checkpoint_interval = 10;
+    hp_err e;
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/full", tmp);
+    snprintf(b, sizeof b, "%s/split", tmp);
+    hp_train_result res;
+    hp_train_opts full = {.out_dir = a, .threads = 2, .log = stderr};
+    cr_assert_eq(hp_train(job, &full, &res, &e), HP_OK, "%s", e.msg);
+
+    /* the same run dies after step 15 (no checkpoint of its own: as kill -9 would leave it),
+     * then resumes from the step-10 checkpoint and redoes 11..20 */
+    hp_train_opts crash = {.out_dir = b, .threads = 2, .log = stderr, .halt_after = 15};
+    cr_assert_eq(hp_train(job, &crash, &res, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(res.last_step, 15);
+    hp_train_opts resume = {.out_dir = b, .resume = b, .threads = 2, .log = stderr};
+    cr_assert_eq(hp_train(job, &resume, &res, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(res.first_step, 11);
+    cr_assert_eq(res.last_step, 20);
+
+    double la[32], lb[32];
+    cr_assert_eq(read_losses(a, la, 32), 20);
+    cr_assert_eq(read_losses(b, lb, 32), 25); /* 1..15, then 11..20 */
+    for (int i = 0; i < 15; i++)
+        cr_expect(memcmp(&la[i], &lb[i], sizeof(double)) == 0, "step %d: %.17g vs %.17g", i + 1,
+                  la[i], lb[i]);
+    for (int i = 10; i < 20; i++)
+        cr_expect(memcmp(&la[i], &lb[i + 5], sizeof(double)) == 0,
+                  "resumed step %d: %.17g vs uninterrupted %.17g", i + 1, lb[i + 5], la[i]);
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
+    uint8_t *da, *db;
+    size_t na, nb;
+    read_file(pa, &da, &na);
+    read_file(pb, &db, &nb);
+    cr_expect(na == nb && memcmp(da, db, na) == 0, "final weights differ");
+    hp_free(da);
+    hp_free(db);
+    hp_job_free(job);
+}
+
+/* ---- the loss falls ------------------------------------------------------------------------- */
+
+Test(train, debugmodel_loss_falls_on_builtin_corpus) {
+    hp_model_spec spec;
+    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &spec, NULL), HP_OK);
+    spec.batch = 4, spec.seq = 64, spec.n_layers = 2;
+    hp_job *job = tiny_job(spec, 40);
+    job->train.lr = 3e-3;
+    job->train.log_interval = 10;
+    hp_train_opts o = {.out_dir = tmp, .threads = 2, .log = stderr};
+    hp_train_result res;
+    hp_err e;
+    cr_assert_eq(hp_train(job, &o, &res, &e), HP_OK, "%s", e.msg);
+    /* from ln(2048) = 7.6 for random init; 40 steps of byte-level English get well below */
+    cr_expect_gt(res.first_loss, 7.0, "first loss %.4f", res.first_loss);
+    cr_expect_lt(res.last_loss, res.first_loss - 2.0, "loss %.4f -> %.4f", res.first_loss,
+                 res.last_loss);
+    hp_job_free(job);
+}

@@ -1,0 +1,161 @@
+/* worker/cpu/cpu_comm.c — the cpu backend's communication stream: a thread that runs the
+ * collectives issued on stream 1 through an hp_comm, in issue order, while the caller's
+ * thread goes on computing. Each issued collective gets a sequence number; an event recorded
+ * on the comm stream remembers the last issued number, and waiting on it blocks until the
+ * thread has completed that many. The first error sticks: it is reported by the next wait
+ * and every later enqueue. */
+#include "worker/cpu/cpu_comm.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#define QUEUE_CAP 4096
+
+typedef struct comm_op {
+    hp_op op;
+    hp_reduce_op reduce;
+    const void *in;
+    void *out;
+    size_t in_bytes;
+    int64_t out_count;
+    hp_comm_dtype dt;
+} comm_op;
+
+struct hp__cpu_comm {
+    hp_comm *comm;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;   /* work arrived or stop */
+    pthread_cond_t done; /* completed advanced */
+    comm_op queue[QUEUE_CAP];
+    uint64_t issued, completed; /* sequence numbers: queue holds (completed, issued] */
+    bool stop, failed;
+    hp_err err;
+};
+
+static hp_status run_op(hp_comm *c, const comm_op *o, hp_err *err) {
+    switch (o->op) {
+    case HP_OP_ALL_GATHER:
+        return c->vt->all_gather(c, o->in, o->out, o->in_bytes, err);
+    case HP_OP_REDUCE_SCATTER:
+        return c->vt->reduce_scatter(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
+    case HP_OP_ALL_REDUCE:
+        return c->vt->all_reduce(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
+    default:
+        return hp_errf(err, HP_UNSUPPORTED, "%s is not supported by the cpu comm stream",
+                       hp_op_get(o->op)->name);
+    }
+}
+
+static void *comm_main(void *arg) {
+    hp__cpu_comm *q = arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->stop && q->completed == q->issued) pthread_cond_wait(&q->cv, &q->mu);
+        if (q->completed == q->issued) break; /* stop, nothing left */
+        comm_op o = q->queue[q->completed % QUEUE_CAP];
+        bool failed = q->failed;
+        pthread_mutex_unlock(&q->mu);
+        hp_err e = {0};
+        hp_status st = failed ? HP_OK : run_op(q->comm, &o, &e);
+        pthread_mutex_lock(&q->mu);
+        if (st != HP_OK && !q->failed) {
+            q->failed = true;
+            q->err = e;
+        }
+        q->completed++;
+        pthread_cond_broadcast(&q->done);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+hp_status hp__cpu_comm_start(hp_comm *comm, hp__cpu_comm **out, hp_err *err) {
+    *out = NULL;
+    hp__cpu_comm *q = hp_calloc(1, sizeof *q);
+    if (!q) return hp_errf(err, HP_NOMEM, "cpu: out of memory for the comm stream");
+    q->comm = comm;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    pthread_cond_init(&q->done, NULL);
+    if (pthread_create(&q->thread, NULL, comm_main, q) != 0) {
+        pthread_cond_destroy(&q->done);
+        pthread_cond_destroy(&q->cv);
+        pthread_mutex_destroy(&q->mu);
+        hp_free(q);
+        return hp_errf(err, HP_INTERNAL, "cpu: cannot start the comm thread");
+    }
+    *out = q;
+    return HP_OK;
+}
+
+void hp__cpu_comm_stop(hp__cpu_comm *q) {
+    if (!q) return;
+    pthread_mutex_lock(&q->mu);
+    q->stop = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    pthread_join(q->thread, NULL);
+    pthread_cond_destroy(&q->done);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    hp_free(q);
+}
+
+int hp__cpu_comm_world(const hp__cpu_comm *q) {
+    return q->comm->world;
+}
+
+hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err *err) {
+    const hp_node *n = c->node;
+    const char *name = hp_op_get(n->op)->name;
+    int64_t gs = hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
+    if (gs != q->comm->world)
+        return hp_errf(err, HP_UNSUPPORTED, "%s over %lld ranks, but the communicator has %d", name,
+                       (long long)gs, q->comm->world);
+    hp_dtype dt = c->in_type[0].dtype;
+    comm_op o = {.op = n->op,
+                 .reduce = (hp_reduce_op)hp_node_int(n, HP_ATTR_REDUCE_OP, HP_REDUCE_SUM),
+                 .in = c->in[0],
+                 .out = c->out[0],
+                 .in_bytes = (size_t)hp_type_numel(&c->in_type[0]) * hp_dtype_size(dt),
+                 .out_count = hp_type_numel(&c->out_type[0]),
+                 .dt = HP_COMM_F32};
+    if (n->op != HP_OP_ALL_GATHER && dt != HP_F32)
+        return hp_errf(err, HP_UNSUPPORTED, "%s of %s: the cpu comm stream reduces f32 only", name,
+                       hp_dtype_name(dt));
+    if (n->op == HP_OP_ALL_TO_ALL)
+        return hp_errf(err, HP_UNSUPPORTED, "%s is not supported by the cpu comm stream", name);
+    pthread_mutex_lock(&q->mu);
+    while (!q->failed && q->issued - q->completed >= QUEUE_CAP) pthread_cond_wait(&q->done, &q->mu);
+    hp_status st = HP_OK;
+    if (q->failed) {
+        st = q->err.status;
+        if (err) *err = q->err;
+    } else {
+        q->queue[q->issued % QUEUE_CAP] = o;
+        q->issued++;
+        pthread_cond_signal(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return st;
+}
+
+uint64_t hp__cpu_comm_issued(hp__cpu_comm *q) {
+    pthread_mutex_lock(&q->mu);
+    uint64_t n = q->issued;
+    pthread_mutex_unlock(&q->mu);
+    return n;
+}
+
+hp_status hp__cpu_comm_wait(hp__cpu_comm *q, uint64_t seq, hp_err *err) {
+    pthread_mutex_lock(&q->mu);
+    while (!q->failed && q->completed < seq) pthread_cond_wait(&q->done, &q->mu);
+    hp_status st = HP_OK;
+    if (q->failed) {
+        st = q->err.status;
+        if (err) *err = q->err;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return st;
+}

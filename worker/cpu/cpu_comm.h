@@ -1,0 +1,27 @@
+/* worker/cpu/cpu_comm.h — the cpu backend's comm stream (a thread running collectives through
+ * an hp_comm in issue order). Internal to worker/cpu/. */
+#ifndef HP_WORKER_CPU_COMM_H
+#define HP_WORKER_CPU_COMM_H
+
+#include "hp/comm.h"
+#include "worker/backend.h"
+
+typedef struct hp__cpu_comm hp__cpu_comm;
+
+/* Starts the thread; comm is borrowed and must outlive the stream. */
+hp_status hp__cpu_comm_start(hp_comm *comm, hp__cpu_comm **out, hp_err *err);
+/* Finishes the queued collectives, then joins the thread. NULL is fine. */
+void hp__cpu_comm_stop(hp__cpu_comm *q);
+int hp__cpu_comm_world(const hp__cpu_comm *q);
+
+/* Queues a collective node's call (its buffers must stay valid until it completes). Errors:
+ * an unsupported collective or dtype, a group size other than the communicator's, or the
+ * stream's sticky error. */
+hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err *err);
+/* The sequence number of the last queued collective. */
+uint64_t hp__cpu_comm_issued(hp__cpu_comm *q);
+/* Blocks until the first `seq` collectives have completed; the stream's first error if one
+ * failed. */
+hp_status hp__cpu_comm_wait(hp__cpu_comm *q, uint64_t seq, hp_err *err);
+
+#endif

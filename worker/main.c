@@ -1,0 +1,239 @@
+/* worker/main.c — hp-worker: one rank of a job. Standalone mode runs a job file with no
+ * coordinator (the way to try a model in seconds):
+ *
+ *   hp-worker --standalone JOB.pb [--world N] [--steps N] [--out DIR]
+ *             [--init-from W.safetensors] [--data F.bin] [--resume DIR] [--threads N]
+ *
+ * With --world N > 1 this process is a launcher (like torchrun --standalone): it starts N
+ * rank processes of itself (--rank R --comm NAME), joined by the shm communicator, passes
+ * rank 0's output through, and if any rank dies it stops the others and fails naming it.
+ *
+ * Ctrl-C (SIGINT) or SIGTERM stops after the current step, writes a checkpoint when --out is
+ * given, and exits 130. Exit codes: 0 done, 1 error, 2 usage, 130 interrupted. */
+#include "hp/job.h"
+#include "hp/threads.h"
+#include "worker/train.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "hp-worker: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (try hp-worker --help)\n");
+    return 2;
+}
+
+static void usage(void) {
+    puts("usage: hp-worker --standalone JOB.pb [flags]\n"
+         "\n"
+         "  --standalone JOB.pb    run the job in this process, no coordinator\n"
+         "  --steps N              train N steps (default: the job's)\n"
+         "  --out DIR              write metrics.jsonl, checkpoints/ and model.safetensors here\n"
+         "  --init-from FILE       initial weights (safetensors, PyTorch FQNs)\n"
+         "  --data PATH            llm.c token shard(s) (.bin, dir or glob), or text:PATH\n"
+         "                         (default: the job's; else the built-in corpus)\n"
+         "  --resume DIR           continue from the latest checkpoint in DIR\n"
+         "  --world N              run N ranks on this host (FSDP over the shm backend)\n"
+         "  --threads N            compute threads per rank (default: $HP_NUM_THREADS, or the\n"
+         "                         CPUs divided among the ranks)\n"
+         "\n"
+         "Ctrl-C stops after the current step with a checkpoint (exit 130).");
+}
+
+static int parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "hp-worker: %s: '%s' is not an integer in [%lld, %lld]\n", flag, s, lo, hi);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- launcher (--world N without --rank) --------------------------------------------------- */
+
+static pid_t children[1024];
+static int n_children;
+
+static void forward_signal(int sig) {
+    for (int r = 0; r < n_children; r++)
+        if (children[r] > 0) kill(children[r], sig);
+}
+
+static void describe(int status, char *buf, size_t len) {
+    if (WIFEXITED(status))
+        snprintf(buf, len, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, len, "was killed by signal %d", WTERMSIG(status));
+    else
+        snprintf(buf, len, "ended (status 0x%x)", status);
+}
+
+/* Starts `world` copies of this program with --rank R --comm NAME appended, waits for them,
+ * and returns the exit code: 0 when all succeed, 130 when they were interrupted, 1 when a
+ * rank failed (the others are stopped: SIGTERM, then SIGKILL after 10 s). */
+static int launch(int argc, char **argv, int world, int threads) {
+    char comm[64], rank_s[16], threads_s[16];
+    snprintf(comm, sizeof comm, "hp-%ld-%ld", (long)getpid(), (long)time(NULL));
+    snprintf(threads_s, sizeof threads_s, "%d", threads);
+    char **args = calloc((size_t)argc + 8, sizeof *args);
+    if (!args) return 1;
+    for (int i = 0; i < argc; i++) args[i] = argv[i];
+    struct sigaction sa = {.sa_handler = forward_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    for (int r = 0; r < world; r++) {
+        snprintf(rank_s, sizeof rank_s, "%d", r);
+        int k = argc;
+        args[k++] = "--rank", args[k++] = rank_s, args[k++] = "--comm", args[k++] = comm;
+        args[k++] = "--threads", args[k++] = threads_s, args[k] = NULL;
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "hp-worker: fork: %s\n", strerror(errno));
+            forward_signal(SIGKILL);
+            free(args);
+            return 1;
+        }
+        if (pid == 0) {
+            if (r > 0 && !freopen("/dev/null", "w", stdout)) _exit(127); /* rank 0 speaks */
+            execv("/proc/self/exe", args);
+            fprintf(stderr, "hp-worker: exec: %s\n", strerror(errno));
+            _exit(127);
+        }
+        children[n_children++] = pid;
+    }
+    free(args);
+    int rc = 0, left = world;
+    bool stopping = false;
+    time_t kill_at = 0;
+    while (left > 0) {
+        int status;
+        pid_t pid = waitpid(-1, &status, stopping ? WNOHANG : 0);
+        if (pid < 0 && errno == EINTR) continue;
+        if (pid < 0) break;
+        if (pid == 0) { /* stopping: escalate after the grace period */
+            if (time(NULL) >= kill_at) forward_signal(SIGKILL);
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        int r = 0;
+        while (r < n_children && children[r] != pid) r++;
+        if (r == n_children) continue;
+        children[r] = 0;
+        left--;
+        bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == 130;
+        if (interrupted && rc == 0) rc = 130;
+        if (!ok && !interrupted && rc != 1) {
+            char what[64];
+            describe(status, what, sizeof what);
+            fprintf(stderr, "hp-worker: rank %d (pid %ld) %s; stopping the other ranks\n", r,
+                    (long)pid, what);
+            rc = 1;
+            if (!stopping) {
+                stopping = true;
+                kill_at = time(NULL) + 10;
+                forward_signal(SIGTERM);
+            }
+        }
+    }
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    /* OpenBLAS's idle threads spin ~0.1 s after each GEMM and steal the cores our own pool
+     * computes on; it reads its timeout only when it loads, so set it and start again. */
+    if (!getenv("OPENBLAS_THREAD_TIMEOUT") && setenv("OPENBLAS_THREAD_TIMEOUT", "4", 1) == 0)
+        execv("/proc/self/exe", argv); /* on failure, go on as we are */
+
+    const char *job_path = NULL;
+    hp_train_opts o = {.stop = &stop_requested};
+    bool rank_given = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage();
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            puts("hp-worker 0.1.0");
+            return 0;
+        }
+        if (i + 1 >= argc) return usage_error("%s: missing value", a);
+        const char *v = argv[++i];
+        long long n;
+        if (!strcmp(a, "--standalone"))
+            job_path = v;
+        else if (!strcmp(a, "--out"))
+            o.out_dir = v;
+        else if (!strcmp(a, "--init-from"))
+            o.init_from = v;
+        else if (!strcmp(a, "--data"))
+            o.data = v;
+        else if (!strcmp(a, "--resume"))
+            o.resume = v;
+        else if (!strcmp(a, "--steps")) {
+            if (parse_int(a, v, 1, (long long)1e12, &n)) return 2;
+            o.steps = n;
+        } else if (!strcmp(a, "--threads")) {
+            if (parse_int(a, v, 1, 1024, &n)) return 2;
+            o.threads = (int)n;
+        } else
+            return usage_error("unknown flag '%s'", a);
+    }
+    if (!job_path)
+        return usage_error("%s", "--standalone JOB.pb is required (coordinator mode arrives "
+                                 "with hpd)");
+
+    if (rank_given && o.world <= 1) return usage_error("%s", "--rank needs --world N > 1");
+    if (o.world > 1 && rank_given && !o.comm_name)
+        return usage_error("%s", "--rank needs --comm NAME (the launcher sets both)");
+    if (o.world > 1 && !rank_given) {
+        int threads = o.threads > 0 ? o.threads : hp_default_threads() / o.world;
+        return launch(argc, argv, o.world, threads > 0 ? threads : 1);
+    }
+
+    hp_job *job = NULL;
+    hp_err err = {0};
+    if (hp_job_read_file(job_path, &job, &err) != HP_OK) {
+        fprintf(stderr, "hp-worker: %s\n", err.msg);
+        return 1;
+    }
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    hp_train_result res;
+    hp_status st = hp_train(job, &o, &res, &err);
+    hp_job_free(job);
+    if (st != HP_OK) {
+        if (o.world > 1)
+            fprintf(stderr, "hp-worker: rank %d: %s\n", o.rank, err.msg);
+        else
+            fprintf(stderr, "hp-worker: %s\n", err.msg);
+        return 1;
+    }
+    if (res.last_step >= res.first_step && o.rank == 0)
+        printf("done: steps %lld..%lld, loss %.4f -> %.4f\n", (long long)res.first_step,
+               (long long)res.last_step, res.first_loss, res.last_loss);
+    return res.interrupted ? 130 : 0;
+}

@@ -1,0 +1,571 @@
+/* worker/train.c — the training loop of one rank (see train.h). Setup, then one function per
+ * stage of a step; the loop itself reads top to bottom. */
+#include "worker/train.h"
+
+#include "hp/checkpoint.h"
+#include "hp/comm.h"
+#include "hp/data.h"
+#include "hp/metrics.h"
+#include "hp/models.h"
+#include "hp/optim.h"
+#include "hp/param_init.h"
+#include "hp/passes.h"
+#include "hp/program.h"
+#include "hp/safetensors.h"
+#include "hp/threads.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/executor.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define PATH_MAX_HP 4096
+
+typedef struct trainer {
+    const hp_job *job;
+    const hp_train_opts *opts;
+    FILE *log, *metrics;
+    hp_compiled *compiled; /* world > 1: the pipeline's output, owns prog */
+    hp_program *prog;
+    hp_comm *comm; /* world > 1 */
+    int rank, world;
+    hp_backend *be;
+    hp_exec *ex;
+    hp_pool *pool;
+    hp_data *data;
+    int32_t tokens_buf, labels_buf;
+    int64_t batch, seq, total_steps;
+    int64_t *tokens, *labels;    /* [B*T] host staging */
+    float **m, **v;              /* AdamW moments per parameter */
+    hp_adamw_param *adam_params; /* [n_params] */
+    hp_fspan *grads;             /* [n_params] */
+    hp_adamw_config adam;
+    hp_lr_schedule lr;
+    double flops_per_token, peak_flops;
+    uint64_t device_memory;
+    char ckpt_dir[PATH_MAX_HP];
+} trainer;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static float *param_ptr(const trainer *t, int i) {
+    return hp_exec_ptr(t->ex, t->prog->params[i].buffer);
+}
+
+/* Elements of this rank's local parameter buffer (the shard, padding included). */
+static int64_t param_numel(const trainer *t, int i) {
+    return hp_type_numel(&t->prog->buffers[t->prog->params[i].buffer].type);
+}
+
+/* Which rows of parameter i this rank holds: local rows [0, real) are global rows
+ * [start, start + real); local rows [real, s) are padding (zero). Unsharded: all rows. */
+typedef struct shard_geo {
+    int64_t rows;  /* global dim 0 (1 for a scalar) */
+    int64_t s;     /* local dim 0 */
+    int64_t start; /* first global row held */
+    int64_t real;  /* real rows held */
+    int64_t row;   /* elements per row */
+} shard_geo;
+
+static shard_geo geo(const trainer *t, int i) {
+    const hp_param_slot *ps = &t->prog->params[i];
+    shard_geo g;
+    g.rows = ps->global.rank ? ps->global.shape[0] : 1;
+    g.row = g.rows ? hp_type_numel(&ps->global) / g.rows : 0;
+    const hp_type *local = &t->prog->buffers[ps->buffer].type;
+    g.s = local->rank ? local->shape[0] : 1;
+    g.start = ps->shard_count > 1 ? (int64_t)t->rank * g.s : 0;
+    g.real = g.rows - g.start < g.s ? g.rows - g.start : g.s;
+    if (g.real < 0) g.real = 0;
+    return g;
+}
+
+static bool sharded(const trainer *t, int i) {
+    return t->prog->params[i].shard_count > 1;
+}
+
+static bool is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static hp_status mkdir_p(const char *path, hp_err *err) {
+    char buf[PATH_MAX_HP];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return hp_errf(err, HP_INVALID, "path too long: %s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return hp_errf(err, HP_IO, "%s: %s", buf, strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return HP_OK;
+}
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+/* The data inputs must be `tokens` and `labels`, i64 [B, T]. */
+static hp_status find_data(trainer *t, hp_err *err) {
+    const hp_program *p = t->prog;
+    t->tokens_buf = t->labels_buf = -1;
+    for (int i = 0; i < p->n_data; i++) {
+        if (!strcmp(p->data[i].name, "tokens"))
+            t->tokens_buf = p->data[i].buffer;
+        else if (!strcmp(p->data[i].name, "labels"))
+            t->labels_buf = p->data[i].buffer;
+        else
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "data input '%s': training reads token data into inputs named "
+                           "'tokens' and 'labels' only",
+                           p->data[i].name);
+    }
+    if (t->tokens_buf < 0 || t->labels_buf < 0)
+        return hp_errf(err, HP_UNSUPPORTED, "the graph needs data inputs 'tokens' and 'labels'");
+    const hp_type *tt = &p->buffers[t->tokens_buf].type, *lt = &p->buffers[t->labels_buf].type;
+    if (tt->dtype != HP_I64 || tt->rank != 2 || !hp_type_eq(tt, lt))
+        return hp_errf(err, HP_UNSUPPORTED, "'tokens' and 'labels' must both be i64 [B, T]");
+    t->batch = tt->shape[0];
+    t->seq = tt->shape[1];
+    t->tokens = hp_calloc((size_t)(t->batch * t->seq), sizeof *t->tokens);
+    t->labels = hp_calloc((size_t)(t->batch * t->seq), sizeof *t->labels);
+    if (!t->tokens || !t->labels) return hp_errf(err, HP_NOMEM, "out of memory for the batch");
+    return HP_OK;
+}
+
+static hp_status open_data(trainer *t, hp_err *err) {
+    int e = hp_graph_find_fqn(t->prog->graph, "tok_embeddings.weight");
+    if (e < 0) return hp_errf(err, HP_UNSUPPORTED, "no 'tok_embeddings.weight' to size the vocab");
+    const char *path = t->opts->data ? t->opts->data : t->job->train.data_path;
+    hp_data_config dc = {.path = path && path[0] ? path : NULL,
+                         .vocab = t->prog->graph->nodes[e].out[0].shape[0],
+                         .batch = t->batch,
+                         .seq = t->seq,
+                         .world = t->world,
+                         .seed = t->job->train.seed};
+    HP_TRY(hp_data_open(&dc, &t->data, err));
+    return HP_OK;
+}
+
+/* Fresh parameters: counter-based init of every element (sharding-independent). */
+static hp_status init_params(trainer *t, hp_err *err) {
+    for (int i = 0; i < t->prog->n_params; i++) {
+        const hp_param_slot *ps = &t->prog->params[i];
+        hp_init init = ps->init;
+        if (init.kind == HP_INIT_NONE) init.kind = HP_INIT_ZEROS;
+        shard_geo g = geo(t, i);
+        hp_status st =
+            hp_param_init_fill_par(t->pool, &init, t->job->train.seed, ps->fqn, g.start * g.row,
+                                   g.real * g.row, param_ptr(t, i), err);
+        if (st != HP_OK) return hp_err_prefix(err, "init '%s'", ps->fqn);
+    }
+    return HP_OK;
+}
+
+/* Weights from a safetensors file keyed by FQN (extra tensors are ignored). */
+static hp_status load_weights(trainer *t, const char *path, hp_err *err) {
+    hp_st_file *f = NULL;
+    HP_TRY(hp_st_open(path, &f, err));
+    hp_status st = HP_OK;
+    for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
+        const hp_param_slot *ps = &t->prog->params[i];
+        const hp_st_tensor *w;
+        if ((st = hp_st_get(f, ps->fqn, &w, err)) != HP_OK) break;
+        bool same = w->rank == ps->global.rank;
+        for (int d = 0; same && d < w->rank; d++) same = w->shape[d] == ps->global.shape[d];
+        if (!same) {
+            char want[96];
+            st = hp_errf(err, HP_INVALID, "%s: tensor '%s' has the wrong shape (want %s)", path,
+                         ps->fqn, hp_type_str(&ps->global, want, sizeof want));
+            break;
+        }
+        shard_geo g = geo(t, i);
+        int64_t n = hp_st_numel(w);
+        float *full = hp_malloc((size_t)(n ? n : 1) * sizeof *full);
+        if (!full) {
+            st = hp_errf(err, HP_NOMEM, "out of memory loading '%s'", ps->fqn);
+            break;
+        }
+        st = hp_st_to_f32(w, full, n, err);
+        if (st == HP_OK)
+            memcpy(param_ptr(t, i), full + g.start * g.row,
+                   (size_t)(g.real * g.row) * sizeof *full);
+        hp_free(full);
+    }
+    hp_st_close(f);
+    return st;
+}
+
+static hp_status alloc_optimizer(trainer *t, hp_err *err) {
+    int n = t->prog->n_params;
+    t->m = hp_calloc((size_t)n + 1, sizeof *t->m);
+    t->v = hp_calloc((size_t)n + 1, sizeof *t->v);
+    t->adam_params = hp_calloc((size_t)n + 1, sizeof *t->adam_params);
+    t->grads = hp_calloc((size_t)n + 1, sizeof *t->grads);
+    if (!t->m || !t->v || !t->adam_params || !t->grads) goto nomem;
+    for (int i = 0; i < n; i++) {
+        int64_t k = param_numel(t, i);
+        if (!(t->m[i] = hp_calloc((size_t)k, sizeof(float)))) goto nomem;
+        if (!(t->v[i] = hp_calloc((size_t)k, sizeof(float)))) goto nomem;
+        float *g = hp_exec_ptr(t->ex, t->prog->params[i].grad);
+        t->adam_params[i] = (hp_adamw_param){param_ptr(t, i), g, t->m[i], t->v[i], k};
+        t->grads[i] = (hp_fspan){g, k};
+    }
+    const hp_train_config *tc = &t->job->train;
+    t->adam = (hp_adamw_config){tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
+    hp_lr_decay decay = tc->decay == HP_DECAY_COSINE ? HP_LR_DECAY_COSINE
+                        : tc->decay == HP_DECAY_NONE ? HP_LR_DECAY_NONE
+                                                     : HP_LR_DECAY_LINEAR;
+    return hp_lr_schedule_init(&t->lr, tc->lr, t->total_steps, tc->warmup_steps, -1, decay,
+                               tc->min_lr_ratio, err);
+nomem:
+    return hp_errf(err, HP_NOMEM, "out of memory for the optimizer state");
+}
+
+/* ---- checkpoints ---------------------------------------------------------------------------- */
+
+static hp_status save_checkpoint(trainer *t, int64_t step, hp_err *err) {
+    int n = t->prog->n_params;
+    hp_ckpt_shard *sh = hp_calloc((size_t)n + 1, sizeof *sh);
+    if (!sh) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const hp_param_slot *ps = &t->prog->params[i];
+        hp_ckpt_shard *s = &sh[i];
+        s->fqn = ps->fqn;
+        s->dtype = HP_F32;
+        s->rank = ps->global.rank;
+        memcpy(s->shape, ps->global.shape, sizeof s->shape);
+        shard_geo g = geo(t, i);
+        /* replicated tensors are saved by rank 0 only */
+        bool mine = sharded(t, i) || t->rank == 0;
+        s->start = mine ? g.start : 0;
+        s->end = mine ? g.start + g.real : 0;
+        s->param = param_ptr(t, i);
+        s->state_dtype = HP_F32;
+        s->exp_avg = t->m[i];
+        s->exp_avg_sq = t->v[i];
+    }
+    hp_ckpt_scalars sc = {.step = step,
+                          .seed = t->job->train.seed,
+                          .data_step = step,
+                          .data_fingerprint = hp_data_get_info(t->data)->fingerprint,
+                          .loss_scale = 1};
+    int keep = t->opts->keep_checkpoints > 0 ? t->opts->keep_checkpoints : 3;
+    hp_status st;
+    if (t->world == 1) {
+        st = hp_ckpt_save(t->ckpt_dir, &sc, sh, n, keep, err);
+    } else {
+        /* every rank writes its file; once all have, rank 0 writes the index */
+        st = hp_ckpt_write_rank(t->ckpt_dir, t->rank, t->world, &sc, sh, n, err);
+        if (st == HP_OK) st = t->comm->vt->barrier(t->comm, err);
+        if (st == HP_OK && t->rank == 0)
+            st = hp_ckpt_commit(t->ckpt_dir, step, t->world, keep, err);
+        if (st == HP_OK) st = t->comm->vt->barrier(t->comm, err);
+    }
+    hp_free(sh);
+    return st;
+}
+
+/* Resolves --resume DIR to a checkpoint root: a run's out dir holds checkpoints/. */
+static void resume_root(const char *dir, char *root, size_t len) {
+    char sub[PATH_MAX_HP];
+    snprintf(sub, sizeof sub, "%s/checkpoints", dir);
+    snprintf(root, len, "%s", is_dir(sub) ? sub : dir);
+}
+
+static hp_status load_checkpoint(trainer *t, const char *dir, int64_t *step, hp_err *err) {
+    char root[PATH_MAX_HP];
+    resume_root(dir, root, sizeof root);
+    hp_ckpt *c = NULL;
+    HP_TRY(hp_ckpt_open(root, -1, &c, err));
+    hp_status st = HP_OK;
+    const hp_ckpt_scalars *sc = hp_ckpt_get_scalars(c);
+    if (sc->data_fingerprint != hp_data_get_info(t->data)->fingerprint) {
+        st = hp_errf(err, HP_INVALID,
+                     "%s: the checkpoint was trained on other data (fingerprint differs)", root);
+        goto done;
+    }
+    for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
+        const hp_param_slot *ps = &t->prog->params[i];
+        int64_t rows = ps->global.rank ? ps->global.shape[0] : 1;
+        size_t bytes = (size_t)param_numel(t, i) * sizeof(float);
+        st = hp_ckpt_read(c, ps->fqn, HP_CKPT_PARAM, 0, rows, param_ptr(t, i), bytes, err);
+        if (st == HP_OK)
+            st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG, 0, rows, t->m[i], bytes, err);
+        if (st == HP_OK)
+            st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG_SQ, 0, rows, t->v[i], bytes, err);
+    }
+    *step = sc->step;
+done:
+    hp_ckpt_close(c);
+    if (st != HP_OK) hp_err_prefix(err, "resume");
+    return st;
+}
+
+/* The full parameters, gathered from the shards (every rank takes part; rank 0 writes). */
+static hp_status export_weights(trainer *t, const char *path, hp_err *err) {
+    int n = t->prog->n_params;
+    hp_st_tensor *ts = hp_calloc((size_t)n + 1, sizeof *ts);
+    float **full = hp_calloc((size_t)n + 1, sizeof *full);
+    hp_status st = HP_OK;
+    if (!ts || !full) {
+        st = hp_errf(err, HP_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n && st == HP_OK; i++) {
+        const hp_param_slot *ps = &t->prog->params[i];
+        shard_geo g = geo(t, i);
+        const float *data = param_ptr(t, i);
+        if (sharded(t, i)) {
+            size_t bytes = (size_t)param_numel(t, i) * sizeof(float);
+            if (!(full[i] = hp_malloc(bytes * (size_t)t->world))) {
+                st = hp_errf(err, HP_NOMEM, "out of memory gathering '%s'", ps->fqn);
+                break;
+            }
+            st = t->comm->vt->all_gather(t->comm, data, full[i], bytes, err);
+            data = full[i]; /* padded: its first `rows` rows are the tensor */
+        }
+        ts[i].name = ps->fqn;
+        ts[i].dtype = HP_ST_F32;
+        ts[i].rank = ps->global.rank;
+        memcpy(ts[i].shape, ps->global.shape, sizeof(int64_t) * (size_t)ps->global.rank);
+        ts[i].data = data;
+        ts[i].nbytes = (size_t)(g.rows * g.row) * sizeof(float);
+    }
+    hp_st_kv meta[2] = {{"format", "pt"}, {"producer", "hp"}};
+    if (st == HP_OK && t->rank == 0) st = hp_st_write(path, ts, n, meta, 2, err);
+done:
+    if (full)
+        for (int i = 0; i < n; i++) hp_free(full[i]);
+    hp_free(full);
+    hp_free(ts);
+    return st;
+}
+
+/* ---- one step ------------------------------------------------------------------------------- */
+
+/* The norm of the whole gradient: the shards' sums of squares all-reduced over the ranks
+ * (padding rows are zero), replicated gradients counted once (rank 0's). */
+static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
+    int n = t->prog->n_params, k = 0;
+    hp_fspan *mine = hp_calloc((size_t)n + 1, sizeof *mine);
+    if (!mine) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++)
+        if (sharded(t, i) || t->rank == 0) mine[k++] = t->grads[i];
+    double sumsq = 0;
+    hp_status st = hp_grad_sumsq(mine, k, t->pool, &sumsq, err);
+    hp_free(mine);
+    if (st == HP_OK && t->world > 1)
+        st = t->comm->vt->all_reduce(t->comm, &sumsq, &sumsq, 1, HP_COMM_F64, HP_REDUCE_SUM, err);
+    *norm = sqrt(sumsq);
+    return st;
+}
+
+typedef struct step_out {
+    double loss, grad_norm, lr, data_s;
+} step_out;
+
+static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) {
+    double t0 = now_s();
+    HP_TRY(hp_data_next(t->data, t->rank, step - 1, t->tokens, t->labels, err));
+    size_t bytes = (size_t)(t->batch * t->seq) * sizeof(int64_t);
+    HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->tokens_buf), t->tokens, bytes, err));
+    HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->labels_buf), t->labels, bytes, err));
+    o->data_s = now_s() - t0;
+    HP_TRY(hp_exec_step(t->ex, err));
+    HP_TRY(hp_exec_loss(t->ex, &o->loss, err));
+    int n = t->prog->n_params;
+    HP_TRY(global_grad_norm(t, &o->grad_norm, err));
+    double clip = t->job->train.grad_clip;
+    if (clip > 0) {
+        float coef = hp_clip_coef(o->grad_norm, clip);
+        if (coef < 1) HP_TRY(hp_grad_scale(t->grads, n, coef, t->pool, err));
+    }
+    o->lr = hp_lr_at(&t->lr, step);
+    return hp_adamw_step(&t->adam, o->lr, step, t->adam_params, n, t->pool, err);
+}
+
+/* Prints the torchtitan-style line and appends the JSON record. */
+static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err) {
+    if (t->rank != 0) return HP_OK;
+    hp_metrics m;
+    HP_TRY(hp_metrics_compute(w, &m, err));
+    char line[HP_METRICS_LINE_MAX];
+    HP_TRY(hp_metrics_format(&m, line, sizeof line, err));
+    fprintf(t->log, "%s\n", line);
+    fflush(t->log);
+    if (t->metrics) {
+        char json[4096];
+        HP_TRY(hp_metrics_to_json(&m, json, sizeof json, err));
+        if (fprintf(t->metrics, "%s\n", json) < 0 || fflush(t->metrics) != 0)
+            return hp_errf(err, HP_IO, "writing metrics.jsonl: %s", strerror(errno));
+    }
+    return HP_OK;
+}
+
+/* ---- the loop ------------------------------------------------------------------------------- */
+
+static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
+    const hp_train_opts *o = t->opts;
+    const hp_job *job = t->job;
+    t->total_steps = o->steps > 0 ? o->steps : job->train.steps;
+    if (!job->graph) return hp_errf(err, HP_INVALID, "the job has no graph");
+    t->world = o->world > 1 ? o->world : 1;
+    t->rank = t->world > 1 ? o->rank : 0;
+    if (t->rank < 0 || t->rank >= t->world)
+        return hp_errf(err, HP_INVALID, "rank %d of world %d", t->rank, t->world);
+    if (t->world > 1) {
+        HP_TRY(hp_compile(job, t->world, &t->compiled, err));
+        t->prog = t->compiled->program;
+        if (!o->comm_name)
+            return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);
+        double timeout = o->comm_timeout_s > 0 ? o->comm_timeout_s : 60;
+        HP_TRY(hp_shm_comm_new(o->comm_name, t->rank, t->world, timeout, &t->comm, err));
+    } else {
+        HP_TRY(hp_lower(job->graph, &t->prog, err));
+    }
+    t->prog->rank = t->rank;
+    for (int i = 0; i < t->prog->n_params; i++)
+        if (sharded(t, i)) t->prog->params[i].shard_index = t->rank;
+    int threads = o->threads > 0 ? o->threads : hp_default_threads();
+    HP_TRY(hp_pool_new(threads, &t->pool, err));
+    HP_TRY(hp_cpu_backend_new(threads, &t->be, err));
+    if (t->comm) HP_TRY(hp_cpu_backend_set_comm(t->be, t->comm, err));
+    HP_TRY(hp_exec_new(t->prog, t->be, &t->ex, err));
+    HP_TRY(find_data(t, err));
+    HP_TRY(open_data(t, err));
+    HP_TRY(alloc_optimizer(t, err));
+
+    hp_device_info di;
+    HP_TRY(t->be->vt->info(t->be, &di, err));
+    t->device_memory = (uint64_t)di.memory_bytes;
+    if (hp_cpu_peak_flops(threads, &t->peak_flops, NULL) != HP_OK) t->peak_flops = NAN;
+    t->flops_per_token = hp_model_flops_per_token(&job->model);
+
+    if (o->out_dir) {
+        HP_TRY(mkdir_p(o->out_dir, err));
+        snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", o->out_dir);
+        char path[PATH_MAX_HP];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+        if (t->rank == 0 && !(t->metrics = fopen(path, o->resume ? "a" : "w")))
+            return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+    }
+    *start = 0;
+    if (o->resume) {
+        if (!t->ckpt_dir[0]) resume_root(o->resume, t->ckpt_dir, sizeof t->ckpt_dir);
+        HP_TRY(load_checkpoint(t, o->resume, start, err));
+        if (t->rank == 0) fprintf(t->log, "resumed from step %lld\n", (long long)*start);
+        return HP_OK;
+    }
+    const char *init_from = o->init_from ? o->init_from : job->train.init_from;
+    if (init_from && init_from[0]) return load_weights(t, init_from, err);
+    return init_params(t, err);
+}
+
+static void teardown(trainer *t) {
+    if (t->metrics) fclose(t->metrics);
+    hp_exec_free(t->ex);
+    hp_backend_free(t->be);
+    hp_pool_free(t->pool);
+    hp_data_free(t->data);
+    if (t->m)
+        for (int i = 0; i < t->prog->n_params; i++) hp_free(t->m[i]);
+    if (t->v)
+        for (int i = 0; i < t->prog->n_params; i++) hp_free(t->v[i]);
+    hp_free(t->m);
+    hp_free(t->v);
+    hp_free(t->adam_params);
+    hp_free(t->grads);
+    hp_free(t->tokens);
+    hp_free(t->labels);
+    if (t->compiled)
+        hp_compiled_free(t->compiled);
+    else
+        hp_program_free(t->prog);
+    hp_comm_free(t->comm);
+}
+
+hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result *res,
+                   hp_err *err) {
+    trainer t = {.job = job, .opts = opts, .log = opts->log ? opts->log : stdout};
+    memset(res, 0, sizeof *res);
+    int64_t start = 0;
+    hp_status st = setup(&t, &start, err);
+    if (st != HP_OK) {
+        hp_err_prefix(err, "setup");
+        goto done;
+    }
+    int64_t interval = job->train.log_interval, ckpt = job->train.checkpoint_interval;
+    hp_metrics_window w = {.rank = 0,
+                           .flops_per_token = t.flops_per_token,
+                           .peak_flops = t.peak_flops,
+                           .device_memory = t.device_memory};
+    double window_start = now_s();
+    res->first_step = start + 1;
+    for (int64_t step = start + 1; step <= t.total_steps; step++) {
+        step_out o;
+        if ((st = train_step(&t, step, &o, err)) != HP_OK) {
+            hp_err_prefix(err, "step %lld", (long long)step);
+            goto done;
+        }
+        if (step == start + 1) res->first_loss = o.loss;
+        res->last_loss = o.loss;
+        res->last_step = step;
+        w.steps++;
+        w.tokens += t.batch * t.seq;
+        w.data_s += o.data_s;
+        bool stop = opts->stop && *opts->stop;
+        if (t.world > 1) { /* the ranks agree on stopping, or they would part ways here */
+            int64_t flag = stop;
+            st = t.comm->vt->all_reduce(t.comm, &flag, &flag, 1, HP_COMM_I64, HP_REDUCE_MAX, err);
+            if (st != HP_OK) goto done;
+            stop = flag != 0;
+        }
+        if (step == 1 || (interval > 0 && step % interval == 0) || step == t.total_steps || stop) {
+            uint64_t rss = 0, total = 0;
+            hp_cpu_memory(&rss, &total, NULL);
+            w.step = step;
+            w.wall_s = now_s() - window_start;
+            if (!(w.wall_s > 0)) w.wall_s = 1e-9;
+            w.loss = w.loss_max = o.loss;
+            w.grad_norm = o.grad_norm;
+            w.lr = o.lr;
+            w.memory_bytes = rss;
+            if ((st = log_metrics(&t, &w, err)) != HP_OK) goto done;
+            w.steps = w.tokens = 0;
+            w.data_s = 0;
+            window_start = now_s();
+        }
+        bool ckpt_now = t.ckpt_dir[0] && ((ckpt > 0 && step % ckpt == 0) || stop);
+        if (ckpt_now && (st = save_checkpoint(&t, step, err)) != HP_OK) {
+            hp_err_prefix(err, "checkpoint at step %lld", (long long)step);
+            goto done;
+        }
+        if (opts->halt_after > 0 && step >= opts->halt_after) goto done;
+        if (stop) {
+            res->interrupted = true;
+            if (t.rank == 0)
+                fprintf(t.log, "stopped after step %lld%s\n", (long long)step,
+                        t.ckpt_dir[0] ? "; checkpoint written" : "");
+            goto done;
+        }
+    }
+    if (opts->out_dir) {
+        char path[PATH_MAX_HP];
+        snprintf(path, sizeof path, "%s/model.safetensors", opts->out_dir);
+        if ((st = export_weights(&t, path, err)) != HP_OK) hp_err_prefix(err, "export");
+    }
+done:
+    teardown(&t);
+    return st;
+}

@@ -1,0 +1,53 @@
+/* worker/train.h — the training loop of one rank: lower the job's joint graph, materialize the
+ * parameters (counter-based init keyed by (seed, FQN, element), or safetensors weights), then
+ * for each step: read the batch → run the program → global grad norm and clipping → AdamW
+ * with the LR schedule → metrics every log_interval → checkpoint every checkpoint_interval.
+ *
+ * Files under out_dir (when given): metrics.jsonl (one JSON record per logged step),
+ * checkpoints/step-N/ (hp/checkpoint.h), model.safetensors (final weights, PyTorch FQNs).
+ * Resume continues exactly: parameters, AdamW moments and the step come from the checkpoint;
+ * data and the LR schedule are functions of the step, so the losses after a resume equal an
+ * uninterrupted run's bit for bit.
+ *
+ * Threads: runs on the calling thread (the backend and the optimizer use their own pools).
+ */
+#ifndef HP_WORKER_TRAIN_H
+#define HP_WORKER_TRAIN_H
+
+#include "hp/job.h"
+
+#include <signal.h>
+#include <stdio.h>
+
+typedef struct hp_train_opts {
+    int64_t steps;         /* 0: the job's train.steps */
+    const char *out_dir;   /* NULL: write nothing (no metrics file, checkpoints, weights) */
+    const char *init_from; /* safetensors; NULL: the job's train.init_from ("" = fresh init) */
+    const char *data;      /* token shards or "text:PATH"; NULL: the job's train.data_path */
+    const char *resume;    /* a run's out dir or a checkpoint root; NULL: start fresh */
+    int threads;           /* <= 0: hp_default_threads() */
+    int keep_checkpoints;  /* <= 0: keep 3 */
+    FILE *log;             /* metrics lines and notices; NULL: stdout */
+    volatile sig_atomic_t *stop; /* when set: finish the step, checkpoint, return */
+    int64_t halt_after;          /* > 0: return after this step with no checkpoint of its own, as a
+                                    crash would leave the run (for tests of resume) */
+    /* Multi-rank (FSDP): this rank of `world` ranks joined through the shared-memory
+     * communicator `comm_name` (all ranks pass the same name). world <= 1: single rank. Only
+     * rank 0 prints metrics and writes metrics.jsonl and model.safetensors; every rank writes
+     * its checkpoint shard. */
+    int rank, world;
+    const char *comm_name;
+    double comm_timeout_s; /* <= 0: 60 s */
+} hp_train_opts;
+
+typedef struct hp_train_result {
+    int64_t first_step, last_step; /* 1-based steps this call ran */
+    double first_loss, last_loss;
+    bool interrupted; /* stopped by *stop */
+} hp_train_result;
+
+/* Runs the job. Errors name the stage ("init: ...", "step 12: instruction 41 (node 57,
+ * mm): ...", "checkpoint: ..."). */
+hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result *res, hp_err *err);
+
+#endif
