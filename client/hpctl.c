@@ -1,6 +1,6 @@
 /* client/hpctl.c — the command-line client: verb dispatch, usage, and the flag helpers the
- * verbs share. Verbs that talk to the coordinator arrive with it; the offline ones (new,
- * inspect) are in hpctl_job.c.
+ * verbs share. Verbs that talk to the coordinator arrive with it; the offline ones are in
+ * hpctl_job.c (new, inspect) and hpctl_plan.c (plan).
  *
  * Conventions: one line on stderr per error ("hpctl: new: --batch: 'x' is not an integer"),
  * exit 0 ok, 1 an error (bad file, failed operation), 2 a usage error. */
@@ -62,6 +62,9 @@ static void usage(FILE *f) {
           "  inspect JOB.pb [--hpir] [--json]\n"
           "                        print a job's summary (params, FLOPs/token, graph size);\n"
           "                        --hpir prints the graph's text form\n"
+          "  plan JOB.pb [--world N] [--json]\n"
+          "                        compile offline: passes, per-rank memory, communication,\n"
+          "                        estimated step time (see `hpctl plan --help`)\n"
           "\n"
           "  --help, -h            this text\n"
           "  --version             print the version\n"
@@ -86,6 +89,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(verb, "new")) return hpctl_new(argc - 1, argv + 1);
     if (!strcmp(verb, "inspect")) return hpctl_inspect(argc - 1, argv + 1);
+    if (!strcmp(verb, "plan")) return hpctl_plan(argc - 1, argv + 1);
     fprintf(stderr, "hpctl: unknown verb '%s' (try hpctl --help)\n", verb);
     return HPCTL_USAGE;
 }

@@ -19,5 +19,6 @@ int hpctl_parse_f64(const char *verb, const char *flag, const char *s, double lo
 /* Verbs: argv[0] is the verb. Return an exit code. */
 int hpctl_new(int argc, char **argv);
 int hpctl_inspect(int argc, char **argv);
+int hpctl_plan(int argc, char **argv);
 
 #endif

@@ -47,15 +47,27 @@ static const struct num_flag {
 };
 
 static void new_usage(FILE *f) {
-    fputs("usage: hpctl new --model FAMILY[:FLAVOR] [flags] -o JOB.pb\n"
-          "\n"
-          "  --model SPEC          llama3:debugmodel | llama3:8B | llama3:70B | llama3:405B | mlp\n"
-          "  --name NAME           job name (default: the flavor)\n"
-          "  --decay KIND          linear | cosine | none (after warmup)\n"
-          "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
-          "  --init-from PATH      initial weights (safetensors)\n"
-          "  -o, --output PATH     where to write the job (written atomically)\n",
-          f);
+    fputs(
+        "usage: hpctl new --model FAMILY[:FLAVOR] [flags] -o JOB.pb\n"
+        "\n"
+        "  --model SPEC          llama3:debugmodel | llama3:8B | llama3:70B | llama3:405B | mlp\n"
+        "  --name NAME           job name (default: the flavor)\n"
+        "  --decay KIND          linear | cosine | none (after warmup)\n"
+        "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
+        "  --init-from PATH      initial weights (safetensors)\n"
+        "  -o, --output PATH     where to write the job (written atomically)\n"
+        "\n"
+        "parallel plan and compiler:\n"
+        "  --mesh NAME=N[,...]   the device mesh, e.g. dp=8 (the world size is its product)\n"
+        "  --fsdp PATTERN        shard the parameters it names (a glob such as 'layers.*', or an\n"
+        "                        exact FQN); repeatable\n"
+        "  --no-reshard-after-forward  keep gathered parameters from forward to backward\n"
+        "  --bucket-mb X         collective bucket size in MiB (0: no bucketing; default 25)\n"
+        "  --prefetch N          all-gathers in flight ahead of their use (default 1)\n"
+        "  --no-overlap          do not reorder communication behind compute\n"
+        "\n"
+        "model and training:\n",
+        f);
     for (size_t i = 0; i < HP_ARRAY_LEN(num_flags); i++)
         fprintf(f, "  %-21s %s\n", num_flags[i].flag, num_flags[i].help);
 }
@@ -67,6 +79,45 @@ static int set_string(const char *verb, const char *flag, const char *v, char *d
     return HPCTL_OK;
 }
 
+static bool has_glob(const char *s) {
+    return strchr(s, '*') || strchr(s, '?');
+}
+
+/* "dp=8" or "dp=2,tp=4": the plan's mesh and the world size (their product). */
+static int parse_mesh(const char *verb, const char *v, hp_job *job) {
+    hp_plan *p = &job->plan;
+    int n = 0;
+    int64_t world = 1;
+    for (const char *s = v; *s;) {
+        const char *comma = strchr(s, ',');
+        size_t len = comma ? (size_t)(comma - s) : strlen(s);
+        const char *eq = memchr(s, '=', len);
+        size_t name_len = eq ? (size_t)(eq - s) : 0;
+        if (!eq || name_len == 0 || name_len >= HP_MESH_NAME_MAX)
+            return hpctl_fail(HPCTL_USAGE, verb, "--mesh: '%s' is not NAME=N[,NAME=N...]", v);
+        if (n == HP_MESH_MAX_DIMS)
+            return hpctl_fail(HPCTL_USAGE, verb, "--mesh: more than %d dims", HP_MESH_MAX_DIMS);
+        char size[32];
+        snprintf(size, sizeof size, "%.*s", (int)(len - name_len - 1), eq + 1);
+        int64_t x;
+        int rc = hpctl_parse_i64(verb, "--mesh", size, 1, HP_MAX_WORLD, &x);
+        if (rc != HPCTL_OK) return rc;
+        world *= x;
+        if (world > HP_MAX_WORLD)
+            return hpctl_fail(HPCTL_USAGE, verb, "--mesh: '%s' has more than %d ranks", v,
+                              HP_MAX_WORLD);
+        hp_mesh_dim *d = &p->mesh[n++];
+        snprintf(d->name, sizeof d->name, "%.*s", (int)name_len, s);
+        d->size = (int)x;
+        d->link = HP_LINK_INTRA_NODE;
+        s = comma ? comma + 1 : s + len;
+    }
+    if (n == 0) return hpctl_fail(HPCTL_USAGE, verb, "--mesh: empty");
+    p->n_mesh = n;
+    job->resources.world_size = (int)world;
+    return HPCTL_OK;
+}
+
 /* Parses `new`'s flags into job; returns an exit code. */
 static int new_flags(int argc, char **argv, hp_job *job, const char **model, const char **out) {
     const char *verb = "new";
@@ -75,6 +126,14 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             new_usage(stdout);
             exit(HPCTL_OK);
+        }
+        if (!strcmp(a, "--no-overlap")) {
+            job->passes.enable_overlap = false;
+            continue;
+        }
+        if (!strcmp(a, "--no-reshard-after-forward")) {
+            job->plan.reshard_after_forward = false;
+            continue;
         }
         if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
         const char *v = argv[++i];
@@ -98,6 +157,21 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             rc = set_string(verb, a, v, job->train.data_path, sizeof job->train.data_path);
         } else if (!strcmp(a, "--init-from")) {
             rc = set_string(verb, a, v, job->train.init_from, sizeof job->train.init_from);
+        } else if (!strcmp(a, "--fsdp")) {
+            hp_err err = {0};
+            hp_status st = has_glob(v) ? hp_job_add_fsdp_pattern(job, v, &err)
+                                       : hp_job_add_fsdp_fqn(job, v, &err);
+            if (st != HP_OK) rc = hpctl_fail(HPCTL_USAGE, verb, "--fsdp: %s", err.msg);
+        } else if (!strcmp(a, "--mesh")) {
+            rc = parse_mesh(verb, v, job);
+        } else if (!strcmp(a, "--bucket-mb")) {
+            double mb;
+            rc = hpctl_parse_f64(verb, a, v, 0, 1 << 20, &mb);
+            if (rc == HPCTL_OK) job->passes.bucket_bytes = (int64_t)(mb * (1 << 20) + 0.5);
+        } else if (!strcmp(a, "--prefetch")) {
+            int64_t x;
+            rc = hpctl_parse_i64(verb, a, v, 0, 64, &x);
+            if (rc == HPCTL_OK) job->passes.prefetch_depth = (int)x;
         } else if (!strcmp(a, "--decay")) {
             if (!strcmp(v, "linear"))
                 job->train.decay = HP_DECAY_LINEAR;
@@ -146,8 +220,20 @@ int hpctl_new(int argc, char **argv) {
     hp_graph_inputs in = hp_graph_count_inputs(job->graph);
     if (in.n_data > 0) {
         const hp_type *t = &job->graph->nodes[in.n_params + in.n_buffers].out[0];
-        if (t->rank >= 1) job->train.local_batch = t->shape[0];
         if (t->rank >= 2) job->train.seq = t->shape[1];
+        /* --batch is the global batch of a step; FSDP splits it over the ranks: say so here
+         * rather than at compile time */
+        int world = job->resources.world_size > 0 ? job->resources.world_size : 1;
+        if (t->rank >= 1 && t->shape[0] % world) {
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--batch: %lld sequences do not split over the mesh's %d ranks",
+                            (long long)t->shape[0], world);
+            goto done;
+        }
+        if (t->rank >= 1) {
+            job->train.global_batch = t->shape[0];
+            job->train.local_batch = t->shape[0] / world;
+        }
     }
     if (hp_job_validate(job, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "%s", err.msg);
@@ -221,8 +307,10 @@ static void print_text(const hp_job *job, const job_summary *s) {
         printf("  dim %lld, layers %lld, heads %lld (kv %lld), ffn %lld, vocab %lld",
                (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
                (long long)c.n_kv_heads, (long long)c.ffn_hidden, (long long)c.vocab);
-    printf("\nbatch       %lld x seq %lld = %s tokens per rank per step\n",
-           (long long)job->train.local_batch, (long long)job->train.seq,
+    printf("\nbatch       %lld x seq %lld per step (%lld per rank over %d ranks) = %s tokens per "
+           "rank per step\n",
+           (long long)(job->train.local_batch * job->resources.world_size),
+           (long long)job->train.seq, (long long)job->train.local_batch, job->resources.world_size,
            COMMAS(job->train.local_batch * job->train.seq));
     printf("parameters  %s (%.1f MiB)", COMMAS(s->params), (double)s->param_bytes / (1 << 20));
     if (s->embedding_params) printf(", %s in the embedding", COMMAS(s->embedding_params));

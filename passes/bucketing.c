@@ -1,8 +1,321 @@
-/* passes/bucketing.c — placeholder until the pass lands: returns a copy of its input. */
+/* passes/bucketing.c — merges runs of small collectives into one collective per bucket of at
+ * most job->passes.bucket_bytes (0 disables the pass: it returns a copy of its input).
+ *
+ * What merges: collectives of the same kind (all_gather_into_tensor, reduce_scatter_tensor,
+ * all_reduce), dtype, group, group_size and reduce_op, each consumed only by wait_tensor
+ * nodes (never directly, never a graph output):
+ *   * all-gathers that sit next to each other in the node list (as overlap issues one FSDP
+ *     unit's gathers) and gather parameters of the same FSDP unit (hp__fsdp_unit_len), no
+ *     parameter twice;
+ *   * reduce-scatters / all-reduces that follow each other in the sequence of collectives
+ *     (compute in between is fine, another collective ends the run), as long as no member's
+ *     wait comes before the last member: the bucket is issued where its last member was, when
+ *     every input exists, and is waited where the first member's wait was.
+ * A bucket's size is its unsharded bytes (the gather's output, the scatter's input, the
+ * all-reduce's tensor) and stays <= bucket_bytes; a tensor larger than that stays alone.
+ * At most HP_MAX_INPUTS members (cat's limit).
+ *
+ * The rewrite only moves data, so every value is bit-identical to the unbucketed graph's.
+ * N = group_size; member i has n_i elements (m_i = n_i / N for a scatter):
+ *   all-gather   x_i [s_i, ...] -> view [n_i] -> cat [S] -> all_gather [N*S] -> wait
+ *                -> view [N, S] -> slice dim 1 [off_i, off_i + n_i) -> view [N*s_i, ...]
+ *   scatter      y_i [N*s_i, ...] -> view [N, m_i] -> cat dim 1 [N, M] -> view [N*M]
+ *                -> reduce_scatter [M] -> wait -> slice [off_i, off_i + m_i) -> view [s_i, ...]
+ *   all-reduce   z_i -> view [n_i] -> cat [S] -> all_reduce [S] -> wait -> slice -> view back
+ * The collective and its input views are placed at the run's first member (gathers) or last
+ * member (scatters, all-reduces); the one wait where the first member wait was; each member's
+ * slice + view where that member's first wait was (its other waits read the same value).
+ */
+#include "hp/build.h"
 #include "hp/passes.h"
+#include "passes/sched_util.h"
+
+#include <string.h>
+
+typedef struct bucket {
+    int32_t first, count; /* members[first .. first + count) */
+    int32_t anchor;       /* node id where the bucket collective is emitted */
+    int64_t elems;        /* S (gathers, all-reduces) or M (scatters) */
+    hp_value coll;        /* new graph: the bucket collective */
+    hp_value waited;      /* new graph: the waited bucket ([N, S] for gathers, flat else) */
+} bucket;
+
+typedef struct bk {
+    const hp_graph *g;
+    int n;
+    hp__users u;
+    int32_t *first_wait; /* [n] collectives: id of the first wait reading them, -1 none */
+    int32_t *bucket_of;  /* [n] member collectives: their bucket, -1 otherwise */
+    int64_t *offset;     /* [n] member collectives: element offset in the bucket */
+    int32_t *stamp;      /* [n] inputs already in the open gather run */
+    int32_t *members;    /* [n] member ids, bucket after bucket */
+    bucket *buckets;     /* [n / 2] */
+    int32_t *newid;      /* [n] node id in the output graph; member waits: their value */
+    hp_value *ins;       /* [HP_MAX_INPUTS] */
+    int n_members, n_buckets;
+} bk;
+
+static void bk_fini(bk *b) {
+    hp__users_fini(&b->u);
+    hp_free(b->first_wait);
+    hp_free(b->bucket_of);
+    hp_free(b->offset);
+    hp_free(b->stamp);
+    hp_free(b->members);
+    hp_free(b->buckets);
+    hp_free(b->newid);
+    hp_free(b->ins);
+}
+
+static const char *group_of(const hp_node *n) {
+    const hp_attr *a = hp_node_attr(n, HP_ATTR_GROUP);
+    return a && a->kind == HP_ATTR_KIND_STR ? a->s : "";
+}
+
+/* May collective `id` join a bucket at all? */
+static bool bucketable(const bk *b, int32_t id) {
+    const hp_node *n = &b->g->nodes[id];
+    if (n->op != HP_OP_ALL_GATHER && n->op != HP_OP_REDUCE_SCATTER && n->op != HP_OP_ALL_REDUCE)
+        return false;
+    if (n->n_in != 1 || n->n_out != 1 || b->u.is_output[id] || b->first_wait[id] < 0) return false;
+    if (hp_node_int(n, HP_ATTR_GROUP_SIZE, 0) < 1) return false;
+    for (int32_t e = b->u.off[id]; e < b->u.off[id + 1]; e++)
+        if (b->g->nodes[b->u.user[e]].op != HP_OP_WAIT_TENSOR) return false;
+    return hp_graph_type(b->g, n->in[0])->rank >= 1;
+}
+
+static int64_t coll_bytes(const hp_graph *g, int32_t id) {
+    const hp_node *n = &g->nodes[id];
+    return n->op == HP_OP_ALL_GATHER ? hp__type_bytes(&n->out[0])
+                                     : hp__type_bytes(hp_graph_type(g, n->in[0]));
+}
+
+/* Same kind, dtype, group, group_size and reduce_op. */
+static bool same_signature(const hp_graph *g, int32_t a, int32_t b) {
+    const hp_node *x = &g->nodes[a], *y = &g->nodes[b];
+    return x->op == y->op &&
+           hp_graph_type(g, x->in[0])->dtype == hp_graph_type(g, y->in[0])->dtype &&
+           hp_node_int(x, HP_ATTR_GROUP_SIZE, 0) == hp_node_int(y, HP_ATTR_GROUP_SIZE, 0) &&
+           hp_node_int(x, HP_ATTR_REDUCE_OP, -1) == hp_node_int(y, HP_ATTR_REDUCE_OP, -1) &&
+           strcmp(group_of(x), group_of(y)) == 0;
+}
+
+/* The run being formed. */
+typedef struct run {
+    int32_t count, last, min_wait;
+    int64_t bytes;
+} run;
+
+static void close_run(bk *b, run *r) {
+    if (r->count >= 2) {
+        bucket *bu = &b->buckets[b->n_buckets];
+        *bu = (bucket){.first = b->n_members - r->count,
+                       .count = r->count,
+                       .coll = HP_NO_VALUE,
+                       .waited = HP_NO_VALUE};
+        const hp_node *an = &b->g->nodes[b->members[bu->first]];
+        bu->anchor = an->op == HP_OP_ALL_GATHER ? b->members[bu->first] : r->last;
+        int64_t gs = hp_node_int(an, HP_ATTR_GROUP_SIZE, 1), off = 0;
+        for (int k = 0; k < bu->count; k++) {
+            int32_t m = b->members[bu->first + k];
+            int64_t e = hp_type_numel(hp_graph_type(b->g, b->g->nodes[m].in[0]));
+            if (an->op == HP_OP_REDUCE_SCATTER) e /= gs;
+            b->bucket_of[m] = b->n_buckets;
+            b->offset[m] = off;
+            off += e;
+        }
+        bu->elems = off;
+        b->n_buckets++;
+    } else {
+        b->n_members -= r->count;
+    }
+    *r = (run){0};
+}
+
+static bool joins(const bk *b, const run *r, int32_t id, int64_t limit) {
+    int32_t head = b->members[b->n_members - r->count];
+    if (!bucketable(b, id) || !same_signature(b->g, head, id)) return false;
+    if (r->bytes + coll_bytes(b->g, id) > limit || r->count >= HP_MAX_INPUTS) return false;
+    if (b->g->nodes[id].op != HP_OP_ALL_GATHER) return id < r->min_wait;
+    int32_t x = b->g->nodes[head].in[0].node, y = b->g->nodes[id].in[0].node;
+    bool x_ph = b->g->nodes[x].op == HP_OP_PLACEHOLDER,
+         y_ph = b->g->nodes[y].op == HP_OP_PLACEHOLDER;
+    bool unit = x_ph && y_ph ? hp__same_unit(b->g, x, y) : x_ph == y_ph;
+    return id == r->last + 1 && unit && b->stamp[y] != head;
+}
+
+static void add_member(bk *b, run *r, int32_t id) {
+    if (!r->count) r->min_wait = INT32_MAX;
+    b->members[b->n_members++] = id;
+    int32_t head = b->members[b->n_members - r->count - 1];
+    b->stamp[b->g->nodes[id].in[0].node] = head;
+    r->count++;
+    r->last = id;
+    r->bytes += coll_bytes(b->g, id);
+    if (b->first_wait[id] < r->min_wait) r->min_wait = b->first_wait[id];
+}
+
+static void form_buckets(bk *b, int64_t limit) {
+    run r = {0};
+    for (int32_t i = 0; i < b->n; i++) {
+        const hp_node *n = &b->g->nodes[i];
+        if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
+            if (r.count && joins(b, &r, i, limit)) {
+                add_member(b, &r, i);
+                continue;
+            }
+            close_run(b, &r);
+            if (bucketable(b, i)) add_member(b, &r, i);
+        } else if (r.count) {
+            bool gather = b->g->nodes[r.last].op == HP_OP_ALL_GATHER;
+            if (gather || i >= r.min_wait) close_run(b, &r);
+        }
+    }
+    close_run(b, &r);
+}
+
+/* ---- emission -------------------------------------------------------------------------------- */
+
+static hp_value remap(const bk *b, hp_value v) {
+    return (hp_value){b->newid[v.node], v.out};
+}
+
+static hp_value view_as(hp_graph *o, hp_value x, const hp_type *have, int rank,
+                        const int64_t *shape) {
+    hp_type want = hp_type_make(have->dtype, rank, shape);
+    return hp_type_eq(have, &want) ? x : hp_view(o, x, rank, shape);
+}
+
+/* The views feeding the bucket, the cat and the collective, at the anchor. */
+static void emit_collective(bk *b, hp_graph *o, bucket *bu) {
+    const hp_node *an = &b->g->nodes[bu->anchor];
+    int64_t gs = hp_node_int(an, HP_ATTR_GROUP_SIZE, 1);
+    bool scatter = an->op == HP_OP_REDUCE_SCATTER;
+    for (int k = 0; k < bu->count; k++) {
+        const hp_node *m = &b->g->nodes[b->members[bu->first + k]];
+        const hp_type *t = hp_graph_type(b->g, m->in[0]);
+        int64_t e = hp_type_numel(t);
+        int64_t shape2[2] = {gs, e / gs};
+        b->ins[k] = scatter ? view_as(o, remap(b, m->in[0]), t, 2, shape2)
+                            : view_as(o, remap(b, m->in[0]), t, 1, &e);
+    }
+    hp_value cat = hp_cat(o, b->ins, bu->count, scatter ? 1 : 0);
+    if (scatter) {
+        int64_t flat = gs * bu->elems;
+        cat = hp_view(o, cat, 1, &flat);
+    }
+    bu->coll = hp_build(o, an->op, &cat, 1, an->attrs, an->n_attrs);
+}
+
+/* The bucket's wait, at the first member wait. */
+static void emit_wait(hp_graph *o, const bk *b, bucket *bu) {
+    hp_value w = hp_un(o, HP_OP_WAIT_TENSOR, bu->coll);
+    if (b->g->nodes[bu->anchor].op == HP_OP_ALL_GATHER) {
+        int64_t shape[2] = {hp_node_int(&b->g->nodes[bu->anchor], HP_ATTR_GROUP_SIZE, 1),
+                            bu->elems};
+        w = hp_view(o, w, 2, shape);
+    }
+    bu->waited = w;
+}
+
+/* Member m's value (what its wait produced), at its first wait. */
+static hp_value emit_member(hp_graph *o, const bk *b, const bucket *bu, int32_t m) {
+    const hp_node *n = &b->g->nodes[m];
+    int64_t off = b->offset[m];
+    if (n->op == HP_OP_ALL_GATHER) {
+        int64_t e = hp_type_numel(hp_graph_type(b->g, n->in[0]));
+        hp_value s = hp_slice(o, bu->waited, 1, off, off + e, 1);
+        return hp_view(o, s, n->out[0].rank, n->out[0].shape);
+    }
+    int64_t e = hp_type_numel(&n->out[0]);
+    hp_value s = hp_slice(o, bu->waited, 0, off, off + e, 1);
+    hp_type flat = hp_type_make(n->out[0].dtype, 1, &e);
+    return view_as(o, s, &flat, n->out[0].rank, n->out[0].shape);
+}
+
+static hp_status emit(bk *b, hp_graph *o, hp_err *err) {
+    for (int32_t i = 0; i < b->n; i++) {
+        const hp_node *n = &b->g->nodes[i];
+        int32_t bi = b->bucket_of[i];
+        if (bi >= 0) { /* a member collective: only the anchor emits anything */
+            if (i == b->buckets[bi].anchor) emit_collective(b, o, &b->buckets[bi]);
+            continue;
+        }
+        int32_t src = n->op == HP_OP_WAIT_TENSOR ? n->in[0].node : -1;
+        if (src >= 0 && b->bucket_of[src] >= 0) {
+            bucket *bu = &b->buckets[b->bucket_of[src]];
+            if (!hp_value_ok(bu->waited)) emit_wait(o, b, bu);
+            if (b->first_wait[src] == i)
+                b->newid[i] = emit_member(o, b, bu, src).node;
+            else
+                b->newid[i] = b->newid[b->first_wait[src]];
+        } else {
+            for (int k = 0; k < n->n_in; k++) b->ins[k] = remap(b, n->in[k]);
+            hp_err e;
+            int id = hp_graph_append(o, n->op, b->ins, n->n_in, n->out, n->n_out, n->attrs,
+                                     n->n_attrs, &e);
+            if (id < 0) {
+                if (err) *err = e;
+                return e.status;
+            }
+            b->newid[i] = id;
+        }
+        if (hp_graph_failed(o)) break;
+        if (b->newid[i] < 0) return hp_errf(err, HP_INTERNAL, "bucketing: node %d lost", i);
+    }
+    if (hp_graph_failed(o)) return hp_graph_status(o, err);
+    for (int i = 0; i < b->g->n_outputs; i++)
+        HP_TRY(hp_graph_add_output(o, remap(b, b->g->outputs[i]), err));
+    return HP_OK;
+}
+
+static hp_status bucketize(const hp_graph *in, int64_t limit, hp_graph **out, hp_err *err) {
+    bk b = {.g = in, .n = in->n_nodes};
+    size_t n = (size_t)(b.n ? b.n : 1);
+    hp_graph *o = NULL;
+    hp_status st = hp__users_init(&b.u, in, err);
+    if (st != HP_OK) goto done;
+    b.first_wait = hp_malloc(n * sizeof *b.first_wait);
+    b.bucket_of = hp_malloc(n * sizeof *b.bucket_of);
+    b.offset = hp_calloc(n, sizeof *b.offset);
+    b.stamp = hp_malloc(n * sizeof *b.stamp);
+    b.members = hp_malloc(n * sizeof *b.members);
+    b.buckets = hp_calloc(n / 2 + 1, sizeof *b.buckets);
+    b.newid = hp_malloc(n * sizeof *b.newid);
+    b.ins = hp_malloc(HP_MAX_INPUTS * sizeof *b.ins);
+    o = hp_graph_new();
+    if (!b.first_wait || !b.bucket_of || !b.offset || !b.stamp || !b.members || !b.buckets ||
+        !b.newid || !b.ins || !o) {
+        st = hp_errf(err, HP_NOMEM, "out of memory bucketing %d nodes", b.n);
+        goto done;
+    }
+    for (int32_t i = 0; i < b.n; i++) {
+        b.first_wait[i] = b.bucket_of[i] = b.stamp[i] = b.newid[i] = -1;
+        const hp_node *nd = &in->nodes[i];
+        if (nd->op == HP_OP_WAIT_TENSOR && nd->n_in == 1 && b.first_wait[nd->in[0].node] < 0)
+            b.first_wait[nd->in[0].node] = i;
+    }
+    form_buckets(&b, limit);
+    st = emit(&b, o, err);
+done:
+    bk_fini(&b);
+    if (st != HP_OK) {
+        hp_graph_free(o);
+        o = NULL;
+    }
+    *out = o;
+    return st;
+}
 
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
-    (void)ctx;
-    *out = hp_graph_clone(in);
-    return *out ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    *out = NULL;
+    if (!ctx || !ctx->job) return hp_errf(err, HP_INVALID, "bucketing: no job in the pass context");
+    int64_t limit = ctx->job->passes.bucket_bytes;
+    if (limit > 0) {
+        HP_TRY(bucketize(in, limit, out, err));
+    } else if (!(*out = hp_graph_clone(in))) {
+        return hp_errf(err, HP_NOMEM, "out of memory copying the graph");
+    }
+    hp__sched_report(ctx->report, in, *out, limit > 0);
+    return HP_OK;
 }

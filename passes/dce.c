@@ -1,8 +1,48 @@
-/* passes/dce.c — placeholder until the pass lands: returns a copy of its input. */
-#include "hp/passes.h"
+/* passes/dce.c — dead-code elimination: a node stays if one of its outputs reaches a graph
+ * output (or it is a placeholder: placeholders are the graph's interface — the parameter and
+ * data tables are built from them — so an unused parameter keeps its slot). One backward
+ * sweep marks the live nodes (inputs always precede their readers), one forward sweep copies
+ * them. Everything is pure, so nothing else keeps a node alive: there are no side effects in
+ * the op table (collectives are consumed by wait_tensor, which an output must reach). */
+#include "passes/passes_internal.h"
+
+hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err) {
+    *out = NULL;
+    bool *live = hp_calloc((size_t)in->n_nodes + 1, sizeof *live);
+    if (!live) return hp_errf(err, HP_NOMEM, "out of memory in dce");
+    for (int i = 0; i < in->n_outputs; i++)
+        if (in->outputs[i].node >= 0 && in->outputs[i].node < in->n_nodes)
+            live[in->outputs[i].node] = true;
+    int dead = 0;
+    for (int i = in->n_nodes - 1; i >= 0; i--) {
+        const hp_node *n = &in->nodes[i];
+        if (n->op == HP_OP_PLACEHOLDER) live[i] = true;
+        if (!live[i]) {
+            dead++;
+            continue;
+        }
+        for (int k = 0; k < n->n_in; k++) live[n->in[k].node] = true;
+    }
+    hp__rewrite rw;
+    hp_err e = {0};
+    hp_status st = hp__rewrite_start(&rw, in, err);
+    if (st != HP_OK) goto done;
+    for (int i = 0; i < in->n_nodes; i++) {
+        if (live[i] && hp__rewrite_copy(&rw, i, &e) < 0) {
+            st = e.status;
+            if (err) *err = e;
+            hp__rewrite_abort(&rw);
+            goto done;
+        }
+    }
+    st = hp__rewrite_finish(&rw, out, err);
+    if (st == HP_OK && removed) *removed = dead;
+done:
+    hp_free(live);
+    return st;
+}
 
 hp_status hp_pass_dce(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     (void)ctx;
-    *out = hp_graph_clone(in);
-    return *out ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    return hp__dce(in, out, NULL, err);
 }

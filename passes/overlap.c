@@ -1,8 +1,353 @@
-/* passes/overlap.c — placeholder until the pass lands: returns a copy of its input. */
+/* passes/overlap.c — AutoOverlap: reorders the per-rank graph so that communication runs
+ * behind compute. Node ids change; nothing is added or removed; values are untouched.
+ *
+ * The schedule keeps the compute nodes in their original relative order (the "backbone") and
+ * places the communication around it:
+ *   * Parameter all-gathers (an all_gather_into_tensor of a placeholder: a shard, as FSDP
+ *     emits it) are prefetched. They are grouped into FSDP units: the gathers, in order of
+ *     first use, form one group per contiguous run of the same unit (hp__fsdp_unit_len:
+ *     "layers.3", "tok_embeddings", ...; a run is also cut where a parameter would repeat, so
+ *     a forward and a backward re-gather of the same unit are two groups). With depth
+ *     d = prefetch_depth, group k is issued just before the first use of group k-d, so group
+ *     i+1 gathers while group i computes; groups k < d are issued at the start; d = 0 issues
+ *     each group just before its own first use (no prefetch). A byte budget bounds what is
+ *     gathered ahead: B = bucket_bytes * (d + 1) (none when bucket_bytes is 0). When group k
+ *     would be issued at the first use of group j, the groups j+1..k are in flight ahead of
+ *     the compute; if their gathered bytes exceed B the issue moves to group j+1's first
+ *     use, and so on. The very next group (j = k-1) is always allowed, so a unit larger than
+ *     B is still prefetched one ahead (FSDP2's behaviour) and B only bounds deeper prefetch.
+ *     Issue points never move backwards from one group to the next, so the communication
+ *     stream runs the gathers in the order they are needed.
+ *   * Every wait_tensor sinks to just before its first user (the end for graph outputs).
+ *   * Other collectives (reduce_scatter_tensor, all_reduce, all_to_all_single, gathers of
+ *     computed values) are issued right after their input is produced, together with the
+ *     cheap data-movement nodes (views, slice_backward, casts, ...) that only feed them.
+ *
+ * How: every node gets a key (pos, sub, tie, id) — compute nodes (own id, 1), waits (first
+ * user's id, 0), prefetched gathers (first use of the issuing group, -1), early collectives
+ * (their input's pos, 2) — and the nodes are emitted by Kahn's algorithm taking the smallest
+ * ready key (a binary heap): O(n log n), deterministic, and a valid topological order whatever
+ * the keys. The keys never decrease along an edge, so the result is exactly the key order.
+ * The rebuilt graph is checked node by node (every input emitted before its user).
+ *
+ * Runs when job->passes.enable_overlap; otherwise returns a copy of its input.
+ */
 #include "hp/passes.h"
+#include "passes/sched_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { K_INPUT, K_COMPUTE, K_WAIT, K_GATHER, K_EARLY } node_kind;
+
+typedef struct sched_key {
+    int64_t pos, tie;
+    int32_t sub, id;
+} sched_key;
+
+static int key_cmp(const sched_key *a, const sched_key *b) {
+    if (a->pos != b->pos) return a->pos < b->pos ? -1 : 1;
+    if (a->sub != b->sub) return a->sub < b->sub ? -1 : 1;
+    if (a->tie != b->tie) return a->tie < b->tie ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+typedef struct gather_use {
+    int64_t use; /* position of the first use */
+    int32_t id;
+} gather_use;
+
+static int gather_use_cmp(const void *pa, const void *pb) {
+    const gather_use *a = pa, *b = pb;
+    if (a->use != b->use) return a->use < b->use ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+typedef struct sched {
+    const hp_graph *g;
+    int n;
+    hp__users u;
+    uint8_t *kind;   /* [n] node_kind */
+    int64_t *pos;    /* [n] waits: position of the first user; gathers: first use */
+    sched_key *key;  /* [n] */
+    gather_use *ag;  /* [n_ag] parameter gathers by first use */
+    int32_t *stamp;  /* [n] per placeholder: the last group that gathered it, -1 none */
+    int64_t *gbytes; /* [n_groups + 1] prefix sums of gathered bytes per group */
+    int32_t *gfirst; /* [n_groups + 1] index into ag of each group's first gather */
+    int32_t *heap;   /* [n] */
+    int32_t *indeg;  /* [n] */
+    int32_t *order;  /* [n] the schedule */
+    int n_ag, n_groups;
+} sched;
+
+static void sched_fini(sched *s) {
+    hp__users_fini(&s->u);
+    hp_free(s->kind);
+    hp_free(s->pos);
+    hp_free(s->key);
+    hp_free(s->ag);
+    hp_free(s->stamp);
+    hp_free(s->gbytes);
+    hp_free(s->gfirst);
+    hp_free(s->heap);
+    hp_free(s->indeg);
+    hp_free(s->order);
+}
+
+/* Nodes that only move data and may travel with the collective they feed. */
+static bool is_movement(hp_op op) {
+    if (hp_op_get(op)->flags & HP_OPF_VIEW) return true;
+    return op == HP_OP_RESHAPE || op == HP_OP_SLICE_BACKWARD || op == HP_OP_TO_COPY ||
+           op == HP_OP_CLONE;
+}
+
+static bool is_collective(hp_op op) {
+    return (hp_op_get(op)->flags & HP_OPF_COLLECTIVE) != 0;
+}
+
+/* Kinds, and wait positions (reverse pass: users first). */
+static void classify(sched *s) {
+    const hp_graph *g = s->g;
+    for (int i = 0; i < s->n; i++) {
+        hp_op op = g->nodes[i].op;
+        s->kind[i] = op == HP_OP_PLACEHOLDER     ? K_INPUT
+                     : op == HP_OP_WAIT_TENSOR   ? K_WAIT
+                     : hp__is_param_gather(g, i) ? K_GATHER
+                     : is_collective(op)         ? K_EARLY
+                                                 : K_COMPUTE;
+    }
+    for (int i = s->n - 1; i >= 0; i--) {
+        const int32_t *us = s->u.user + s->u.off[i];
+        int nu = s->u.off[i + 1] - s->u.off[i];
+        if (s->kind[i] == K_WAIT || s->kind[i] == K_GATHER) {
+            int64_t p = s->u.is_output[i] ? s->n : (nu ? INT64_MAX : i);
+            for (int k = 0; k < nu; k++) {
+                int64_t q = s->kind[us[k]] == K_WAIT ? s->pos[us[k]] : us[k];
+                if (q < p) p = q;
+            }
+            s->pos[i] = p;
+        } else if (s->kind[i] == K_COMPUTE && nu > 0 && !s->u.is_output[i] &&
+                   is_movement(g->nodes[i].op)) {
+            /* a feeder: every user is an early collective or another feeder */
+            bool feeds = true;
+            for (int k = 0; k < nu && feeds; k++) feeds = s->kind[us[k]] == K_EARLY;
+            if (feeds) s->kind[i] = K_EARLY;
+        }
+    }
+}
+
+/* Groups the parameter gathers into units by first use and picks each group's issue point. */
+static hp_status plan_prefetch(sched *s, const hp_pass_config *pc, hp_err *err) {
+    const hp_graph *g = s->g;
+    for (int i = 0; i < s->n; i++)
+        if (s->kind[i] == K_GATHER) s->ag[s->n_ag++] = (gather_use){s->pos[i], i};
+    if (!s->n_ag) return HP_OK;
+    qsort(s->ag, (size_t)s->n_ag, sizeof *s->ag, gather_use_cmp);
+    s->gbytes = hp_calloc((size_t)s->n_ag + 1, sizeof *s->gbytes);
+    s->gfirst = hp_calloc((size_t)s->n_ag + 1, sizeof *s->gfirst);
+    if (!s->gbytes || !s->gfirst) return hp_errf(err, HP_NOMEM, "out of memory grouping gathers");
+    for (int i = 0; i < s->n; i++) s->stamp[i] = -1;
+    int32_t prev_ph = -1;
+    for (int a = 0; a < s->n_ag; a++) {
+        int32_t id = s->ag[a].id, ph = g->nodes[id].in[0].node;
+        bool fresh = a == 0 || !hp__same_unit(g, prev_ph, ph) || s->stamp[ph] == s->n_groups - 1;
+        if (fresh) {
+            s->gfirst[s->n_groups] = a;
+            s->gbytes[s->n_groups + 1] = s->gbytes[s->n_groups];
+            s->n_groups++;
+        }
+        s->gbytes[s->n_groups] += hp__type_bytes(&g->nodes[id].out[0]);
+        s->stamp[ph] = s->n_groups - 1;
+        prev_ph = ph;
+    }
+    s->gfirst[s->n_groups] = s->n_ag;
+
+    int64_t depth = pc->prefetch_depth > 0 ? pc->prefetch_depth : 0;
+    int64_t budget = pc->bucket_bytes > 0 ? pc->bucket_bytes * (depth + 1) : 0;
+    int64_t j = -1; /* issue point of the previous group: -1 = the start */
+    for (int k = 0; k < s->n_groups; k++) {
+        int64_t lo = k - depth;
+        if (j < lo) j = lo;
+        while (j < k) {
+            if (depth > 0 && j == k - 1) break; /* the next unit is always prefetched */
+            if (budget == 0 || s->gbytes[k + 1] - s->gbytes[j + 1] <= budget) break;
+            j++;
+        }
+        for (int a = s->gfirst[k]; a < s->gfirst[k + 1]; a++) {
+            int32_t id = s->ag[a].id;
+            if (j < 0)
+                s->key[id] = (sched_key){.pos = -1, .sub = 0, .tie = s->ag[a].use, .id = id};
+            else
+                s->key[id] = (sched_key){
+                    .pos = s->ag[s->gfirst[j]].use, .sub = -1, .tie = s->ag[a].use, .id = id};
+        }
+    }
+    return HP_OK;
+}
+
+/* Keys of everything but the prefetched gathers (forward pass: inputs first). */
+static void assign_keys(sched *s) {
+    for (int i = 0; i < s->n; i++) {
+        switch ((node_kind)s->kind[i]) {
+        case K_INPUT:
+            s->key[i] = (sched_key){.pos = -2, .sub = 0, .tie = 0, .id = i};
+            break;
+        case K_COMPUTE:
+            s->key[i] = (sched_key){.pos = i, .sub = 1, .tie = 0, .id = i};
+            break;
+        case K_WAIT:
+            s->key[i] = (sched_key){.pos = s->pos[i], .sub = 0, .tie = 0, .id = i};
+            break;
+        case K_GATHER:
+            break; /* plan_prefetch */
+        case K_EARLY: {
+            int64_t p = -2;
+            const hp_node *nd = &s->g->nodes[i];
+            for (int k = 0; k < nd->n_in; k++)
+                if (s->key[nd->in[k].node].pos > p) p = s->key[nd->in[k].node].pos;
+            s->key[i] = (sched_key){.pos = p, .sub = 2, .tie = 0, .id = i};
+            break;
+        }
+        }
+    }
+}
+
+/* ---- Kahn's algorithm with a binary heap on the keys ----------------------------------------- */
+
+static bool heap_less(const sched *s, int32_t a, int32_t b) {
+    return key_cmp(&s->key[a], &s->key[b]) < 0;
+}
+
+static void heap_push(sched *s, int *len, int32_t v) {
+    int i = (*len)++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!heap_less(s, v, s->heap[p])) break;
+        s->heap[i] = s->heap[p];
+        i = p;
+    }
+    s->heap[i] = v;
+}
+
+static int32_t heap_pop(sched *s, int *len) {
+    int32_t top = s->heap[0], v = s->heap[--(*len)];
+    int i = 0;
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= *len) break;
+        if (c + 1 < *len && heap_less(s, s->heap[c + 1], s->heap[c])) c++;
+        if (!heap_less(s, s->heap[c], v)) break;
+        s->heap[i] = s->heap[c];
+        i = c;
+    }
+    if (*len > 0) s->heap[i] = v;
+    return top;
+}
+
+static hp_status topo_order(sched *s, hp_err *err) {
+    int len = 0, done = 0;
+    for (int i = 0; i < s->n; i++) {
+        s->indeg[i] = s->g->nodes[i].n_in;
+        if (!s->indeg[i]) heap_push(s, &len, i);
+    }
+    while (len > 0) {
+        int32_t v = heap_pop(s, &len);
+        s->order[done++] = v;
+        for (int32_t e = s->u.off[v]; e < s->u.off[v + 1]; e++)
+            if (--s->indeg[s->u.user[e]] == 0) heap_push(s, &len, s->u.user[e]);
+    }
+    if (done != s->n) /* unreachable for a graph whose refs point backwards */
+        return hp_errf(err, HP_INTERNAL, "overlap: scheduled %d of %d nodes", done, s->n);
+    return HP_OK;
+}
+
+/* Rebuilds g in `order`, remapping references; checks every input was emitted first. */
+static hp_status emit(const hp_graph *g, const int32_t *order, hp_graph **out, hp_err *err) {
+    int n = g->n_nodes;
+    int32_t *newid = hp_malloc((size_t)(n ? n : 1) * sizeof *newid);
+    hp_value *ins = hp_malloc(HP_MAX_INPUTS * sizeof *ins);
+    hp_graph *o = hp_graph_new();
+    hp_status st = HP_OK;
+    if (!newid || !ins || !o) {
+        st = hp_errf(err, HP_NOMEM, "out of memory rebuilding %d nodes", n);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) newid[i] = -1;
+    for (int t = 0; t < n; t++) {
+        int32_t id = order[t];
+        const hp_node *nd = &g->nodes[id];
+        for (int k = 0; k < nd->n_in; k++) {
+            int32_t m = newid[nd->in[k].node];
+            if (m < 0) {
+                st = hp_errf(err, HP_INTERNAL,
+                             "overlap: node %d (%s) scheduled before its input %d (node %d)", id,
+                             hp_op_get(nd->op)->name, k, (int)nd->in[k].node);
+                goto done;
+            }
+            ins[k] = (hp_value){m, nd->in[k].out};
+        }
+        hp_err e;
+        int nid = hp_graph_append(o, nd->op, ins, nd->n_in, nd->out, nd->n_out, nd->attrs,
+                                  nd->n_attrs, &e);
+        if (nid < 0) {
+            st = e.status;
+            if (err) *err = e;
+            goto done;
+        }
+        newid[id] = nid;
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        hp_value v = {newid[g->outputs[i].node], g->outputs[i].out};
+        if ((st = hp_graph_add_output(o, v, err)) != HP_OK) goto done;
+    }
+done:
+    hp_free(newid);
+    hp_free(ins);
+    if (st != HP_OK) {
+        hp_graph_free(o);
+        o = NULL;
+    }
+    *out = o;
+    return st;
+}
+
+static hp_status schedule(const hp_graph *in, const hp_pass_config *pc, hp_graph **out,
+                          hp_err *err) {
+    sched s = {.g = in, .n = in->n_nodes};
+    size_t n = (size_t)(s.n ? s.n : 1);
+    hp_status st = hp__users_init(&s.u, in, err);
+    if (st != HP_OK) goto done;
+    s.kind = hp_calloc(n, sizeof *s.kind);
+    s.pos = hp_calloc(n, sizeof *s.pos);
+    s.key = hp_calloc(n, sizeof *s.key);
+    s.ag = hp_calloc(n, sizeof *s.ag);
+    s.stamp = hp_calloc(n, sizeof *s.stamp);
+    s.heap = hp_calloc(n, sizeof *s.heap);
+    s.indeg = hp_calloc(n, sizeof *s.indeg);
+    s.order = hp_calloc(n, sizeof *s.order);
+    if (!s.kind || !s.pos || !s.key || !s.ag || !s.stamp || !s.heap || !s.indeg || !s.order) {
+        st = hp_errf(err, HP_NOMEM, "out of memory scheduling %d nodes", s.n);
+        goto done;
+    }
+    classify(&s);
+    if ((st = plan_prefetch(&s, pc, err)) != HP_OK) goto done;
+    assign_keys(&s);
+    if ((st = topo_order(&s, err)) != HP_OK) goto done;
+    st = emit(in, s.order, out, err);
+done:
+    sched_fini(&s);
+    return st;
+}
 
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
-    (void)ctx;
-    *out = hp_graph_clone(in);
-    return *out ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    *out = NULL;
+    if (!ctx || !ctx->job) return hp_errf(err, HP_INVALID, "overlap: no job in the pass context");
+    const hp_pass_config *pc = &ctx->job->passes;
+    if (pc->enable_overlap) {
+        HP_TRY(schedule(in, pc, out, err));
+    } else if (!(*out = hp_graph_clone(in))) {
+        return hp_errf(err, HP_NOMEM, "out of memory copying the graph");
+    }
+    hp__sched_report(ctx->report, in, *out, pc->enable_overlap);
+    return HP_OK;
 }

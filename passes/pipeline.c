@@ -1,8 +1,25 @@
-/* passes/pipeline.c — placeholder until the pass manager lands. */
-#include "hp/passes.h"
+/* passes/pipeline.c — the pass manager: the pass order as one table, the verifier between
+ * passes, a report per pass, .hpir dumps by name, then lowering to the Program and the
+ * memory and cost reports (cost.c).
+ *
+ * Verification: after every pass the graph is checked with hp_graph_verify (shape rules and
+ * all; a few milliseconds for the 405B graph, so it stays on in every build);
+ * HP_VERIFY_PASSES=0 turns it off. The input graph is always verified.
+ * Dumps: the job's passes.dump list plus $HP_DUMP (comma-separated pass names; "all"; also
+ * "input" for the graph before the first pass and "lower" for the program listing) write
+ * $HP_DUMP_DIR/NN-<name>.hpir (default dir "."), NN the position in the pipeline (00 the
+ * input, the last number the lowering, which writes NN-lower.txt).
+ * Nothing here prints; warnings are collected in the result.
+ */
+#include "passes/passes_internal.h"
+
+#include "hp/text.h"
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 void hp_pass_warn(hp_pass_ctx *ctx, const char *fmt, ...) {
     if (ctx->n_warnings >= HP_MAX_WARNINGS) return;
@@ -12,10 +29,293 @@ void hp_pass_warn(hp_pass_ctx *ctx, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* ---- the pipeline --------------------------------------------------------------------------- */
+
+static bool always(const hp_pass_ctx *ctx) {
+    (void)ctx;
+    return true;
+}
+/* With more than one rank FSDP always runs: marked parameters are sharded, the others stay
+ * replicated with all-reduced gradients, data is split on the batch dim (plain data
+ * parallelism when nothing is marked). */
+static bool multi_rank(const hp_pass_ctx *ctx) {
+    return ctx->world > 1;
+}
+static bool overlap_on(const hp_pass_ctx *ctx) {
+    return ctx->job->passes.enable_overlap;
+}
+static bool buckets_on(const hp_pass_ctx *ctx) {
+    return ctx->job->passes.bucket_bytes > 0;
+}
+
+static const hp__pass_entry pipeline[] = {
+    /* name           pass                   runs by default when (passes.switches override) */
+    {"dce", hp_pass_dce, always},
+    {"canonicalize", hp_pass_canonicalize, always},
+    {"fsdp", hp_pass_fsdp, multi_rank},
+    {"overlap", hp_pass_overlap, overlap_on},
+    {"bucketing", hp_pass_bucketing, buckets_on},
+    /* then: hp_lower (lowering + memory plan), hp_program_verify */
+};
+#define N_PASSES ((int)HP_ARRAY_LEN(pipeline))
+
+const hp__pass_entry *hp__passes(int *n) {
+    *n = N_PASSES;
+    return pipeline;
+}
+
+const hp__pass_entry *hp__pass_find(const char *name) {
+    for (int i = 0; i < N_PASSES; i++)
+        if (!strcmp(pipeline[i].name, name)) return &pipeline[i];
+    return NULL;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* On unless HP_VERIFY_PASSES=0: the verifier costs a few ms on the 405B graph (bench_compile),
+ * so release builds keep it too (CMake's RelWithDebInfo defines NDEBUG). */
+static bool verify_between_passes(void) {
+    const char *v = getenv("HP_VERIFY_PASSES");
+    return !(v && !strcmp(v, "0"));
+}
+
+static bool known_dump_name(const char *s) {
+    return hp__pass_find(s) || !strcmp(s, "all") || !strcmp(s, "input") || !strcmp(s, "lower");
+}
+
+/* Is `name` in the comma-separated list `list`? */
+static bool in_list(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if ((len == n && !strncmp(p, name, n)) || (len == 3 && !strncmp(p, "all", 3))) return true;
+        p = e ? e + 1 : NULL;
+    }
+    return false;
+}
+
+typedef struct dumper {
+    const hp_pass_config *cfg;
+    const char *env; /* $HP_DUMP */
+    const char *dir; /* $HP_DUMP_DIR or "." */
+} dumper;
+
+static bool dump_wanted(const dumper *d, const char *name) {
+    for (int i = 0; i < d->cfg->n_dump; i++)
+        if (!strcmp(d->cfg->dump[i], name) || !strcmp(d->cfg->dump[i], "all")) return true;
+    return in_list(d->env, name);
+}
+
+static hp_status dump_graph(const dumper *d, int index, const char *name, const hp_graph *g,
+                            hp_err *err) {
+    if (!dump_wanted(d, name)) return HP_OK;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%02d-%s.hpir", d->dir, index, name);
+    hp_status st = hp_graph_write_file(g, path, err);
+    if (st != HP_OK) hp_err_prefix(err, "dump after %s", name);
+    return st;
+}
+
+static hp_status dump_program(const dumper *d, int index, const hp_program *p, hp_err *err) {
+    if (!dump_wanted(d, "lower")) return HP_OK;
+    char path[1024], *text = NULL;
+    snprintf(path, sizeof path, "%s/%02d-lower.txt", d->dir, index);
+    hp_status st = hp_program_print(p, &text, err);
+    if (st == HP_OK) st = hp_file_write_atomic(path, text, strlen(text), err);
+    hp_free(text);
+    if (st != HP_OK) hp_err_prefix(err, "dump after lower");
+    return st;
+}
+
+/* The graph-level counters of a report. */
+static void count(const hp_graph *g, hp_pass_report *r) {
+    r->nodes_out = g->n_nodes;
+    r->collectives = 0;
+    r->comm_bytes = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!(hp_op_get(g->nodes[i].op)->flags & HP_OPF_COLLECTIVE)) continue;
+        r->collectives++;
+        r->comm_bytes += hp_collective_bytes(g, i);
+    }
+}
+
+/* Does pass `e` run? Its default, unless the job's switches name it. */
+static bool pass_on(const hp__pass_entry *e, const hp_pass_ctx *ctx) {
+    const hp_pass_config *c = &ctx->job->passes;
+    for (int i = 0; i < c->n_switches; i++)
+        if (!strcmp(c->switches[i].name, e->name)) return c->switches[i].enabled;
+    return e->wanted(ctx);
+}
+
+/* The job against the world it is compiled for. */
+static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bool fsdp,
+                             hp_err *err) {
+    if (world < 1 || world > HP_MAX_WORLD)
+        return hp_errf(err, HP_INVALID, "world %d must be in [1, %d]", world, HP_MAX_WORLD);
+    int64_t product = 1;
+    char mesh[160] = "";
+    size_t len = 0;
+    for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++) {
+        product *= job->plan.mesh[d].size;
+        len += (size_t)snprintf(mesh + len, len < sizeof mesh ? sizeof mesh - len : 0, "%s%s=%d",
+                                d ? "," : "", job->plan.mesh[d].name, job->plan.mesh[d].size);
+        if (len >= sizeof mesh) len = sizeof mesh - 1;
+    }
+    if (product != world)
+        return hp_errf(err, HP_INVALID,
+                       "world %d does not match the plan's mesh (%s), which has %lld ranks", world,
+                       mesh, (long long)product);
+    if (job->plan.mode == HP_PLAN_AUTO && world > 1)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.mode auto: auto-sharding is not implemented yet (use fsdp)");
+    if (!fsdp || world == 1) return HP_OK;
+    hp_graph_inputs in = hp_graph_count_inputs(g);
+    for (int i = in.n_params + in.n_buffers; i < in.n_params + in.n_buffers + in.n_data; i++) {
+        const hp_node *n = &g->nodes[i];
+        const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN);
+        if (n->out[0].rank >= 1 && n->out[0].shape[0] % world)
+            return hp_errf(err, HP_INVALID,
+                           "data input '%s': batch %lld is not divisible by world %d (FSDP "
+                           "splits the batch over the ranks)",
+                           fqn ? fqn->s : "?", (long long)n->out[0].shape[0], world);
+    }
+    return HP_OK;
+}
+
+/* ---- hp_compile ----------------------------------------------------------------------------- */
+
+typedef struct compile_state {
+    hp_compiled *c;
+    hp_pass_ctx *ctx;
+    dumper dump;
+    bool verify;
+} compile_state;
+
+/* Runs the table over *g (replaced by each pass's output; the caller's graph is never freed
+ * here when owned is false). */
+static hp_status run_passes(compile_state *s, hp_graph **g, bool *owned, hp_err *err) {
+    hp_compiled *c = s->c;
+    for (int i = 0; i < N_PASSES; i++) {
+        const hp__pass_entry *e = &pipeline[i];
+        hp_pass_report *r = &c->passes[c->n_passes++];
+        memset(r, 0, sizeof *r);
+        snprintf(r->name, sizeof r->name, "%s", e->name);
+        r->nodes_in = (*g)->n_nodes;
+        if (!pass_on(e, s->ctx)) {
+            count(*g, r);
+            continue;
+        }
+        s->ctx->report = r;
+        hp_graph *next = NULL;
+        double t0 = now_s();
+        hp_status st = e->fn(*g, s->ctx, &next, err);
+        r->seconds = now_s() - t0;
+        s->ctx->report = NULL;
+        if (st != HP_OK) {
+            hp_graph_free(next);
+            hp_err_prefix(err, "%s", e->name);
+            return st;
+        }
+        if (!next) return hp_errf(err, HP_INTERNAL, "%s: the pass returned no graph", e->name);
+        if (*owned) hp_graph_free(*g);
+        *g = next;
+        *owned = true;
+        r->ran = true;
+        count(*g, r);
+        if (s->verify && (st = hp_graph_verify(*g, err)) != HP_OK) {
+            hp_err_prefix(err, "after %s", e->name);
+            return st;
+        }
+        HP_TRY(dump_graph(&s->dump, i + 1, e->name, *g, err));
+    }
+    return HP_OK;
+}
+
+static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
+    hp_compiled *c = s->c;
+    hp_pass_report *r = &c->passes[c->n_passes++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "lower");
+    r->nodes_in = g->n_nodes;
+    double t0 = now_s();
+    hp_status st = hp_lower(g, &c->program, err);
+    if (st == HP_OK && c->program->world == 1) c->program->world = c->world;
+    if (st == HP_OK) st = hp_program_verify(c->program, err);
+    r->seconds = now_s() - t0;
+    if (st != HP_OK) {
+        hp_err_prefix(err, "lower");
+        return st;
+    }
+    r->ran = true;
+    count(g, r);
+    r->nodes_out = c->program->n_instrs; /* for the lowering: instructions */
+    return dump_program(&s->dump, N_PASSES + 1, c->program, err);
+}
+
 hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *err) {
-    (void)job, (void)world;
     *out = NULL;
-    return hp_errf(err, HP_UNSUPPORTED, "hp_compile: the pass pipeline has not landed yet");
+    if (world <= 0) world = job->resources.world_size;
+    hp_compiled *c = hp_calloc(1, sizeof *c);
+    hp_pass_ctx *ctx = hp_calloc(1, sizeof *ctx);
+    hp_graph *g = job->graph;
+    bool owned = false;
+    hp_status st = HP_OK;
+    if (!c || !ctx) {
+        st = hp_errf(err, HP_NOMEM, "out of memory compiling");
+        goto fail;
+    }
+    c->world = world;
+    *ctx = (hp_pass_ctx){.job = job, .world = world};
+    if (!g) {
+        if ((st = hp_model_build_joint(&job->model, &g, err)) != HP_OK) goto fail;
+        owned = true;
+    }
+    if ((st = hp_graph_verify(g, err)) != HP_OK) {
+        hp_err_prefix(err, "the job's graph");
+        goto fail;
+    }
+    const char *dir = getenv("HP_DUMP_DIR");
+    compile_state s = {.c = c,
+                       .ctx = ctx,
+                       .dump = {&job->passes, getenv("HP_DUMP"), dir && *dir ? dir : "."},
+                       .verify = verify_between_passes()};
+    if ((st = check_world(job, world, g, pass_on(hp__pass_find("fsdp"), ctx), err)) != HP_OK)
+        goto fail;
+    for (int i = 0; i < job->passes.n_switches; i++)
+        if (!hp__pass_find(job->passes.switches[i].name))
+            hp_pass_warn(ctx, "passes: the switch '%s' names no pass",
+                         job->passes.switches[i].name);
+    for (int i = 0; i < job->passes.n_dump; i++)
+        if (!known_dump_name(job->passes.dump[i]))
+            hp_pass_warn(ctx, "passes: the dump list names '%s', which is no pass",
+                         job->passes.dump[i]);
+    if ((st = dump_graph(&s.dump, 0, "input", g, err)) != HP_OK) goto fail;
+    if ((st = run_passes(&s, &g, &owned, err)) != HP_OK) goto fail;
+    if ((st = lower(&s, g, err)) != HP_OK) goto fail;
+    hp__memory_report(g, c->program, &c->memory);
+    if ((st = hp__cost_estimate(g, job, &c->cost, err)) != HP_OK) goto fail;
+    if (!owned && !(g = hp_graph_clone(g))) {
+        st = hp_errf(err, HP_NOMEM, "out of memory compiling");
+        goto fail;
+    }
+    c->graph = g;
+    c->n_warnings = ctx->n_warnings;
+    memcpy(c->warnings, ctx->warnings, sizeof c->warnings);
+    hp_free(ctx);
+    *out = c;
+    return HP_OK;
+fail:
+    if (owned) hp_graph_free(g);
+    hp_free(ctx);
+    hp_compiled_free(c);
+    return st;
 }
 
 void hp_compiled_free(hp_compiled *c) {

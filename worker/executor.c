@@ -21,6 +21,7 @@ struct hp_exec {
     int64_t bytes;
     hp_exec_trace_fn trace;
     void *trace_ctx;
+    double exposed_s; /* compute blocked on the comm stream */
 };
 
 static double now_s(void) {
@@ -146,7 +147,11 @@ hp_status hp_exec_step(hp_exec *e, hp_err *err) {
         const exec_call *c = &e->calls[i];
         double t0 = e->trace ? now_s() : 0;
         hp_status st = HP_OK;
-        if (c->wait_for >= 0) st = b->vt->event_wait(b, e->events[c->wait_for], ins->stream, err);
+        if (c->wait_for >= 0) {
+            double w0 = now_s();
+            st = b->vt->event_wait(b, e->events[c->wait_for], ins->stream, err);
+            if (ins->stream == HP_STREAM_COMPUTE) e->exposed_s += now_s() - w0;
+        }
         if (st == HP_OK && c->call.node->op != HP_OP_WAIT_TENSOR) {
             /* a wait is only its event wait: its output is its input's storage */
             if (hp_op_get(c->call.node->op)->flags & HP_OPF_COLLECTIVE)
@@ -164,6 +169,10 @@ hp_status hp_exec_step(hp_exec *e, hp_err *err) {
         if (e->trace) e->trace(e->trace_ctx, i, t0, now_s());
     }
     return b->vt->synchronize(b, err);
+}
+
+double hp_exec_exposed_seconds(const hp_exec *e) {
+    return e->exposed_s;
 }
 
 hp_status hp_exec_loss(const hp_exec *e, double *loss, hp_err *err) {

@@ -33,6 +33,10 @@ void hp_exec_set_trace(hp_exec *e, hp_exec_trace_fn fn, void *ctx);
  * the instruction and its node: "instruction 41 (node 57, mm): ...". */
 hp_status hp_exec_step(hp_exec *e, hp_err *err);
 
+/* Seconds the compute stream spent blocked waiting for the comm stream, since creation:
+ * communication that compute did not hide. */
+double hp_exec_exposed_seconds(const hp_exec *e);
+
 /* Reads the step's loss (after hp_exec_step). */
 hp_status hp_exec_loss(const hp_exec *e, double *loss, hp_err *err);
 

@@ -196,6 +196,15 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--threads")) {
             if (parse_int(a, v, 1, 1024, &n)) return 2;
             o.threads = (int)n;
+        } else if (!strcmp(a, "--world")) {
+            if (parse_int(a, v, 1, 1024, &n)) return 2;
+            o.world = (int)n;
+        } else if (!strcmp(a, "--rank")) { /* set by the launcher */
+            if (parse_int(a, v, 0, 1023, &n)) return 2;
+            o.rank = (int)n;
+            rank_given = true;
+        } else if (!strcmp(a, "--comm")) { /* set by the launcher */
+            o.comm_name = v;
         } else
             return usage_error("unknown flag '%s'", a);
     }
@@ -203,20 +212,40 @@ int main(int argc, char **argv) {
         return usage_error("%s", "--standalone JOB.pb is required (coordinator mode arrives "
                                  "with hpd)");
 
-    if (rank_given && o.world <= 1) return usage_error("%s", "--rank needs --world N > 1");
-    if (o.world > 1 && rank_given && !o.comm_name)
-        return usage_error("%s", "--rank needs --comm NAME (the launcher sets both)");
-    if (o.world > 1 && !rank_given) {
-        int threads = o.threads > 0 ? o.threads : hp_default_threads() / o.world;
-        return launch(argc, argv, o.world, threads > 0 ? threads : 1);
-    }
-
     hp_job *job = NULL;
     hp_err err = {0};
     if (hp_job_read_file(job_path, &job, &err) != HP_OK) {
         fprintf(stderr, "hp-worker: %s\n", err.msg);
         return 1;
     }
+    if (o.world == 0) o.world = job->resources.world_size; /* the job's mesh, unless told */
+    if (o.world != job->resources.world_size && job->plan.n_mesh == 1) {
+        job->plan.mesh[0].size = o.world; /* the same 1-D plan on --world ranks */
+        job->resources.world_size = o.world;
+    }
+    if (rank_given && o.world <= 1) {
+        hp_job_free(job);
+        return usage_error("%s", "--rank needs --world N > 1");
+    }
+    if (o.world > 1 && rank_given && !o.comm_name) {
+        hp_job_free(job);
+        return usage_error("%s", "--rank needs --comm NAME (the launcher sets both)");
+    }
+    if (o.world > 1 && !rank_given) {
+        hp_job_free(job);
+        int threads = o.threads > 0 ? o.threads : hp_default_threads() / o.world;
+        char world_s[16];
+        snprintf(world_s, sizeof world_s, "%d", o.world);
+        /* the ranks need the world on their command line when it came from the job */
+        char **args = calloc((size_t)argc + 3, sizeof *args);
+        if (!args) return 1;
+        for (int i = 0; i < argc; i++) args[i] = argv[i];
+        args[argc] = "--world", args[argc + 1] = world_s;
+        int rc = launch(argc + 2, args, o.world, threads > 0 ? threads : 1);
+        free(args);
+        return rc;
+    }
+
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);

@@ -56,6 +56,9 @@ hp_status hp_metrics_compute(const hp_metrics_window *w, hp_metrics *out, hp_err
     if (!finite_nonneg(w->comm_s))
         return hp_errf(err, HP_INVALID, "metrics: comm time %g s must be finite and >= 0",
                        w->comm_s);
+    if (!finite_nonneg(w->comm_busy_s))
+        return hp_errf(err, HP_INVALID, "metrics: comm busy time %g s must be finite and >= 0",
+                       w->comm_busy_s);
     if (!finite_nonneg(w->flops_per_token))
         return hp_errf(err, HP_INVALID, "metrics: FLOPs per token %g must be finite and >= 0",
                        w->flops_per_token);
@@ -83,6 +86,7 @@ hp_status hp_metrics_compute(const hp_metrics_window *w, hp_metrics *out, hp_err
         .step_time_s = w->wall_s / steps,
         .data_time_s = w->data_s / steps,
         .comm_time_s = w->comm_s / steps,
+        .comm_busy_s = w->comm_busy_s / steps,
         .flops_per_token = w->flops_per_token,
     };
     return HP_OK;

@@ -28,7 +28,7 @@ typedef struct trainer {
     const hp_job *job;
     const hp_train_opts *opts;
     FILE *log, *metrics;
-    hp_compiled *compiled; /* world > 1: the pipeline's output, owns prog */
+    hp_compiled *compiled; /* the pipeline's output: owns prog */
     hp_program *prog;
     hp_comm *comm; /* world > 1 */
     int rank, world;
@@ -144,11 +144,14 @@ static hp_status find_data(trainer *t, hp_err *err) {
 }
 
 static hp_status open_data(trainer *t, hp_err *err) {
-    int e = hp_graph_find_fqn(t->prog->graph, "tok_embeddings.weight");
+    /* the vocabulary is the embedding's global rows (its placeholder may be a shard) */
+    int e = -1;
+    for (int i = 0; i < t->prog->n_params; i++)
+        if (!strcmp(t->prog->params[i].fqn, "tok_embeddings.weight")) e = i;
     if (e < 0) return hp_errf(err, HP_UNSUPPORTED, "no 'tok_embeddings.weight' to size the vocab");
     const char *path = t->opts->data ? t->opts->data : t->job->train.data_path;
     hp_data_config dc = {.path = path && path[0] ? path : NULL,
-                         .vocab = t->prog->graph->nodes[e].out[0].shape[0],
+                         .vocab = t->prog->params[e].global.shape[0],
                          .batch = t->batch,
                          .seq = t->seq,
                          .world = t->world,
@@ -424,15 +427,15 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     t->rank = t->world > 1 ? o->rank : 0;
     if (t->rank < 0 || t->rank >= t->world)
         return hp_errf(err, HP_INVALID, "rank %d of world %d", t->rank, t->world);
+    /* every world goes through the same pipeline (at world 1 FSDP and the schedule passes
+     * have nothing to do), so N ranks compute what 1 rank computes */
+    HP_TRY(hp_compile(job, t->world, &t->compiled, err));
+    t->prog = t->compiled->program;
     if (t->world > 1) {
-        HP_TRY(hp_compile(job, t->world, &t->compiled, err));
-        t->prog = t->compiled->program;
         if (!o->comm_name)
             return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);
         double timeout = o->comm_timeout_s > 0 ? o->comm_timeout_s : 60;
         HP_TRY(hp_shm_comm_new(o->comm_name, t->rank, t->world, timeout, &t->comm, err));
-    } else {
-        HP_TRY(hp_lower(job->graph, &t->prog, err));
     }
     t->prog->rank = t->rank;
     for (int i = 0; i < t->prog->n_params; i++)
@@ -488,10 +491,7 @@ static void teardown(trainer *t) {
     hp_free(t->grads);
     hp_free(t->tokens);
     hp_free(t->labels);
-    if (t->compiled)
-        hp_compiled_free(t->compiled);
-    else
-        hp_program_free(t->prog);
+    hp_compiled_free(t->compiled);
     hp_comm_free(t->comm);
 }
 
@@ -511,6 +511,7 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
                            .peak_flops = t.peak_flops,
                            .device_memory = t.device_memory};
     double window_start = now_s();
+    double exposed_mark = 0, busy_mark = 0;
     res->first_step = start + 1;
     for (int64_t step = start + 1; step <= t.total_steps; step++) {
         step_out o;
@@ -541,6 +542,11 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             w.grad_norm = o.grad_norm;
             w.lr = o.lr;
             w.memory_bytes = rss;
+            double exposed = hp_exec_exposed_seconds(t.ex), busy = hp_cpu_backend_comm_busy(t.be);
+            w.comm_s = exposed - exposed_mark;
+            w.comm_busy_s = busy - busy_mark;
+            exposed_mark = exposed;
+            busy_mark = busy;
             if ((st = log_metrics(&t, &w, err)) != HP_OK) goto done;
             w.steps = w.tokens = 0;
             w.data_s = 0;

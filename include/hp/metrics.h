@@ -37,14 +37,15 @@ typedef struct hp_metrics {
 
 /* What the training loop measured over one logging window (the steps since the last log). */
 typedef struct hp_metrics_window {
-    int64_t step;   /* last step of the window, >= 1 */
-    int rank;       /* >= 0 */
-    int64_t steps;  /* >= 1 */
-    int64_t tokens; /* this rank's tokens (labels.numel()), divided by any non-data-parallel
-                       degree as torchtitan does; >= 0 */
-    double wall_s;  /* wall seconds since the last log, > 0 */
-    double data_s;  /* seconds waiting for data in the window, >= 0 */
-    double comm_s;  /* exposed communication seconds in the window, >= 0 */
+    int64_t step;       /* last step of the window, >= 1 */
+    int rank;           /* >= 0 */
+    int64_t steps;      /* >= 1 */
+    int64_t tokens;     /* this rank's tokens (labels.numel()), divided by any non-data-parallel
+                           degree as torchtitan does; >= 0 */
+    double wall_s;      /* wall seconds since the last log, > 0 */
+    double data_s;      /* seconds waiting for data in the window, >= 0 */
+    double comm_s;      /* exposed communication seconds in the window, >= 0 */
+    double comm_busy_s; /* seconds the communication stream was busy in the window, >= 0 */
     double loss, loss_max, grad_norm, lr; /* of the last step; NaN allowed */
     double flops_per_token;               /* >= 0 (hp_flops_per_token) */
     double peak_flops;                    /* device peak FLOP/s; <= 0 or NaN: unknown */

@@ -3,10 +3,11 @@
  *
  * The order is one readable list in passes/pipeline.c:
  *   dce → canonicalize → fsdp → overlap → bucketing → (memory plan + lowering: hp_lower)
- * Between passes the verifier runs (always in debug/test builds; HP_VERIFY_PASSES=1 forces
- * it); each pass reports nodes in/out, collectives inserted, bytes moved per step and its
- * time; the IR after a pass is dumped as .hpir when the pass config's dump list or $HP_DUMP
- * (comma-separated pass names, or "all") names it.
+ * Between passes the verifier runs (always: it costs a few ms on the 405B graph;
+ * HP_VERIFY_PASSES=0 turns it off); each pass reports nodes in/out, collectives after it,
+ * bytes moved per step and its time; the IR after a pass is dumped as $HP_DUMP_DIR/NN-<pass>.hpir
+ * when the pass config's dump list or $HP_DUMP (comma-separated pass names, or "all") names
+ * it.
  *
  * Passes are functions from a graph to a new graph (the input is not modified); they never
  * print. Ownership: everything in an hp_compiled belongs to it (hp_compiled_free).
@@ -29,7 +30,7 @@ typedef struct hp_pass_report {
     char name[HP_PASS_NAME_LEN];
     int nodes_in, nodes_out;
     int collectives;    /* collectives in the graph after the pass */
-    int64_t comm_bytes; /* bytes one rank sends + receives per step through the collectives */
+    int64_t comm_bytes; /* per rank per step, summed hp_collective_bytes of its collectives */
     double seconds;
     bool ran; /* false: disabled by the pass config */
 } hp_pass_report;
@@ -58,6 +59,13 @@ hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **
 hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+
+/* Bytes one rank moves per step through collective node `id` of g, the convention of every
+ * comm_bytes in this header (N = the node's group_size; a ring, links full-duplex, so this
+ * is what one direction of a rank's link carries): all_gather receives (N-1)/N of its output,
+ * reduce_scatter sends (N-1)/N of its input, all_reduce 2(N-1)/N of its tensor, all_to_all
+ * (N-1)/N of its input. 0 for any other node and for N = 1. */
+int64_t hp_collective_bytes(const hp_graph *g, int id);
 
 /* Per-rank memory, bytes, before anything runs. */
 typedef struct hp_memory_report {

@@ -89,7 +89,7 @@ Test(hpctl, new_then_inspect_debugmodel) {
     r = hpctl(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "parameters  6,163,712"), "%s", r.out);
-    cr_expect(strstr(r.out, "2 x seq 64"), "%s", r.out);
+    cr_expect(strstr(r.out, "2 x seq 64 per step"), "%s", r.out);
     cr_expect(strstr(r.out, "30 steps"), "%s", r.out);
     cr_expect(strstr(r.out, "cosine decay"), "%s", r.out);
     cr_expect(strstr(r.out, "58 outputs (loss + 57 gradients)"), "%s", r.out);

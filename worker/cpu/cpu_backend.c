@@ -398,6 +398,11 @@ static hp_status cpu_synchronize(hp_backend *b, hp_err *err) {
     return hp__cpu_comm_wait(cpu->comm, hp__cpu_comm_issued(cpu->comm), err);
 }
 
+double hp_cpu_backend_comm_busy(hp_backend *b) {
+    hp__cpu *cpu = as_cpu(b);
+    return cpu->comm ? hp__cpu_comm_busy(cpu->comm) : 0;
+}
+
 hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err) {
     hp__cpu *cpu = as_cpu(b);
     if (cpu->comm) return hp_errf(err, HP_INVALID, "cpu: the backend already has a communicator");

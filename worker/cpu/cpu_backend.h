@@ -31,6 +31,9 @@ hp_status hp_cpu_backend_new(int threads, hp_backend **out, hp_err *err);
  * The caller may use the communicator directly only while the backend is synchronized. */
 hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err);
 
+/* Seconds the comm thread has spent inside collectives since the communicator was attached. */
+double hp_cpu_backend_comm_busy(hp_backend *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #define QUEUE_CAP 4096
 
@@ -31,7 +32,14 @@ struct hp__cpu_comm {
     uint64_t issued, completed; /* sequence numbers: queue holds (completed, issued] */
     bool stop, failed;
     hp_err err;
+    double busy_s; /* seconds spent inside collectives */
 };
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static hp_status run_op(hp_comm *c, const comm_op *o, hp_err *err) {
     switch (o->op) {
@@ -57,8 +65,11 @@ static void *comm_main(void *arg) {
         bool failed = q->failed;
         pthread_mutex_unlock(&q->mu);
         hp_err e = {0};
+        double t0 = now_s();
         hp_status st = failed ? HP_OK : run_op(q->comm, &o, &e);
+        double dt = now_s() - t0;
         pthread_mutex_lock(&q->mu);
+        q->busy_s += dt;
         if (st != HP_OK && !q->failed) {
             q->failed = true;
             q->err = e;
@@ -139,6 +150,13 @@ hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err 
     }
     pthread_mutex_unlock(&q->mu);
     return st;
+}
+
+double hp__cpu_comm_busy(hp__cpu_comm *q) {
+    pthread_mutex_lock(&q->mu);
+    double s = q->busy_s;
+    pthread_mutex_unlock(&q->mu);
+    return s;
 }
 
 uint64_t hp__cpu_comm_issued(hp__cpu_comm *q) {

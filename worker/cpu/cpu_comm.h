@@ -18,6 +18,8 @@ int hp__cpu_comm_world(const hp__cpu_comm *q);
  * an unsupported collective or dtype, a group size other than the communicator's, or the
  * stream's sticky error. */
 hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err *err);
+/* Seconds the comm thread has spent inside collectives. */
+double hp__cpu_comm_busy(hp__cpu_comm *q);
 /* The sequence number of the last queued collective. */
 uint64_t hp__cpu_comm_issued(hp__cpu_comm *q);
 /* Blocks until the first `seq` collectives have completed; the stream's first error if one

@@ -1,0 +1,107 @@
+/* bench/bench_compile.c — how long the whole compiler takes (hp_compile: DCE, canonicalize,
+ * FSDP, overlap, bucketing, lowering with the memory plan, the reports) on the Llama-3 8B,
+ * 70B and 405B joint graphs at world 64, FSDP on every parameter (layers.*, tok_embeddings,
+ * output, norm), batch 64 x seq 8192 (one sequence per rank). Best of N runs, per pass.
+ *
+ * The peer is building the same joint graph (forward + autodiff) in the same run: the last
+ * column is compile time / build time. Compiles run with the verifier between passes (as this
+ * build's hp_compile does without NDEBUG) and without it (HP_VERIFY_PASSES=0); the target is
+ * the 405B pipeline under 1 s. Usage: bench_compile [runs]   (default 3)
+ */
+#include "hp/passes.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define WORLD 64
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct timing {
+    int nodes_in, nodes_out, n_passes;
+    char names[16][HP_PASS_NAME_LEN];
+    double pass[16];                   /* seconds, best run */
+    double build, compile, unverified; /* seconds, best of the runs */
+} timing;
+
+static int measure(const char *spec_text, int runs, timing *t) {
+    hp_job *job = hp_job_new();
+    hp_err err = {0};
+    if (!job) return -1;
+    *t = (timing){.build = 1e30, .compile = 1e30, .unverified = 1e30};
+    for (int i = 0; i < 16; i++) t->pass[i] = 1e30;
+    static const char *const marks[] = {"layers.*", "tok_embeddings.*", "output.*", "norm.*"};
+    if (hp_model_spec_parse(spec_text, &job->model, &err) != HP_OK) goto fail;
+    job->model.batch = WORLD;
+    job->model.seq = 8192;
+    job->plan.mesh[0].size = job->resources.world_size = WORLD;
+    for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
+        if (hp_job_add_fsdp_pattern(job, marks[i], &err) != HP_OK) goto fail;
+    for (int r = 0; r < runs; r++) {
+        hp_graph_free(job->graph);
+        job->graph = NULL;
+        double t0 = now_s();
+        if (hp_model_build_joint(&job->model, &job->graph, &err) != HP_OK) goto fail;
+        double t1 = now_s();
+        if (t1 - t0 < t->build) t->build = t1 - t0;
+        for (int verify = 1; verify >= 0; verify--) {
+            setenv("HP_VERIFY_PASSES", verify ? "1" : "0", 1);
+            hp_compiled *c = NULL;
+            double t2 = now_s();
+            if (hp_compile(job, WORLD, &c, &err) != HP_OK) goto fail;
+            double dt = now_s() - t2;
+            if (!verify) {
+                if (dt < t->unverified) t->unverified = dt;
+                hp_compiled_free(c);
+                continue;
+            }
+            if (dt < t->compile) t->compile = dt;
+            t->nodes_in = job->graph->n_nodes;
+            t->nodes_out = c->graph->n_nodes;
+            t->n_passes = c->n_passes;
+            for (int i = 0; i < c->n_passes && i < 16; i++) {
+                snprintf(t->names[i], sizeof t->names[i], "%s", c->passes[i].name);
+                if (c->passes[i].seconds < t->pass[i]) t->pass[i] = c->passes[i].seconds;
+            }
+            hp_compiled_free(c);
+        }
+    }
+    unsetenv("HP_VERIFY_PASSES");
+    hp_job_free(job);
+    return 0;
+fail:
+    fprintf(stderr, "bench_compile: %s: %s\n", spec_text, err.msg);
+    hp_job_free(job);
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    int runs = argc > 1 ? atoi(argv[1]) : 3;
+    if (runs < 1) runs = 1;
+    static const char *const specs[] = {"llama3:8B", "llama3:70B", "llama3:405B"};
+    timing t[3];
+    for (int i = 0; i < 3; i++)
+        if (measure(specs[i], runs, &t[i]) != 0) return 1;
+    printf("full pipeline at world %d, FSDP on every parameter, best of %d runs (ms)\n", WORLD,
+           runs);
+    printf("%-12s %7s %7s", "model", "nodes", "->out");
+    for (int p = 0; p < t[0].n_passes; p++) printf(" %12s", t[0].names[p]);
+    printf(" %10s %10s %9s %9s\n", "compile", "no-verify", "build", "ratio");
+    for (int i = 0; i < 3; i++) {
+        printf("%-12s %7d %7d", specs[i], t[i].nodes_in, t[i].nodes_out);
+        for (int p = 0; p < t[i].n_passes; p++) printf(" %12.2f", t[i].pass[p] * 1e3);
+        printf(" %10.1f %10.1f %9.1f %9.2f\n", t[i].compile * 1e3, t[i].unverified * 1e3,
+               t[i].build * 1e3, t[i].compile / t[i].build);
+    }
+    printf("ratio = compile / building the same joint graph (forward + autodiff)\n");
+    double c405 = t[2].compile;
+    printf("405B pipeline: %.1f ms (target < 1000 ms): %s\n", c405 * 1e3,
+           c405 < 1.0 ? "met" : "MISSED");
+    return 0;
+}

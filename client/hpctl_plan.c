@@ -1,0 +1,262 @@
+/* client/hpctl_plan.c — `hpctl plan JOB.pb [--world N] [--json]`: compiles a job offline
+ * (hp_compile: the whole pass pipeline and the lowering) and prints what a run would do per
+ * rank — the pass table, warnings, memory, communication per step and the cost model's step
+ * estimate with its assumptions — without launching anything. */
+#include "client/hpctl.h"
+
+#include "hp/job.h"
+#include "hp/passes.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The cost model's assumptions, as passes/cost.c implements them. */
+static const char *const assumptions[] = {
+    "FLOPs are counted from the graph: 2*M*N*K per mm/addmm (x batch for bmm), 4*B*H*T*S*D per "
+    "attention forward, 8*B*H*T*S*D per attention backward (causal masking not discounted); "
+    "other ops are free (memory bandwidth is not modelled)",
+    "compute time = FLOPs / (peak x efficiency); peak 989e12 FLOP/s on cuda (H100/H200 bf16 "
+    "dense), an assumed 1e11 on cpu; efficiency 0.5",
+    "a collective costs the link latency + its bytes / the link bandwidth of its mesh dim",
+    "communication bytes per rank per step: all-gather receives (N-1)/N of its output, "
+    "reduce-scatter sends (N-1)/N of its input, all-reduce 2(N-1)/N of its tensor",
+    "one compute and one comm stream in graph order; a wait_tensor stalls compute until its "
+    "collective is done, and that stall is the exposed communication",
+    "memory: parameters and gradients at their local (sharded) size, AdamW's two f32 moments "
+    "per local element, activations as the liveness-planned arena",
+};
+
+/* 34884612 -> "33.3 MiB" */
+static const char *human(int64_t bytes, char *buf) {
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 5) v /= 1024, u++;
+    snprintf(buf, 32, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+    return buf;
+}
+#define HUMAN(b) human((b), (char[32]){0})
+
+static const char *seconds(double s, char *buf) {
+    if (s >= 1)
+        snprintf(buf, 32, "%.3g s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, 32, "%.3g ms", s * 1e3);
+    else
+        snprintf(buf, 32, "%.3g us", s * 1e6);
+    return buf;
+}
+#define SECONDS(s) seconds((s), (char[32]){0})
+
+/* Collectives of the final graph by op: count and bytes. */
+typedef struct comm_kind {
+    int count;
+    int64_t bytes;
+} comm_kind;
+
+static void comm_by_kind(const hp_graph *g, comm_kind *k) {
+    memset(k, 0, sizeof(comm_kind) * HP_OP_COUNT);
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (!(hp_op_get(g->nodes[i].op)->flags & HP_OPF_COLLECTIVE)) continue;
+        k[g->nodes[i].op].count++;
+        k[g->nodes[i].op].bytes += hp_collective_bytes(g, i);
+    }
+}
+
+/* "  - text", wrapped at 96 columns with a hanging indent. */
+static void print_wrapped(const char *text) {
+    const char *p = text, *lead = "  - ";
+    while (*p) {
+        size_t len = strlen(p), cut = len;
+        if (len > 92) {
+            cut = 92;
+            while (cut > 0 && p[cut] != ' ') cut--;
+            if (cut == 0) cut = 92;
+        }
+        printf("%s%.*s\n", lead, (int)cut, p);
+        p += cut;
+        while (*p == ' ') p++;
+        lead = "    ";
+    }
+}
+
+static void print_text(const hp_job *job, const hp_compiled *c) {
+    printf("job         %s (%s:%s), world %d, mesh", job->name, job->model.family,
+           job->model.flavor, c->world);
+    for (int d = 0; d < job->plan.n_mesh; d++)
+        printf("%s%s=%d (%.3g GB/s, %.3g us)", d ? ", " : " ", job->plan.mesh[d].name,
+               job->plan.mesh[d].size, job->plan.mesh[d].link.bandwidth / 1e9,
+               job->plan.mesh[d].link.latency * 1e6);
+    printf(", %s\n\n", job->resources.device == HP_DEVICE_CUDA ? "cuda" : "cpu");
+
+    printf("%-14s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
+           "collectives", "comm/step/rank", "time");
+    for (int i = 0; i < c->n_passes; i++) {
+        const hp_pass_report *r = &c->passes[i];
+        bool lower = !strcmp(r->name, "lower");
+        char out[32];
+        snprintf(out, sizeof out, lower ? "%d instr" : "%d", r->nodes_out);
+        printf("%-14s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
+               out, r->collectives, HUMAN(r->comm_bytes), r->ran ? SECONDS(r->seconds) : "-");
+    }
+    if (c->n_warnings) {
+        printf("\nwarnings\n");
+        for (int i = 0; i < c->n_warnings; i++) printf("  %s\n", c->warnings[i]);
+    }
+
+    const hp_memory_report *m = &c->memory;
+    printf("\nmemory per rank\n");
+    printf("  params       %12s   local shards as the compiled graph declares them\n",
+           HUMAN(m->params));
+    printf("  grads        %12s\n", HUMAN(m->grads));
+    printf("  optimizer    %12s   AdamW: two f32 moments per local element\n", HUMAN(m->optimizer));
+    printf("  activations  %12s   liveness-planned arena\n", HUMAN(m->activations));
+    printf("  comm         %12s\n", HUMAN(m->comm));
+    printf("  total        %12s\n", HUMAN(m->total));
+
+    comm_kind k[HP_OP_COUNT];
+    comm_by_kind(c->graph, k);
+    const hp_pass_report *last = &c->passes[c->n_passes - 1];
+    printf("\ncommunication per step per rank: %s in %d collectives", HUMAN(last->comm_bytes),
+           last->collectives);
+    const char *sep = " (";
+    for (int op = 0; op < HP_OP_COUNT; op++) {
+        if (!k[op].count) continue;
+        printf("%s%s %d: %s", sep, hp_op_get((hp_op)op)->name, k[op].count, HUMAN(k[op].bytes));
+        sep = ", ";
+    }
+    printf("%s\n", strcmp(sep, ", ") ? "" : ")");
+
+    const hp_cost_estimate *e = &c->cost;
+    double hidden = e->comm_s > 0 ? 100 * (1 - e->exposed_comm_s / e->comm_s) : 100;
+    printf("\nestimate    step %s = compute %s + exposed comm %s", SECONDS(e->step_s),
+           SECONDS(e->compute_s), SECONDS(e->exposed_comm_s));
+    if (e->comm_s > 0) printf(" (comm %s in all, %.0f%% hidden)", SECONDS(e->comm_s), hidden);
+    printf("\n            %.4g FLOPs per rank per step at %.4g FLOP/s x %.2g efficiency\n",
+           e->flops, e->peak_flops, e->efficiency);
+    printf("\nassumptions\n");
+    for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++) print_wrapped(assumptions[i]);
+}
+
+static int print_json(const hp_job *job, const hp_compiled *c) {
+    json_t *root = json_object(), *passes = json_array(), *warnings = json_array(),
+           *mesh = json_array(), *kinds = json_object(), *assume = json_array();
+    for (int d = 0; d < job->plan.n_mesh; d++)
+        json_array_append_new(
+            mesh, json_pack("{s:s, s:i, s:f, s:f}", "name", job->plan.mesh[d].name, "size",
+                            job->plan.mesh[d].size, "bandwidth", job->plan.mesh[d].link.bandwidth,
+                            "latency", job->plan.mesh[d].link.latency));
+    for (int i = 0; i < c->n_passes; i++) {
+        const hp_pass_report *r = &c->passes[i];
+        json_array_append_new(passes,
+                              json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f}", "name", r->name,
+                                        "ran", r->ran, "nodes_in", r->nodes_in, "nodes_out",
+                                        r->nodes_out, "collectives", r->collectives, "comm_bytes",
+                                        (json_int_t)r->comm_bytes, "seconds", r->seconds));
+    }
+    for (int i = 0; i < c->n_warnings; i++)
+        json_array_append_new(warnings, json_string(c->warnings[i]));
+    comm_kind k[HP_OP_COUNT];
+    comm_by_kind(c->graph, k);
+    for (int op = 0; op < HP_OP_COUNT; op++)
+        if (k[op].count)
+            json_object_set_new(
+                kinds, hp_op_get((hp_op)op)->name,
+                json_pack("{s:i, s:I}", "count", k[op].count, "bytes", (json_int_t)k[op].bytes));
+    for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++)
+        json_array_append_new(assume, json_string(assumptions[i]));
+    const hp_memory_report *m = &c->memory;
+    const hp_cost_estimate *e = &c->cost;
+    const hp_pass_report *last = &c->passes[c->n_passes - 1];
+    json_object_set_new(root, "job", json_string(job->name));
+    json_object_set_new(
+        root, "model",
+        json_pack("{s:s, s:s}", "family", job->model.family, "flavor", job->model.flavor));
+    json_object_set_new(root, "world", json_integer(c->world));
+    json_object_set_new(root, "device",
+                        json_string(job->resources.device == HP_DEVICE_CUDA ? "cuda" : "cpu"));
+    json_object_set_new(root, "mesh", mesh);
+    json_object_set_new(root, "passes", passes);
+    json_object_set_new(root, "warnings", warnings);
+    json_object_set_new(root, "memory",
+                        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params,
+                                  "grads", (json_int_t)m->grads, "optimizer",
+                                  (json_int_t)m->optimizer, "activations",
+                                  (json_int_t)m->activations, "comm", (json_int_t)m->comm, "total",
+                                  (json_int_t)m->total));
+    json_object_set_new(root, "communication",
+                        json_pack("{s:I, s:i, s:o}", "bytes_per_step", (json_int_t)last->comm_bytes,
+                                  "collectives", last->collectives, "by_op", kinds));
+    json_object_set_new(root, "estimate",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step_s",
+                                  e->step_s, "compute_s", e->compute_s, "comm_s", e->comm_s,
+                                  "exposed_comm_s", e->exposed_comm_s, "flops", e->flops,
+                                  "peak_flops", e->peak_flops, "efficiency", e->efficiency,
+                                  "bandwidth", e->bandwidth, "latency", e->latency));
+    json_object_set_new(root, "assumptions", assume);
+    int rc = HPCTL_OK;
+    if (json_dumpf(root, stdout, JSON_INDENT(2)) != 0)
+        rc = hpctl_fail(HPCTL_ERROR, "plan", "cannot write the JSON");
+    putchar('\n');
+    json_decref(root);
+    return rc;
+}
+
+static void plan_usage(FILE *f) {
+    fputs("usage: hpctl plan JOB.pb [--world N] [--json]\n"
+          "\n"
+          "Compiles the job offline (every pass, the memory plan, the lowering) and prints the\n"
+          "pass table, warnings, per-rank memory, communication per step and the estimated step\n"
+          "time with the cost model's assumptions. Nothing is launched.\n"
+          "\n"
+          "  --world N   compile for N ranks (default: the job's world size); a 1-D mesh is\n"
+          "              resized to N, a multi-dimensional one must already multiply to N\n"
+          "  --json      the same as JSON, for scripts\n",
+          f);
+}
+
+int hpctl_plan(int argc, char **argv) {
+    const char *verb = "plan", *path = NULL;
+    bool json = false;
+    int64_t world = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            plan_usage(stdout);
+            return HPCTL_OK;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else if (!strcmp(a, "--world")) {
+            if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "--world: missing value");
+            int rc = hpctl_parse_i64(verb, a, argv[++i], 1, HP_MAX_WORLD, &world);
+            if (rc != HPCTL_OK) return rc;
+        } else if (a[0] == '-') {
+            return hpctl_fail(HPCTL_USAGE, verb, "unknown flag '%s' (try hpctl plan --help)", a);
+        } else if (path) {
+            return hpctl_fail(HPCTL_USAGE, verb, "one job file at a time ('%s' and '%s')", path, a);
+        } else {
+            path = a;
+        }
+    }
+    if (!path) return hpctl_fail(HPCTL_USAGE, verb, "which job file? (hpctl plan JOB.pb)");
+    hp_job *job = NULL;
+    hp_err err = {0};
+    if (hp_job_read_file(path, &job, &err) != HP_OK)
+        return hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
+    if (world > 0 && job->plan.n_mesh == 1) { /* what-if: the same plan on N ranks */
+        job->plan.mesh[0].size = (int)world;
+        job->resources.world_size = (int)world;
+    }
+    hp_compiled *c = NULL;
+    int rc = HPCTL_OK;
+    if (hp_compile(job, (int)world, &c, &err) != HP_OK)
+        rc = hpctl_fail(HPCTL_ERROR, verb, "%s: %s", path, err.msg);
+    else if (json)
+        rc = print_json(job, c);
+    else
+        print_text(job, c);
+    hp_compiled_free(c);
+    hp_job_free(job);
+    return rc;
+}

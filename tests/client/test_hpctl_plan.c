@@ -1,0 +1,244 @@
+/* `hpctl plan` and the plan flags of `hpctl new`, as a user runs them: the real binary, its
+ * exit codes and one-line errors, the text report's sections, and the --json report read back
+ * (per-rank parameter + gradient + optimizer memory at world N is 1/N of world 1's, plus
+ * padding; communication appears exactly when there is more than one rank). */
+#include "hp/job.h"
+
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+typedef struct run_result {
+    int code;
+    char *out, *err; /* malloc'd */
+} run_result;
+
+static char tmpdir[256];
+
+static void setup(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/hpctl-plan-test-XXXXXX");
+    cr_assert(mkdtemp(tmpdir));
+}
+static void teardown(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+/* Runs `hpctl ARGS` (printf-style) through the shell, capturing stdout and stderr. */
+static run_result hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static run_result hpctl(const char *fmt, ...) {
+    char args[1536], cmd[2400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s/client/hpctl %s >%s/out 2>%s/err", HP_BINARY_DIR, args, tmpdir,
+             tmpdir);
+    int st = system(cmd);
+    run_result r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    char p[300];
+    snprintf(p, sizeof p, "%s/out", tmpdir);
+    r.out = slurp(p);
+    snprintf(p, sizeof p, "%s/err", tmpdir);
+    r.err = slurp(p);
+    return r;
+}
+
+static void done(run_result *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static void ok(run_result r) {
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    done(&r);
+}
+
+/* An error is exactly one line on stderr, starting "hpctl:", containing `want`. */
+static void expect_error(run_result r, int code, const char *want) {
+    cr_expect_eq(r.code, code, "exit %d, want %d (stderr: %s)", r.code, code, r.err);
+    cr_expect(strncmp(r.err, "hpctl", 5) == 0, "stderr '%s'", r.err);
+    char *nl = strchr(r.err, '\n');
+    cr_expect(nl && nl[1] == 0, "stderr is not one line: '%s'", r.err);
+    cr_expect(strstr(r.err, want), "stderr '%s' lacks '%s'", r.err, want);
+    done(&r);
+}
+
+/* `hpctl plan ... --json`, parsed. */
+static json_t *plan_json(const char *job, const char *extra) {
+    run_result r = hpctl("plan %s/%s --json %s", tmpdir, job, extra);
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    json_error_t je;
+    json_t *root = json_loads(r.out, 0, &je);
+    cr_assert(root, "invalid JSON (%s): %s", je.text, r.out);
+    done(&r);
+    return root;
+}
+
+static int64_t mem(json_t *root, const char *key) {
+    json_t *v = json_object_get(json_object_get(root, "memory"), key);
+    cr_assert(json_is_integer(v), "memory.%s missing", key);
+    return json_integer_value(v);
+}
+
+TestSuite(hpctl_plan, .init = setup, .fini = teardown, .timeout = 120);
+
+#define ALL_FSDP                                                                                   \
+    "--fsdp 'layers.*' --fsdp 'tok_embeddings.*' --fsdp output.weight --fsdp norm.weight"
+
+Test(hpctl_plan, text_report) {
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 32 --mesh dp=2 " ALL_FSDP " -o %s/j.pb",
+             tmpdir));
+    run_result r = hpctl("plan %s/j.pb", tmpdir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    static const char *const want[] = {"world 2, mesh dp=2",
+                                       "pass ",
+                                       "dce ",
+                                       "canonicalize ",
+                                       "fsdp ",
+                                       "overlap ",
+                                       "bucketing ",
+                                       "lower ",
+                                       "instr",
+                                       "memory per rank",
+                                       "params",
+                                       "grads",
+                                       "optimizer",
+                                       "activations",
+                                       "total",
+                                       "communication per step per rank",
+                                       "estimate",
+                                       "step ",
+                                       "assumptions",
+                                       "(N-1)/N"};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+        cr_expect(strstr(r.out, want[i]), "no '%s' in:\n%s", want[i], r.out);
+    done(&r);
+    r = hpctl("plan --help");
+    cr_expect_eq(r.code, 0);
+    cr_expect(strstr(r.out, "--world N"));
+    done(&r);
+}
+
+/* The issue's memory claim: FSDP leaves 1/N of the parameter, gradient and optimizer bytes on
+ * each rank (exactly, when every dim 0 divides; plus at most one padded row per parameter and
+ * rank otherwise). */
+Test(hpctl_plan, json_memory_is_one_nth) {
+    ok(hpctl("new --model llama3:debugmodel --batch 6 --seq 32 --mesh dp=2 " ALL_FSDP " -o %s/j.pb",
+             tmpdir));
+    json_t *w1 = plan_json("j.pb", "--world 1"), *w2 = plan_json("j.pb", ""),
+           *w3 = plan_json("j.pb", "--world 3");
+    cr_expect_eq(json_integer_value(json_object_get(w1, "world")), 1);
+    cr_expect_eq(json_integer_value(json_object_get(w2, "world")), 2);
+    static const char *const keys[] = {"params", "grads", "optimizer"};
+    for (size_t i = 0; i < 3; i++) {
+        int64_t m1 = mem(w1, keys[i]), m2 = mem(w2, keys[i]), m3 = mem(w3, keys[i]);
+        cr_expect_gt(m1, 0);
+        /* debugmodel: every dim 0 is even, so world 2 is exactly half */
+        cr_expect_eq(2 * m2, m1, "%s: world 2 %lld, world 1 %lld", keys[i], (long long)m2,
+                     (long long)m1);
+        /* 256 and 768 rows do not split in 3: padding, at most one row (<= 768 f32) per
+         * parameter (57) per rank, x2 for the optimizer's moments */
+        int64_t pad = 57 * 768 * 4 * (i == 2 ? 2 : 1);
+        cr_expect(3 * m3 >= m1 && m3 <= m1 / 3 + pad, "%s: world 3 %lld, world 1 %lld", keys[i],
+                  (long long)m3, (long long)m1);
+    }
+    int64_t p1 = mem(w1, "params"), g1 = mem(w1, "grads"), o1 = mem(w1, "optimizer");
+    int64_t p2 = mem(w2, "params"), g2 = mem(w2, "grads"), o2 = mem(w2, "optimizer");
+    cr_expect_eq(2 * (p2 + g2 + o2), p1 + g1 + o1);
+    /* communication only with more than one rank */
+    json_t *c1 = json_object_get(w1, "communication"), *c2 = json_object_get(w2, "communication");
+    cr_expect_eq(json_integer_value(json_object_get(c1, "bytes_per_step")), 0);
+    cr_expect_gt(json_integer_value(json_object_get(c2, "bytes_per_step")), 0);
+    cr_expect_gt(json_integer_value(json_object_get(c2, "collectives")), 0);
+    json_t *e2 = json_object_get(w2, "estimate");
+    cr_expect_gt(json_real_value(json_object_get(e2, "step_s")), 0);
+    cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
+    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 6);
+    json_decref(w1);
+    json_decref(w2);
+    json_decref(w3);
+}
+
+Test(hpctl_plan, unmatched_pattern_is_a_warning) {
+    ok(hpctl("new --model mlp --mesh dp=2 --fsdp 'layer.*' --fsdp 'layers.*' -o %s/j.pb", tmpdir));
+    json_t *root = plan_json("j.pb", "");
+    json_t *w = json_object_get(root, "warnings");
+    bool found = false;
+    for (size_t i = 0; i < json_array_size(w); i++)
+        found |= strstr(json_string_value(json_array_get(w, i)), "layer.*") != NULL;
+    cr_expect(found, "no warning names 'layer.*'");
+    json_decref(root);
+}
+
+Test(hpctl_plan, new_writes_the_plan_flags) {
+    ok(hpctl("new --model llama3:debugmodel --batch 8 --seq 16 --mesh dp=4 --fsdp 'layers.*' "
+             "--fsdp output.weight --bucket-mb 2.5 --prefetch 3 --no-overlap "
+             "--no-reshard-after-forward -o %s/j.pb",
+             tmpdir));
+    char path[300];
+    snprintf(path, sizeof path, "%s/j.pb", tmpdir);
+    hp_job *job = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_job_read_file(path, &job, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(job->plan.n_mesh, 1);
+    cr_expect_str_eq(job->plan.mesh[0].name, "dp");
+    cr_expect_eq(job->plan.mesh[0].size, 4);
+    cr_expect_eq(job->resources.world_size, 4);
+    cr_assert_eq(job->plan.n_fsdp_patterns, 1);
+    cr_expect_str_eq(job->plan.fsdp_patterns[0], "layers.*");
+    cr_assert_eq(job->plan.n_fsdp_fqns, 1);
+    cr_expect_str_eq(job->plan.fsdp_fqns[0], "output.weight");
+    cr_expect_eq(job->passes.bucket_bytes, (int64_t)(2.5 * (1 << 20)));
+    cr_expect_eq(job->passes.prefetch_depth, 3);
+    cr_expect(!job->passes.enable_overlap);
+    cr_expect(!job->plan.reshard_after_forward);
+    hp_job_free(job);
+    /* and the defaults without them */
+    ok(hpctl("new --model mlp -o %s/d.pb", tmpdir));
+    snprintf(path, sizeof path, "%s/d.pb", tmpdir);
+    cr_assert_eq(hp_job_read_file(path, &job, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(job->resources.world_size, 1);
+    cr_expect(job->passes.enable_overlap);
+    cr_expect(job->plan.reshard_after_forward);
+    hp_job_free(job);
+}
+
+Test(hpctl_plan, errors) {
+    expect_error(hpctl("plan"), 2, "which job file");
+    expect_error(hpctl("plan a.pb --bogus"), 2, "unknown flag '--bogus'");
+    expect_error(hpctl("plan a.pb --world 0"), 2, "--world: 0 is outside");
+    expect_error(hpctl("plan a.pb --world x"), 2, "'x' is not an integer");
+    expect_error(hpctl("plan a.pb --world"), 2, "--world: missing value");
+    expect_error(hpctl("plan %s/missing.pb", tmpdir), 1, "missing.pb");
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 -o %s/j.pb", tmpdir));
+    expect_error(hpctl("plan %s/j.pb --world 3", tmpdir), 1, "batch 4 is not divisible by world 3");
+
+    expect_error(hpctl("new --model mlp --mesh dp -o x.pb"), 2, "--mesh: 'dp' is not NAME=N");
+    expect_error(hpctl("new --model mlp --mesh dp=0 -o x.pb"), 2, "--mesh: 0 is outside");
+    expect_error(hpctl("new --model mlp --mesh =2 -o x.pb"), 2, "--mesh");
+    expect_error(hpctl("new --model mlp --fsdp no.such.weight -o x.pb"), 2,
+                 "'no.such.weight' is not a parameter");
+    expect_error(hpctl("new --model mlp --bucket-mb -1 -o x.pb"), 2, "--bucket-mb: -1 is outside");
+    expect_error(hpctl("new --model mlp --prefetch 99 -o x.pb"), 2, "--prefetch: 99 is outside");
+    expect_error(hpctl("new --model llama3:debugmodel --batch 3 --mesh dp=2 -o x.pb"), 2,
+                 "do not split over the mesh's 2 ranks");
+}

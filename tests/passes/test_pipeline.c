@@ -1,0 +1,440 @@
+/* The pass manager (passes/pipeline.c) and what it reports (passes/cost.c): the verifier
+ * passes after every pass on every model builder, at world 1 and with FSDP; DCE and
+ * canonicalize keep the graph's values (reference evaluator, f64) and are idempotent; the
+ * memory report shrinks to 1/N (+ padding) with FSDP on everything; the cost model counts the
+ * model's FLOPs; world/mesh/batch errors name the values; switches, dumps and a fault
+ * injection loop.
+ */
+#include "hp/eval.h"
+#include "hp/models.h"
+#include "hp/passes.h"
+#include "hp/text.h"
+#include "passes/passes_internal.h"
+#include "tests/util/eval_harness.h"
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void force_verify(void) {
+    setenv("HP_VERIFY_PASSES", "1", 1);
+    unsetenv("HP_DUMP");
+}
+
+TestSuite(pipeline, .init = force_verify, .timeout = 300);
+
+/* ---- fixtures -------------------------------------------------------------------------------- */
+
+typedef struct model_case {
+    const char *spec;
+    int64_t dim, layers, heads, kv_heads, ffn, vocab, batch, seq;
+} model_case;
+
+static hp_job *make_job(const model_case *m, int world, bool fsdp_all) {
+    hp_job *job = hp_job_new();
+    cr_assert_not_null(job);
+    hp_err err = {0};
+    cr_assert_eq(hp_model_spec_parse(m->spec, &job->model, &err), HP_OK, "%s", err.msg);
+    hp_model_spec *s = &job->model;
+    s->dim = m->dim, s->n_layers = m->layers, s->n_heads = m->heads, s->n_kv_heads = m->kv_heads;
+    s->ffn_hidden = m->ffn, s->vocab = m->vocab, s->batch = m->batch, s->seq = m->seq;
+    cr_assert_eq(hp_model_build_joint(s, &job->graph, &err), HP_OK, "%s: %s", m->spec, err.msg);
+    job->plan.mesh[0].size = job->resources.world_size = world;
+    if (fsdp_all) {
+        static const char *const pats[] = {"layers.*", "tok_embeddings.*", "output.*", "norm.*",
+                                           "fc*"};
+        for (size_t i = 0; i < HP_ARRAY_LEN(pats); i++)
+            cr_assert_eq(hp_job_add_fsdp_pattern(job, pats[i], &err), HP_OK, "%s", err.msg);
+    }
+    return job;
+}
+
+static hp_compiled *compile_ok(const hp_job *job, int world) {
+    hp_compiled *c = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_compile(job, world, &c, &err), HP_OK, "%s at world %d: %s", job->model.flavor,
+                 world, err.msg);
+    return c;
+}
+
+static const model_case DEBUGMODEL = {"llama3:debugmodel", .batch = 4, .seq = 64};
+static const model_case TINY = {"llama3:debugmodel", 64, 2, 4, 2, 96, 128, 6, 16};
+static const model_case TINY_ODD = {"llama3:debugmodel", 48, 1, 2, 1, 40, 50, 3, 8}; /* pads */
+static const model_case MLP = {"mlp", .batch = 8};
+static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
+
+/* The structural invariants of any compile. */
+static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
+    static const char *const names[] = {"dce",     "canonicalize", "fsdp",
+                                        "overlap", "bucketing",    "lower"};
+    cr_assert_eq(c->n_passes, 6);
+    for (int i = 0; i < c->n_passes; i++) {
+        const hp_pass_report *r = &c->passes[i];
+        cr_expect_str_eq(r->name, names[i]);
+        cr_expect_geq(r->seconds, 0);
+        if (i > 0 && i < 5) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
+        if (!r->ran && i < 5) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
+    }
+    cr_expect(c->passes[0].ran && c->passes[1].ran && c->passes[5].ran);
+    cr_expect_eq(c->passes[2].ran, world > 1, "fsdp runs exactly when world > 1");
+    cr_expect_eq(c->passes[5].nodes_in, c->graph->n_nodes);
+    cr_expect_eq(c->passes[5].nodes_out, c->program->n_instrs);
+    cr_expect_eq(c->world, world);
+    hp_err err = {0};
+    cr_expect_eq(hp_graph_verify(c->graph, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(hp_program_verify(c->program, &err), HP_OK, "%s", err.msg);
+    const hp_memory_report *m = &c->memory;
+    cr_expect_eq(m->total, m->params + m->grads + m->optimizer + m->activations + m->comm);
+    cr_expect_gt(m->params, 0);
+    cr_expect_gt(m->activations, 0);
+    cr_expect_gt(c->cost.flops, 0);
+    cr_expect(fabs(c->cost.step_s - c->cost.compute_s - c->cost.exposed_comm_s) <=
+              1e-12 * c->cost.step_s);
+    cr_expect_leq(c->cost.exposed_comm_s, c->cost.comm_s + 1e-15);
+    if (world == 1) {
+        cr_expect_eq(c->passes[5].collectives, 0);
+        cr_expect_eq(c->cost.comm_s, 0);
+    } else {
+        /* FSDP has run: every gradient is reduced (reduce-scatter or all-reduce) and the loss
+         * averaged, so a multi-rank graph always communicates */
+        cr_expect_gt(c->passes[2].collectives, 0, "%s: no collectives after fsdp at world %d",
+                     job->model.flavor, world);
+        cr_expect_gt(c->passes[2].comm_bytes, 0);
+        cr_expect_gt(c->cost.comm_s, 0);
+    }
+}
+
+/* ---- the verifier after every pass, on every builder ---------------------------------------- */
+
+static void compile_case(const model_case *m, int world, bool fsdp_all) {
+    hp_job *job = make_job(m, world, fsdp_all);
+    hp_compiled *c = compile_ok(job, world);
+    check_reports(c, job, world);
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
+Test(pipeline, debugmodel_world1_and_2) {
+    compile_case(&DEBUGMODEL, 1, false);
+    compile_case(&DEBUGMODEL, 2, true);
+    compile_case(&DEBUGMODEL, 2, false); /* nothing marked: plain data parallelism */
+}
+
+Test(pipeline, small_configs) {
+    compile_case(&TINY, 1, false);
+    compile_case(&TINY, 2, true);
+    compile_case(&TINY, 3, true);
+    compile_case(&TINY_ODD, 3, true);
+}
+
+Test(pipeline, mlp) {
+    compile_case(&MLP, 1, false);
+    compile_case(&MLP, 2, true);
+    compile_case(&MLP, 4, false);
+}
+
+Test(pipeline, llama8b_world8_compile_only) {
+    compile_case(&LLAMA_8B, 8, true);
+}
+
+/* ---- memory: FSDP on everything leaves 1/N per rank, plus padding --------------------------- */
+
+static int64_t sharded_param_bytes(const hp_graph *g, int world) {
+    hp_graph_inputs in = hp_graph_count_inputs(g);
+    int64_t bytes = 0;
+    for (int i = 0; i < in.n_params; i++) {
+        const hp_type *t = &g->nodes[i].out[0];
+        int64_t d0 = t->rank ? t->shape[0] : 1, row = hp_type_numel(t) / (d0 ? d0 : 1);
+        bytes += (d0 + world - 1) / world * row * (int64_t)hp_dtype_size(t->dtype);
+    }
+    return bytes;
+}
+
+Test(pipeline, memory_is_one_nth_with_fsdp) {
+    const model_case *cases[] = {&TINY, &TINY_ODD};
+    const int worlds[] = {2, 3};
+    for (size_t k = 0; k < HP_ARRAY_LEN(cases); k++) {
+        hp_job *j1 = make_job(cases[k], 1, false);
+        hp_compiled *c1 = compile_ok(j1, 1);
+        int n = worlds[k];
+        hp_job *jn = make_job(cases[k], n, true);
+        hp_compiled *cn = compile_ok(jn, n);
+        int64_t want = sharded_param_bytes(j1->graph, n);
+        cr_expect_eq(cn->memory.params, want, "world %d: params %lld, want %lld (1/N + padding)", n,
+                     (long long)cn->memory.params, (long long)want);
+        cr_expect_eq(cn->memory.grads, want);
+        cr_expect_eq(cn->memory.optimizer, 2 * want); /* f32 parameters: 2 moments each */
+        cr_expect_lt(cn->memory.params, c1->memory.params / n + c1->memory.params / 10);
+        cr_expect_eq(c1->memory.params, 4 * hp_graph_param_count(j1->graph)); /* f32 */
+        cr_expect_eq(c1->memory.optimizer, 2 * c1->memory.params);
+        hp_compiled_free(c1);
+        hp_compiled_free(cn);
+        hp_job_free(j1);
+        hp_job_free(jn);
+    }
+}
+
+/* ---- the cost model -------------------------------------------------------------------------- */
+
+Test(pipeline, cost_model_counts_the_models_flops) {
+    hp_job *job = make_job(&DEBUGMODEL, 1, false);
+    hp_compiled *c = compile_ok(job, 1);
+    double want =
+        hp_model_flops_per_token(&job->model) * (double)(DEBUGMODEL.batch * DEBUGMODEL.seq);
+    /* the graph's count and torchtitan's 6N + 12LdT formula agree up to the small terms the
+     * formula drops */
+    cr_expect(fabs(c->cost.flops - want) < 0.02 * want, "graph %g vs formula %g", c->cost.flops,
+              want);
+    cr_expect_eq(c->cost.peak_flops, 1e11);
+    cr_expect_eq(c->cost.efficiency, 0.5);
+    cr_expect(fabs(c->cost.compute_s - c->cost.flops / 5e10) < 1e-9 * c->cost.compute_s);
+    hp_job *j2 = make_job(&DEBUGMODEL, 2, true);
+    j2->resources.device = HP_DEVICE_CUDA;
+    j2->resources.gpus_per_node = 8;
+    hp_compiled *c2 = compile_ok(j2, 2);
+    /* the batch is split: half the FLOPs per rank */
+    cr_expect(fabs(c2->cost.flops - c->cost.flops / 2) < 1e-6 * c->cost.flops);
+    cr_expect_eq(c2->cost.peak_flops, 989e12);
+    cr_expect_eq(c2->cost.bandwidth, j2->plan.mesh[0].link.bandwidth);
+    hp_compiled_free(c);
+    hp_compiled_free(c2);
+    hp_job_free(job);
+    hp_job_free(j2);
+}
+
+Test(pipeline, comm_bytes_convention) {
+    const char *text = "hpir 1\n"
+                       "%0: f32[2,4] = placeholder() {kind=data, fqn=\"x\"}\n"
+                       "%1: f32[8,4] = all_gather_into_tensor(%0) {group_size=4}\n"
+                       "%2: f32[2,4] = reduce_scatter_tensor(%1) {group_size=4, reduce_op=avg}\n"
+                       "%3: f32[8,4] = all_reduce(%1) {group_size=4, reduce_op=sum}\n"
+                       "%4: f32[8,4] = all_reduce(%1) {group_size=1, reduce_op=sum}\n"
+                       "%5: f32[8,4] = wait_tensor(%3)\n"
+                       "return %5, %2, %4\n";
+    hp_graph *g = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_graph_parse(text, strlen(text), &g, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(hp_collective_bytes(g, 0), 0);
+    cr_expect_eq(hp_collective_bytes(g, 1), 128 * 3 / 4); /* receives (N-1)/N of its output */
+    cr_expect_eq(hp_collective_bytes(g, 2), 128 * 3 / 4); /* sends (N-1)/N of its input */
+    cr_expect_eq(hp_collective_bytes(g, 3), 2 * 128 * 3 / 4);
+    cr_expect_eq(hp_collective_bytes(g, 4), 0);
+    cr_expect_eq(hp_collective_bytes(g, 5), 0);
+    hp_graph_free(g);
+}
+
+/* ---- DCE and canonicalize keep values and are idempotent ------------------------------------ */
+
+static hp_graph *run_pass(hp_pass_fn fn, const hp_graph *g) {
+    hp_job job;
+    hp_job_init_defaults(&job);
+    hp_pass_ctx *ctx = calloc(1, sizeof *ctx);
+    ctx->job = &job;
+    ctx->world = 1;
+    hp_graph *out = NULL;
+    hp_err err = {0};
+    cr_assert_eq(fn(g, ctx, &out, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_graph_verify(out, &err), HP_OK, "%s", err.msg);
+    free(ctx);
+    hp_job_fini(&job);
+    return out;
+}
+
+/* Evaluates g in f64 on deterministic inputs (tokens/labels in [0, vocab)). */
+static void eval_graph(const hp_graph *g, int64_t vocab, hp_tensor *outs) {
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    int n = gi.n_params + gi.n_buffers + gi.n_data;
+    hp_tensor *in = calloc((size_t)n, sizeof *in);
+    hp_err err = {0};
+    for (int i = 0; i < n; i++) {
+        const hp_type *t = &g->nodes[i].out[0];
+        cr_assert_eq(hp_tensor_alloc(&in[i], *t, &err), HP_OK, "%s", err.msg);
+        int64_t k = hp_type_numel(t);
+        if (hp_dtype_is_float(t->dtype)) {
+            hp_th_rand(in[i].data, k, 1000 + (uint64_t)i, -0.5, 0.5);
+        } else {
+            for (int64_t e = 0; e < k; e++) in[i].data[e] = (double)((e * 7 + i) % vocab);
+        }
+    }
+    hp_eval_opts opts = {.precision = HP_EVAL_F64};
+    cr_assert_eq(hp_eval(g, in, n, &opts, outs, &err), HP_OK, "%s", err.msg);
+    for (int i = 0; i < n; i++) hp_tensor_free(&in[i]);
+    free(in);
+}
+
+Test(pipeline, dce_and_canonicalize_keep_values) {
+    hp_job *job = make_job(&TINY, 1, false);
+    const hp_graph *g = job->graph;
+    hp_graph *d = run_pass(hp_pass_dce, g);
+    hp_graph *c = run_pass(hp_pass_canonicalize, d);
+    cr_expect_lt(c->n_nodes, g->n_nodes, "canonicalize found nothing to fold in a joint graph");
+    cr_assert_eq(c->n_outputs, g->n_outputs);
+    hp_tensor *want = calloc((size_t)g->n_outputs, sizeof *want);
+    hp_tensor *got = calloc((size_t)g->n_outputs, sizeof *got);
+    eval_graph(g, TINY.vocab, want);
+    eval_graph(c, TINY.vocab, got);
+    for (int i = 0; i < g->n_outputs; i++) {
+        cr_assert(hp_type_eq(&want[i].type, &got[i].type), "output %d changed type", i);
+        char what[32];
+        snprintf(what, sizeof what, "output %d", i);
+        hp_th_expect_close(got[i].data, want[i].data, hp_type_numel(&want[i].type), 1e-12, what);
+        hp_tensor_free(&want[i]);
+        hp_tensor_free(&got[i]);
+    }
+    free(want);
+    free(got);
+    hp_graph_free(d);
+    hp_graph_free(c);
+    hp_job_free(job);
+}
+
+Test(pipeline, dce_and_canonicalize_are_idempotent) {
+    const model_case *cases[] = {&TINY, &MLP, &TINY_ODD};
+    for (size_t k = 0; k < HP_ARRAY_LEN(cases); k++) {
+        hp_job *job = make_job(cases[k], 1, false);
+        hp_graph *d1 = run_pass(hp_pass_dce, job->graph), *d2 = run_pass(hp_pass_dce, d1);
+        cr_expect(hp_graph_eq(d1, d2), "%s: dce twice differs from once", cases[k]->spec);
+        hp_graph *c1 = run_pass(hp_pass_canonicalize, d1), *c2 = run_pass(hp_pass_canonicalize, c1);
+        cr_expect(hp_graph_eq(c1, c2), "%s: canonicalize twice differs from once", cases[k]->spec);
+        /* the normal form: no reshape, squeeze, unsqueeze, clone, t(t(x)) left */
+        for (int i = 0; i < c1->n_nodes; i++) {
+            const hp_node *n = &c1->nodes[i];
+            cr_expect(n->op != HP_OP_RESHAPE && n->op != HP_OP_SQUEEZE &&
+                          n->op != HP_OP_UNSQUEEZE && n->op != HP_OP_CLONE,
+                      "node %d (%s) survived canonicalize", i, hp_op_get(n->op)->name);
+            if (n->op == HP_OP_T)
+                cr_expect_neq(c1->nodes[n->in[0].node].op, HP_OP_T, "t(t(x)) at node %d", i);
+        }
+        hp_graph_free(d1);
+        hp_graph_free(d2);
+        hp_graph_free(c1);
+        hp_graph_free(c2);
+        hp_job_free(job);
+    }
+}
+
+/* ---- validation ------------------------------------------------------------------------------ */
+
+static void expect_compile_error(const hp_job *job, int world, const char *w1, const char *w2) {
+    hp_compiled *c = (hp_compiled *)1;
+    hp_err err = {0};
+    cr_expect_neq(hp_compile(job, world, &c, &err), HP_OK);
+    cr_expect_null(c);
+    cr_expect(strstr(err.msg, w1) && strstr(err.msg, w2), "'%s' lacks '%s' or '%s'", err.msg, w1,
+              w2);
+}
+
+Test(pipeline, world_must_match_the_mesh) {
+    hp_job *job = make_job(&MLP, 2, false);
+    expect_compile_error(job, 4, "world 4", "dp=2");
+    hp_compiled *c = compile_ok(job, 0); /* 0: the job's world */
+    cr_expect_eq(c->world, 2);
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
+Test(pipeline, batch_must_divide_by_the_world) {
+    model_case m = TINY;
+    m.batch = 2;
+    hp_job *job = make_job(&m, 3, true);
+    expect_compile_error(job, 3, "batch 2", "world 3");
+    hp_job_free(job);
+}
+
+Test(pipeline, switches_and_warnings) {
+    hp_job *job = make_job(&TINY, 2, true);
+    snprintf(job->passes.switches[0].name, HP_PASS_NAME_MAX, "canonicalize");
+    job->passes.switches[0].enabled = false;
+    snprintf(job->passes.switches[1].name, HP_PASS_NAME_MAX, "canonicalise");
+    job->passes.switches[1].enabled = true;
+    job->passes.n_switches = 2;
+    job->passes.enable_overlap = false;
+    hp_compiled *c = compile_ok(job, 2);
+    cr_expect(!c->passes[1].ran);
+    cr_expect(!c->passes[3].ran, "overlap honours enable_overlap");
+    bool warned = false;
+    for (int i = 0; i < c->n_warnings; i++) warned |= strstr(c->warnings[i], "canonicalise") != 0;
+    cr_expect(warned, "no warning for a switch naming no pass");
+    hp_compiled_free(c);
+    /* an explicit switch turns fsdp off even at world 2 */
+    snprintf(job->passes.switches[0].name, HP_PASS_NAME_MAX, "fsdp");
+    job->passes.n_switches = 1;
+    c = compile_ok(job, 2);
+    cr_expect(!c->passes[2].ran);
+    cr_expect_eq(c->passes[5].collectives, 0);
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
+Test(pipeline, dumps_by_name) {
+    char dir[] = "/tmp/hp-dump-XXXXXX";
+    cr_assert(mkdtemp(dir));
+    setenv("HP_DUMP", "dce,lower,input", 1);
+    setenv("HP_DUMP_DIR", dir, 1);
+    hp_job *job = make_job(&MLP, 1, false);
+    snprintf(job->passes.dump[0], HP_PASS_NAME_MAX, "canonicalize");
+    job->passes.n_dump = 1;
+    hp_compiled *c = compile_ok(job, 1);
+    static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
+                                       "06-lower.txt"};
+    char path[256];
+    for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, want[i]);
+        struct stat st;
+        cr_expect(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
+    }
+    snprintf(path, sizeof path, "%s/03-fsdp.hpir", dir);
+    cr_expect_neq(access(path, F_OK), 0, "fsdp did not run, yet it was dumped");
+    /* the canonicalize dump is the graph that pass produced (lowering starts from it) */
+    hp_graph *g = NULL;
+    hp_err err = {0};
+    snprintf(path, sizeof path, "%s/02-canonicalize.hpir", dir);
+    cr_assert_eq(hp_graph_read_file(path, &g, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(g->n_nodes, c->passes[1].nodes_out);
+    hp_graph_free(g);
+    hp_compiled_free(c);
+    hp_job_free(job);
+    unsetenv("HP_DUMP");
+    unsetenv("HP_DUMP_DIR");
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+Test(pipeline, builds_the_graph_from_the_model) {
+    hp_job *job = make_job(&MLP, 1, false);
+    hp_graph_free(job->graph);
+    job->graph = NULL;
+    hp_compiled *c = compile_ok(job, 1);
+    cr_expect_gt(c->graph->n_nodes, 0);
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
+/* Every allocation failing in turn: an error each time, never a crash or (under ASan) a leak. */
+Test(pipeline, fault_injection) {
+    hp_job *job = make_job(&MLP, 2, true);
+    hp_alloc_fail_at(-1);
+    hp_compiled *c = compile_ok(job, 2);
+    long total = hp_alloc_fail_at(-1);
+    hp_compiled_free(c);
+    cr_assert_gt(total, 10);
+    for (long n = 0; n < total; n++) {
+        hp_alloc_fail_at(n);
+        hp_err err = {0};
+        c = NULL;
+        hp_status st = hp_compile(job, 2, &c, &err);
+        hp_alloc_fail_at(-1);
+        if (st == HP_OK) {
+            hp_compiled_free(c);
+            continue;
+        }
+        cr_expect_null(c);
+        cr_expect(err.msg[0], "allocation %ld: an error without a message", n);
+    }
+    hp_job_free(job);
+}

@@ -1,0 +1,145 @@
+/* hp-worker as an operator runs it: the real binary, killed with SIGKILL mid-run and resumed
+ * (the losses after the resume equal an uninterrupted run's, bit for bit), and stopped with
+ * Ctrl-C (SIGINT: it finishes the step, writes a checkpoint and exits 130). */
+#include "hp/checkpoint.h"
+
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char tmp[256];
+
+static void setup(void) {
+    snprintf(tmp, sizeof tmp, "/tmp/hp-worker-XXXXXX");
+    cr_assert(mkdtemp(tmp));
+}
+static void teardown(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(hpworker, .init = setup, .fini = teardown, .timeout = 300);
+
+/* A tiny Llama job: steps, checkpoint interval. */
+static void make_job(const char *path, int steps, int ckpt) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new --model llama3:debugmodel --dim 128 --layers 2 --heads 4 "
+             "--kv-heads 2 --ffn-hidden 256 --vocab 256 --batch 4 --seq 128 --steps %d "
+             "--log-interval 1 --checkpoint-interval %d -o %s >/dev/null",
+             HP_BINARY_DIR, steps, ckpt, path);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+static pid_t start_worker(const char *job, const char *out, const char *extra) {
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        char bin[512];
+        snprintf(bin, sizeof bin, "%s/worker/hp-worker", HP_BINARY_DIR);
+        if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        if (extra)
+            execl(bin, bin, "--standalone", job, "--out", out, "--threads", "1", extra, out,
+                  (char *)NULL);
+        else
+            execl(bin, bin, "--standalone", job, "--out", out, "--threads", "1", (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Lines in DIR/metrics.jsonl so far. */
+static int count_lines(const char *dir) {
+    char path[512], line[8192];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n++;
+    fclose(f);
+    return n;
+}
+
+/* The "loss" texts of DIR/metrics.jsonl (compared as text: bit-exact at %.17g). */
+static int read_losses(const char *dir, char losses[][40], int max) {
+    char path[512], line[8192];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "\"loss\":");
+        cr_assert(p);
+        p += 7;
+        size_t k = strcspn(p, ",}");
+        snprintf(losses[n++], 40, "%.*s", (int)k, p);
+    }
+    fclose(f);
+    return n;
+}
+
+static void wait_lines(const char *dir, int n, pid_t pid) {
+    for (int i = 0; i < 30000 && count_lines(dir) < n; i++) {
+        int st;
+        cr_assert_eq(waitpid(pid, &st, WNOHANG), 0, "hp-worker ended early");
+        struct timespec ts = {0, 2 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    cr_assert_geq(count_lines(dir), n, "hp-worker made no progress");
+}
+
+static int wait_exit(pid_t pid) {
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+Test(hpworker, sigkill_then_resume_equals_uninterrupted) {
+    char job[300], a[300], b[300];
+    snprintf(job, sizeof job, "%s/job.pb", tmp);
+    snprintf(a, sizeof a, "%s/a", tmp);
+    snprintf(b, sizeof b, "%s/b", tmp);
+    make_job(job, 20, 10);
+    cr_assert_eq(wait_exit(start_worker(job, a, NULL)), 0);
+
+    pid_t pid = start_worker(job, b, NULL);
+    wait_lines(b, 12, pid); /* past the step-10 checkpoint */
+    kill(pid, SIGKILL);
+    wait_exit(pid);
+    int seen = count_lines(b);
+    int64_t step = -1;
+    char root[400];
+    snprintf(root, sizeof root, "%s/checkpoints", b);
+    cr_assert_eq(hp_ckpt_latest(root, &step, NULL), HP_OK);
+    cr_assert_eq(step, 10);
+    cr_assert_eq(wait_exit(start_worker(job, b, "--resume")), 0);
+
+    char la[64][40], lb[64][40];
+    cr_assert_eq(read_losses(a, la, 64), 20);
+    int n = read_losses(b, lb, 64);
+    cr_assert_eq(n, seen + 10, "%d lines after resume, %d before the kill", n, seen);
+    for (int i = 0; i < 10; i++)
+        cr_expect_str_eq(lb[seen + i], la[10 + i], "step %d after the resume", 11 + i);
+}
+
+Test(hpworker, ctrl_c_stops_after_the_step_with_a_checkpoint) {
+    char job[300], out[300];
+    snprintf(job, sizeof job, "%s/job.pb", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    make_job(job, 100000, 0);
+    pid_t pid = start_worker(job, out, NULL);
+    wait_lines(out, 3, pid);
+    kill(pid, SIGINT);
+    cr_assert_eq(wait_exit(pid), 130);
+    int64_t step = -1;
+    char root[400];
+    snprintf(root, sizeof root, "%s/checkpoints", out);
+    cr_assert_eq(hp_ckpt_latest(root, &step, NULL), HP_OK);
+    cr_expect_eq(step, count_lines(out), "the checkpoint is the last step logged");
+}
