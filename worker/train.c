@@ -407,6 +407,7 @@ static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err
     HP_TRY(hp_metrics_format(&m, line, sizeof line, err));
     fprintf(t->log, "%s\n", line);
     fflush(t->log);
+    if (t->opts->on_metrics) t->opts->on_metrics(t->opts->metrics_ctx, &m);
     if (t->metrics) {
         char json[4096];
         HP_TRY(hp_metrics_to_json(&m, json, sizeof json, err));
@@ -422,15 +423,22 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     const hp_train_opts *o = t->opts;
     const hp_job *job = t->job;
     t->total_steps = o->steps > 0 ? o->steps : job->train.steps;
-    if (!job->graph) return hp_errf(err, HP_INVALID, "the job has no graph");
+    if (!job->graph && !o->program) return hp_errf(err, HP_INVALID, "the job has no graph");
     t->world = o->world > 1 ? o->world : 1;
     t->rank = t->world > 1 ? o->rank : 0;
     if (t->rank < 0 || t->rank >= t->world)
         return hp_errf(err, HP_INVALID, "rank %d of world %d", t->rank, t->world);
     /* every world goes through the same pipeline (at world 1 FSDP and the schedule passes
      * have nothing to do), so N ranks compute what 1 rank computes */
-    HP_TRY(hp_compile(job, t->world, &t->compiled, err));
-    t->prog = t->compiled->program;
+    if (o->program) { /* compiled by the coordinator: the worker never compiles */
+        t->prog = o->program;
+        if (t->prog->world != t->world)
+            return hp_errf(err, HP_INVALID, "the program is for world %d, this run is world %d",
+                           t->prog->world, t->world);
+    } else {
+        HP_TRY(hp_compile(job, t->world, &t->compiled, err));
+        t->prog = t->compiled->program;
+    }
     if (t->world > 1) {
         if (!o->comm_name)
             return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);

@@ -15,6 +15,8 @@
 #define HP_WORKER_TRAIN_H
 
 #include "hp/job.h"
+#include "hp/metrics.h"
+#include "hp/program.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -38,6 +40,13 @@ typedef struct hp_train_opts {
     int rank, world;
     const char *comm_name;
     double comm_timeout_s; /* <= 0: 60 s */
+    /* A program compiled by the coordinator (borrowed; its rank/world are this run's). NULL:
+     * compile the job here (standalone mode). */
+    hp_program *program;
+    /* Called on rank 0 after each logged step with the record also printed (may be NULL):
+     * the coordinator agent streams it. */
+    void (*on_metrics)(void *ctx, const struct hp_metrics *m);
+    void *metrics_ctx;
 } hp_train_opts;
 
 typedef struct hp_train_result {

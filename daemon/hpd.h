@@ -1,0 +1,77 @@
+/* daemon/hpd.h — the coordinator's core, as the control service (rpc.c) and the HTTP server
+ * see it. Every function here runs on the daemon's libuv loop thread (the gRPC completion-
+ * queue thread hands calls over with uv_async); none blocks.
+ *
+ * Job lifecycle: QUEUED → COMPILING → LAUNCHING → RUNNING → SUCCEEDED | FAILED | CANCELLED,
+ * RESTARTING after a worker failure (back to LAUNCHING from the last checkpoint, at most
+ * job.resources.max_restarts times). Every transition is committed to the store before it
+ * is acted on.
+ *
+ * Errors: HP_INVALID (a bad job or argument; the message names the field or node — the RPC
+ * layer maps it to INVALID_ARGUMENT), HP_NOT_FOUND (unknown job id), HP_LIMIT (queue full,
+ * page size), HP_IO (the store failed), HP_NOMEM.
+ */
+#ifndef HP_DAEMON_HPD_H
+#define HP_DAEMON_HPD_H
+
+#include "hp/base.h"
+
+#include "hp/v1/control.pb-c.h"
+
+#include <stdbool.h>
+#include <uv.h>
+
+typedef struct hpd hpd;
+
+#define HPD_ID_MAX 40
+
+/* A job as clients see it (a copy; owns nothing). */
+typedef struct hpd_job_view {
+    char id[HPD_ID_MAX];
+    char name[64];
+    Hp__V1__JobState state;
+    double created_unix_s, updated_unix_s;
+    int world_size;
+    int64_t step, total_steps;
+    int restarts;
+    char error[HP_ERR_MSG_MAX];
+    bool has_metrics;
+    double loss, tokens_per_s, mfu_pct, step_time_s; /* of the last metrics record */
+} hpd_job_view;
+
+/* Submits a job given as packed hp.v1.Job bytes (validated: hp_job_unpack + a compile check
+ * of the world). request_id (may be NULL/"") makes retries idempotent. */
+hp_status hpd_submit(hpd *d, const uint8_t *job, size_t len, const char *request_id,
+                     hpd_job_view *out, hp_err *err);
+hp_status hpd_get(hpd *d, const char *id, hpd_job_view *out, hp_err *err);
+/* Newest first. states: filter (n_states 0: all). page_size 0: 50, at most 1000. page_token:
+ * "" for the first page; *next gets the next page's token ("" at the end). *out is
+ * hp_malloc'd (caller frees). */
+hp_status hpd_list(hpd *d, const Hp__V1__JobState *states, int n_states, int page_size,
+                   const char *page_token, hpd_job_view **out, int *n, char next[HPD_ID_MAX],
+                   hp_err *err);
+/* Cancels a job that has not finished (stopping its workers); a finished job is returned as
+ * is. */
+hp_status hpd_cancel(hpd *d, const char *id, const char *reason, hpd_job_view *out, hp_err *err);
+
+/* Watching a job: fn receives, on the loop thread, first the job's current state, then every
+ * stored metrics record with step >= from_step (from_step <= 0: none), then live events
+ * (state changes, metrics, log lines when logs is true). After the terminal state event, fn
+ * gets ev == NULL once: the watch is over and freed. A watcher may stop early with
+ * hpd_watch_stop (fn is not called again). */
+typedef struct hpd_watch hpd_watch;
+typedef void (*hpd_event_fn)(void *ctx, const Hp__V1__JobEvent *ev);
+hp_status hpd_watch_start(hpd *d, const char *id, int64_t from_step, bool logs, hpd_event_fn fn,
+                          void *ctx, hpd_watch **out, hp_err *err);
+void hpd_watch_stop(hpd_watch *w);
+
+/* The compiled summary of a submitted job (id) or of job bytes, at world_size (0: the job's).
+ * *out is an hp_malloc'd packed hp.v1.PlanSummary. */
+hp_status hpd_plan(hpd *d, const char *id, const uint8_t *job, size_t len, int world_size,
+                   uint8_t **out, size_t *out_len, hp_err *err);
+
+/* The bearer token mutating RPCs need (the content of STATE_DIR/token). */
+const char *hpd_token(const hpd *d);
+uv_loop_t *hpd_loop(hpd *d);
+
+#endif
