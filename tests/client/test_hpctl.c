@@ -2,6 +2,7 @@
  * outputs read back (the --hpir text parses to the job's graph; --json is valid JSON). */
 #include "hp/job.h"
 #include "hp/text.h"
+#include "tests/util/cli_harness.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -9,68 +10,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
-
-typedef struct run_result {
-    int code;
-    char *out, *err; /* malloc'd */
-} run_result;
 
 static char tmpdir[256];
 
 static void setup(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hpctl-test-XXXXXX");
-    cr_assert(mkdtemp(tmpdir));
+    hp_th_tmpdir_make(tmpdir, sizeof tmpdir, "hpctl-test");
 }
 static void teardown(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
+    hp_th_tmpdir_remove(tmpdir);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "%s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    return s;
+/* args are already a full command line (no format) */
+static hp_th_run hpctl(const char *args) {
+    return hp_th_run_bin(tmpdir, "client/hpctl", "%s", args);
 }
 
-/* Runs `hpctl ARGS` through the shell, capturing stdout and stderr. */
-static run_result hpctl(const char *args) {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s/client/hpctl %s >%s/out 2>%s/err", HP_BINARY_DIR, args, tmpdir,
-             tmpdir);
-    int st = system(cmd);
-    run_result r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-    char p[300];
-    snprintf(p, sizeof p, "%s/out", tmpdir);
-    r.out = slurp(p);
-    snprintf(p, sizeof p, "%s/err", tmpdir);
-    r.err = slurp(p);
-    return r;
-}
-
-static void done(run_result *r) {
-    free(r->out);
-    free(r->err);
-}
-
-/* An error is exactly one line on stderr, starting "hpctl:", containing `want`. */
 static void expect_error(const char *args, int code, const char *want) {
-    run_result r = hpctl(args);
-    cr_expect_eq(r.code, code, "hpctl %s: exit %d, want %d (stderr: %s)", args, r.code, code,
-                 r.err);
-    cr_expect(strncmp(r.err, "hpctl", 5) == 0, "hpctl %s: stderr '%s'", args, r.err);
-    char *nl = strchr(r.err, '\n');
-    cr_expect(nl && nl[1] == 0, "hpctl %s: stderr is not one line: '%s'", args, r.err);
-    cr_expect(strstr(r.err, want), "hpctl %s: stderr '%s' lacks '%s'", args, r.err, want);
-    done(&r);
+    hp_th_expect_cli_error(hpctl(args), code, "hpctl", want);
 }
 
 TestSuite(hpctl, .init = setup, .fini = teardown, .timeout = 120);
@@ -81,9 +39,9 @@ Test(hpctl, new_then_inspect_debugmodel) {
              "new --model llama3:debugmodel --batch 2 --seq 64 --steps 30 "
              "--lr 1e-3 --decay cosine -o %s/job.pb",
              tmpdir);
-    run_result r = hpctl(args);
+    hp_th_run r = hpctl(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
-    done(&r);
+    hp_th_run_free(&r);
 
     snprintf(args, sizeof args, "inspect %s/job.pb", tmpdir);
     r = hpctl(args);
@@ -94,7 +52,7 @@ Test(hpctl, new_then_inspect_debugmodel) {
     cr_expect(strstr(r.out, "cosine decay"), "%s", r.out);
     cr_expect(strstr(r.out, "58 outputs (loss + 57 gradients)"), "%s", r.out);
     cr_expect(strstr(r.out, "job         debugmodel"), "%s", r.out);
-    done(&r);
+    hp_th_run_free(&r);
 
     /* --hpir prints the graph: it parses back to the very graph in the job file */
     snprintf(args, sizeof args, "inspect %s/job.pb --hpir", tmpdir);
@@ -113,7 +71,7 @@ Test(hpctl, new_then_inspect_debugmodel) {
     cr_expect_eq(job->train.seq, 64);
     hp_job_free(job);
     hp_graph_free(g);
-    done(&r);
+    hp_th_run_free(&r);
 
     snprintf(args, sizeof args, "inspect %s/job.pb --json", tmpdir);
     r = hpctl(args);
@@ -125,7 +83,7 @@ Test(hpctl, new_then_inspect_debugmodel) {
     cr_expect_eq(json_integer_value(json_object_get(json_object_get(root, "graph"), "outputs")),
                  58);
     json_decref(root);
-    done(&r);
+    hp_th_run_free(&r);
 }
 
 Test(hpctl, usage_errors_exit_2) {
@@ -161,17 +119,13 @@ Test(hpctl, bad_files_exit_1) {
 
     /* a valid job cut in half */
     snprintf(args, sizeof args, "new --model mlp -o %s/ok.pb", tmpdir);
-    run_result r = hpctl(args);
+    hp_th_run r = hpctl(args);
     cr_assert_eq(r.code, 0, "%s", r.err);
-    done(&r);
+    hp_th_run_free(&r);
     snprintf(path, sizeof path, "%s/ok.pb", tmpdir);
-    char *data = slurp(path);
-    f = fopen(path, "r+b");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fclose(f);
-    cr_assert_eq(truncate(path, n / 2), 0);
-    free(data);
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(truncate(path, st.st_size / 2), 0);
     snprintf(args, sizeof args, "inspect %s", path);
     expect_error(args, 1, "ok.pb");
 

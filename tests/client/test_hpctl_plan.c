@@ -3,6 +3,7 @@
  * (per-rank parameter + gradient + optimizer memory at world N is 1/N of world 1's, plus
  * padding; communication appears exactly when there is more than one rank). */
 #include "hp/job.h"
+#include "tests/util/cli_harness.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -12,84 +13,34 @@
 #include <string.h>
 #include <sys/wait.h>
 
-typedef struct run_result {
-    int code;
-    char *out, *err; /* malloc'd */
-} run_result;
-
 static char tmpdir[256];
 
 static void setup(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hpctl-plan-test-XXXXXX");
-    cr_assert(mkdtemp(tmpdir));
+    hp_th_tmpdir_make(tmpdir, sizeof tmpdir, "hpctl-plan-test");
 }
 static void teardown(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
+    hp_th_tmpdir_remove(tmpdir);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    cr_assert(f, "%s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
+#define hpctl(...) hp_th_run_bin(tmpdir, "client/hpctl", __VA_ARGS__)
 
-/* Runs `hpctl ARGS` (printf-style) through the shell, capturing stdout and stderr. */
-static run_result hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static run_result hpctl(const char *fmt, ...) {
-    char args[1536], cmd[2400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s/client/hpctl %s >%s/out 2>%s/err", HP_BINARY_DIR, args, tmpdir,
-             tmpdir);
-    int st = system(cmd);
-    run_result r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-    char p[300];
-    snprintf(p, sizeof p, "%s/out", tmpdir);
-    r.out = slurp(p);
-    snprintf(p, sizeof p, "%s/err", tmpdir);
-    r.err = slurp(p);
-    return r;
-}
-
-static void done(run_result *r) {
-    free(r->out);
-    free(r->err);
-}
-
-static void ok(run_result r) {
+static void ok(hp_th_run r) {
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
-    done(&r);
+    hp_th_run_free(&r);
 }
 
-/* An error is exactly one line on stderr, starting "hpctl:", containing `want`. */
-static void expect_error(run_result r, int code, const char *want) {
-    cr_expect_eq(r.code, code, "exit %d, want %d (stderr: %s)", r.code, code, r.err);
-    cr_expect(strncmp(r.err, "hpctl", 5) == 0, "stderr '%s'", r.err);
-    char *nl = strchr(r.err, '\n');
-    cr_expect(nl && nl[1] == 0, "stderr is not one line: '%s'", r.err);
-    cr_expect(strstr(r.err, want), "stderr '%s' lacks '%s'", r.err, want);
-    done(&r);
+static void expect_error(hp_th_run r, int code, const char *want) {
+    hp_th_expect_cli_error(r, code, "hpctl", want);
 }
 
 /* `hpctl plan ... --json`, parsed. */
 static json_t *plan_json(const char *job, const char *extra) {
-    run_result r = hpctl("plan %s/%s --json %s", tmpdir, job, extra);
+    hp_th_run r = hpctl("plan %s/%s --json %s", tmpdir, job, extra);
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
     json_error_t je;
     json_t *root = json_loads(r.out, 0, &je);
     cr_assert(root, "invalid JSON (%s): %s", je.text, r.out);
-    done(&r);
+    hp_th_run_free(&r);
     return root;
 }
 
@@ -107,7 +58,7 @@ TestSuite(hpctl_plan, .init = setup, .fini = teardown, .timeout = 120);
 Test(hpctl_plan, text_report) {
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 32 --mesh dp=2 " ALL_FSDP " -o %s/j.pb",
              tmpdir));
-    run_result r = hpctl("plan %s/j.pb", tmpdir);
+    hp_th_run r = hpctl("plan %s/j.pb", tmpdir);
     cr_assert_eq(r.code, 0, "%s", r.err);
     static const char *const want[] = {"world 2, mesh dp=2",
                                        "pass ",
@@ -131,11 +82,11 @@ Test(hpctl_plan, text_report) {
                                        "(N-1)/N"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         cr_expect(strstr(r.out, want[i]), "no '%s' in:\n%s", want[i], r.out);
-    done(&r);
+    hp_th_run_free(&r);
     r = hpctl("plan --help");
     cr_expect_eq(r.code, 0);
     cr_expect(strstr(r.out, "--world N"));
-    done(&r);
+    hp_th_run_free(&r);
 }
 
 /* The issue's memory claim: FSDP leaves 1/N of the parameter, gradient and optimizer bytes on

@@ -1,0 +1,70 @@
+/* tests/util/cli_harness.c — see cli_harness.h. */
+#include "tests/util/cli_harness.h"
+
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#ifndef HP_BINARY_DIR
+#define HP_BINARY_DIR "."
+#endif
+
+void hp_th_tmpdir_make(char *dir, size_t len, const char *prefix) {
+    snprintf(dir, len, "/tmp/%s-XXXXXX", prefix);
+    cr_assert(mkdtemp(dir), "mkdtemp %s", dir);
+}
+
+void hp_th_tmpdir_remove(const char *dir) {
+    char cmd[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+char *hp_th_slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert(s);
+    cr_assert_eq(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ...) {
+    char args[2048], cmd[4096], p[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s/%s %s >%s/out 2>%s/err", HP_BINARY_DIR, bin, args, tmpdir,
+             tmpdir);
+    int st = system(cmd);
+    hp_th_run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    snprintf(p, sizeof p, "%s/out", tmpdir);
+    r.out = hp_th_slurp(p);
+    snprintf(p, sizeof p, "%s/err", tmpdir);
+    r.err = hp_th_slurp(p);
+    return r;
+}
+
+void hp_th_run_free(hp_th_run *r) {
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+void hp_th_expect_cli_error(hp_th_run r, int code, const char *prog, const char *want) {
+    cr_expect_eq(r.code, code, "exit %d, want %d (stderr: %s)", r.code, code, r.err);
+    cr_expect(strncmp(r.err, prog, strlen(prog)) == 0, "stderr '%s'", r.err);
+    char *nl = strchr(r.err, '\n');
+    cr_expect(nl && nl[1] == 0, "stderr is not one line: '%s'", r.err);
+    cr_expect(strstr(r.err, want), "stderr '%s' lacks '%s'", r.err, want);
+    hp_th_run_free(&r);
+}

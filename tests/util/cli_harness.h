@@ -1,0 +1,31 @@
+/* tests/util/cli_harness.h — running the project's real binaries from Criterion tests: a temp
+ * dir per test, a command through the shell with stdout and stderr captured, and the CLI
+ * error convention (exactly one line on stderr, starting with the program's name). */
+#ifndef HP_TEST_CLI_HARNESS_H
+#define HP_TEST_CLI_HARNESS_H
+
+#include <stddef.h>
+
+typedef struct hp_th_run {
+    int code;        /* exit status; -1 when killed by a signal */
+    char *out, *err; /* malloc'd, NUL-terminated */
+} hp_th_run;
+
+/* mkdtemp("/tmp/PREFIX-XXXXXX") into dir; asserts on failure. */
+void hp_th_tmpdir_make(char *dir, size_t len, const char *prefix);
+/* rm -rf dir; asserts on failure. */
+void hp_th_tmpdir_remove(const char *dir);
+/* The whole file, malloc'd and NUL-terminated; asserts when unreadable. */
+char *hp_th_slurp(const char *path);
+
+/* Runs `HP_BINARY_DIR/BIN ARGS` (ARGS printf-style) through the shell, capturing its output
+ * in files under tmpdir. bin is relative to the build dir, e.g. "client/hpctl". */
+hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void hp_th_run_free(hp_th_run *r);
+
+/* Expects r to have failed with `code` and exactly one stderr line starting with `prog` and
+ * containing `want`; frees r. */
+void hp_th_expect_cli_error(hp_th_run r, int code, const char *prog, const char *want);
+
+#endif
