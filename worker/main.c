@@ -8,10 +8,19 @@
  * rank processes of itself (--rank R --comm NAME), joined by the shm communicator, passes
  * rank 0's output through, and if any rank dies it stops the others and fails naming it.
  *
+ * Coordinator mode takes the job from hpd (worker/agent.h):
+ *
+ *   hp-worker --coordinator HOST:PORT --job ID --rank R --token T [--threads N]
+ *
+ * Under Slurm the rank and world come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, and
+ * --coordinator, --job and --token may come from HP_COORDINATOR, HP_JOB and HP_TOKEN.
+ *
  * Ctrl-C (SIGINT) or SIGTERM stops after the current step, writes a checkpoint when --out is
- * given, and exits 130. Exit codes: 0 done, 1 error, 2 usage, 130 interrupted. */
+ * given, and exits 130. Exit codes: 0 done, 1 error, 2 usage, 130 interrupted (or stopped by
+ * the coordinator). */
 #include "hp/job.h"
 #include "hp/threads.h"
+#include "worker/agent.h"
 #include "worker/train.h"
 
 #include <errno.h>
@@ -39,6 +48,7 @@ static int usage_error(const char *fmt, const char *arg) {
 
 static void usage(void) {
     puts("usage: hp-worker --standalone JOB.pb [flags]\n"
+         "       hp-worker --coordinator HOST:PORT --job ID --rank R --token T [--threads N]\n"
          "\n"
          "  --standalone JOB.pb    run the job in this process, no coordinator\n"
          "  --steps N              train N steps (default: the job's)\n"
@@ -50,6 +60,11 @@ static void usage(void) {
          "  --world N              run N ranks on this host (FSDP over the shm backend)\n"
          "  --threads N            compute threads per rank (default: $HP_NUM_THREADS, or the\n"
          "                         CPUs divided among the ranks)\n"
+         "\n"
+         "  --coordinator HOST:PORT  take the job from hpd ($HP_COORDINATOR)\n"
+         "  --job ID               the job's id ($HP_JOB)\n"
+         "  --token T              the job's worker token ($HP_TOKEN)\n"
+         "  --rank R               this rank (default: $SLURM_PROCID)\n"
          "\n"
          "Ctrl-C stops after the current step with a checkpoint (exit 130).");
 }
@@ -158,6 +173,48 @@ static int launch(int argc, char **argv, int world, int threads) {
     return rc;
 }
 
+/* ---- coordinator mode ---------------------------------------------------------------------- */
+
+/* An integer environment variable; 0 when unset, 2 (usage) when malformed. */
+static int env_int(const char *name, long long lo, long long hi, long long *out, bool *set) {
+    const char *v = getenv(name);
+    *set = v && *v;
+    if (!*set) return 0;
+    return parse_int(name, v, lo, hi, out);
+}
+
+static int run_agent(hp_agent_opts *ao, bool rank_given) {
+    long long n;
+    bool set;
+    if (!ao->job_id) ao->job_id = getenv("HP_JOB");
+    if (!ao->token) ao->token = getenv("HP_TOKEN");
+    if (!ao->job_id || !*ao->job_id) return usage_error("%s", "--job ID (or $HP_JOB) is required");
+    if (!ao->token) return usage_error("%s", "--token T (or $HP_TOKEN) is required");
+    if (env_int("SLURM_PROCID", 0, 65535, &n, &set)) return 2;
+    if (set && !rank_given) ao->rank = (int)n, rank_given = true;
+    if (!rank_given) return usage_error("%s", "--rank R (or $SLURM_PROCID) is required");
+    if (env_int("SLURM_NTASKS", 1, 65536, &n, &set)) return 2;
+    if (set) ao->world = (int)n;
+    if (env_int("SLURM_LOCALID", 0, 65535, &n, &set)) return 2;
+    if (set) ao->local_rank = (int)n;
+    if (env_int("HP_WELCOME_TIMEOUT_S", 1, 86400, &n, &set)) return 2;
+    if (set) ao->welcome_timeout_s = (double)n;
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    ao->stop = &stop_requested;
+
+    hp_agent_result res;
+    hp_err err = {0};
+    if (hp_agent_run(ao, &res, &err) != HP_OK) {
+        fprintf(stderr, "hp-worker: rank %d: %s\n", ao->rank, err.msg);
+        return 1;
+    }
+    return res.stopped ? 130 : 0;
+}
+
 int main(int argc, char **argv) {
     /* OpenBLAS's idle threads spin ~0.1 s after each GEMM and steal the cores our own pool
      * computes on; it reads its timeout only when it loads, so set it and start again. */
@@ -166,6 +223,7 @@ int main(int argc, char **argv) {
 
     const char *job_path = NULL;
     hp_train_opts o = {.stop = &stop_requested};
+    hp_agent_opts ao = {.coordinator = NULL};
     bool rank_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -182,6 +240,12 @@ int main(int argc, char **argv) {
         long long n;
         if (!strcmp(a, "--standalone"))
             job_path = v;
+        else if (!strcmp(a, "--coordinator"))
+            ao.coordinator = v;
+        else if (!strcmp(a, "--job"))
+            ao.job_id = v;
+        else if (!strcmp(a, "--token"))
+            ao.token = v;
         else if (!strcmp(a, "--out"))
             o.out_dir = v;
         else if (!strcmp(a, "--init-from"))
@@ -208,9 +272,15 @@ int main(int argc, char **argv) {
         } else
             return usage_error("unknown flag '%s'", a);
     }
+    if (!job_path && !ao.coordinator) ao.coordinator = getenv("HP_COORDINATOR");
+    if (ao.coordinator && *ao.coordinator) {
+        if (job_path) return usage_error("%s", "--standalone and --coordinator exclude each other");
+        ao.rank = o.rank;
+        ao.threads = o.threads;
+        return run_agent(&ao, rank_given);
+    }
     if (!job_path)
-        return usage_error("%s", "--standalone JOB.pb is required (coordinator mode arrives "
-                                 "with hpd)");
+        return usage_error("%s", "--standalone JOB.pb or --coordinator HOST:PORT is required");
 
     hp_job *job = NULL;
     hp_err err = {0};

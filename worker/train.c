@@ -533,7 +533,9 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         w.steps++;
         w.tokens += t.batch * t.seq;
         w.data_s += o.data_s;
-        bool stop = opts->stop && *opts->stop;
+        bool stop =
+            opts->stop &&
+            __atomic_load_n(opts->stop, __ATOMIC_RELAXED); /* set by a signal or the agent thread */
         if (t.world > 1) { /* the ranks agree on stopping, or they would part ways here */
             int64_t flag = stop;
             st = t.comm->vt->all_reduce(t.comm, &flag, &flag, 1, HP_COMM_I64, HP_REDUCE_MAX, err);
