@@ -299,14 +299,15 @@ static hp_status load_checkpoint(trainer *t, const char *dir, int64_t *step, hp_
         goto done;
     }
     for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
+        /* this rank's rows, whatever world wrote the checkpoint; padding rows stay zero */
         const hp_param_slot *ps = &t->prog->params[i];
-        int64_t rows = ps->global.rank ? ps->global.shape[0] : 1;
-        size_t bytes = (size_t)param_numel(t, i) * sizeof(float);
-        st = hp_ckpt_read(c, ps->fqn, HP_CKPT_PARAM, 0, rows, param_ptr(t, i), bytes, err);
+        shard_geo g = geo(t, i);
+        int64_t a = g.start, b = g.start + g.real;
+        size_t bytes = (size_t)(g.real * g.row) * sizeof(float);
+        st = hp_ckpt_read(c, ps->fqn, HP_CKPT_PARAM, a, b, param_ptr(t, i), bytes, err);
+        if (st == HP_OK) st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG, a, b, t->m[i], bytes, err);
         if (st == HP_OK)
-            st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG, 0, rows, t->m[i], bytes, err);
-        if (st == HP_OK)
-            st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG_SQ, 0, rows, t->v[i], bytes, err);
+            st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG_SQ, a, b, t->v[i], bytes, err);
     }
     *step = sc->step;
 done:
