@@ -1,6 +1,6 @@
 /* client/hpctl.c — the command-line client: verb dispatch, usage, and the flag helpers the
- * verbs share. Verbs that talk to the coordinator arrive with it; the offline ones are in
- * hpctl_job.c (new, inspect) and hpctl_plan.c (plan).
+ * verbs share. The verbs that talk to the coordinator are in hpctl_remote.c (over
+ * rpc_client.c); the offline ones are in hpctl_job.c (new, inspect) and hpctl_plan.c (plan).
  *
  * Conventions: one line on stderr per error ("hpctl: new: --batch: 'x' is not an integer"),
  * exit 0 ok, 1 an error (bad file, failed operation), 2 a usage error. */
@@ -66,6 +66,23 @@ static void usage(FILE *f) {
           "                        compile offline: passes, per-rank memory, communication,\n"
           "                        estimated step time (see `hpctl plan --help`)\n"
           "\n"
+          "coordinator verbs (common flags: --server HOST:PORT (default $HP_SERVER or\n"
+          "127.0.0.1:7070), --token T ($HP_TOKEN, STATE_DIR/token), --tls-ca PEM,\n"
+          "--timeout SECONDS, --json):\n"
+          "  submit JOB.pb [--watch] [--request-id ID]\n"
+          "                        submit a job; prints its id (--watch: then watch it)\n"
+          "  status ID             one job's state, step, loss\n"
+          "  list [--state S[,S]] [--page-size N] [--page-token T]\n"
+          "                        jobs, newest first\n"
+          "  cancel ID [--reason TEXT]\n"
+          "                        stop a job\n"
+          "  watch ID [--from-step N]\n"
+          "                        live step, loss, tokens/s, MFU, ETA; exit 0 when the job\n"
+          "                        SUCCEEDED, 1 when it FAILED or was CANCELLED\n"
+          "  logs ID [--rank R] [--follow]\n"
+          "                        a rank's log (STATE_DIR/jobs/ID/rank-R.log on the daemon's\n"
+          "                        host; --follow without the file streams live lines)\n"
+          "\n"
           "  --help, -h            this text\n"
           "  --version             print the version\n"
           "\n"
@@ -90,6 +107,12 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "new")) return hpctl_new(argc - 1, argv + 1);
     if (!strcmp(verb, "inspect")) return hpctl_inspect(argc - 1, argv + 1);
     if (!strcmp(verb, "plan")) return hpctl_plan(argc - 1, argv + 1);
+    if (!strcmp(verb, "submit")) return hpctl_submit(argc - 1, argv + 1);
+    if (!strcmp(verb, "status")) return hpctl_status(argc - 1, argv + 1);
+    if (!strcmp(verb, "list")) return hpctl_list(argc - 1, argv + 1);
+    if (!strcmp(verb, "cancel")) return hpctl_cancel(argc - 1, argv + 1);
+    if (!strcmp(verb, "watch")) return hpctl_watch(argc - 1, argv + 1);
+    if (!strcmp(verb, "logs")) return hpctl_logs(argc - 1, argv + 1);
     fprintf(stderr, "hpctl: unknown verb '%s' (try hpctl --help)\n", verb);
     return HPCTL_USAGE;
 }

@@ -20,5 +20,12 @@ int hpctl_parse_f64(const char *verb, const char *flag, const char *s, double lo
 int hpctl_new(int argc, char **argv);
 int hpctl_inspect(int argc, char **argv);
 int hpctl_plan(int argc, char **argv);
+/* Remote verbs (hpctl_remote.c): talk to hpd over gRPC. */
+int hpctl_submit(int argc, char **argv);
+int hpctl_status(int argc, char **argv);
+int hpctl_list(int argc, char **argv);
+int hpctl_cancel(int argc, char **argv);
+int hpctl_watch(int argc, char **argv);
+int hpctl_logs(int argc, char **argv);
 
 #endif

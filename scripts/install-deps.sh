@@ -18,7 +18,7 @@ pkgs=(
     libglpk-dev
     libjansson-dev
     libmicrohttpd-dev
-    python3 python3-numpy python3-torch
+    python3 python3-numpy python3-torch python3-grpcio python3-protobuf
 )
 
 missing=()

@@ -1,0 +1,642 @@
+/* daemon/core.c — the coordinator's state and its public API (hpd.h): jobs in memory mirrored
+ * from the store, submit/get/list/cancel/plan, watch subscriptions (replay from the store, then
+ * live fan-out), transitions (committed to the store, then acted on), recovery at start and
+ * shutdown. The job lifecycle — scheduling, launching, worker frames, restarts — is in
+ * lifecycle.c. Everything runs on the loop thread.
+ */
+#include "daemon/core.h"
+#include "daemon/jobsm.h"
+
+#include "hp/program.h"
+
+#include "hp/v1/program.pb-c.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+
+/* ---- logging ------------------------------------------------------------------------------ */
+static int log_level = 1; /* 0 debug, 1 info, 2 warn, 3 error */
+
+static int level_of(const char *s) {
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    return -1;
+}
+
+void hp__log_set_level(const char *level) {
+    int l = level_of(level);
+    if (l >= 0) log_level = l;
+}
+
+void hp__log(const char *level, const char *fmt, ...) {
+    int l = level_of(level);
+    if (l < log_level) return;
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    gmtime_r(&tv.tv_sec, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "time=%s.%03dZ level=%s %s\n", ts, (int)(tv.tv_usec / 1000), level, line);
+}
+
+uint64_t hp__now_ms(void) {
+    return uv_hrtime() / 1000000u;
+}
+
+double hp__unix_s(void) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
+}
+
+/* ---- jobs --------------------------------------------------------------------------------- */
+hpd_job *hp__job_find(hpd *d, const char *id) {
+    if (!id) return NULL;
+    for (hpd_job *j = d->jobs; j; j = j->next)
+        if (strcmp(j->v.id, id) == 0) return j;
+    return NULL;
+}
+
+static long id_seq(const char *id) {
+    return strncmp(id, "j-", 2) == 0 ? atol(id + 2) : -1;
+}
+
+/* A new in-memory job from a row (not yet linked into d->jobs). */
+static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
+    hpd_job *j = hp_calloc(1, sizeof *j);
+    if (!j) return hp_errf(err, HP_NOMEM, "out of memory"), NULL;
+    j->packed = hp_malloc(r->job_len ? r->job_len : 1);
+    if (!j->packed) {
+        hp_free(j);
+        return hp_errf(err, HP_NOMEM, "out of memory"), NULL;
+    }
+    memcpy(j->packed, r->job, r->job_len);
+    j->packed_len = r->job_len;
+    snprintf(j->v.id, sizeof j->v.id, "%s", r->id);
+    snprintf(j->v.name, sizeof j->v.name, "%s", r->name);
+    j->v.state = (Hp__V1__JobState)r->state;
+    j->v.created_unix_s = r->created;
+    j->v.updated_unix_s = r->updated;
+    j->v.world_size = r->world;
+    j->v.step = r->step;
+    j->v.total_steps = r->total_steps;
+    j->v.restarts = r->restarts;
+    snprintf(j->v.error, sizeof j->v.error, "%s", r->error);
+    snprintf(j->run_dir, sizeof j->run_dir, "%s", r->run_dir);
+    snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
+    j->attempt = r->restarts;
+    /* max_restarts lives in the job bytes: read it once (the bytes were validated at submit). */
+    hp_job *job = NULL;
+    if (hp_job_unpack(j->packed, j->packed_len, &job, NULL) == HP_OK) {
+        j->max_restarts = job->resources.max_restarts;
+        hp_job_free(job);
+    }
+    return j;
+}
+
+static void job_link(hpd *d, hpd_job *j) {
+    if (d->jobs_tail)
+        d->jobs_tail->next = j;
+    else
+        d->jobs = j;
+    d->jobs_tail = j;
+    d->n_jobs++;
+}
+
+static void job_free(hpd_job *j) {
+    hp_free(j->packed);
+    hp_compiled_free(j->compiled);
+    hp_free(j->ranks);
+    hp_free(j);
+}
+
+/* ---- watches ------------------------------------------------------------------------------ */
+struct hpd_watch {
+    struct hpd_watch *next, *prev;
+    hpd *d;
+    hpd_job *j;
+    bool logs, dead;
+    hpd_event_fn fn;
+    void *ctx;
+};
+
+static int emitting; /* >0 while fanning out: stopped watches are freed after */
+
+static void watch_unlink(hpd_watch *w) {
+    hpd *d = w->d;
+    if (w->prev)
+        w->prev->next = w->next;
+    else if (d->watches == w)
+        d->watches = w->next;
+    if (w->next) w->next->prev = w->prev;
+    hp_free(w);
+}
+
+static void sweep(hpd *d) {
+    if (emitting) return;
+    for (hpd_watch *w = d->watches, *next; w; w = next) {
+        next = w->next;
+        if (w->dead) watch_unlink(w);
+    }
+}
+
+void hpd_watch_stop(hpd_watch *w) {
+    if (!w || w->dead) return;
+    w->dead = true;
+    sweep(w->d);
+}
+
+static void fill_event(Hp__V1__JobEvent *ev, hpd_job *j) {
+    hp__v1__job_event__init(ev);
+    ev->job_id = j->v.id;
+    ev->time_unix_s = hp__unix_s();
+}
+
+void hp__emit_state(hpd *d, hpd_job *j) {
+    Hp__V1__JobEvent ev;
+    fill_event(&ev, j);
+    ev.event_case = HP__V1__JOB_EVENT__EVENT_STATE;
+    ev.state = j->v.state;
+    bool final = hpd_sm_is_final(j->v.state);
+    emitting++;
+    for (hpd_watch *w = d->watches; w; w = w->next) {
+        if (w->dead || w->j != j) continue;
+        w->fn(w->ctx, &ev);
+        if (final && !w->dead) {
+            w->dead = true;
+            w->fn(w->ctx, NULL);
+        }
+    }
+    emitting--;
+    sweep(d);
+}
+
+void hp__emit_metrics(hpd *d, hpd_job *j, const Hp__V1__StepMetrics *m) {
+    Hp__V1__JobEvent ev;
+    fill_event(&ev, j);
+    ev.event_case = HP__V1__JOB_EVENT__EVENT_METRICS;
+    ev.metrics = (Hp__V1__StepMetrics *)m;
+    emitting++;
+    for (hpd_watch *w = d->watches; w; w = w->next)
+        if (!w->dead && w->j == j) w->fn(w->ctx, &ev);
+    emitting--;
+    sweep(d);
+}
+
+void hp__emit_log(hpd *d, hpd_job *j, const Hp__V1__LogLine *l) {
+    Hp__V1__JobEvent ev;
+    fill_event(&ev, j);
+    ev.event_case = HP__V1__JOB_EVENT__EVENT_LOG;
+    ev.log = (Hp__V1__LogLine *)l;
+    emitting++;
+    for (hpd_watch *w = d->watches; w; w = w->next)
+        if (!w->dead && w->logs && w->j == j) w->fn(w->ctx, &ev);
+    emitting--;
+    sweep(d);
+}
+
+typedef struct replay_ctx {
+    hpd_watch *w;
+    hpd_job *j;
+} replay_ctx;
+
+static bool replay_one(void *ctx, int64_t step, int rank, const uint8_t *rec, size_t len) {
+    replay_ctx *r = ctx;
+    if (r->w->dead) return false;
+    Hp__V1__StepMetrics *m = hp__v1__step_metrics__unpack(NULL, len, rec);
+    if (!m) return true; /* a record we wrote ourselves; skip rather than end the watch */
+    Hp__V1__JobEvent ev;
+    fill_event(&ev, r->j);
+    ev.event_case = HP__V1__JOB_EVENT__EVENT_METRICS;
+    ev.metrics = m;
+    r->w->fn(r->w->ctx, &ev);
+    hp__v1__step_metrics__free_unpacked(m, NULL);
+    return !r->w->dead;
+}
+
+hp_status hpd_watch_start(hpd *d, const char *id, int64_t from_step, bool logs, hpd_event_fn fn,
+                          void *ctx, hpd_watch **out, hp_err *err) {
+    *out = NULL;
+    hpd_job *j = hp__job_find(d, id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    hpd_watch *w = hp_calloc(1, sizeof *w);
+    if (!w) return hp_errf(err, HP_NOMEM, "out of memory");
+    w->d = d;
+    w->j = j;
+    w->logs = logs;
+    w->fn = fn;
+    w->ctx = ctx;
+    /* Linked first (dead to fan-out until the replay is through: we are on the loop thread,
+     * so nothing live can interleave anyway). */
+    w->next = d->watches;
+    if (d->watches) d->watches->prev = w;
+    d->watches = w;
+    emitting++;
+    Hp__V1__JobEvent ev;
+    fill_event(&ev, j);
+    ev.event_case = HP__V1__JOB_EVENT__EVENT_STATE;
+    ev.state = j->v.state;
+    fn(ctx, &ev);
+    hp_status st = HP_OK;
+    if (!w->dead && from_step > 0) {
+        replay_ctx r = {w, j};
+        st = hpd_store_each_metrics(d->store, j->v.id, from_step, replay_one, &r, err);
+    }
+    if (!w->dead && hpd_sm_is_final(j->v.state)) {
+        w->dead = true;
+        fn(ctx, NULL);
+    }
+    emitting--;
+    if (st != HP_OK) w->dead = true;
+    bool live = !w->dead;
+    if (live) *out = w;
+    sweep(d);
+    return st;
+}
+
+/* ---- transitions -------------------------------------------------------------------------- */
+hp_status hp__transition(hpd *d, hpd_job *j, int ev, const char *reason, const char *error,
+                         hp_err *err) {
+    Hp__V1__JobState to;
+    HP_TRY(hpd_sm_next(j->v.state, (hpd_sm_event)ev, j->v.restarts, j->max_restarts, &to, err));
+    int restarts = j->v.restarts + (to == HP__V1__JOB_STATE__JOB_STATE_RESTARTING &&
+                                    j->v.state != HP__V1__JOB_STATE__JOB_STATE_RESTARTING);
+    const char *e = error ? error : (to == HP__V1__JOB_STATE__JOB_STATE_FAILED ? reason : "");
+    if (to != j->v.state || restarts != j->v.restarts) {
+        HP_TRY(hpd_store_transition(d->store, j->v.id, j->v.state, to, reason, j->v.step, restarts,
+                                    e, err));
+    }
+    hp__log("info", "event=transition job=%s from=%s to=%s reason=\"%s\"", j->v.id,
+            hpd_sm_state_str(j->v.state), hpd_sm_state_str(to), reason);
+    bool changed = to != j->v.state;
+    j->v.state = to;
+    /* The store keeps the error of the latest transition only (the history has them all):
+     * memory mirrors it, so a job that recovered and succeeded shows no stale error. */
+    if (changed || restarts != j->v.restarts) snprintf(j->v.error, sizeof j->v.error, "%s", e);
+    j->v.restarts = restarts;
+    j->v.updated_unix_s = hp__unix_s();
+    if (hpd_sm_is_final(to) && j->holds_slots) {
+        j->holds_slots = false;
+        d->slots_used -= j->v.world_size;
+    }
+    if (changed) hp__emit_state(d, j);
+    return HP_OK;
+}
+
+/* ---- the API ------------------------------------------------------------------------------ */
+const char *hpd_token(const hpd *d) {
+    return d->token;
+}
+uv_loop_t *hpd_loop(hpd *d) {
+    return d->loop;
+}
+
+hp_status hpd_get(hpd *d, const char *id, hpd_job_view *out, hp_err *err) {
+    hpd_job *j = hp__job_find(d, id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    *out = j->v;
+    return HP_OK;
+}
+
+static hp_status mkdir_p(const char *path, hp_err *err) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return hp_errf(err, HP_IO, "mkdir %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        return hp_errf(err, HP_IO, "mkdir %s: %s", buf, strerror(errno));
+    return HP_OK;
+}
+hp_status hp__mkdir_p(const char *path, hp_err *err) {
+    return mkdir_p(path, err);
+}
+
+hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *request_id,
+                     hpd_job_view *out, hp_err *err) {
+    if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
+    if (request_id && *request_id) {
+        if (strlen(request_id) >= sizeof((hpd_job *)0)->request_id)
+            return hp_errf(err, HP_INVALID, "request_id: longer than 63 bytes");
+        for (hpd_job *j = d->jobs; j; j = j->next)
+            if (strcmp(j->request_id, request_id) == 0) {
+                *out = j->v;
+                return HP_OK;
+            }
+    }
+    hp_job *job = NULL;
+    HP_TRY(hp_job_unpack(bytes, len, &job, err));
+    hp_status st = HP_OK;
+    if (job->resources.world_size > d->slots) {
+        st = hp_errf(err, HP_INVALID,
+                     "resources.world_size: %d ranks exceed the coordinator's %d slots",
+                     job->resources.world_size, d->slots);
+        goto out;
+    }
+    hp_compiled *c = NULL;
+    st = hp_compile(job, job->resources.world_size, &c, err);
+    hp_compiled_free(c);
+    if (st != HP_OK) {
+        if (st != HP_NOMEM) st = HP_INVALID; /* the job does not compile: the caller's fault */
+        if (err) err->status = st;
+        goto out;
+    }
+    hpd_store_row r;
+    memset(&r, 0, sizeof r);
+    snprintf(r.name, sizeof r.name, "%s", job->name);
+    r.state = HP__V1__JOB_STATE__JOB_STATE_QUEUED;
+    r.job = (uint8_t *)bytes;
+    r.job_len = len;
+    r.world = job->resources.world_size;
+    r.total_steps = job->train.steps;
+    snprintf(r.request_id, sizeof r.request_id, "%s", request_id ? request_id : "");
+    /* The memory first, so that a job the store has is never missing from memory. */
+    hpd_job *j = job_new(&r, err);
+    if (!j) {
+        st = HP_NOMEM;
+        goto out;
+    }
+    st = hpd_store_insert(d->store, &r, err);
+    if (st != HP_OK) {
+        job_free(j);
+        goto out;
+    }
+    snprintf(j->v.id, sizeof j->v.id, "%s", r.id);
+    j->v.created_unix_s = j->v.updated_unix_s = r.created;
+    /* run_dir is derived from the id (the store's row leaves it empty: it moves with
+     * the state dir). */
+    snprintf(j->run_dir, sizeof j->run_dir, "%.900s/jobs/%.40s/run", d->state_dir, r.id);
+    job_link(d, j);
+    j->max_restarts = job->resources.max_restarts;
+    hp__log("info", "event=submitted job=%s name=\"%s\" world=%d steps=%lld", j->v.id, j->v.name,
+            j->v.world_size, (long long)j->v.total_steps);
+    *out = j->v;
+    hp__core_tick(d);
+    *out = j->v;
+out:
+    hp_job_free(job);
+    return st;
+}
+
+static bool state_in(Hp__V1__JobState s, const Hp__V1__JobState *states, int n) {
+    if (n <= 0) return true;
+    for (int i = 0; i < n; i++)
+        if (states[i] == s) return true;
+    return false;
+}
+
+hp_status hpd_list(hpd *d, const Hp__V1__JobState *states, int n_states, int page_size,
+                   const char *page_token, hpd_job_view **out, int *n, char next[HPD_ID_MAX],
+                   hp_err *err) {
+    *out = NULL;
+    *n = 0;
+    next[0] = 0;
+    if (page_size < 0) return hp_errf(err, HP_INVALID, "page_size: %d is negative", page_size);
+    if (page_size > 1000) return hp_errf(err, HP_LIMIT, "page_size: %d exceeds 1000", page_size);
+    if (page_size == 0) page_size = 50;
+    long below = LONG_MAX;
+    if (page_token && *page_token) {
+        below = id_seq(page_token);
+        if (below <= 0)
+            return hp_errf(err, HP_INVALID, "page_token: '%s' is not a job id", page_token);
+    }
+    /* The list is oldest first; walk it into an index to go newest first. */
+    hpd_job **all = hp_malloc(sizeof *all * (size_t)(d->n_jobs ? d->n_jobs : 1));
+    hpd_job_view *v = hp_malloc(sizeof *v * (size_t)page_size);
+    if (!all || !v) {
+        hp_free(all);
+        hp_free(v);
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    }
+    int m = 0;
+    for (hpd_job *j = d->jobs; j; j = j->next) all[m++] = j;
+    int k = 0;
+    for (int i = m - 1; i >= 0; i--) {
+        hpd_job *j = all[i];
+        if (id_seq(j->v.id) >= below || !state_in(j->v.state, states, n_states)) continue;
+        if (k == page_size) {
+            snprintf(next, HPD_ID_MAX, "%s", v[k - 1].id);
+            break;
+        }
+        v[k++] = j->v;
+    }
+    hp_free(all);
+    *out = v;
+    *n = k;
+    return HP_OK;
+}
+
+hp_status hpd_cancel(hpd *d, const char *id, const char *reason, hpd_job_view *out, hp_err *err) {
+    hpd_job *j = hp__job_find(d, id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (!hpd_sm_is_final(j->v.state)) {
+        char why[300];
+        snprintf(why, sizeof why, "cancelled: %s", reason && *reason ? reason : "by request");
+        HP_TRY(hp__transition(d, j, HPD_EV_CANCEL, why, "", err));
+        hp__stop_attempt(d, j, why, false);
+    }
+    *out = j->v;
+    return HP_OK;
+}
+
+static hp_status plan_summary(const hp_compiled *c, uint8_t **out, size_t *out_len, hp_err *err) {
+    Hp__V1__PlanSummary s;
+    hp__v1__plan_summary__init(&s);
+    Hp__V1__PassReport reps[16], *preps[16];
+    s.world_size = c->world;
+    s.n_passes = 0;
+    for (int i = 0; i < c->n_passes && i < 16; i++) {
+        hp__v1__pass_report__init(&reps[i]);
+        reps[i].name = (char *)c->passes[i].name;
+        reps[i].nodes_before = c->passes[i].nodes_in;
+        reps[i].nodes_after = c->passes[i].nodes_out;
+        reps[i].time_s = c->passes[i].seconds;
+        preps[s.n_passes++] = &reps[i];
+    }
+    s.passes = preps;
+    Hp__V1__CostEstimate e;
+    hp__v1__cost_estimate__init(&e);
+    e.step_time_s = c->cost.step_s;
+    e.compute_s = c->cost.compute_s;
+    e.comm_s = c->cost.comm_s;
+    e.exposed_comm_s = c->cost.exposed_comm_s;
+    e.peak_memory_bytes = c->memory.total;
+    e.param_bytes = c->memory.params;
+    e.flops_per_step = c->cost.flops;
+    s.estimate = &e;
+    s.graph_nodes = c->graph ? c->graph->n_nodes : 0;
+    s.instructions = c->program ? c->program->n_instrs : 0;
+    char *warn[HP_MAX_WARNINGS];
+    for (int i = 0; i < c->n_warnings && i < HP_MAX_WARNINGS; i++) warn[i] = (char *)c->warnings[i];
+    s.n_explanations = (size_t)c->n_warnings;
+    s.explanations = warn;
+    size_t n = hp__v1__plan_summary__get_packed_size(&s);
+    *out = hp_malloc(n ? n : 1);
+    if (!*out) return hp_errf(err, HP_NOMEM, "out of memory");
+    *out_len = hp__v1__plan_summary__pack(&s, *out);
+    return HP_OK;
+}
+
+hp_status hpd_plan(hpd *d, const char *id, const uint8_t *bytes, size_t len, int world_size,
+                   uint8_t **out, size_t *out_len, hp_err *err) {
+    *out = NULL;
+    *out_len = 0;
+    if (world_size < 0 || world_size > 65536)
+        return hp_errf(err, HP_INVALID, "world_size: %d must be in [0, 65536]", world_size);
+    if (id && *id) {
+        hpd_job *j = hp__job_find(d, id);
+        if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id);
+        bytes = j->packed;
+        len = j->packed_len;
+    }
+    hp_job *job = NULL;
+    HP_TRY(hp_job_unpack(bytes, len, &job, err));
+    hp_compiled *c = NULL;
+    hp_status st = hp_compile(job, world_size, &c, err);
+    if (st != HP_OK && st != HP_NOMEM) {
+        st = HP_INVALID;
+        if (err) err->status = st;
+    }
+    if (st == HP_OK) st = plan_summary(c, out, out_len, err);
+    hp_compiled_free(c);
+    hp_job_free(job);
+    return st;
+}
+
+/* ---- start, recovery, shutdown ------------------------------------------------------------ */
+static bool load_row(void *ctx, const hpd_store_row *r) {
+    void **a = ctx;
+    hpd *d = a[0];
+    hpd_job *j = job_new(r, a[1]);
+    if (!j) {
+        a[2] = (void *)1;
+        return false;
+    }
+    job_link(d, j);
+    return true;
+}
+
+static void on_cron(uv_timer_t *t) {
+    hp__core_tick(t->data);
+}
+
+hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err) {
+    *out = NULL;
+    hpd *d = hp_calloc(1, sizeof *d);
+    if (!d) return hp_errf(err, HP_NOMEM, "out of memory");
+    d->loop = loop;
+    d->slots = cfg->slots > 0 ? cfg->slots : 1;
+    d->heartbeat_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : 1000;
+    if (strlen(cfg->state_dir) > 900) {
+        hp_free(d);
+        return hp_errf(err, HP_INVALID, "state dir: longer than 900 bytes");
+    }
+    snprintf(d->state_dir, sizeof d->state_dir, "%s", cfg->state_dir);
+    char path[PATH_MAX + 16];
+    hp_status st = mkdir_p(d->state_dir, err);
+    if (st == HP_OK) {
+        snprintf(path, sizeof path, "%s/hpd.db", d->state_dir);
+        st = hpd_store_open(path, &d->store, err);
+    }
+    void *ctx[3] = {d, err, NULL};
+    if (st == HP_OK) st = hpd_store_each_job(d->store, load_row, ctx, err);
+    if (st == HP_OK && ctx[2]) st = HP_NOMEM;
+    if (st == HP_OK)
+        st = hpd_launcher_local_new(loop, cfg->worker_path, hp__on_exit, d, &d->launcher, err);
+    if (st != HP_OK) {
+        hpd_free(d);
+        return st;
+    }
+    /* Recovery: nothing in flight survives a daemon's death unnoticed. */
+    for (hpd_job *j = d->jobs; j; j = j->next) {
+        Hp__V1__JobState s = j->v.state;
+        if (hpd_sm_is_final(s) || s == HP__V1__JOB_STATE__JOB_STATE_QUEUED) continue;
+        hp_err e = {0};
+        if (hp__transition(d, j, HPD_EV_RECOVER, "coordinator restarted", NULL, &e) != HP_OK) {
+            hp__log("error", "event=recover_failed job=%s error=\"%s\"", j->v.id, e.msg);
+            continue;
+        }
+        if (j->v.state == HP__V1__JOB_STATE__JOB_STATE_RESTARTING) {
+            j->holds_slots = true;
+            d->slots_used += j->v.world_size;
+        }
+        hp__log("info", "event=recovered job=%s state=%s restarts=%d", j->v.id,
+                hpd_sm_state_str(j->v.state), j->v.restarts);
+    }
+    uv_timer_init(loop, &d->cron);
+    d->cron.data = d;
+    uv_timer_start(&d->cron, on_cron, 1000, 1000);
+    *out = d;
+    return HP_OK;
+}
+
+/* After shutdown: waits for the ranks to checkpoint and exit (SIGTERM after 10 s, SIGKILL
+ * after 15 s), then closes the worker server and itself, so that the loop ends. */
+static void on_shutdown_cron(uv_timer_t *t) {
+    hpd *d = t->data;
+    uint64_t waited = hp__now_ms() - d->stop_started_ms;
+    int alive = 0;
+    for (hpd_job *j = d->jobs; j; j = j->next) {
+        if (!j->ranks) continue;
+        int n = d->launcher->vt->alive(d->launcher, j->v.id, j->attempt);
+        if (n && waited > 15000)
+            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGKILL);
+        else if (n && waited > 10000)
+            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGTERM);
+        alive += n;
+    }
+    if (alive && waited < 20000) return;
+    hp__workers_stop(d);
+    uv_timer_stop(t);
+    uv_close((uv_handle_t *)t, NULL);
+}
+
+void hpd_shutdown(hpd *d) {
+    if (d->stopping) return;
+    d->stopping = true;
+    d->stop_started_ms = hp__now_ms();
+    /* Running jobs checkpoint and stop; they stay RUNNING in the store and are resumed from
+     * that checkpoint at the next start (recovery). */
+    for (hpd_job *j = d->jobs; j; j = j->next)
+        if (j->ranks && !hpd_sm_is_final(j->v.state))
+            hp__stop_attempt(d, j, "coordinator shutting down", true);
+    uv_timer_stop(&d->cron);
+    uv_timer_start(&d->cron, on_shutdown_cron, 0, 200);
+    /* Watches end: their jobs are not final, but the stream is over. */
+    for (hpd_watch *w = d->watches; w; w = w->next)
+        if (!w->dead) {
+            w->dead = true;
+            w->fn(w->ctx, NULL);
+        }
+    sweep(d);
+}
+
+void hpd_free(hpd *d) {
+    if (!d) return;
+    while (d->watches) watch_unlink(d->watches);
+    if (d->launcher) d->launcher->vt->free(d->launcher);
+    hpd_store_close(d->store);
+    for (hpd_job *j = d->jobs, *next; j; j = next) {
+        next = j->next;
+        job_free(j);
+    }
+    hp_free(d);
+}

@@ -1,0 +1,122 @@
+/* daemon/core.h — what the coordinator's files share inside daemon/ (hp__ names): the hpd
+ * struct, the in-memory job, and the calls between the worker protocol server (workers.c)
+ * and the core (core.c). Not a public header. Loop thread only.
+ */
+#ifndef HP_DAEMON_CORE_H
+#define HP_DAEMON_CORE_H
+
+#include "daemon/hpd.h"
+#include "daemon/launch.h"
+#include "daemon/store.h"
+
+#include "hp/job.h"
+#include "hp/passes.h"
+
+#include "hp/v1/worker.pb-c.h"
+
+#include <limits.h>
+
+typedef struct hpd_conn hpd_conn; /* a worker connection (workers.c) */
+typedef struct hpd_workers hpd_workers;
+
+/* One rank of the current attempt. */
+typedef struct hpd_rank {
+    hpd_conn *conn; /* NULL: not connected */
+    bool hello, done, proc;
+    uint64_t last_seen_ms;
+    int64_t step;
+} hpd_rank;
+
+typedef struct hpd_job {
+    struct hpd_job *next; /* d->jobs, oldest first */
+    hpd_job_view v;
+    int max_restarts;
+    char request_id[64];
+    char run_dir[HPD_STORE_PATH_MAX];
+    uint8_t *packed; /* the submitted hp.v1.Job */
+    size_t packed_len;
+    hp_compiled *compiled; /* while active */
+    char token[65];        /* per-job worker token (fresh per attempt) */
+    int attempt;
+    uint64_t launched_ms, stop_ms; /* stop_ms: when the attempt was told to stop (0: not) */
+    bool holds_slots;
+    hpd_rank *ranks; /* [v.world_size] while active */
+} hpd_job;
+
+struct hpd {
+    uv_loop_t *loop;
+    hpd_store *store;
+    hpd_launcher *launcher;
+    hpd_workers *workers;
+    char state_dir[PATH_MAX];
+    char token[65];
+    char worker_addr[64]; /* "127.0.0.1:PORT" the workers dial */
+    int slots, slots_used;
+    int heartbeat_ms;
+    bool stopping;
+    uint64_t stop_started_ms;
+    hpd_job *jobs, *jobs_tail;
+    int n_jobs;
+    struct hpd_watch *watches;
+    uv_timer_t cron;
+};
+
+/* ---- core.c --------------------------------------------------------------------------- */
+typedef struct hpd_config {
+    const char *state_dir;
+    int slots;
+    const char *worker_path; /* NULL: the launcher's default */
+    int heartbeat_ms;        /* 0: 1000 */
+} hpd_config;
+
+/* Opens the store, recovers jobs in flight, starts the cron. The worker server is started
+ * separately (hp__workers_start) so that main can print its port. */
+hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err);
+/* Stops running jobs (Stop with checkpoint, then SIGTERM), closes handles; run the loop after
+ * it until it has nothing left, then hpd_free. */
+void hpd_shutdown(hpd *d);
+void hpd_free(hpd *d);
+/* Runs the scheduler and timeouts (also every second from the cron). */
+void hp__core_tick(hpd *d);
+
+/* A worker said hello: checks job, rank, token and version; on success attaches conn to the
+ * rank and sends Welcome. On failure the caller logs err and drops the connection. */
+hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **job, int *attempt,
+                         hp_err *err);
+/* A frame from an attached rank (job, attempt, rank as returned by hello). */
+void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Frame *f);
+/* An attached connection closed. */
+void hp__core_conn_lost(hpd *d, hpd_job *j, int attempt, int rank);
+
+/* Shared between core.c and lifecycle.c. */
+hpd_job *hp__job_find(hpd *d, const char *id);
+/* Applies event ev (an hpd_sm_event) to j: commits the transition (and the restart count) to
+ * the store, then updates memory and tells watchers. error: the job's error text (NULL: the
+ * reason when the job fails). */
+hp_status hp__transition(hpd *d, hpd_job *j, int ev, const char *reason, const char *error,
+                         hp_err *err);
+void hp__emit_state(hpd *d, hpd_job *j);
+void hp__emit_metrics(hpd *d, hpd_job *j, const Hp__V1__StepMetrics *m);
+void hp__emit_log(hpd *d, hpd_job *j, const Hp__V1__LogLine *l);
+/* Stops the current attempt's ranks: Stop frames, then SIGTERM to their process groups
+ * (SIGKILL from the tick after a grace period); connections are detached. */
+void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint);
+/* The launcher's exit callback (ctx is the hpd). */
+void hp__on_exit(void *ctx, const char *job_id, int attempt, int rank, int status);
+hp_status hp__mkdir_p(const char *path, hp_err *err);
+double hp__unix_s(void);
+
+void hp__log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void hp__log_set_level(const char *level);
+uint64_t hp__now_ms(void);
+
+/* ---- workers.c ------------------------------------------------------------------------ */
+/* Listens on addr ("HOST:PORT", port 0 picks one); *port gets the bound port. */
+hp_status hp__workers_start(hpd *d, const char *addr, int *port, hp_err *err);
+void hp__workers_stop(hpd *d);
+/* Queues f on c. A failure closes the connection. */
+hp_status hp__conn_send(hpd_conn *c, const Hp__V1__Frame *f, hp_err *err);
+/* Detaches and closes c (no further core callbacks for it). */
+void hp__conn_close(hpd_conn *c, const char *reason);
+
+#endif

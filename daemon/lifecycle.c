@@ -1,0 +1,411 @@
+/* daemon/lifecycle.c — a job's life after submit: the FIFO scheduler over the slots, compile,
+ * launch (one rank per slot through the launcher), the worker protocol's meaning (hello →
+ * Welcome, heartbeats, metrics, logs, done), failure detection (exit status, lost connection,
+ * missed heartbeats) and restarts from the last checkpoint. Every state change goes through
+ * hp__transition (committed before acted on). Loop thread only.
+ */
+#include "daemon/core.h"
+#include "daemon/jobsm.h"
+
+#include "hp/frame.h"
+#include "hp/program.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+
+#define HELLO_TIMEOUT_MS  120000 /* processes started, no hello yet: the launch failed */
+#define STOP_GRACE_MS     10000  /* Stop/SIGTERM, then SIGKILL after this */
+#define MISSED_HEARTBEATS 3
+
+#define ST_QUEUED     HP__V1__JOB_STATE__JOB_STATE_QUEUED
+#define ST_LAUNCHING  HP__V1__JOB_STATE__JOB_STATE_LAUNCHING
+#define ST_RUNNING    HP__V1__JOB_STATE__JOB_STATE_RUNNING
+#define ST_RESTARTING HP__V1__JOB_STATE__JOB_STATE_RESTARTING
+#define ST_SUCCEEDED  HP__V1__JOB_STATE__JOB_STATE_SUCCEEDED
+
+static bool active(const hpd_job *j) {
+    return j->v.state == ST_LAUNCHING || j->v.state == ST_RUNNING;
+}
+
+static void log_err(const char *what, const hpd_job *j, const hp_err *e) {
+    hp__log("error", "event=%s job=%s error=\"%s\"", what, j->v.id, e->msg);
+}
+
+/* A rank failed: the attempt is over; RESTARTING (the tick relaunches once the old ranks are
+ * gone) or FAILED. */
+static void fail_rank(hpd *d, hpd_job *j, int rank, const char *why) {
+    if (d->stopping || j->stop_ms || !active(j)) return;
+    char reason[HP_ERR_MSG_MAX];
+    snprintf(reason, sizeof reason, "rank %d: %s", rank, why);
+    hp_err e = {0};
+    if (hp__transition(d, j, HPD_EV_RANK_FAILED, reason, reason, &e) != HP_OK) {
+        log_err("transition_failed", j, &e);
+        return;
+    }
+    hp__stop_attempt(d, j, reason, false);
+}
+
+void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint) {
+    if (!j->ranks) return;
+    if (!j->stop_ms) j->stop_ms = hp__now_ms();
+    Hp__V1__Stop stop;
+    hp__v1__stop__init(&stop);
+    stop.reason = (char *)reason;
+    stop.grace_s = STOP_GRACE_MS / 2000.0;
+    stop.checkpoint = checkpoint;
+    Hp__V1__Frame f;
+    hp__v1__frame__init(&f);
+    f.body_case = HP__V1__FRAME__BODY_STOP;
+    f.stop = &stop;
+    for (int r = 0; r < j->v.world_size; r++)
+        if (j->ranks[r].conn) (void)hp__conn_send(j->ranks[r].conn, &f, NULL);
+    /* With a checkpoint asked for, give the ranks the grace period before the signal. */
+    if (!checkpoint) d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGTERM);
+}
+
+/* Frees what the attempt holds once its processes are gone. */
+static void release_attempt(hpd *d, hpd_job *j) {
+    if (j->ranks)
+        for (int r = 0; r < j->v.world_size; r++)
+            if (j->ranks[r].conn) hp__conn_close(j->ranks[r].conn, "attempt over");
+    hp_free(j->ranks);
+    j->ranks = NULL;
+    hp_compiled_free(j->compiled);
+    j->compiled = NULL;
+}
+
+static void hex_token(char out[65]) {
+    uint8_t b[32];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        /* getrandom on Linux >= 3.17 does not fail for 32 bytes; a fallback anyway */
+        uint64_t t = uv_hrtime();
+        for (size_t i = 0; i < sizeof b; i++) b[i] = (uint8_t)((t >> (i % 8 * 8)) ^ (i * 131));
+    }
+    for (size_t i = 0; i < sizeof b; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static void launch(hpd *d, hpd_job *j) {
+    hp_err e = {0};
+    j->attempt = j->v.restarts;
+    j->stop_ms = 0;
+    j->launched_ms = hp__now_ms();
+    hex_token(j->token);
+    hp_free(j->ranks);
+    j->ranks = hp_calloc((size_t)j->v.world_size, sizeof *j->ranks);
+    char dir[HPD_STORE_PATH_MAX - 24];
+    snprintf(dir, sizeof dir, "%.900s/jobs/%.40s/run", d->state_dir, j->v.id);
+    hp_status st = j->ranks ? hp__mkdir_p(dir, &e) : hp_errf(&e, HP_NOMEM, "out of memory");
+    snprintf(j->run_dir, sizeof j->run_dir, "%s", dir);
+    if (st == HP_OK && !j->compiled) {
+        hp_job *job = NULL;
+        st = hp_job_unpack(j->packed, j->packed_len, &job, &e);
+        if (st == HP_OK) st = hp_compile(job, j->v.world_size, &j->compiled, &e);
+        hp_job_free(job);
+    }
+    for (int r = 0; st == HP_OK && r < j->v.world_size; r++) {
+        if (d->launcher->vt->register_only) break;
+        char log[PATH_MAX + 64];
+        snprintf(log, sizeof log, "%.900s/jobs/%.40s/rank-%d.log", d->state_dir, j->v.id, r);
+        hpd_launch_spec s = {.job_id = j->v.id,
+                             .attempt = j->attempt,
+                             .rank = r,
+                             .world = j->v.world_size,
+                             .token = j->token,
+                             .coordinator = d->worker_addr,
+                             .log_path = log};
+        st = d->launcher->vt->start(d->launcher, &s, &e);
+        if (st == HP_OK) j->ranks[r].proc = true;
+    }
+    hp_err e2 = {0};
+    if (st != HP_OK) {
+        log_err("launch_failed", j, &e);
+        if (hp__transition(d, j, HPD_EV_LAUNCH_FAILED, e.msg, e.msg, &e2) != HP_OK)
+            log_err("transition_failed", j, &e2);
+        hp__stop_attempt(d, j, e.msg, false);
+        return;
+    }
+    hp__log("info", "event=launched job=%s attempt=%d world=%d launcher=%s", j->v.id, j->attempt,
+            j->v.world_size, d->launcher->vt->name);
+    if (hp__transition(d, j, HPD_EV_LAUNCHED, "launched", NULL, &e2) != HP_OK)
+        log_err("transition_failed", j, &e2);
+}
+
+static void start_job(hpd *d, hpd_job *j) {
+    hp_err e = {0};
+    if (hp__transition(d, j, HPD_EV_SCHEDULE, "scheduled", NULL, &e) != HP_OK) {
+        log_err("transition_failed", j, &e);
+        return;
+    }
+    j->holds_slots = true;
+    d->slots_used += j->v.world_size;
+    /* Compiling is quick for the jobs a single coordinator runs (the debugmodel: ms); a big
+     * graph would belong on a uv_work thread. */
+    hp_job *job = NULL;
+    hp_status st = hp_job_unpack(j->packed, j->packed_len, &job, &e);
+    if (st == HP_OK) st = hp_compile(job, j->v.world_size, &j->compiled, &e);
+    hp_job_free(job);
+    hp_err e2 = {0};
+    if (st != HP_OK) {
+        if (hp__transition(d, j, HPD_EV_COMPILE_FAILED, e.msg, e.msg, &e2) != HP_OK)
+            log_err("transition_failed", j, &e2);
+        return;
+    }
+    if (hp__transition(d, j, HPD_EV_COMPILED, "compiled", NULL, &e2) != HP_OK) {
+        log_err("transition_failed", j, &e2);
+        return;
+    }
+    launch(d, j);
+}
+
+static int connected(const hpd_job *j) {
+    int n = 0;
+    if (j->ranks)
+        for (int r = 0; r < j->v.world_size; r++) n += j->ranks[r].conn != NULL;
+    return n;
+}
+
+void hp__core_tick(hpd *d) {
+    if (d->stopping) return;
+    uint64_t now = hp__now_ms();
+    hp_err e = {0};
+    for (hpd_job *j = d->jobs; j; j = j->next) {
+        if (!j->ranks && j->v.state != ST_RESTARTING) continue;
+        int alive = d->launcher->vt->alive(d->launcher, j->v.id, j->attempt);
+        bool over_grace = j->stop_ms && now - j->stop_ms > STOP_GRACE_MS;
+        if (j->stop_ms && alive && over_grace)
+            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGKILL);
+        /* The attempt is gone when its processes are; with operator-started workers (no
+         * processes of ours) when their connections closed or the grace ran out. */
+        bool gone =
+            alive == 0 && (!d->launcher->vt->register_only || connected(j) == 0 || over_grace);
+        if (j->v.state == ST_RESTARTING) {
+            if (gone) {
+                release_attempt(d, j);
+                if (hp__transition(d, j, HPD_EV_RESTART_READY, "restarting from checkpoint", NULL,
+                                   &e) != HP_OK) {
+                    log_err("transition_failed", j, &e);
+                    continue;
+                }
+                launch(d, j);
+            }
+        } else if (hpd_sm_is_final(j->v.state)) {
+            if (gone) release_attempt(d, j);
+        } else if (j->v.state == ST_LAUNCHING && !j->stop_ms &&
+                   now - j->launched_ms > HELLO_TIMEOUT_MS) {
+            for (int r = 0; r < j->v.world_size; r++)
+                if (!j->ranks[r].hello) {
+                    fail_rank(d, j, r, "never said hello");
+                    break;
+                }
+        } else if (j->v.state == ST_RUNNING && !j->stop_ms) {
+            for (int r = 0; r < j->v.world_size; r++) {
+                hpd_rank *rk = &j->ranks[r];
+                if (rk->hello && !rk->done &&
+                    now - rk->last_seen_ms > (uint64_t)MISSED_HEARTBEATS * d->heartbeat_ms) {
+                    fail_rank(d, j, r, "missed 3 heartbeats");
+                    break;
+                }
+            }
+        }
+    }
+    /* FIFO: the oldest queued job first; a job that does not fit holds the line. */
+    for (hpd_job *j = d->jobs; j; j = j->next) {
+        if (j->v.state != ST_QUEUED) continue;
+        if (d->slots_used + j->v.world_size > d->slots) break;
+        start_job(d, j);
+    }
+}
+
+/* ---- the worker protocol ------------------------------------------------------------------ */
+static bool token_eq(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned diff = (unsigned)(la ^ lb);
+    for (size_t i = 0; i < lb; i++)
+        diff |= (unsigned char)a[i % (la ? la : 1)] ^ (unsigned char)b[i];
+    return diff == 0 && la > 0;
+}
+
+static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err *err) {
+    if (!j->compiled) return hp_errf(err, HP_INTERNAL, "job %s has no compiled program", j->v.id);
+    uint8_t *pp = NULL;
+    size_t pl = 0;
+    HP_TRY(hp_program_pack(j->compiled->program, &pp, &pl, err));
+    Hp__V1__Program *prog = hp__v1__program__unpack(NULL, pl, pp);
+    hp_free(pp);
+    if (!prog) return hp_errf(err, HP_NOMEM, "program of job %s: unpack failed", j->v.id);
+    prog->rank = rank;
+    hp_job *job = NULL;
+    hp_arena arena;
+    hp_arena_init(&arena);
+    Hp__V1__Job *jm = NULL;
+    hp_status st = hp_job_unpack(j->packed, j->packed_len, &job, err);
+    if (st == HP_OK) st = hp_job_export(job, &arena, &jm, err);
+    if (st == HP_OK) {
+        jm->graph = NULL; /* the program carries the compiled graph */
+        Hp__V1__CommSetup comm;
+        hp__v1__comm_setup__init(&comm);
+        comm.backend = "shm";
+        char shm[96];
+        snprintf(shm, sizeof shm, "hp-%s-a%d-%.8s", j->v.id, j->attempt, j->token);
+        comm.shm_name = shm;
+        Hp__V1__Welcome w;
+        hp__v1__welcome__init(&w);
+        w.protocol_version = HP_PROTOCOL_VERSION;
+        w.world_size = j->v.world_size;
+        w.program = prog;
+        w.heartbeat_interval_ms = d->heartbeat_ms;
+        w.resume_step = 0; /* the worker resumes from run_dir's latest complete checkpoint */
+        w.job = jm;
+        w.run_dir = j->run_dir;
+        w.comm = &comm;
+        w.rank = rank;
+        Hp__V1__Frame f;
+        hp__v1__frame__init(&f);
+        f.body_case = HP__V1__FRAME__BODY_WELCOME;
+        f.welcome = &w;
+        st = hp__conn_send(c, &f, err);
+    }
+    hp_job_free(job);
+    hp_arena_fini(&arena);
+    hp__v1__program__free_unpacked(prog, NULL);
+    return st;
+}
+
+hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **out, int *attempt,
+                         hp_err *err) {
+    if (d->stopping) return hp_errf(err, HP_LIMIT, "coordinator shutting down");
+    if (h->protocol_version != HP_PROTOCOL_VERSION)
+        return hp_errf(err, HP_UNSUPPORTED, "protocol_version %u (want %d)", h->protocol_version,
+                       HP_PROTOCOL_VERSION);
+    hpd_job *j = hp__job_find(d, h->job_id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "unknown job %.64s", h->job_id);
+    if (!active(j) || !j->ranks || j->stop_ms)
+        return hp_errf(err, HP_INVALID, "job %s is %s: not accepting workers", j->v.id,
+                       hpd_sm_state_str(j->v.state));
+    if (!token_eq(h->token ? h->token : "", j->token))
+        return hp_errf(err, HP_INVALID, "bad token for job %s", j->v.id);
+    if (h->rank < 0 || h->rank >= j->v.world_size)
+        return hp_errf(err, HP_INVALID, "rank %d out of range [0, %d)", h->rank, j->v.world_size);
+    hpd_rank *rk = &j->ranks[h->rank];
+    if (rk->conn || rk->hello)
+        return hp_errf(err, HP_INVALID, "rank %d of job %s already connected", h->rank, j->v.id);
+    HP_TRY(send_welcome(d, c, j, h->rank, err));
+    rk->conn = c;
+    rk->hello = true;
+    rk->last_seen_ms = hp__now_ms();
+    *out = j;
+    *attempt = j->attempt;
+    hp__log("info", "event=worker_hello job=%s rank=%d pid=%d host=%.64s", j->v.id, h->rank, h->pid,
+            h->hostname);
+    int n = 0;
+    for (int r = 0; r < j->v.world_size; r++) n += j->ranks[r].hello;
+    if (n == j->v.world_size && j->v.state == ST_LAUNCHING) {
+        hp_err e = {0};
+        if (hp__transition(d, j, HPD_EV_ALL_STARTED, "all ranks connected", NULL, &e) != HP_OK)
+            log_err("transition_failed", j, &e);
+    }
+    return HP_OK;
+}
+
+static void on_metrics(hpd *d, hpd_job *j, int rank, Hp__V1__StepMetrics *m) {
+    hp_err e = {0};
+    if (m->rank != -1) m->rank = rank; /* a rank speaks for itself only */
+    size_t n = hp__v1__step_metrics__get_packed_size(m);
+    uint8_t stackbuf[512], *buf = n <= sizeof stackbuf ? stackbuf : hp_malloc(n);
+    if (!buf) return;
+    hp__v1__step_metrics__pack(m, buf);
+    if (hpd_store_add_metrics(d->store, j->v.id, m->step, m->rank, buf, n, &e) != HP_OK)
+        log_err("metrics_store_failed", j, &e);
+    if (buf != stackbuf) hp_free(buf);
+    if (m->rank <= 0) {
+        j->v.has_metrics = true;
+        j->v.loss = m->loss;
+        j->v.tokens_per_s = m->tokens_per_s;
+        j->v.mfu_pct = m->mfu_pct;
+        j->v.step_time_s = m->step_time_s;
+        if (m->step > j->v.step) {
+            j->v.step = m->step;
+            (void)hpd_store_set_step(d->store, j->v.id, m->step, NULL);
+        }
+    }
+    hp__emit_metrics(d, j, m);
+}
+
+void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Frame *f) {
+    if (attempt != j->attempt || !j->ranks || rank < 0 || rank >= j->v.world_size) return;
+    hpd_rank *rk = &j->ranks[rank];
+    rk->last_seen_ms = hp__now_ms();
+    if (j->stop_ms && f->body_case != HP__V1__FRAME__BODY_LOG &&
+        f->body_case != HP__V1__FRAME__BODY_METRICS)
+        return;
+    switch (f->body_case) {
+    case HP__V1__FRAME__BODY_HEARTBEAT:
+        if (f->heartbeat) rk->step = f->heartbeat->step;
+        break;
+    case HP__V1__FRAME__BODY_METRICS:
+        if (f->metrics) on_metrics(d, j, rank, f->metrics);
+        break;
+    case HP__V1__FRAME__BODY_LOG:
+        if (f->log) {
+            f->log->rank = rank;
+            hp__emit_log(d, j, f->log);
+        }
+        break;
+    case HP__V1__FRAME__BODY_COMM_SETUP:
+        /* Relay (the NCCL id from rank 0) to every other rank. */
+        for (int r = 0; r < j->v.world_size; r++)
+            if (r != rank && j->ranks[r].conn) (void)hp__conn_send(j->ranks[r].conn, f, NULL);
+        break;
+    case HP__V1__FRAME__BODY_DONE:
+        if (!f->done) break;
+        if (!f->done->ok) {
+            fail_rank(d, j, rank, f->done->error && *f->done->error ? f->done->error : "failed");
+            break;
+        }
+        rk->done = true;
+        if (f->done->final_step > rk->step) rk->step = f->done->final_step;
+        {
+            int n = 0;
+            for (int r = 0; r < j->v.world_size; r++) n += j->ranks[r].done;
+            if (n == j->v.world_size && j->v.state == ST_RUNNING) {
+                hp_err e = {0};
+                if (rk->step > j->v.step) j->v.step = rk->step;
+                if (hp__transition(d, j, HPD_EV_ALL_DONE, "all ranks done", NULL, &e) != HP_OK)
+                    log_err("transition_failed", j, &e);
+                j->stop_ms = hp__now_ms(); /* the ranks exit on their own; SIGKILL if not */
+            }
+        }
+        break;
+    default:
+        hp__log("warn", "event=unexpected_frame job=%s rank=%d kind=%d", j->v.id, rank,
+                (int)f->body_case);
+        break;
+    }
+}
+
+void hp__core_conn_lost(hpd *d, hpd_job *j, int attempt, int rank) {
+    if (attempt != j->attempt || !j->ranks || rank < 0 || rank >= j->v.world_size) return;
+    j->ranks[rank].conn = NULL;
+    if (!j->ranks[rank].done) fail_rank(d, j, rank, "connection lost");
+    hp__core_tick(d);
+}
+
+void hp__on_exit(void *ctx, const char *job_id, int attempt, int rank, int status) {
+    hpd *d = ctx;
+    hp_err e = {0};
+    if (hpd_store_add_exit(d->store, job_id, attempt, rank, status, &e) != HP_OK)
+        hp__log("error", "event=exit_store_failed job=%s error=\"%s\"", job_id, e.msg);
+    hp__log(status ? "warn" : "info", "event=worker_exit job=%s attempt=%d rank=%d status=%d",
+            job_id, attempt, rank, status);
+    hpd_job *j = hp__job_find(d, job_id);
+    if (!j || attempt != j->attempt || !j->ranks || rank < 0 || rank >= j->v.world_size) return;
+    j->ranks[rank].proc = false;
+    if (!(j->ranks[rank].done && status == 0)) {
+        char why[64];
+        snprintf(why, sizeof why, "exited with status %d", status);
+        fail_rank(d, j, rank, why);
+    }
+    hp__core_tick(d);
+}

@@ -1,0 +1,243 @@
+/* daemon/main.c — hpd, the coordinator: flags, the state dir (lock, token), the loop, signals.
+ * Prints "hpd listening grpc=HOST:PORT workers=HOST:PORT state=DIR" on stdout when ready (tests
+ * parse it). SIGTERM/SIGINT: stop accepting, stop running jobs with a checkpoint (they resume
+ * at the next start), exit 0. SIGHUP: logs are stderr (nothing to reopen); it re-reads
+ * $HP_LOG_LEVEL and logs that it did.
+ */
+#include "daemon/core.h"
+#include "daemon/rpc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef HPD_VERSION
+#define HPD_VERSION "0.0.0"
+#endif
+
+static const char USAGE[] =
+    "usage: hpd [options]\n"
+    "  --listen HOST:PORT         gRPC control service (default 127.0.0.1:7070; port 0: any)\n"
+    "  --worker-listen HOST:PORT  worker protocol (default 127.0.0.1:0)\n"
+    "  --state-dir DIR            jobs, store, token (default $HP_STATE_DIR or ~/.local/state/hp)\n"
+    "  --slots N                  CPU ranks to run at once (default: the CPUs)\n"
+    "  --log-level LEVEL          debug | info | warn | error (default info)\n"
+    "  --tls-cert FILE --tls-key FILE   serve gRPC over TLS\n"
+    "  --worker PATH              the hp-worker binary (default $HP_WORKER, beside hpd, PATH)\n"
+    "  --version, --help\n";
+
+typedef struct opts {
+    const char *listen, *worker_listen, *state_dir, *log_level, *tls_cert, *tls_key, *worker;
+    int slots;
+} opts;
+
+static uv_signal_t sig_term, sig_int, sig_hup;
+static hpd *g_d;
+
+static void close_signals(void) {
+    uv_close((uv_handle_t *)&sig_term, NULL);
+    uv_close((uv_handle_t *)&sig_int, NULL);
+    uv_close((uv_handle_t *)&sig_hup, NULL);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    if (signum == SIGHUP) {
+        const char *lvl = getenv("HP_LOG_LEVEL");
+        if (lvl) hp__log_set_level(lvl);
+        hp__log("info", "event=reload signal=SIGHUP log_level=%s", lvl ? lvl : "unchanged");
+        return;
+    }
+    hp__log("info", "event=shutdown signal=%s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    hpd_rpc_stop(g_d);
+    hpd_shutdown(g_d);
+    close_signals();
+}
+
+/* STATE_DIR/token: 32 random bytes as hex, mode 0600, created once. */
+static int load_token(const char *dir, char out[65]) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/token", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        int ok = fscanf(f, "%64s", out) == 1 && strlen(out) == 64;
+        fclose(f);
+        if (ok) return 0;
+        fprintf(stderr, "hpd: %s: not a 64-hex-digit token\n", path);
+        return -1;
+    }
+    uint8_t b[32];
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+        fprintf(stderr, "hpd: getrandom: %s\n", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, out, 64) != 64 || write(fd, "\n", 1) != 1 || fsync(fd) != 0) {
+        fprintf(stderr, "hpd: write %s: %s\n", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    opts o = {.listen = "127.0.0.1:7070", .worker_listen = "127.0.0.1:0", .log_level = "info"};
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    o.slots = cpus > 0 ? (int)cpus : 1;
+    enum { O_LISTEN = 256, O_WLISTEN, O_STATE, O_SLOTS, O_LOG, O_CERT, O_KEY, O_WORKER, O_VER };
+    static const struct option longs[] = {
+        {"listen", required_argument, 0, O_LISTEN},
+        {"worker-listen", required_argument, 0, O_WLISTEN},
+        {"state-dir", required_argument, 0, O_STATE},
+        {"slots", required_argument, 0, O_SLOTS},
+        {"log-level", required_argument, 0, O_LOG},
+        {"tls-cert", required_argument, 0, O_CERT},
+        {"tls-key", required_argument, 0, O_KEY},
+        {"worker", required_argument, 0, O_WORKER},
+        {"version", no_argument, 0, O_VER},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case O_LISTEN:
+            o.listen = optarg;
+            break;
+        case O_WLISTEN:
+            o.worker_listen = optarg;
+            break;
+        case O_STATE:
+            o.state_dir = optarg;
+            break;
+        case O_SLOTS:
+            o.slots = (int)strtol(optarg, &end, 10);
+            if (*end || o.slots < 1 || o.slots > 65536) {
+                fprintf(stderr, "hpd: --slots: '%s' must be in [1, 65536]\n", optarg);
+                return 2;
+            }
+            break;
+        case O_LOG:
+            if (strcmp(optarg, "debug") && strcmp(optarg, "info") && strcmp(optarg, "warn") &&
+                strcmp(optarg, "error")) {
+                fprintf(stderr, "hpd: --log-level: '%s' is not debug|info|warn|error\n", optarg);
+                return 2;
+            }
+            o.log_level = optarg;
+            break;
+        case O_CERT:
+            o.tls_cert = optarg;
+            break;
+        case O_KEY:
+            o.tls_key = optarg;
+            break;
+        case O_WORKER:
+            o.worker = optarg;
+            break;
+        case O_VER:
+            printf("hpd %s\n", HPD_VERSION);
+            return 0;
+        case 'h':
+            fputs(USAGE, stdout);
+            return 0;
+        default:
+            fputs(USAGE, stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "hpd: unexpected argument '%s'\n%s", argv[optind], USAGE);
+        return 2;
+    }
+    if (!o.tls_cert != !o.tls_key) {
+        fprintf(stderr, "hpd: --tls-cert and --tls-key go together\n");
+        return 2;
+    }
+    hp__log_set_level(o.log_level);
+
+    char state[PATH_MAX];
+    const char *env = getenv("HP_STATE_DIR"), *home = getenv("HOME");
+    if (o.state_dir)
+        snprintf(state, sizeof state, "%s", o.state_dir);
+    else if (env && *env)
+        snprintf(state, sizeof state, "%s", env);
+    else
+        snprintf(state, sizeof state, "%.3000s/.local/state/hp", home ? home : "/tmp");
+    hp_err err = {0};
+    if (hp__mkdir_p(state, &err) != HP_OK) {
+        fprintf(stderr, "hpd: %s\n", err.msg);
+        return 1;
+    }
+    /* One daemon per state dir: the lock lives as long as the process (kill -9 releases it). */
+    char lock[PATH_MAX + 16];
+    snprintf(lock, sizeof lock, "%s/hpd.lock", state);
+    int lfd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (lfd < 0 || flock(lfd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(stderr, "hpd: %s: %s (another hpd uses this state dir?)\n", lock,
+                lfd < 0 ? strerror(errno) : "locked");
+        return 1;
+    }
+    char token[65] = {0};
+    if (load_token(state, token) != 0) return 1;
+
+    uv_loop_t *loop = uv_default_loop();
+    hpd_config cfg = {.state_dir = state, .slots = o.slots, .worker_path = o.worker};
+    const char *hb = getenv("HPD_HEARTBEAT_MS"); /* tests shorten it */
+    if (hb) cfg.heartbeat_ms = atoi(hb);
+    hpd *d = NULL;
+    if (hpd_new(loop, &cfg, &d, &err) != HP_OK) {
+        fprintf(stderr, "hpd: %s\n", err.msg);
+        return 1;
+    }
+    g_d = d;
+    memcpy(d->token, token, sizeof token);
+    int wport = 0, gport = 0;
+    if (hp__workers_start(d, o.worker_listen, &wport, &err) != HP_OK) {
+        fprintf(stderr, "hpd: %s\n", err.msg);
+        hpd_shutdown(d);
+        uv_run(loop, UV_RUN_DEFAULT);
+        hpd_free(d);
+        return 1;
+    }
+    char whost[48];
+    snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
+             o.worker_listen);
+    /* Workers dial this; a wildcard bind is reached on loopback by local workers. */
+    snprintf(d->worker_addr, sizeof d->worker_addr, "%s:%d",
+             strcmp(whost, "0.0.0.0") == 0 ? "127.0.0.1" : whost, wport);
+    if (hpd_rpc_start(d, o.listen, o.tls_cert, o.tls_key, &gport, &err) != HP_OK) {
+        fprintf(stderr, "hpd: --listen %s: %s\n", o.listen, err.msg);
+        hpd_shutdown(d);
+        uv_run(loop, UV_RUN_DEFAULT);
+        hpd_free(d);
+        return 1;
+    }
+    uv_signal_init(loop, &sig_term);
+    uv_signal_init(loop, &sig_int);
+    uv_signal_init(loop, &sig_hup);
+    uv_signal_start(&sig_term, on_signal, SIGTERM);
+    uv_signal_start(&sig_int, on_signal, SIGINT);
+    uv_signal_start(&sig_hup, on_signal, SIGHUP);
+    char ghost[64];
+    snprintf(ghost, sizeof ghost, "%.*s", (int)(strrchr(o.listen, ':') - o.listen), o.listen);
+    printf("hpd listening grpc=%s:%d workers=%s state=%s\n", ghost, gport, d->worker_addr, state);
+    fflush(stdout);
+    hp__log("info", "event=ready grpc=%s:%d workers=%s state=%s slots=%d version=%s", ghost, gport,
+            d->worker_addr, state, d->slots, HPD_VERSION);
+    hp__core_tick(d); /* recovered jobs restart now, not a second later */
+    uv_run(loop, UV_RUN_DEFAULT);
+    hpd_free(d);
+    uv_loop_close(loop);
+    hp__log("info", "event=exit status=0");
+    close(lfd);
+    return 0;
+}

@@ -1,0 +1,327 @@
+/* tests/daemon/test_hpctl_remote.c — the real hpctl against the real hpd on 127.0.0.1 (port 0,
+ * a temp state dir; the token comes from STATE_DIR/token through $HP_STATE_DIR): submit
+ * --watch to SUCCEEDED with the loss falling, list and paging, cancel of a long job, errors
+ * (unknown id, wrong token, usage). Each test starts its own daemon and stops it with SIGTERM,
+ * expecting exit 0. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef HP_BINARY_DIR
+#define HP_BINARY_DIR "."
+#endif
+
+typedef struct run {
+    int code;
+    char *out, *err;
+} run;
+
+static char g_dir[256]; /* temp dir: state/, job files, captured output */
+static char g_addr[64]; /* 127.0.0.1:PORT */
+static pid_t g_hpd = -1;
+static const char *g_bin; /* the build dir */
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert(s);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+/* Runs `hpctl ARGS` with stdout and stderr captured. */
+static run hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static run hpctl(const char *fmt, ...) {
+    char args[2048], cmd[4096], p[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "timeout 300 %s/client/hpctl %s >%s/out 2>%s/err", g_bin, args, g_dir,
+             g_dir);
+    int st = system(cmd);
+    run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    snprintf(p, sizeof p, "%s/out", g_dir);
+    r.out = slurp(p);
+    snprintf(p, sizeof p, "%s/err", g_dir);
+    r.err = slurp(p);
+    return r;
+}
+
+static void run_free(run *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static void new_job(const char *name, int steps) {
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps %d -o %s/%s",
+                  steps, g_dir, name);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    run_free(&r);
+}
+
+static void start_hpd(void) {
+    const char *b = getenv("HP_BINARY_DIR");
+    g_bin = b && *b ? b : HP_BINARY_DIR;
+    snprintf(g_dir, sizeof g_dir, "/tmp/hp-hpctl-remote-XXXXXX");
+    cr_assert(mkdtemp(g_dir));
+    char state[300], hpd[512];
+    snprintf(state, sizeof state, "%s/state", g_dir);
+    cr_assert_eq(mkdir(state, 0700), 0);
+    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", g_bin);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    g_hpd = fork();
+    cr_assert(g_hpd >= 0);
+    if (g_hpd == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0", "--state-dir",
+              state, "--slots", "2", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    /* Read until the "hpd listening grpc=127.0.0.1:PORT ..." line (30 s). */
+    char buf[4096];
+    size_t n = 0;
+    g_addr[0] = 0;
+    time_t t0 = time(NULL);
+    while (!g_addr[0] && time(NULL) - t0 < 30 && n < sizeof buf - 1) {
+        struct pollfd pf = {fds[0], POLLIN, 0};
+        if (poll(&pf, 1, 500) <= 0) continue;
+        ssize_t k = read(fds[0], buf + n, sizeof buf - 1 - n);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+        char *l = strstr(buf, "hpd listening");
+        char *g = l ? strstr(l, "grpc=") : NULL;
+        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", g_addr);
+    }
+    close(fds[0]); /* hpd must not die of SIGPIPE for later lines: it ignores SIGPIPE */
+    cr_assert(g_addr[0], "hpd did not print its listening line; got: %.*s", (int)n, buf);
+    setenv("HP_SERVER", g_addr, 1);
+    setenv("HP_STATE_DIR", state, 1);
+    unsetenv("HP_TOKEN");
+}
+
+static void stop_hpd(void) {
+    if (g_hpd > 0) {
+        kill(g_hpd, SIGTERM);
+        int st = 0;
+        pid_t w = 0;
+        for (int i = 0; i < 300 && (w = waitpid(g_hpd, &st, WNOHANG)) == 0; i++) usleep(100000);
+        if (w == 0) {
+            kill(g_hpd, SIGKILL);
+            waitpid(g_hpd, &st, 0);
+            cr_expect(0, "hpd did not exit within 30 s of SIGTERM");
+        } else {
+            cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hpd exit status %d", st);
+        }
+        g_hpd = -1;
+    }
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+TestSuite(hpctl_remote, .init = start_hpd, .fini = stop_hpd, .timeout = 600);
+
+static json_t *parse_json(const char *s) {
+    json_error_t e;
+    json_t *j = json_loads(s, 0, &e);
+    cr_assert(j, "not JSON (%s): %s", e.text, s);
+    return j;
+}
+
+static char *submit(const char *job) {
+    run r = hpctl("submit %s/%s", g_dir, job);
+    cr_assert_eq(r.code, 0, "submit: %s", r.err);
+    char *nl = strchr(r.out, '\n');
+    if (nl) *nl = 0;
+    char *id = strdup(r.out);
+    run_free(&r);
+    cr_assert(id[0], "submit printed no id");
+    return id;
+}
+
+static char *job_state(const char *id) {
+    run r = hpctl("status %s --json", id);
+    cr_assert_eq(r.code, 0, "status: %s", r.err);
+    json_t *j = parse_json(r.out);
+    char *s = strdup(json_string_value(json_object_get(j, "state")));
+    json_decref(j);
+    run_free(&r);
+    return s;
+}
+
+Test(hpctl_remote, submit_watch_succeeds_with_falling_loss) {
+    new_job("job.pb", 10);
+    run r = hpctl("submit %s/job.pb --watch", g_dir);
+    cr_assert_eq(r.code, 0, "submit --watch exit %d\nstdout: %s\nstderr: %s", r.code, r.out, r.err);
+    cr_expect(strstr(r.out, "SUCCEEDED"), "no SUCCEEDED in: %s", r.out);
+    /* Not a TTY: plain lines "step S/T loss L tps ... mfu ...% eta ...". */
+    double loss[1024];
+    int steps = 0;
+    for (char *l = r.out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        char *p = strstr(l, " loss ");
+        if (!strncmp(l, "step ", 5) && p && steps < 1024 &&
+            sscanf(p, " loss %lf", &loss[steps]) == 1)
+            steps++;
+    }
+    cr_assert_geq(steps, 6, "fewer than 6 metric lines: %s", r.out);
+    /* Noisy at this size: compare the means of the first and the last three steps. */
+    double first = (loss[0] + loss[1] + loss[2]) / 3,
+           last = (loss[steps - 1] + loss[steps - 2] + loss[steps - 3]) / 3;
+    cr_expect_lt(last, first, "loss did not fall: first %g last %g\n%s", first, last, r.out);
+    cr_expect_eq(strchr(r.out, '\r'), NULL, "\\r in non-TTY output");
+    char *id = strdup(r.out);
+    id[strcspn(id, "\n")] = 0;
+    run_free(&r);
+    char *st = job_state(id);
+    cr_expect_str_eq(st, "SUCCEEDED");
+    free(st);
+    /* Watching a finished job replays and exits 0; --json gives one object per line. */
+    r = hpctl("watch %s --json", id);
+    cr_expect_eq(r.code, 0, "watch of a finished job: %s", r.err);
+    int n_state = 0, n_lines = 0;
+    for (char *save = NULL, *l = strtok_r(r.out, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *j = parse_json(l);
+        const char *st = json_string_value(json_object_get(j, "state"));
+        if (st && !strcmp(st, "SUCCEEDED")) n_state++;
+        n_lines++;
+        json_decref(j);
+    }
+    cr_expect_eq(n_state, 1, "want one SUCCEEDED state event");
+    cr_expect_geq(n_lines, 11, "want the state and 10 replayed metrics, got %d lines", n_lines);
+    run_free(&r);
+    /* The rank's log, read from STATE_DIR/jobs/ID/rank-0.log. */
+    r = hpctl("logs %s --rank 0", id);
+    cr_expect_eq(r.code, 0, "logs: %s", r.err);
+    cr_expect(strlen(r.out) > 0, "empty log");
+    run_free(&r);
+    r = hpctl("logs %s --rank 0 --follow --json", id); /* a final job: prints and ends */
+    cr_expect_eq(r.code, 0, "logs --follow: %s", r.err);
+    cr_expect(!strncmp(r.out, "{\"rank\":0,\"text\":", 17), "logs --json: %s", r.out);
+    run_free(&r);
+    r = hpctl("logs %s --rank 7", id);
+    cr_expect_eq(r.code, 1, "logs of a rank that does not exist: exit %d", r.code);
+    run_free(&r);
+    free(id);
+}
+
+Test(hpctl_remote, list_and_paging) {
+    new_job("job.pb", 3);
+    char *ids[3];
+    for (int i = 0; i < 3; i++) ids[i] = submit("job.pb");
+    run r = hpctl("list --json --page-size 2");
+    cr_assert_eq(r.code, 0, "list: %s", r.err);
+    json_t *p1 = parse_json(r.out);
+    run_free(&r);
+    json_t *jobs1 = json_object_get(p1, "jobs");
+    const char *tok = json_string_value(json_object_get(p1, "next_page_token"));
+    cr_assert_eq(json_array_size(jobs1), 2);
+    cr_assert(tok && *tok, "no next_page_token after a full page");
+    r = hpctl("list --json --page-size 2 --page-token %s", tok);
+    cr_assert_eq(r.code, 0, "list page 2: %s", r.err);
+    json_t *p2 = parse_json(r.out);
+    run_free(&r);
+    json_t *jobs2 = json_object_get(p2, "jobs");
+    cr_assert_eq(json_array_size(jobs2), 1);
+    cr_expect_str_eq(json_string_value(json_object_get(p2, "next_page_token")), "");
+    /* Newest first, each exactly once. */
+    const char *seen[3] = {
+        json_string_value(json_object_get(json_array_get(jobs1, 0), "id")),
+        json_string_value(json_object_get(json_array_get(jobs1, 1), "id")),
+        json_string_value(json_object_get(json_array_get(jobs2, 0), "id")),
+    };
+    for (int i = 0; i < 3; i++) cr_expect_str_eq(seen[i], ids[2 - i]);
+    json_decref(p1);
+    json_decref(p2);
+    /* Plain table and the state filter. */
+    r = hpctl("list");
+    cr_expect_eq(r.code, 0);
+    for (int i = 0; i < 3; i++) cr_expect(strstr(r.out, ids[i]), "%s not in: %s", ids[i], r.out);
+    run_free(&r);
+    r = hpctl("list --state failed --json");
+    cr_expect_eq(r.code, 0);
+    json_t *f = parse_json(r.out);
+    cr_expect_eq(json_array_size(json_object_get(f, "jobs")), 0);
+    json_decref(f);
+    run_free(&r);
+    r = hpctl("list --state sleeping");
+    cr_expect_eq(r.code, 2, "bad --state: exit %d", r.code);
+    run_free(&r);
+    for (int i = 0; i < 3; i++) free(ids[i]);
+}
+
+Test(hpctl_remote, cancel_a_long_job) {
+    new_job("long.pb", 100000);
+    char *id = submit("long.pb");
+    char *st = NULL;
+    for (int i = 0; i < 1200; i++) { /* up to 120 s to start running */
+        free(st);
+        st = job_state(id);
+        if (!strcmp(st, "RUNNING") || !strcmp(st, "FAILED")) break;
+        usleep(100000);
+    }
+    cr_assert_str_eq(st, "RUNNING");
+    free(st);
+    run r = hpctl("cancel %s", id);
+    cr_assert_eq(r.code, 0, "cancel: %s", r.err);
+    run_free(&r);
+    r = hpctl("watch %s", id);
+    cr_expect_eq(r.code, 1, "watch of a cancelled job exits 1, got %d: %s", r.code, r.err);
+    cr_expect(strstr(r.out, "CANCELLED"), "no CANCELLED in: %s", r.out);
+    run_free(&r);
+    st = job_state(id);
+    cr_expect_str_eq(st, "CANCELLED");
+    free(st);
+    free(id);
+}
+
+Test(hpctl_remote, errors) {
+    run r = hpctl("status j-does-not-exist");
+    cr_expect_eq(r.code, 1);
+    cr_expect(!strncmp(r.err, "hpctl: status: NOT_FOUND: ", strlen("hpctl: status: NOT_FOUND: ")),
+              "stderr: %s", r.err);
+    cr_expect(strchr(r.err, '\n') && strchr(r.err, '\n')[1] == 0, "not one line: %s", r.err);
+    run_free(&r);
+    r = hpctl("cancel j-does-not-exist");
+    cr_expect_eq(r.code, 1);
+    cr_expect(strstr(r.err, "NOT_FOUND"), "stderr: %s", r.err);
+    run_free(&r);
+    new_job("job.pb", 3);
+    r = hpctl("submit %s/job.pb --token not-the-token", g_dir);
+    cr_expect_eq(r.code, 1);
+    cr_expect(strstr(r.err, "hpctl: submit: UNAUTHENTICATED"), "stderr: %s", r.err);
+    run_free(&r);
+    r = hpctl("status");
+    cr_expect_eq(r.code, 2);
+    run_free(&r);
+    r = hpctl("list --page-size 0");
+    cr_expect_eq(r.code, 2);
+    run_free(&r);
+    r = hpctl("status j-1 --server 127.0.0.1:1 --timeout 2");
+    cr_expect_eq(r.code, 1);
+    cr_expect(strstr(r.err, "UNAVAILABLE"), "stderr: %s", r.err);
+    run_free(&r);
+}
