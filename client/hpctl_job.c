@@ -55,6 +55,7 @@ static void new_usage(FILE *f) {
         "  --decay KIND          linear | cosine | none (after warmup)\n"
         "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
         "  --init-from PATH      initial weights (safetensors)\n"
+        "  --max-restarts N      restarts after a worker failure under hpd (default 0)\n"
         "  -o, --output PATH     where to write the job (written atomically)\n"
         "\n"
         "parallel plan and compiler:\n"
@@ -172,6 +173,10 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             int64_t x;
             rc = hpctl_parse_i64(verb, a, v, 0, 64, &x);
             if (rc == HPCTL_OK) job->passes.prefetch_depth = (int)x;
+        } else if (!strcmp(a, "--max-restarts")) {
+            int64_t x;
+            rc = hpctl_parse_i64(verb, a, v, 0, 1000, &x);
+            if (rc == HPCTL_OK) job->resources.max_restarts = (int)x;
         } else if (!strcmp(a, "--decay")) {
             if (!strcmp(v, "linear"))
                 job->train.decay = HP_DECAY_LINEAR;

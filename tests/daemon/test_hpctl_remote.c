@@ -325,3 +325,133 @@ Test(hpctl_remote, errors) {
     cr_expect(strstr(r.err, "UNAVAILABLE"), "stderr: %s", r.err);
     run_free(&r);
 }
+
+/* The step of a job as the daemon reports it. */
+static long job_step(const char *id) {
+    run r = hpctl("status %s --json", id);
+    cr_assert_eq(r.code, 0, "status: %s", r.err);
+    json_t *j = parse_json(r.out);
+    long step = (long)json_integer_value(json_object_get(j, "step"));
+    json_decref(j);
+    run_free(&r);
+    return step;
+}
+
+static char *wait_final(const char *id) {
+    for (int i = 0; i < 1200; i++) {
+        char *st = job_state(id);
+        if (!strcmp(st, "SUCCEEDED") || !strcmp(st, "FAILED") || !strcmp(st, "CANCELLED"))
+            return st;
+        free(st);
+        usleep(100000);
+    }
+    cr_assert(0, "job %s did not finish", id);
+    return NULL;
+}
+
+static char *read_weights(const char *id) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/state/jobs/%s/run/model.safetensors", g_dir, id);
+    return slurp(path);
+}
+
+/* A worker killed with SIGKILL mid-run: the job goes RESTARTING, resumes from its last
+ * checkpoint and SUCCEEDS with the final weights of an uninterrupted run, byte for byte. */
+Test(hpctl_remote, killed_worker_restarts_from_the_checkpoint) {
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 64 --steps 40 "
+                  "--checkpoint-interval 5 --max-restarts 2 -o %s/r.pb",
+                  g_dir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    run_free(&r);
+    char *ref = submit("r.pb");
+    char *st = wait_final(ref);
+    cr_assert_str_eq(st, "SUCCEEDED");
+    free(st);
+
+    char *id = submit("r.pb");
+    for (int i = 0; i < 3000 && job_step(id) < 8; i++) usleep(10000);
+    cr_assert_geq(job_step(id), 8, "the job made no progress");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '[-]-job %s [-]-rank 0'", id);
+    cr_assert_eq(system(cmd), 0, "no worker of %s to kill", id);
+    st = wait_final(id);
+    cr_expect_str_eq(st, "SUCCEEDED");
+    free(st);
+    r = hpctl("status %s --json", id);
+    json_t *j = parse_json(r.out);
+    cr_expect_geq(json_integer_value(json_object_get(j, "restarts")), 1, "%s", r.out);
+    json_decref(j);
+    run_free(&r);
+    char *a = read_weights(ref), *b = read_weights(id);
+    cr_expect(strlen(a) > 0 && !strcmp(a, b) && !memcmp(a, b, strlen(a)),
+              "final weights differ from the uninterrupted run's");
+    free(a);
+    free(b);
+    free(id);
+    free(ref);
+}
+
+/* hpd killed with SIGKILL and started again on the same state dir: every job is there with
+ * its state; a finished job stays finished. */
+Test(hpctl_remote, daemon_killed_and_restarted_keeps_every_job) {
+    new_job("a.pb", 3);
+    char *done = submit("a.pb");
+    char *st = wait_final(done);
+    cr_assert_str_eq(st, "SUCCEEDED");
+    free(st);
+    new_job("b.pb", 100000);
+    char *running = submit("b.pb");
+    for (int i = 0; i < 3000 && job_step(running) < 2; i++) usleep(10000);
+
+    kill(g_hpd, SIGKILL);
+    waitpid(g_hpd, NULL, 0);
+    g_hpd = -1;
+    /* the orphaned workers lose their coordinator and stop on their own; restart hpd */
+    char keep[256];
+    snprintf(keep, sizeof keep, "%s", g_dir);
+    char state[300], hpd[512];
+    snprintf(state, sizeof state, "%s/state", g_dir);
+    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", g_bin);
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    g_hpd = fork();
+    if (g_hpd == 0) {
+        dup2(fds[1], 1);
+        close(fds[0]);
+        close(fds[1]);
+        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0", "--state-dir",
+              state, "--slots", "2", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    char buf[4096];
+    size_t n = 0;
+    g_addr[0] = 0;
+    for (int i = 0; i < 60 && !g_addr[0]; i++) {
+        struct pollfd pf = {fds[0], POLLIN, 0};
+        if (poll(&pf, 1, 500) <= 0) continue;
+        ssize_t k = read(fds[0], buf + n, sizeof buf - 1 - n);
+        if (k <= 0) break;
+        n += (size_t)k;
+        buf[n] = 0;
+        char *g = strstr(buf, "grpc=");
+        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", g_addr);
+    }
+    close(fds[0]);
+    cr_assert(g_addr[0], "the restarted hpd did not come up: %s", buf);
+    setenv("HP_SERVER", g_addr, 1);
+    st = job_state(done);
+    cr_expect_str_eq(st, "SUCCEEDED", "a finished job after the restart");
+    free(st);
+    st = job_state(running);
+    cr_expect(strcmp(st, "SUCCEEDED") && strcmp(st, "QUEUED"),
+              "a running job after the restart is %s (restarting, running or failed with a "
+              "reason, never lost)",
+              st);
+    free(st);
+    run r = hpctl("cancel %s", running);
+    run_free(&r);
+    free(done);
+    free(running);
+}
