@@ -40,6 +40,7 @@ typedef struct hpd_job {
     int attempt;
     uint64_t launched_ms, stop_ms; /* stop_ms: when the attempt was told to stop (0: not) */
     bool holds_slots;
+    bool step_dirty; /* v.step not yet in the store: hp__core_flush_steps writes it */
     hpd_rank *ranks; /* [v.world_size] while active */
 } hpd_job;
 
@@ -54,6 +55,7 @@ struct hpd {
     int slots, slots_used;
     int heartbeat_ms;
     bool stopping;
+    bool steps_dirty; /* some job's step_dirty is set */
     uint64_t stop_started_ms;
     hpd_job *jobs, *jobs_tail;
     int n_jobs;
@@ -87,6 +89,10 @@ hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **
 void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Frame *f);
 /* An attached connection closed. */
 void hp__core_conn_lost(hpd *d, hpd_job *j, int attempt, int rank);
+/* Writes the steps that metrics advanced since the last call (one UPDATE per job, not one per
+ * record: the jobs row carries the whole submitted Job, which SQLite rewrites on every UPDATE).
+ * The worker server calls it at the end of each read, inside that read's transaction. */
+void hp__core_flush_steps(hpd *d);
 
 /* Shared between core.c and lifecycle.c. */
 hpd_job *hp__job_find(hpd *d, const char *id);

@@ -327,10 +327,20 @@ static void on_metrics(hpd *d, hpd_job *j, int rank, Hp__V1__StepMetrics *m) {
         j->v.step_time_s = m->step_time_s;
         if (m->step > j->v.step) {
             j->v.step = m->step;
-            (void)hpd_store_set_step(d->store, j->v.id, m->step, NULL);
+            j->step_dirty = d->steps_dirty = true; /* hp__core_flush_steps */
         }
     }
     hp__emit_metrics(d, j, m);
+}
+
+void hp__core_flush_steps(hpd *d) {
+    if (!d->steps_dirty) return;
+    d->steps_dirty = false;
+    for (hpd_job *j = d->jobs; j; j = j->next)
+        if (j->step_dirty) {
+            j->step_dirty = false;
+            (void)hpd_store_set_step(d->store, j->v.id, j->v.step, NULL);
+        }
 }
 
 void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Frame *f) {

@@ -148,24 +148,25 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
         return;
     }
     hp_err err = {0};
-    if (hp_frame_reader_feed(&c->rd, buf->base, (size_t)n, &err) != HP_OK) {
-        drop(c, err.msg, true);
-        return;
-    }
     /* One transaction for the metrics of one read (ingest at 10^5 records/s); transitions
      * inside still commit before they are acted on (store.h). */
     hpd_store *store = c->ws->d->store;
     bool batch = hpd_store_begin(store, NULL) == HP_OK;
-    while (!c->closing) {
-        Hp__V1__Frame *f = NULL;
-        if (hp_frame_reader_next(&c->rd, &f, &err) != HP_OK) {
-            drop(c, err.msg, true);
-            break;
+    if (hp_frame_reader_feed(&c->rd, buf->base, (size_t)n, &err) != HP_OK) {
+        drop(c, err.msg, true);
+    } else {
+        while (!c->closing) {
+            Hp__V1__Frame *f = NULL;
+            if (hp_frame_reader_next(&c->rd, &f, &err) != HP_OK) {
+                drop(c, err.msg, true);
+                break;
+            }
+            if (!f) break;
+            handle_frame(c, f);
+            hp_frame_free(f);
         }
-        if (!f) break;
-        handle_frame(c, f);
-        hp_frame_free(f);
     }
+    hp__core_flush_steps(c->ws->d);
     if (batch && hpd_store_commit(store, &err) != HP_OK)
         hp__log("error", "event=store_commit_failed error=\"%s\"", err.msg);
 }

@@ -44,6 +44,11 @@ void hp_frame_reader_fini(hp_frame_reader *r) {
 
 hp_status hp_frame_reader_feed(hp_frame_reader *r, const void *data, size_t n, hp_err *err) {
     if (n == 0) return HP_OK;
+    if (r->off) { /* drop what next() consumed: one move per feed */
+        memmove(r->buf, r->buf + r->off, r->len - r->off);
+        r->len -= r->off;
+        r->off = 0;
+    }
     size_t limit = r->max + HEADER;
     if (n > limit || r->len > limit - n)
         return hp_errf(err, HP_LIMIT,
@@ -64,20 +69,22 @@ hp_status hp_frame_reader_feed(hp_frame_reader *r, const void *data, size_t n, h
 
 hp_status hp_frame_reader_next(hp_frame_reader *r, Hp__V1__Frame **f, hp_err *err) {
     *f = NULL;
-    if (r->len < HEADER) return HP_OK;
+    const uint8_t *p = r->buf + r->off;
+    size_t have = r->len - r->off;
+    if (have < HEADER) return HP_OK;
     size_t n = 0;
-    for (int i = 0; i < HEADER; i++) n |= (size_t)r->buf[i] << (8 * i);
+    for (int i = 0; i < HEADER; i++) n |= (size_t)p[i] << (8 * i);
     if (n > r->max)
         return hp_errf(err, HP_LIMIT, "frame: length %zu is over the limit of %zu", n, r->max);
-    if (r->len - HEADER < n) return HP_OK;
+    if (have - HEADER < n) return HP_OK;
     hp_proto_alloc a;
     hp_proto_alloc_init(&a, n);
-    Hp__V1__Frame *msg = hp__v1__frame__unpack(&a.base, n, r->buf + HEADER);
+    Hp__V1__Frame *msg = hp__v1__frame__unpack(&a.base, n, p + HEADER);
     /* On failure the bytes stay: HP_NOMEM may be retried; after HP_PARSE/HP_LIMIT the caller
      * drops the connection, as the contract says. */
     if (!msg) return hp_proto_unpack_error(&a, "frame", n, err);
-    memmove(r->buf, r->buf + HEADER + n, r->len - HEADER - n);
-    r->len -= HEADER + n;
+    r->off += HEADER + n;
+    if (r->off == r->len) r->off = r->len = 0;
     *f = msg;
     return HP_OK;
 }

@@ -24,8 +24,9 @@ hp_status hp_frame_encode(const Hp__V1__Frame *f, uint8_t **out, size_t *len, hp
 
 typedef struct hp_frame_reader {
     uint8_t *buf;
-    size_t len, cap;
-    size_t max; /* largest message accepted */
+    size_t off, len, cap; /* unread bytes are buf[off, len): frames are consumed by moving off,
+                             and feed compacts once per call, not once per frame */
+    size_t max;           /* largest message accepted */
 } hp_frame_reader;
 
 void hp_frame_reader_init(hp_frame_reader *r, size_t max);
