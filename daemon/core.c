@@ -160,7 +160,10 @@ void hpd_watch_stop(hpd_watch *w) {
     sweep(w->d);
 }
 
+uint64_t hp__event_seq;
+
 static void fill_event(Hp__V1__JobEvent *ev, hpd_job *j) {
+    hp__event_seq++; /* a new event: watchers may share its encoding until the next one */
     hp__v1__job_event__init(ev);
     ev->job_id = j->v.id;
     ev->time_unix_s = hp__unix_s();

@@ -101,6 +101,9 @@ hpd_job *hp__job_find(hpd *d, const char *id);
  * reason when the job fails). */
 hp_status hp__transition(hpd *d, hpd_job *j, int ev, const char *reason, const char *error,
                          hp_err *err);
+/* Bumped for each event built for watchers (the event passed to every watcher's fn is not
+ * changed until the next bump): rpc.c encodes an event once and shares the bytes. */
+extern uint64_t hp__event_seq;
 void hp__emit_state(hpd *d, hpd_job *j);
 void hp__emit_metrics(hpd *d, hpd_job *j, const Hp__V1__StepMetrics *m);
 void hp__emit_log(hpd *d, hpd_job *j, const Hp__V1__LogLine *l);

@@ -64,13 +64,6 @@ static const struct {
     [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", false},
 };
 
-typedef struct rpc_out rpc_out; /* a queued stream message */
-struct rpc_out {
-    rpc_out *next;
-    size_t len;
-    uint8_t data[];
-};
-
 typedef struct rpc_server rpc_server;
 
 typedef struct rpc_call {
@@ -95,7 +88,8 @@ typedef struct rpc_call {
     hpd_watch *watch;
     bool watching;   /* hpd_watch_start succeeded and the watch has not ended */
     bool watch_over; /* the watch delivered its final NULL */
-    rpc_out *q_head, *q_tail;
+    grpc_slice *q;   /* ring of queued encoded events (refs on slices shared among watchers) */
+    size_t q_cap, q_first, q_n;
     size_t q_bytes;
     grpc_status_code end_code; /* status to send when the queue drains after watch_over */
     char end_msg[HP_ERR_MSG_MAX];
@@ -119,6 +113,20 @@ struct rpc_server {
 };
 
 static rpc_server *g_rpc; /* one server per process */
+
+/* The last event encoded for watchers (hp__event_seq, the event's address): every watcher of
+ * that event takes a ref on the same bytes. Loop thread only. */
+static struct {
+    bool valid;
+    uint64_t seq;
+    const void *ev;
+    grpc_slice sl;
+} g_enc;
+
+static void enc_reset(void) {
+    if (g_enc.valid) grpc_slice_unref(g_enc.sl);
+    g_enc.valid = false;
+}
 
 /* ---- the CQ thread ----------------------------------------------------------------------- */
 
@@ -151,6 +159,7 @@ static void on_handle_closed(uv_handle_t *h) {
     if (--s->handles > 0) return;
     if (g_rpc == s) g_rpc = NULL;
     free(s);
+    enc_reset();
     grpc_shutdown();
 }
 
@@ -187,13 +196,16 @@ static void on_new(rpc_tag *t, int ok);
 static void on_close(rpc_tag *t, int ok);
 static void on_send(rpc_tag *t, int ok);
 
+static void q_clear(rpc_call *c) {
+    for (size_t i = 0; i < c->q_n; i++) grpc_slice_unref(c->q[(c->q_first + i) % c->q_cap]);
+    c->q_first = c->q_n = 0;
+    c->q_bytes = 0;
+}
+
 static void call_free(rpc_call *c) {
     if (c->watching && c->watch) hpd_watch_stop(c->watch);
-    for (rpc_out *o = c->q_head; o;) {
-        rpc_out *n = o->next;
-        hp_free(o);
-        o = n;
-    }
+    q_clear(c);
+    hp_free(c->q);
     if (c->call) grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);
     if (c->payload) grpc_byte_buffer_destroy(c->payload);
@@ -290,14 +302,6 @@ static void reply_status(rpc_call *c, grpc_status_code code, const char *msg) {
 }
 
 /* Packs m into a byte buffer (pack before building the buffer; see the notes, section 5). */
-static grpc_byte_buffer *bb_from_bytes(const uint8_t *p, size_t n) {
-    grpc_slice sl = grpc_slice_malloc(n);
-    if (n) memcpy(GRPC_SLICE_START_PTR(sl), p, n);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-    grpc_slice_unref(sl);
-    return bb;
-}
-
 static grpc_byte_buffer *bb_from_msg(const ProtobufCMessage *m) {
     size_t n = protobuf_c_message_get_packed_size(m);
     grpc_slice sl = grpc_slice_malloc(n);
@@ -596,13 +600,13 @@ static void h_plan(rpc_call *c) {
 /* WatchJob: stream events with one send in flight. */
 static void watch_pump(rpc_call *c) {
     if (c->send_busy || c->status_sent || c->closed || !c->call) return;
-    if (c->q_head) {
-        rpc_out *o = c->q_head;
-        c->q_head = o->next;
-        if (!c->q_head) c->q_tail = NULL;
-        c->q_bytes -= o->len;
-        grpc_byte_buffer *bb = bb_from_bytes(o->data, o->len);
-        hp_free(o);
+    if (c->q_n) {
+        grpc_slice sl = c->q[c->q_first];
+        c->q_first = (c->q_first + 1) % c->q_cap;
+        c->q_n--;
+        c->q_bytes -= GRPC_SLICE_LENGTH(sl);
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1); /* takes its own ref */
+        grpc_slice_unref(sl);
         send_batch(c, bb, false, GRPC_STATUS_OK, NULL);
         return;
     }
@@ -616,15 +620,42 @@ static void watch_end(rpc_call *c, grpc_status_code code, const char *msg) {
     c->watch_over = true;
     c->end_code = code;
     snprintf(c->end_msg, sizeof c->end_msg, "%s", msg ? msg : "");
-    if (code != GRPC_STATUS_OK) { /* drop what is queued: the status goes next */
-        for (rpc_out *o = c->q_head; o;) {
-            rpc_out *n = o->next;
-            hp_free(o);
-            o = n;
+    if (code != GRPC_STATUS_OK) q_clear(c); /* drop what is queued: the status goes next */
+}
+
+/* Appends sl (the caller's ref moves to the queue); false: out of memory (sl is released). */
+static bool q_push(rpc_call *c, grpc_slice sl) {
+    if (c->q_n == c->q_cap) {
+        size_t cap = c->q_cap ? c->q_cap * 2 : 64;
+        grpc_slice *q = hp_calloc(cap, sizeof *q);
+        if (!q) {
+            grpc_slice_unref(sl);
+            return false;
         }
-        c->q_head = c->q_tail = NULL;
-        c->q_bytes = 0;
+        for (size_t i = 0; i < c->q_n; i++) q[i] = c->q[(c->q_first + i) % c->q_cap];
+        hp_free(c->q);
+        c->q = q;
+        c->q_cap = cap;
+        c->q_first = 0;
     }
+    c->q[(c->q_first + c->q_n) % c->q_cap] = sl;
+    c->q_n++;
+    c->q_bytes += GRPC_SLICE_LENGTH(sl);
+    return true;
+}
+
+/* ev's encoding, shared by all watchers of the same event (a new ref for the caller). */
+static grpc_slice enc_event(const Hp__V1__JobEvent *ev) {
+    if (!g_enc.valid || g_enc.seq != hp__event_seq || g_enc.ev != (const void *)ev) {
+        enc_reset();
+        size_t n = protobuf_c_message_get_packed_size(&ev->base);
+        g_enc.sl = grpc_slice_malloc(n);
+        protobuf_c_message_pack(&ev->base, GRPC_SLICE_START_PTR(g_enc.sl));
+        g_enc.seq = hp__event_seq;
+        g_enc.ev = ev;
+        g_enc.valid = true;
+    }
+    return grpc_slice_ref(g_enc.sl);
 }
 
 static void on_watch_event(void *ctx, const Hp__V1__JobEvent *ev) {
@@ -640,28 +671,19 @@ static void on_watch_event(void *ctx, const Hp__V1__JobEvent *ev) {
         return;
     }
     if (c->closed || c->watch_over) return;
-    size_t n = protobuf_c_message_get_packed_size(&ev->base);
-    if (c->q_bytes + n > HPD_RPC_WATCH_BACKLOG) {
+    grpc_slice sl = enc_event(ev);
+    if (c->q_bytes + GRPC_SLICE_LENGTH(sl) > HPD_RPC_WATCH_BACKLOG) {
+        grpc_slice_unref(sl);
         watch_end(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
                   "watcher fell behind; reconnect with from_step");
         watch_pump(c);
         return;
     }
-    rpc_out *o = hp_malloc(sizeof *o + (n ? n : 1));
-    if (!o) {
+    if (!q_push(c, sl)) {
         watch_end(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         watch_pump(c);
         return;
     }
-    o->next = NULL;
-    o->len = n;
-    protobuf_c_message_pack(&ev->base, o->data);
-    if (c->q_tail)
-        c->q_tail->next = o;
-    else
-        c->q_head = o;
-    c->q_tail = o;
-    c->q_bytes += n;
     watch_pump(c);
 }
 
