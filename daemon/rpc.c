@@ -330,8 +330,10 @@ static grpc_status_code code_of(hp_status st) {
     }
 }
 
-static void reply_err(rpc_call *c, const hp_err *err) {
-    reply_status(c, code_of(err->status), err->msg[0] ? err->msg : hp_status_str(err->status));
+/* Replies with the status a core call returned (authoritative: err may be unset) and its
+ * message. */
+static void reply_err(rpc_call *c, hp_status st, const hp_err *err) {
+    reply_status(c, code_of(st), err->msg[0] ? err->msg : hp_status_str(st));
 }
 
 /* Unpacks the request payload (NULL: malformed or absent). */
@@ -435,8 +437,7 @@ static void h_submit(rpc_call *c) {
     hp_free(buf);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        if (err.status == HP_OK) err.status = st;
-        reply_err(c, &err);
+        reply_err(c, st, &err);
         return;
     }
     job_info_buf b;
@@ -458,8 +459,7 @@ static void h_get(rpc_call *c) {
     hp_status st = hpd_get(c->s->d, req->job_id, &v, &err);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        if (err.status == HP_OK) err.status = st;
-        reply_err(c, &err);
+        reply_err(c, st, &err);
         return;
     }
     job_info_buf b;
@@ -489,9 +489,8 @@ static void h_list(rpc_call *c) {
                             req->page_token, &views, &n, next, &err);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        if (err.status == HP_OK) err.status = st;
         hp_free(views);
-        reply_err(c, &err);
+        reply_err(c, st, &err);
         return;
     }
     job_info_buf *bufs = hp_calloc(n > 0 ? (size_t)n : 1, sizeof *bufs);
@@ -529,8 +528,7 @@ static void h_cancel(rpc_call *c) {
     hp_status st = hpd_cancel(c->s->d, req->job_id, req->reason, &v, &err);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        if (err.status == HP_OK) err.status = st;
-        reply_err(c, &err);
+        reply_err(c, st, &err);
         return;
     }
     job_info_buf b;
@@ -573,9 +571,8 @@ static void h_plan(rpc_call *c) {
     hp_free(job);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        if (err.status == HP_OK) err.status = st;
         hp_free(plan);
-        reply_err(c, &err);
+        reply_err(c, st, &err);
         return;
     }
     /* GetPlanResponse { PlanSummary plan = 1; }: wrap the packed summary by hand. */
@@ -702,9 +699,8 @@ static void h_watch(rpc_call *c) {
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
         c->watching = false;
-        if (err.status == HP_OK) err.status = st;
         /* drop anything queued by a failed start */
-        watch_end(c, code_of(err.status), err.msg[0] ? err.msg : hp_status_str(err.status));
+        watch_end(c, code_of(st), err.msg[0] ? err.msg : hp_status_str(st));
         watch_pump(c);
         return;
     }
