@@ -39,7 +39,7 @@ TARGET_S = 1.0
 
 try:
     import grpc
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    import google.protobuf  # noqa: F401  (Msgs needs it; fail early with a clear message)
 except ImportError as e:
     print(f"bench_hpd_latency: python3-grpcio / python3-protobuf missing ({e})", file=sys.stderr)
     sys.exit(1)
@@ -47,28 +47,9 @@ except ImportError as e:
 SVC = "/hp.v1.Coordinator/"
 
 
-class Msgs:
-    """Message classes from a FileDescriptorSet."""
-
-    def __init__(self, path):
-        fds = descriptor_pb2.FileDescriptorSet()
-        with open(path, "rb") as f:
-            fds.ParseFromString(f.read())
-        self.pool = descriptor_pool.DescriptorPool()
-        for fd in fds.file:
-            self.pool.Add(fd)
-        self.factory = None if hasattr(message_factory, "GetMessageClass") else \
-            message_factory.MessageFactory(self.pool)
-
-    def __getattr__(self, name):
-        d = self.pool.FindMessageTypeByName("hp.v1." + name)
-        if self.factory is None:
-            return message_factory.GetMessageClass(d)
-        return self.factory.GetPrototype(d)
-
-    def state(self, name):
-        return self.pool.FindEnumTypeByName("hp.v1.JobState").values_by_name[
-            "JOB_STATE_" + name].number
+# The message classes from the descriptor set: the same helper the grpcio test uses.
+sys.path.insert(0, os.path.join(ROOT, "tests", "daemon"))
+from grpc_client import Msgs  # noqa: E402
 
 
 def start_hpd(hpd, state_dir, log):
