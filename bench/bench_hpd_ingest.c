@@ -13,7 +13,10 @@
  * schema, WAL, synchronous=NORMAL, INSERT OR REPLACE + the jobs.step UPDATE hpd does per rank-0
  * record, one transaction per 64 KiB of frames as hpd batches one read).
  *
- * usage: bench_hpd_ingest [--records N] [--watchers W] [--world R] [--build DIR]
+ * The watchers ask for batched events (WatchJobRequest.batch; the client unpacks them, so the
+ * count is per event either way); --no-batch measures one message per event.
+ *
+ * usage: bench_hpd_ingest [--records N] [--watchers W] [--world R] [--build DIR] [--no-batch]
  * Target (issue 5): >= 200,000 records/s ingested with 50 WatchJob streams.
  */
 #include "client/rpc_client.h"
@@ -25,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -40,6 +44,7 @@ static double now_s(void) {
 
 static char g_server[128], g_job[128];
 static volatile double g_gate_t;
+static bool g_batch = true;
 
 typedef struct watcher {
     pthread_t th;
@@ -75,6 +80,7 @@ static void *watch_main(void *arg) {
     }
     Hp__V1__WatchJobRequest req = HP__V1__WATCH_JOB_REQUEST__INIT;
     req.job_id = g_job;
+    req.batch = g_batch;
     hp_rpc_result r;
     w->code = hp_rpc_watch(c, &req, on_ev, w, &r);
     w->end_t = now_s();
@@ -82,6 +88,11 @@ static void *watch_main(void *arg) {
     w->attached = 1;
     hp_rpc_client_close(c);
     return NULL;
+}
+
+static double cpu_s(const struct rusage *r) {
+    return (double)(r->ru_utime.tv_sec + r->ru_stime.tv_sec) +
+           (double)(r->ru_utime.tv_usec + r->ru_stime.tv_usec) / 1e6;
 }
 
 static int get_state(hp_rpc_client *c, int64_t *step) {
@@ -221,8 +232,14 @@ int main(int argc, char **argv) {
     long records = 1000000;
     int nw = 50, world = 1;
     char build[512] = "";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--records"))
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--no-batch")) {
+            g_batch = false;
+            i--;
+        } else if (i + 1 >= argc) {
+            fprintf(stderr, "bench_hpd_ingest: %s needs a value\n", argv[i]);
+            return 2;
+        } else if (!strcmp(argv[i], "--records"))
             records = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--watchers"))
             nw = atoi(argv[i + 1]);
@@ -232,7 +249,7 @@ int main(int argc, char **argv) {
             snprintf(build, sizeof build, "%s", argv[i + 1]);
         else {
             fprintf(stderr, "usage: bench_hpd_ingest [--records N] [--watchers W] [--world R] "
-                            "[--build DIR]\n");
+                            "[--build DIR] [--no-batch]\n");
             return 2;
         }
     }
@@ -280,8 +297,8 @@ int main(int argc, char **argv) {
         close(pfd[0]);
         FILE *lf = fopen(logp, "w");
         if (lf) dup2(fileno(lf), 2);
-        execl(hpd_path, hpd_path, "--listen", "127.0.0.1:0", "--state-dir", state, "--worker",
-              worker, "--slots", slots, (char *)NULL);
+        execl(hpd_path, hpd_path, "--listen", "127.0.0.1:0", "--http", "off", "--state-dir", state,
+              "--worker", worker, "--slots", slots, (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -348,7 +365,10 @@ int main(int argc, char **argv) {
     hp_rpc_client_close(c);
     kill(pid, SIGTERM);
     int status = 0;
-    waitpid(pid, &status, 0);
+    struct rusage ru_hpd, ru_self;
+    memset(&ru_hpd, 0, sizeof ru_hpd);
+    wait4(pid, &status, 0, &ru_hpd);
+    getrusage(RUSAGE_SELF, &ru_self);
     snprintf(path, sizeof path, "%s/hpd.db", state);
     long stored = count_rows(path);
     /* the peer */
@@ -357,12 +377,23 @@ int main(int argc, char **argv) {
     double peer_upd = sqlite_peer(tmp, records, 2, job, jlen);
 
     double rate = (double)stored / t_ingest;
-    printf("hpd ingest: %ld records from %d synthetic rank(s), %d WatchJob streams; job state %d "
-           "step %lld\n",
-           records, world, nw, st, (long long)step);
-    printf("  stored %ld rows in %.3f s: %.0f records/s (target >= %.0f: %s, %.2fx)\n", stored,
-           t_ingest, rate, TARGET, rate >= TARGET ? "met" : "MISSED", rate / TARGET);
+    printf("hpd ingest: %ld records from %d synthetic rank(s), %d WatchJob streams (%s); job "
+           "state %d step %lld\n",
+           records, world, nw, g_batch ? "batch" : "no batch", st, (long long)step);
+    printf("  cpu: hpd %.2f s, this process (watchers) %.2f s, user+sys; %ld CPUs online\n",
+           cpu_s(&ru_hpd), cpu_s(&ru_self), sysconf(_SC_NPROCESSORS_ONLN));
     long full = 0, min_m = -1, max_m = 0, ended_ok = 0;
+    for (int i = 0; i < nw; i++)
+        if (ws[i].code == 0 && ws[i].metrics >= per_rank * world) full++;
+    /* A run whose watchers were dropped (fell behind: RESOURCE_EXHAUSTED) did not ingest "with
+     * W streams": it does not count as meeting the target. */
+    const char *verdict = full < nw        ? "NOT COUNTED: watchers dropped"
+                          : rate >= TARGET ? "met"
+                                           : "MISSED";
+    printf("  stored %ld rows in %.3f s: %.0f records/s (target >= %.0f with every watcher "
+           "served: %s, %.2fx)\n",
+           stored, t_ingest, rate, TARGET, verdict, rate / TARGET);
+    full = 0;
     double last_max = 0, sum_lag = 0;
     for (int i = 0; i < nw; i++) {
         if (ws[i].metrics >= per_rank * world) full++;
@@ -393,5 +424,9 @@ int main(int argc, char **argv) {
     printf("  + jobs.step UPDATE per transaction (hpd):   %.0f records/s\n", peer_upd);
     printf("ratio hpd / sqlite peer (as hpd writes): %.2f\n", rate / peer_upd);
     printf("hpd log: %s\n", logp);
+    free(ws);
+    free(req);
+    free(job);
+    free(tok);
     return 0;
 }

@@ -53,7 +53,7 @@ from grpc_client import Msgs  # noqa: E402
 
 
 def start_hpd(hpd, state_dir, log):
-    p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+    p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
                           "--state-dir", state_dir, "--slots", "1"],
                          stdout=subprocess.PIPE, stderr=log, text=True)
     deadline = time.time() + 30

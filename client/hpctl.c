@@ -82,6 +82,10 @@ static void usage(FILE *f) {
           "  logs ID [--rank R] [--follow]\n"
           "                        a rank's log (STATE_DIR/jobs/ID/rank-R.log on the daemon's\n"
           "                        host; --follow without the file streams live lines)\n"
+          "  trace ID --step S [--rank R ...] [-o FILE]\n"
+          "                        write the Chrome trace of a profiled step (ranks merged) to\n"
+          "                        FILE (default ID-step-S.trace.json); prints the path\n"
+          "  checkpoint ID         ask the running job to write a checkpoint now\n"
           "\n"
           "  --help, -h            this text\n"
           "  --version             print the version\n"
@@ -113,6 +117,8 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "cancel")) return hpctl_cancel(argc - 1, argv + 1);
     if (!strcmp(verb, "watch")) return hpctl_watch(argc - 1, argv + 1);
     if (!strcmp(verb, "logs")) return hpctl_logs(argc - 1, argv + 1);
+    if (!strcmp(verb, "trace")) return hpctl_trace(argc - 1, argv + 1);
+    if (!strcmp(verb, "checkpoint")) return hpctl_checkpoint(argc - 1, argv + 1);
     fprintf(stderr, "hpctl: unknown verb '%s' (try hpctl --help)\n", verb);
     return HPCTL_USAGE;
 }

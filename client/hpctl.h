@@ -27,5 +27,7 @@ int hpctl_list(int argc, char **argv);
 int hpctl_cancel(int argc, char **argv);
 int hpctl_watch(int argc, char **argv);
 int hpctl_logs(int argc, char **argv);
+int hpctl_trace(int argc, char **argv);
+int hpctl_checkpoint(int argc, char **argv);
 
 #endif

@@ -56,6 +56,7 @@ static void new_usage(FILE *f) {
         "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
         "  --init-from PATH      initial weights (safetensors)\n"
         "  --max-restarts N      restarts after a worker failure under hpd (default 0)\n"
+        "  --profile-steps S,..  steps to trace (Chrome trace per rank; hpctl trace fetches it)\n"
         "  -o, --output PATH     where to write the job (written atomically)\n"
         "\n"
         "parallel plan and compiler:\n"
@@ -119,6 +120,30 @@ static int parse_mesh(const char *verb, const char *v, hp_job *job) {
     return HPCTL_OK;
 }
 
+/* "5,6": train.profile_steps (each >= 1, at most HP_JOB_PROFILE_MAX). */
+static int parse_profile_steps(const char *verb, const char *v, hp_job *job) {
+    int n = 0;
+    for (const char *s = v;;) {
+        size_t len = strcspn(s, ",");
+        char num[32];
+        if (len == 0 || len >= sizeof num)
+            return hpctl_fail(HPCTL_USAGE, verb, "--profile-steps: '%s' is not S[,S...]", v);
+        if (n == HP_JOB_PROFILE_MAX)
+            return hpctl_fail(HPCTL_USAGE, verb, "--profile-steps: more than %d steps",
+                              HP_JOB_PROFILE_MAX);
+        memcpy(num, s, len);
+        num[len] = 0;
+        int64_t x;
+        int rc = hpctl_parse_i64(verb, "--profile-steps", num, 1, (int64_t)1e12, &x);
+        if (rc != HPCTL_OK) return rc;
+        job->train.profile_steps[n++] = x;
+        if (!s[len]) break;
+        s += len + 1;
+    }
+    job->train.n_profile_steps = n;
+    return HPCTL_OK;
+}
+
 /* Parses `new`'s flags into job; returns an exit code. */
 static int new_flags(int argc, char **argv, hp_job *job, const char **model, const char **out) {
     const char *verb = "new";
@@ -177,6 +202,8 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             int64_t x;
             rc = hpctl_parse_i64(verb, a, v, 0, 1000, &x);
             if (rc == HPCTL_OK) job->resources.max_restarts = (int)x;
+        } else if (!strcmp(a, "--profile-steps")) {
+            rc = parse_profile_steps(verb, v, job);
         } else if (!strcmp(a, "--decay")) {
             if (!strcmp(v, "linear"))
                 job->train.decay = HP_DECAY_LINEAR;

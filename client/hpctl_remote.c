@@ -1,5 +1,6 @@
 /* client/hpctl_remote.c — the verbs that talk to the coordinator: submit, status, list,
- * cancel, watch, logs.
+ * cancel, watch, logs, trace (GetTrace: a profiled step's Chrome trace into a file) and
+ * checkpoint (CheckpointJob: ask the running ranks to checkpoint now).
  *
  * Common flags (every verb): --server HOST:PORT (default $HP_SERVER, else 127.0.0.1:7070),
  * --token T (else $HP_TOKEN, else STATE_DIR/token), --tls-ca PEM, --timeout SECONDS, --json.
@@ -237,6 +238,7 @@ static int on_event(void *ctx, const Hp__V1__JobEvent *ev) {
         }
     } else if (ev->event_case == HP__V1__JOB_EVENT__EVENT_METRICS && ev->metrics) {
         const Hp__V1__StepMetrics *m = ev->metrics;
+        if (m->rank > 0) return 0; /* one line per step: the job's (rank 0's) record */
         char eta[32];
         double left = (double)(w->total_steps - m->step);
         fmt_eta(w->total_steps > 0 ? left * m->step_time_s : NAN, eta, sizeof eta);
@@ -275,6 +277,7 @@ static int do_watch(const char *verb, hp_rpc_client *c, const char *id, int64_t 
     Hp__V1__WatchJobRequest req = HP__V1__WATCH_JOB_REQUEST__INIT;
     req.job_id = (char *)id;
     req.from_step = from_step;
+    req.batch = true; /* hp_rpc_watch unpacks batches: on_event sees single events */
     int code;
     /* A lost connection (the daemon restarting) is retried for WATCH_RECONNECT_S, resuming
      * after the last step seen, so that nothing is missed or repeated. */
@@ -657,6 +660,7 @@ int hpctl_logs(int argc, char **argv) {
         Hp__V1__WatchJobRequest req = HP__V1__WATCH_JOB_REQUEST__INIT;
         req.job_id = (char *)id;
         req.logs = true;
+        req.batch = true;
         hp_rpc_result r;
         rc = hp_rpc_watch(c, &req, on_event, &w, &r) ? rpc_fail(verb, &r) : HPCTL_OK;
         hp_rpc_client_close(c);
@@ -682,5 +686,126 @@ int hpctl_logs(int argc, char **argv) {
     }
     fclose(f);
     if (c) hp_rpc_client_close(c);
+    return rc;
+}
+
+/* ---- trace, checkpoint ------------------------------------------------------------------- */
+
+#define TRACE_MAX_RANKS 1024
+
+int hpctl_trace(int argc, char **argv) {
+    const char *verb = "trace", *id = NULL, *out = NULL;
+    remote_opts o = {0};
+    int64_t step = -1;
+    int32_t ranks[TRACE_MAX_RANKS];
+    size_t n_ranks = 0;
+    for (int i = 1; i < argc; i++) {
+        int cf = common_flag(verb, argc, argv, &i, &o);
+        if (cf > 100) return cf - 100;
+        if (cf == 1) continue;
+        const char *a = argv[i];
+        bool takes = !strcmp(a, "--step") || !strcmp(a, "--rank") || !strcmp(a, "-o") ||
+                     !strcmp(a, "--output");
+        if (takes && i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s needs a value", a);
+        if (!strcmp(a, "--step")) {
+            int rc = hpctl_parse_i64(verb, "--step", argv[++i], 0, INT64_MAX, &step);
+            if (rc) return rc;
+        } else if (!strcmp(a, "--rank")) {
+            int64_t r;
+            int rc = hpctl_parse_i64(verb, "--rank", argv[++i], 0, 1 << 20, &r);
+            if (rc) return rc;
+            if (n_ranks == TRACE_MAX_RANKS)
+                return hpctl_fail(HPCTL_USAGE, verb, "--rank: more than %d ranks", TRACE_MAX_RANKS);
+            ranks[n_ranks++] = (int32_t)r;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            out = argv[++i];
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            puts("usage: hpctl trace ID --step S [--rank R ...] [-o FILE] [--server HOST:PORT] "
+                 "[--tls-ca PEM] [--json]\n"
+                 "writes the Chrome trace (chrome://tracing, ui.perfetto.dev) of a profiled "
+                 "step, the ranks merged, to FILE (default ID-step-S.trace.json)");
+            return HPCTL_OK;
+        } else if (a[0] == '-' || id) {
+            return hpctl_fail(HPCTL_USAGE, verb, "unexpected argument '%s'", a);
+        } else {
+            id = a;
+        }
+    }
+    if (!id) return hpctl_fail(HPCTL_USAGE, verb, "missing job ID");
+    if (step < 0) return hpctl_fail(HPCTL_USAGE, verb, "missing --step S");
+    if (strchr(id, '/') || !strcmp(id, "..") || !strcmp(id, "."))
+        return hpctl_fail(HPCTL_USAGE, verb, "'%s' is not a job ID", id);
+    char def[512];
+    if (!out) {
+        snprintf(def, sizeof def, "%s-step-%lld.trace.json", id, (long long)step);
+        out = def;
+    }
+    hp_rpc_client *c;
+    int rc = open_client(verb, &o, &c);
+    if (rc) return rc;
+    Hp__V1__GetTraceRequest req = HP__V1__GET_TRACE_REQUEST__INIT;
+    req.job_id = (char *)id;
+    req.step = step;
+    req.n_ranks = n_ranks;
+    req.ranks = ranks;
+    hp_rpc_result r;
+    Hp__V1__GetTraceResponse *resp = NULL;
+    if (hp_rpc_unary(c, "/hp.v1.Coordinator/GetTrace", &req.base, false,
+                     &hp__v1__get_trace_response__descriptor, (ProtobufCMessage **)&resp,
+                     &r) != 0) {
+        /* NOT_FOUND for a step without a trace: the server's message lists the traced steps. */
+        rc = rpc_fail(verb, &r);
+        hp_rpc_client_close(c);
+        return rc;
+    }
+    hp_rpc_client_close(c);
+    FILE *f = fopen(out, "wb");
+    bool ok =
+        f && fwrite(resp->chrome_json.data, 1, resp->chrome_json.len, f) == resp->chrome_json.len;
+    if (f && fclose(f) != 0) ok = false;
+    if (!ok) {
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+        return hpctl_fail(HPCTL_ERROR, verb, "%s: cannot write the trace", out);
+    }
+    if (o.json) {
+        json_t *steps = json_array();
+        for (size_t k = 0; k < resp->n_steps; k++)
+            json_array_append_new(steps, json_integer((json_int_t)resp->steps[k]));
+        print_json(json_pack("{s:s, s:s, s:I, s:I, s:o}", "job_id", id, "path", out, "step",
+                             (json_int_t)step, "bytes", (json_int_t)resp->chrome_json.len, "steps",
+                             steps));
+    } else {
+        printf("%s\n", out);
+    }
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return HPCTL_OK;
+}
+
+int hpctl_checkpoint(int argc, char **argv) {
+    const char *verb = "checkpoint", *id = NULL;
+    remote_opts o = {0};
+    int rc = parse_id_verb(verb, argc, argv, &o, &id, NULL);
+    if (rc) return rc;
+    hp_rpc_client *c;
+    if ((rc = open_client(verb, &o, &c))) return rc;
+    hp_rpc_result r;
+    Hp__V1__CheckpointJobRequest req = HP__V1__CHECKPOINT_JOB_REQUEST__INIT;
+    req.job_id = (char *)id;
+    Hp__V1__CheckpointJobResponse *resp = NULL;
+    if (hp_rpc_unary(c, "/hp.v1.Coordinator/CheckpointJob", &req.base, true,
+                     &hp__v1__checkpoint_job_response__descriptor, (ProtobufCMessage **)&resp,
+                     &r) != 0) {
+        rc = rpc_fail(verb, &r);
+    } else {
+        if (resp->job) {
+            if (o.json)
+                print_json(job_json(resp->job));
+            else
+                printf("%s %s step %lld\n", resp->job->id, state_name(resp->job->state),
+                       (long long)resp->job->step);
+        }
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    hp_rpc_client_close(c);
     return rc;
 }

@@ -1,7 +1,7 @@
 /* client/rpc_client.c — the blocking Coordinator client (see rpc_client.h and
  * ../shared/notes/grpc-c-core.md, section 4): one channel, one pluck CQ, one batch for a
  * unary call, and for the watch stream one RECV_STATUS batch up front plus one RECV_MESSAGE at
- * a time.
+ * a time. A JobEvent{batch} message is unpacked into its events, handed over one at a time.
  */
 #include "client/rpc_client.h"
 
@@ -13,6 +13,7 @@
 #include <grpc/support/time.h>
 
 #include <ctype.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,15 +191,79 @@ static bool pluck(hp_rpc_client *c, void *tag) {
     return ev.type == GRPC_OP_COMPLETE && ev.success;
 }
 
-static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc) {
+/* a: NULL (malloc) or an arena (free with arena_reset, not protobuf_c_message_free_unpacked). */
+static ProtobufCMessage *unpack_bb(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *desc,
+                                   ProtobufCAllocator *a) {
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, bb)) return NULL;
     grpc_slice all = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
     ProtobufCMessage *m =
-        protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+        protobuf_c_message_unpack(desc, a, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
     grpc_slice_unref(all);
     return m;
+}
+
+/* A bump allocator for unpacking watch events: a batch of ~1000 events is ~3000 small
+ * allocations, all freed together. Chunks are kept across messages; arena_reset rewinds. */
+typedef struct arena_chunk arena_chunk;
+struct arena_chunk {
+    arena_chunk *next;
+    size_t cap, used;
+    max_align_t data[];
+};
+
+typedef struct arena {
+    ProtobufCAllocator pa;
+    arena_chunk *head, *cur;
+} arena;
+
+#define ARENA_CHUNK (256u << 10)
+
+static void *arena_alloc(void *data, size_t n) {
+    arena *a = data;
+    n = (n + sizeof(max_align_t) - 1) & ~(sizeof(max_align_t) - 1);
+    for (arena_chunk *c = a->cur; c; c = c->next) {
+        if (c->cap - c->used >= n) {
+            void *p = (char *)c->data + c->used;
+            c->used += n;
+            a->cur = c;
+            return p;
+        }
+    }
+    size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
+    arena_chunk *c = hp_malloc(sizeof *c + cap);
+    if (!c) return NULL;
+    c->cap = cap;
+    c->used = n;
+    c->next = NULL;
+    if (a->cur) { /* append after the last chunk */
+        arena_chunk *t = a->cur;
+        while (t->next) t = t->next;
+        t->next = c;
+    } else {
+        a->head = c;
+    }
+    a->cur = c;
+    return c->data;
+}
+
+static void arena_free_one(void *data, void *p) {
+    (void)data;
+    (void)p; /* everything goes at arena_reset */
+}
+
+static void arena_reset(arena *a) {
+    for (arena_chunk *c = a->head; c; c = c->next) c->used = 0;
+    a->cur = a->head;
+}
+
+static void arena_fini(arena *a) {
+    for (arena_chunk *c = a->head, *n; c; c = n) {
+        n = c->next;
+        hp_free(c);
+    }
+    a->head = a->cur = NULL;
 }
 
 static grpc_byte_buffer *bb_from(const uint8_t *p, size_t n) {
@@ -261,7 +326,7 @@ int hp_rpc_unary_raw(hp_rpc_client *c, const char *method, const uint8_t *req, s
         if (st == GRPC_STATUS_OK) {
             if (!recv) {
                 set_res(res, GRPC_STATUS_INTERNAL, "the server sent no reply message");
-            } else if (!(*resp = unpack_bb(recv, resp_desc))) {
+            } else if (!(*resp = unpack_bb(recv, resp_desc, NULL))) {
                 set_res(res, GRPC_STATUS_INTERNAL, "the server's reply does not parse");
             }
         }
@@ -333,6 +398,7 @@ int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_ev
     b[0].data.recv_status_on_client.error_string = &error_string;
     int tag_a, tag_b, tag_m;
     bool stopped = false;
+    arena ar = {{arena_alloc, arena_free_one, &ar}, NULL, NULL};
     bool a_ok = grpc_call_start_batch(call, a, 4, &tag_a, NULL) == GRPC_CALL_OK;
     if (!a_ok || grpc_call_start_batch(call, b, 1, &tag_b, NULL) != GRPC_CALL_OK) {
         /* Nothing was started, or only batch A: cancel and collect what is outstanding. */
@@ -361,14 +427,32 @@ int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_ev
             if (recv) grpc_byte_buffer_destroy(recv);
             break;
         }
-        Hp__V1__JobEvent *ev = (Hp__V1__JobEvent *)unpack_bb(recv, &hp__v1__job_event__descriptor);
+        arena_reset(&ar);
+        Hp__V1__JobEvent *ev =
+            (Hp__V1__JobEvent *)unpack_bb(recv, &hp__v1__job_event__descriptor, &ar.pa);
         grpc_byte_buffer_destroy(recv);
         if (!ev) {
             grpc_call_cancel_with_status(call, GRPC_STATUS_INTERNAL, "bad event", NULL);
             break;
         }
-        int stop = fn(ctx, ev);
-        protobuf_c_message_free_unpacked(&ev->base, NULL);
+        int stop = 0;
+        bool bad = false;
+        if (ev->event_case == HP__V1__JOB_EVENT__EVENT_BATCH) {
+            size_t k = ev->batch ? ev->batch->n_events : 0;
+            for (size_t i = 0; i < k && !stop && !bad; i++) {
+                const Hp__V1__JobEvent *e = ev->batch->events[i];
+                if (e->event_case == HP__V1__JOB_EVENT__EVENT_BATCH)
+                    bad = true; /* batches do not nest */
+                else
+                    stop = fn(ctx, e);
+            }
+        } else {
+            stop = fn(ctx, ev);
+        }
+        if (bad) {
+            grpc_call_cancel_with_status(call, GRPC_STATUS_INTERNAL, "nested event batch", NULL);
+            break;
+        }
         if (stop) {
             stopped = true;
             grpc_call_cancel(call, NULL);
@@ -386,5 +470,6 @@ int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_ev
     grpc_metadata_array_destroy(&init_md);
     grpc_metadata_array_destroy(&trail_md);
     grpc_call_unref(call);
+    arena_fini(&ar);
     return res->code;
 }

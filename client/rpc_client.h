@@ -48,7 +48,9 @@ int hp_rpc_unary(hp_rpc_client *c, const char *method, const ProtobufCMessage *r
                  hp_rpc_result *res);
 
 /* WatchJob: calls fn for every event until the stream ends (the job finished: OK), fn returns
- * nonzero (the call is cancelled; the result is OK), or an error. No deadline. */
+ * nonzero (the call is cancelled; the result is OK), or an error. No deadline. The request goes
+ * as given: set req->batch to let the server coalesce events; JobEvent{batch} messages are
+ * unpacked here, so fn sees one plain event at a time either way (never a batch). */
 typedef int (*hp_rpc_event_fn)(void *ctx, const Hp__V1__JobEvent *ev);
 int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_event_fn fn,
                  void *ctx, hp_rpc_result *res);

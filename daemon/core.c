@@ -5,7 +5,9 @@
  * lifecycle.c. Everything runs on the loop thread.
  */
 #include "daemon/core.h"
+#include "daemon/config.h"
 #include "daemon/jobsm.h"
+#include "daemon/observe.h"
 
 #include "hp/program.h"
 
@@ -118,6 +120,7 @@ static void job_link(hpd *d, hpd_job *j) {
 }
 
 static void job_free(hpd_job *j) {
+    hp__obs_job_free(j);
     hp_free(j->packed);
     hp_compiled_free(j->compiled);
     hp_free(j->ranks);
@@ -143,6 +146,7 @@ static void watch_unlink(hpd_watch *w) {
     else if (d->watches == w)
         d->watches = w->next;
     if (w->next) w->next->prev = w->prev;
+    d->n_watches--;
     hp_free(w);
 }
 
@@ -248,18 +252,30 @@ hp_status hpd_watch_start(hpd *d, const char *id, int64_t from_step, bool logs, 
     w->next = d->watches;
     if (d->watches) d->watches->prev = w;
     d->watches = w;
+    d->n_watches++;
     emitting++;
+    /* A live job: its state, the replay, then live events. A finished one: the replay, then
+     * its final state — a stream always ends with the final state. */
+    bool final = hpd_sm_is_final(j->v.state);
     Hp__V1__JobEvent ev;
-    fill_event(&ev, j);
-    ev.event_case = HP__V1__JOB_EVENT__EVENT_STATE;
-    ev.state = j->v.state;
-    fn(ctx, &ev);
+    if (!final) {
+        fill_event(&ev, j);
+        ev.event_case = HP__V1__JOB_EVENT__EVENT_STATE;
+        ev.state = j->v.state;
+        fn(ctx, &ev);
+    }
     hp_status st = HP_OK;
     if (!w->dead && from_step > 0) {
         replay_ctx r = {w, j};
         st = hpd_store_each_metrics(d->store, j->v.id, from_step, replay_one, &r, err);
     }
-    if (!w->dead && hpd_sm_is_final(j->v.state)) {
+    if (!w->dead && final && st == HP_OK) {
+        fill_event(&ev, j);
+        ev.event_case = HP__V1__JOB_EVENT__EVENT_STATE;
+        ev.state = j->v.state;
+        fn(ctx, &ev);
+    }
+    if (!w->dead && final) {
         w->dead = true;
         fn(ctx, NULL);
     }
@@ -296,6 +312,7 @@ hp_status hp__transition(hpd *d, hpd_job *j, int ev, const char *reason, const c
         j->holds_slots = false;
         d->slots_used -= j->v.world_size;
     }
+    hp__obs_job_changed(j);
     if (changed) hp__emit_state(d, j);
     return HP_OK;
 }
@@ -394,6 +411,7 @@ hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *reque
     *out = j->v;
     hp__core_tick(d);
     *out = j->v;
+    hp__obs_publish(d); /* a client that submitted finds the job over HTTP at once */
 out:
     hp_job_free(job);
     return st;
@@ -548,6 +566,7 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
     d->loop = loop;
     d->slots = cfg->slots > 0 ? cfg->slots : 1;
     d->heartbeat_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : 1000;
+    d->on_sigterm = cfg->on_sigterm;
     if (strlen(cfg->state_dir) > 900) {
         hp_free(d);
         return hp_errf(err, HP_INVALID, "state dir: longer than 900 bytes");
@@ -616,11 +635,21 @@ void hpd_shutdown(hpd *d) {
     if (d->stopping) return;
     d->stopping = true;
     d->stop_started_ms = hp__now_ms();
-    /* Running jobs checkpoint and stop; they stay RUNNING in the store and are resumed from
-     * that checkpoint at the next start (recovery). */
-    for (hpd_job *j = d->jobs; j; j = j->next)
-        if (j->ranks && !hpd_sm_is_final(j->v.state))
+    /* checkpoint: running jobs checkpoint and stop; they stay RUNNING in the store and are
+     * resumed from that checkpoint at the next start (recovery). cancel: every job past the
+     * queue (compiling, launching, running, restarting) is CANCELLED; queued jobs stay. */
+    for (hpd_job *j = d->jobs; j; j = j->next) {
+        if (hpd_sm_is_final(j->v.state)) continue;
+        if (d->on_sigterm == HPD_ON_SIGTERM_CANCEL &&
+            j->v.state != HP__V1__JOB_STATE__JOB_STATE_QUEUED) {
+            hpd_job_view v;
+            hp_err e = {0};
+            if (hpd_cancel(d, j->v.id, "coordinator shut down", &v, &e) != HP_OK)
+                hp__log("error", "event=cancel_failed job=%s error=\"%s\"", j->v.id, e.msg);
+        } else if (j->ranks) {
             hp__stop_attempt(d, j, "coordinator shutting down", true);
+        }
+    }
     uv_timer_stop(&d->cron);
     uv_timer_start(&d->cron, on_shutdown_cron, 0, 200);
     /* Watches end: their jobs are not final, but the stream is over. */
@@ -641,5 +670,6 @@ void hpd_free(hpd *d) {
         next = j->next;
         job_free(j);
     }
+    hp__obs_free(d->obs);
     hp_free(d);
 }

@@ -25,6 +25,7 @@ typedef struct hpd_rank {
     bool hello, done, proc;
     uint64_t last_seen_ms;
     int64_t step;
+    int64_t ckpt_step; /* the newest checkpoint this rank reported (CheckpointDone) */
 } hpd_rank;
 
 typedef struct hpd_job {
@@ -40,8 +41,13 @@ typedef struct hpd_job {
     int attempt;
     uint64_t launched_ms, stop_ms; /* stop_ms: when the attempt was told to stop (0: not) */
     bool holds_slots;
-    bool step_dirty; /* v.step not yet in the store: hp__core_flush_steps writes it */
-    hpd_rank *ranks; /* [v.world_size] while active */
+    bool step_dirty;   /* v.step not yet in the store: hp__core_flush_steps writes it */
+    int64_t ckpt_step; /* the newest checkpoint every rank reported (CheckpointDone); 0: none */
+    int heartbeat_ms;  /* the interval this attempt's Welcome gave (SIGHUP may change d's) */
+    hpd_rank *ranks;   /* [v.world_size] while active */
+    struct hpd_jstats *stats;  /* observe.c: counters, last records (NULL: none yet) */
+    struct hpd_snap_job *snap; /* observe.c: the published entry (the loop's reference) */
+    bool obs_dirty;            /* the entry must be rebuilt */
 } hpd_job;
 
 struct hpd {
@@ -54,6 +60,7 @@ struct hpd {
     char worker_addr[64]; /* "127.0.0.1:PORT" the workers dial */
     int slots, slots_used;
     int heartbeat_ms;
+    int on_sigterm; /* hpd_on_sigterm (config.h): what hpd_shutdown does with running jobs */
     bool stopping;
     bool steps_dirty; /* some job's step_dirty is set */
     uint64_t stop_started_ms;
@@ -61,6 +68,10 @@ struct hpd {
     int n_jobs;
     struct hpd_watch *watches;
     uv_timer_t cron;
+    struct hpd_obs *obs;   /* observe.c: the snapshot for the HTTP threads */
+    struct hpd_http *http; /* http.c (NULL: not serving) */
+    int n_watches;
+    int64_t metrics_records_total;
 };
 
 /* ---- core.c --------------------------------------------------------------------------- */
@@ -69,13 +80,15 @@ typedef struct hpd_config {
     int slots;
     const char *worker_path; /* NULL: the launcher's default */
     int heartbeat_ms;        /* 0: 1000 */
+    int on_sigterm;          /* hpd_on_sigterm (config.h); 0: checkpoint */
 } hpd_config;
 
 /* Opens the store, recovers jobs in flight, starts the cron. The worker server is started
  * separately (hp__workers_start) so that main can print its port. */
 hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err);
-/* Stops running jobs (Stop with checkpoint, then SIGTERM), closes handles; run the loop after
- * it until it has nothing left, then hpd_free. */
+/* Stops running jobs as d->on_sigterm says (checkpoint: Stop with checkpoint, then SIGTERM;
+ * they resume at the next start. cancel: CANCELLED "coordinator shut down"), closes handles;
+ * run the loop after it until it has nothing left, then hpd_free. */
 void hpd_shutdown(hpd *d);
 void hpd_free(hpd *d);
 /* Runs the scheduler and timeouts (also every second from the cron). */
@@ -110,6 +123,9 @@ void hp__emit_log(hpd *d, hpd_job *j, const Hp__V1__LogLine *l);
 /* Stops the current attempt's ranks: Stop frames, then SIGTERM to their process groups
  * (SIGKILL from the tick after a grace period); connections are detached. */
 void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint);
+/* A rank wrote a checkpoint (CheckpointDone): logs it; once every rank has reported a step,
+ * it is the job's ckpt_step (the Welcome's resume_step of the next attempt). */
+void hp__on_checkpoint_done(hpd *d, hpd_job *j, int rank, const Hp__V1__CheckpointDone *c);
 /* The launcher's exit callback (ctx is the hpd). */
 void hp__on_exit(void *ctx, const char *job_id, int attempt, int rank, int status);
 hp_status hp__mkdir_p(const char *path, hp_err *err);
@@ -118,6 +134,15 @@ double hp__unix_s(void);
 void hp__log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hp__log_set_level(const char *level);
 uint64_t hp__now_ms(void);
+
+/* ---- traces.c ------------------------------------------------------------------------- */
+/* Stores a rank's trace of one step as STATE_DIR/jobs/ID/traces/step-S-rank-R.json (checked to
+ * be a JSON object with a traceEvents array; anything else is logged and dropped). */
+void hp__trace_store(hpd *d, hpd_job *j, int rank, const Hp__V1__Trace *t);
+/* hpd_trace's work on the files alone (any thread): see hpd_trace in hpd.h. */
+hp_status hp__trace_merge(const char *state_dir, const char *id, int64_t step, const int32_t *ranks,
+                          int n_ranks, char **json, size_t *len, int64_t **steps, int *n_steps,
+                          hp_err *err);
 
 /* ---- workers.c ------------------------------------------------------------------------ */
 /* Listens on addr ("HOST:PORT", port 0 picks one); *port gets the bound port. */

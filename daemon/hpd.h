@@ -56,9 +56,10 @@ hp_status hpd_cancel(hpd *d, const char *id, const char *reason, hpd_job_view *o
 
 /* Watching a job: fn receives, on the loop thread, first the job's current state, then every
  * stored metrics record with step >= from_step (from_step <= 0: none), then live events
- * (state changes, metrics, log lines when logs is true). After the terminal state event, fn
- * gets ev == NULL once: the watch is over and freed. A watcher may stop early with
- * hpd_watch_stop (fn is not called again). */
+ * (state changes, metrics, log lines when logs is true). A job already finished gets the
+ * stored records first and then its final state: a stream always ends with the final state.
+ * After the terminal state event, fn gets ev == NULL once: the watch is over and freed. A
+ * watcher may stop early with hpd_watch_stop (fn is not called again). */
 typedef struct hpd_watch hpd_watch;
 typedef void (*hpd_event_fn)(void *ctx, const Hp__V1__JobEvent *ev);
 hp_status hpd_watch_start(hpd *d, const char *id, int64_t from_step, bool logs, hpd_event_fn fn,
@@ -69,6 +70,19 @@ void hpd_watch_stop(hpd_watch *w);
  * *out is an hp_malloc'd packed hp.v1.PlanSummary. */
 hp_status hpd_plan(hpd *d, const char *id, const uint8_t *job, size_t len, int world_size,
                    uint8_t **out, size_t *out_len, hp_err *err);
+
+/* Asks the running ranks of job id to write a checkpoint after their current step
+ * (CheckpointNow frames); the job keeps running. HP_NOT_FOUND: unknown id; HP_INVALID: the job
+ * is not RUNNING (the message says its state). */
+hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err);
+
+/* The Chrome trace of step `step` of job id, the ranks' traces merged into one
+ * {"traceEvents": [...]} document (pid = rank). ranks/n_ranks: which (n_ranks 0: all).
+ * *json (hp_malloc'd, NUL-terminated, *len bytes) and *steps (hp_malloc'd, the steps that have
+ * traces, ascending, *n_steps of them; may be NULL when none) belong to the caller.
+ * HP_NOT_FOUND: unknown id, or no trace for that step (the message lists the traced steps). */
+hp_status hpd_trace(hpd *d, const char *id, int64_t step, const int32_t *ranks, int n_ranks,
+                    char **json, size_t *len, int64_t **steps, int *n_steps, hp_err *err);
 
 /* The bearer token mutating RPCs need (the content of STATE_DIR/token). */
 const char *hpd_token(const hpd *d);

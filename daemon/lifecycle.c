@@ -6,6 +6,7 @@
  */
 #include "daemon/core.h"
 #include "daemon/jobsm.h"
+#include "daemon/observe.h"
 
 #include "hp/frame.h"
 #include "hp/program.h"
@@ -65,6 +66,50 @@ void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint) {
     if (!checkpoint) d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGTERM);
 }
 
+/* ---- checkpoint now ------------------------------------------------------------------------ */
+/* The ranks agree on the step themselves: each one's training loop folds "asked" into the
+ * all-reduce it already does after every step to agree on stopping (worker/train.c), so the
+ * first step after which any rank has the frame is the step they all checkpoint. */
+hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err) {
+    hpd_job *j = hp__job_find(d, id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
+    if (j->v.state != ST_RUNNING || !j->ranks || j->stop_ms)
+        return hp_errf(err, HP_INVALID, "job %s is %s: only a RUNNING job can checkpoint", j->v.id,
+                       j->v.state == ST_RUNNING ? "stopping" : hpd_sm_state_str(j->v.state));
+    Hp__V1__CheckpointNow c;
+    hp__v1__checkpoint_now__init(&c);
+    c.reason = "requested";
+    Hp__V1__Frame f;
+    hp__v1__frame__init(&f);
+    f.body_case = HP__V1__FRAME__BODY_CHECKPOINT_NOW;
+    f.checkpoint_now = &c;
+    int sent = 0;
+    for (int r = 0; r < j->v.world_size; r++)
+        if (j->ranks[r].conn && hp__conn_send(j->ranks[r].conn, &f, NULL) == HP_OK) sent++;
+    if (sent == 0) return hp_errf(err, HP_INVALID, "job %s: no rank is connected", j->v.id);
+    hp__log("info", "event=checkpoint_requested job=%s step=%lld ranks=%d", j->v.id,
+            (long long)j->v.step, sent);
+    *out = j->v;
+    return HP_OK;
+}
+
+void hp__on_checkpoint_done(hpd *d, hpd_job *j, int rank, const Hp__V1__CheckpointDone *c) {
+    (void)d;
+    hpd_rank *rk = &j->ranks[rank];
+    if (c->step > rk->ckpt_step) rk->ckpt_step = c->step;
+    hp__log("info", "event=checkpoint job=%s step=%lld rank=%d path=\"%.512s\"", j->v.id,
+            (long long)c->step, rank, c->path ? c->path : "");
+    int64_t all = rk->ckpt_step; /* the newest step every rank has written */
+    for (int r = 0; r < j->v.world_size; r++)
+        if (j->ranks[r].ckpt_step < all) all = j->ranks[r].ckpt_step;
+    if (all > j->ckpt_step) {
+        j->ckpt_step = all;
+        hp__log("info", "event=checkpoint_complete job=%s step=%lld ranks=%d", j->v.id,
+                (long long)all, j->v.world_size);
+    }
+}
+
 /* Frees what the attempt holds once its processes are gone. */
 static void release_attempt(hpd *d, hpd_job *j) {
     if (j->ranks)
@@ -91,6 +136,7 @@ static void launch(hpd *d, hpd_job *j) {
     j->attempt = j->v.restarts;
     j->stop_ms = 0;
     j->launched_ms = hp__now_ms();
+    j->heartbeat_ms = d->heartbeat_ms; /* a SIGHUP'd new interval applies from this attempt */
     hex_token(j->token);
     hp_free(j->ranks);
     j->ranks = hp_calloc((size_t)j->v.world_size, sizeof *j->ranks);
@@ -203,7 +249,7 @@ void hp__core_tick(hpd *d) {
             for (int r = 0; r < j->v.world_size; r++) {
                 hpd_rank *rk = &j->ranks[r];
                 if (rk->hello && !rk->done &&
-                    now - rk->last_seen_ms > (uint64_t)MISSED_HEARTBEATS * d->heartbeat_ms) {
+                    now - rk->last_seen_ms > (uint64_t)MISSED_HEARTBEATS * j->heartbeat_ms) {
                     fail_rank(d, j, r, "missed 3 heartbeats");
                     break;
                 }
@@ -255,8 +301,11 @@ static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err 
         w.protocol_version = HP_PROTOCOL_VERSION;
         w.world_size = j->v.world_size;
         w.program = prog;
-        w.heartbeat_interval_ms = d->heartbeat_ms;
-        w.resume_step = 0; /* the worker resumes from run_dir's latest complete checkpoint */
+        w.heartbeat_interval_ms = j->heartbeat_ms;
+        /* The worker resumes from run_dir's newest complete checkpoint; resume_step (the
+         * newest every rank reported, 0: none known) makes it fail rather than start over
+         * when that checkpoint is missing. */
+        w.resume_step = j->ckpt_step;
         w.job = jm;
         w.run_dir = j->run_dir;
         w.comm = &comm;
@@ -330,6 +379,7 @@ static void on_metrics(hpd *d, hpd_job *j, int rank, Hp__V1__StepMetrics *m) {
             j->step_dirty = d->steps_dirty = true; /* hp__core_flush_steps */
         }
     }
+    hp__obs_metrics(d, j, m);
     hp__emit_metrics(d, j, m);
 }
 
@@ -348,7 +398,8 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
     hpd_rank *rk = &j->ranks[rank];
     rk->last_seen_ms = hp__now_ms();
     if (j->stop_ms && f->body_case != HP__V1__FRAME__BODY_LOG &&
-        f->body_case != HP__V1__FRAME__BODY_METRICS)
+        f->body_case != HP__V1__FRAME__BODY_METRICS &&
+        f->body_case != HP__V1__FRAME__BODY_CHECKPOINT_DONE)
         return;
     switch (f->body_case) {
     case HP__V1__FRAME__BODY_HEARTBEAT:
@@ -362,6 +413,9 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
             f->log->rank = rank;
             hp__emit_log(d, j, f->log);
         }
+        break;
+    case HP__V1__FRAME__BODY_TRACE:
+        if (f->trace) hp__trace_store(d, j, rank, f->trace);
         break;
     case HP__V1__FRAME__BODY_COMM_SETUP:
         /* Relay (the NCCL id from rank 0) to every other rank. */
@@ -387,6 +441,9 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
                 j->stop_ms = hp__now_ms(); /* the ranks exit on their own; SIGKILL if not */
             }
         }
+        break;
+    case HP__V1__FRAME__BODY_CHECKPOINT_DONE:
+        if (f->checkpoint_done) hp__on_checkpoint_done(d, j, rank, f->checkpoint_done);
         break;
     default:
         hp__log("warn", "event=unexpected_frame job=%s rank=%d kind=%d", j->v.id, rank,

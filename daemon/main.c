@@ -1,10 +1,15 @@
 /* daemon/main.c — hpd, the coordinator: flags, the state dir (lock, token), the loop, signals.
  * Prints "hpd listening grpc=HOST:PORT workers=HOST:PORT state=DIR" on stdout when ready (tests
- * parse it). SIGTERM/SIGINT: stop accepting, stop running jobs with a checkpoint (they resume
- * at the next start), exit 0. SIGHUP: logs are stderr (nothing to reopen); it re-reads
- * $HP_LOG_LEVEL and logs that it did.
+ * parse it). Settings (daemon/config.h): defaults, then the config file (--config or
+ * $HPD_CONFIG), then the flags. SIGTERM/SIGINT: stop accepting, then --on-sigterm: checkpoint
+ * (stop running jobs with a checkpoint; they resume at the next start) or cancel; exit 0.
+ * SIGHUP: re-reads the config file and applies the live keys (slots, log-level, on-sigterm,
+ * heartbeat-ms); without a config file it re-reads $HP_LOG_LEVEL. Logs are stderr (nothing to
+ * reopen).
  */
+#include "daemon/config.h"
 #include "daemon/core.h"
+#include "daemon/http.h"
 #include "daemon/rpc.h"
 
 #include <errno.h>
@@ -28,18 +33,117 @@ static const char USAGE[] =
     "  --worker-listen HOST:PORT  worker protocol (default 127.0.0.1:0)\n"
     "  --state-dir DIR            jobs, store, token (default $HP_STATE_DIR or ~/.local/state/hp)\n"
     "  --slots N                  CPU ranks to run at once (default: the CPUs)\n"
+    "  --http HOST:PORT|off       dashboard, JSON API and /metrics (default 127.0.0.1:7071)\n"
+    "  --metrics-retention SECS   finished jobs stay in /metrics this long (default 600)\n"
     "  --log-level LEVEL          debug | info | warn | error (default info)\n"
     "  --tls-cert FILE --tls-key FILE   serve gRPC over TLS\n"
     "  --worker PATH              the hp-worker binary (default $HP_WORKER, beside hpd, PATH)\n"
+    "  --on-sigterm checkpoint|cancel  running jobs on SIGTERM: stop with a checkpoint and\n"
+    "                             resume at the next start (default), or cancel them\n"
+    "  --heartbeat-ms N           worker heartbeat interval (default 1000)\n"
+    "  --config FILE              'key = value' lines, keys named like these flags (default\n"
+    "                             $HPD_CONFIG); flags win; SIGHUP re-reads it\n"
     "  --version, --help\n";
 
 typedef struct opts {
     const char *listen, *worker_listen, *state_dir, *log_level, *tls_cert, *tls_key, *worker;
+    const char *http;
     int slots;
 } opts;
 
 static uv_signal_t sig_term, sig_int, sig_hup;
 static hpd *g_d;
+
+/* Settings: what the flags said (borrowed from argv), the config file, and the settings now. */
+static const char *g_flags[HPD_KEY_COUNT];
+static const char *g_config; /* NULL: none */
+static hpd_settings g_cur;
+static int g_cpus = 1, g_hb_env; /* the defaults of slots and heartbeat-ms (0: 1000) */
+
+/* Defaults, then the config file, then the flags. Errors name FILE:LINE or the flag. */
+static hp_status build_settings(hpd_settings *s, hp_err *err) {
+    hpd_settings_defaults(s);
+    if (g_config) HP_TRY(hpd_settings_load(s, g_config, NULL, err));
+    for (int k = 0; k < HPD_KEY_COUNT; k++) {
+        if (!g_flags[k]) continue;
+        hp_status st = hpd_settings_set(s, (hpd_key)k, g_flags[k], err);
+        if (st != HP_OK) {
+            char m[HP_ERR_MSG_MAX];
+            snprintf(m, sizeof m, "%s", err->msg);
+            return hp_errf(err, st, "--%.*s", HP_ERR_MSG_MAX - 8, m);
+        }
+    }
+    return HP_OK;
+}
+
+/* SIGHUP: the file again (the flags still win); the live keys change now (slots: the scheduler
+ * uses the new capacity at once, running jobs are not touched; heartbeat-ms: from each job's
+ * next attempt), the others are logged as needing a restart. A file that does not parse is
+ * logged and the settings stay as they were. */
+static void reload(void) {
+    if (!g_config) {
+        const char *lvl = getenv("HP_LOG_LEVEL");
+        if (lvl) hp__log_set_level(lvl);
+        hp__log("info", "event=reload signal=SIGHUP config=none log_level=%s",
+                lvl ? lvl : "unchanged");
+        return;
+    }
+    hpd_settings s;
+    hp_err e = {0};
+    if (build_settings(&s, &e) != HP_OK) {
+        hp__log("error", "event=reload_failed config=%s error=\"%s\" note=\"kept the old config\"",
+                g_config, e.msg);
+        return;
+    }
+    int changed = 0;
+    /* log-level first: the lines about the other keys are logged at the new level */
+    for (int i = -1; i < HPD_KEY_COUNT; i++) {
+        hpd_key k = i < 0 ? HPD_KEY_LOG_LEVEL : (hpd_key)i;
+        if (i >= 0 && k == HPD_KEY_LOG_LEVEL) continue;
+        if (hpd_settings_same(&g_cur, &s, k)) continue;
+        char from[256], to[256];
+        hpd_settings_format(&g_cur, k, from, sizeof from);
+        hpd_settings_format(&s, k, to, sizeof to);
+        if (k == HPD_KEY_LOG_LEVEL) {
+            snprintf(g_cur.log_level, sizeof g_cur.log_level, "%s", s.log_level);
+            hp__log_set_level(s.log_level);
+        }
+        if (!hpd_settings_key_live(k)) {
+            hp__log("warn", "event=reload key=%s from=\"%s\" to=\"%s\" note=\"needs a restart\"",
+                    hpd_settings_key_name(k), from, to);
+            continue;
+        }
+        hp__log("info", "event=config_changed key=%s from=%s to=%s", hpd_settings_key_name(k), from,
+                to);
+        changed++;
+        switch (k) {
+        case HPD_KEY_SLOTS:
+            g_cur.slots = s.slots;
+            g_d->slots = s.slots > 0 ? s.slots : g_cpus;
+            break;
+        case HPD_KEY_LOG_LEVEL: /* applied above */
+            break;
+        case HPD_KEY_ON_SIGTERM:
+            g_cur.on_sigterm = s.on_sigterm;
+            g_d->on_sigterm = (int)s.on_sigterm;
+            break;
+        case HPD_KEY_METRICS_RETENTION:
+            g_cur.metrics_retention_s = s.metrics_retention_s;
+            hpd_http_set_retention(g_d, s.metrics_retention_s);
+            break;
+        case HPD_KEY_HEARTBEAT_MS:
+            g_cur.heartbeat_ms = s.heartbeat_ms;
+            g_d->heartbeat_ms = s.heartbeat_ms > 0 ? s.heartbeat_ms
+                                : g_hb_env > 0     ? g_hb_env
+                                                   : 1000;
+            break;
+        default:
+            break;
+        }
+    }
+    hp__log("info", "event=reload signal=SIGHUP config=%s changed=%d", g_config, changed);
+    hp__core_tick(g_d); /* more slots: queued jobs start now */
+}
 
 static void close_signals(void) {
     uv_close((uv_handle_t *)&sig_term, NULL);
@@ -49,13 +153,12 @@ static void close_signals(void) {
 
 static void on_signal(uv_signal_t *h, int signum) {
     if (signum == SIGHUP) {
-        const char *lvl = getenv("HP_LOG_LEVEL");
-        if (lvl) hp__log_set_level(lvl);
-        hp__log("info", "event=reload signal=SIGHUP log_level=%s", lvl ? lvl : "unchanged");
+        reload();
         return;
     }
     hp__log("info", "event=shutdown signal=%s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
     hpd_rpc_stop(g_d);
+    hpd_http_stop(g_d);
     hpd_shutdown(g_d);
     close_signals();
 }
@@ -89,10 +192,28 @@ static int load_token(const char *dir, char out[65]) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {.listen = "127.0.0.1:7070", .worker_listen = "127.0.0.1:0", .log_level = "info"};
+    opts o = {.listen = "127.0.0.1:7070",
+              .worker_listen = "127.0.0.1:0",
+              .log_level = "info",
+              .http = "127.0.0.1:7071"};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     o.slots = cpus > 0 ? (int)cpus : 1;
-    enum { O_LISTEN = 256, O_WLISTEN, O_STATE, O_SLOTS, O_LOG, O_CERT, O_KEY, O_WORKER, O_VER };
+    enum {
+        O_LISTEN = 256,
+        O_WLISTEN,
+        O_STATE,
+        O_SLOTS,
+        O_LOG,
+        O_CERT,
+        O_KEY,
+        O_WORKER,
+        O_VER,
+        O_HTTP,
+        O_RETAIN,
+        O_CONFIG,
+        O_ONSIGTERM,
+        O_HBMS
+    };
     static const struct option longs[] = {
         {"listen", required_argument, 0, O_LISTEN},
         {"worker-listen", required_argument, 0, O_WLISTEN},
@@ -102,14 +223,28 @@ int main(int argc, char **argv) {
         {"tls-cert", required_argument, 0, O_CERT},
         {"tls-key", required_argument, 0, O_KEY},
         {"worker", required_argument, 0, O_WORKER},
+        {"http", required_argument, 0, O_HTTP},
+        {"metrics-retention", required_argument, 0, O_RETAIN},
+        {"config", required_argument, 0, O_CONFIG},
+        {"on-sigterm", required_argument, 0, O_ONSIGTERM},
+        {"heartbeat-ms", required_argument, 0, O_HBMS},
         {"version", no_argument, 0, O_VER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    int c;
-    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, "h", longs, &li)) != -1) {
         char *end;
+        hpd_key fk; /* a flag that is also a config key: it overrides the file */
+        if (li >= 0 && optarg && hpd_settings_key(longs[li].name, &fk)) g_flags[fk] = optarg;
+        li = -1;
         switch (c) {
+        case O_CONFIG:
+            g_config = optarg;
+            break;
+        case O_ONSIGTERM: /* checked with the config below */
+        case O_HBMS:
+            break;
         case O_LISTEN:
             o.listen = optarg;
             break;
@@ -143,6 +278,11 @@ int main(int argc, char **argv) {
         case O_WORKER:
             o.worker = optarg;
             break;
+        case O_HTTP:
+            o.http = optarg;
+            break;
+        case O_RETAIN: /* checked with the config below */
+            break;
         case O_VER:
             printf("hpd %s\n", HPD_VERSION);
             return 0;
@@ -158,6 +298,25 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hpd: unexpected argument '%s'\n%s", argv[optind], USAGE);
         return 2;
     }
+    if (!g_config && getenv("HPD_CONFIG") && *getenv("HPD_CONFIG")) g_config = getenv("HPD_CONFIG");
+    g_cpus = cpus > 0 ? (int)cpus : 1;
+    const char *hb = getenv("HPD_HEARTBEAT_MS"); /* tests shorten it */
+    if (hb) g_hb_env = atoi(hb);
+    hp_err cerr = {0};
+    if (build_settings(&g_cur, &cerr) != HP_OK) {
+        fprintf(stderr, "hpd: %s\n", cerr.msg);
+        return 2;
+    }
+    /* The flags already set o; the file's values apply where no flag was given. */
+    o.listen = g_cur.listen;
+    o.worker_listen = g_cur.worker_listen;
+    o.http = g_cur.http;
+    o.log_level = g_cur.log_level;
+    if (g_cur.slots > 0) o.slots = g_cur.slots;
+    if (g_cur.state_dir[0]) o.state_dir = g_cur.state_dir;
+    if (g_cur.tls_cert[0]) o.tls_cert = g_cur.tls_cert;
+    if (g_cur.tls_key[0]) o.tls_key = g_cur.tls_key;
+    if (g_cur.worker[0]) o.worker = g_cur.worker;
     if (!o.tls_cert != !o.tls_key) {
         fprintf(stderr, "hpd: --tls-cert and --tls-key go together\n");
         return 2;
@@ -190,9 +349,11 @@ int main(int argc, char **argv) {
     if (load_token(state, token) != 0) return 1;
 
     uv_loop_t *loop = uv_default_loop();
-    hpd_config cfg = {.state_dir = state, .slots = o.slots, .worker_path = o.worker};
-    const char *hb = getenv("HPD_HEARTBEAT_MS"); /* tests shorten it */
-    if (hb) cfg.heartbeat_ms = atoi(hb);
+    hpd_config cfg = {.state_dir = state,
+                      .slots = o.slots,
+                      .worker_path = o.worker,
+                      .heartbeat_ms = g_cur.heartbeat_ms > 0 ? g_cur.heartbeat_ms : g_hb_env,
+                      .on_sigterm = (int)g_cur.on_sigterm};
     hpd *d = NULL;
     if (hpd_new(loop, &cfg, &d, &err) != HP_OK) {
         fprintf(stderr, "hpd: %s\n", err.msg);
@@ -221,6 +382,18 @@ int main(int argc, char **argv) {
         hpd_free(d);
         return 1;
     }
+    char http_addr[80] = "off";
+    if (strcmp(o.http, "off") != 0) {
+        hpd_http_config hc = {.addr = o.http, .retention_s = g_cur.metrics_retention_s};
+        if (hpd_http_start(d, &hc, http_addr, sizeof http_addr, &err) != HP_OK) {
+            fprintf(stderr, "hpd: --http %s: %s\n", o.http, err.msg);
+            hpd_rpc_stop(d);
+            hpd_shutdown(d);
+            uv_run(loop, UV_RUN_DEFAULT);
+            hpd_free(d);
+            return 1;
+        }
+    }
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_hup);
@@ -229,7 +402,8 @@ int main(int argc, char **argv) {
     uv_signal_start(&sig_hup, on_signal, SIGHUP);
     char ghost[64];
     snprintf(ghost, sizeof ghost, "%.*s", (int)(strrchr(o.listen, ':') - o.listen), o.listen);
-    printf("hpd listening grpc=%s:%d workers=%s state=%s\n", ghost, gport, d->worker_addr, state);
+    printf("hpd listening grpc=%s:%d workers=%s state=%s http=%s\n", ghost, gport, d->worker_addr,
+           state, http_addr);
     fflush(stdout);
     hp__log("info", "event=ready grpc=%s:%d workers=%s state=%s slots=%d version=%s", ghost, gport,
             d->worker_addr, state, d->slots, HPD_VERSION);

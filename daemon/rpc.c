@@ -12,7 +12,13 @@
  * RECV_CLOSE_ON_SERVER batch, whose `cancelled` stops a watch. WatchJob streams with one
  * SEND_MESSAGE in flight (backpressure); events queue in between, bounded by
  * HPD_RPC_WATCH_BACKLOG bytes (then RESOURCE_EXHAUSTED: the client reconnects with
- * from_step).
+ * from_step). A watcher that set WatchJobRequest.batch gets what queued up behind a send as one
+ * JobEvent{batch} message (at most HPD_RPC_BATCH_EVENTS events / HPD_RPC_BATCH_BYTES), built by
+ * concatenating the events' shared encodings under protobuf length prefixes: no re-encoding.
+ *
+ * Status codes: core errors map through code_of (HP_NOT_FOUND -> NOT_FOUND, HP_INVALID ->
+ * INVALID_ARGUMENT, ...), except CheckpointJob's HP_INVALID ("the job is not running"), which
+ * is FAILED_PRECONDITION: the request is well-formed, the job's state forbids it.
  *
  * Shutdown (hpd_rpc_stop): stop re-arming, grpc_server_shutdown_and_notify, a grace timer that
  * cancels all calls; on the shutdown tag: grpc_server_destroy + grpc_completion_queue_shutdown;
@@ -40,6 +46,15 @@
 #define HPD_RPC_SLOTS         4
 #define HPD_RPC_WATCH_BACKLOG (16u << 20)
 #define HPD_RPC_TLS_MAX       (1u << 20)
+/* One batch message: far under the clients' receive limits (Python's default is 4 MiB), and
+ * under malloc's mmap threshold (128 KiB). */
+#define HPD_RPC_BATCH_EVENTS 1024
+#define HPD_RPC_BATCH_BYTES  (128u << 10)
+/* A batched watcher sends at once only when this many events wait; fewer go out from the
+ * flush timer, at most HPD_RPC_COALESCE_MS later: a busy stream sends big batches (gRPC's
+ * cost is per message), a quiet one waits a couple of milliseconds. */
+#define HPD_RPC_BATCH_EARLY 256
+#define HPD_RPC_COALESCE_MS 2
 
 #define CONTAINER_OF(p, T, m) ((T *)((char *)(p)-offsetof(T, m)))
 
@@ -50,7 +65,18 @@ struct rpc_tag {
     int ok;
 };
 
-enum { M_SUBMIT, M_GET, M_LIST, M_CANCEL, M_WATCH, M_PLAN, M_COUNT, M_GENERIC = -1 };
+enum {
+    M_SUBMIT,
+    M_GET,
+    M_LIST,
+    M_CANCEL,
+    M_WATCH,
+    M_PLAN,
+    M_TRACE,
+    M_CHECKPOINT,
+    M_COUNT,
+    M_GENERIC = -1
+};
 
 static const struct {
     const char *path;
@@ -62,6 +88,8 @@ static const struct {
     [M_CANCEL] = {"/hp.v1.Coordinator/CancelJob", true},
     [M_WATCH] = {"/hp.v1.Coordinator/WatchJob", false},
     [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", false},
+    [M_TRACE] = {"/hp.v1.Coordinator/GetTrace", false},
+    [M_CHECKPOINT] = {"/hp.v1.Coordinator/CheckpointJob", true},
 };
 
 typedef struct rpc_server rpc_server;
@@ -88,7 +116,11 @@ typedef struct rpc_call {
     hpd_watch *watch;
     bool watching;   /* hpd_watch_start succeeded and the watch has not ended */
     bool watch_over; /* the watch delivered its final NULL */
-    grpc_slice *q;   /* ring of queued encoded events (refs on slices shared among watchers) */
+    bool batch;      /* the client accepts JobEvent{batch} */
+    bool flushing;   /* the flush timer is pumping it: send whatever waits */
+    bool in_wq;      /* on s->wq (batched watchers the flush timer visits) */
+    struct rpc_call *wq_next, *wq_prev;
+    grpc_slice *q; /* ring of queued encoded events (refs on slices shared among watchers) */
     size_t q_cap, q_first, q_n;
     size_t q_bytes;
     grpc_status_code end_code; /* status to send when the queue drains after watch_over */
@@ -109,7 +141,11 @@ struct rpc_server {
     rpc_tag t_shutdown;
     bool shutting_down, server_destroyed, grace_started, closing;
     int live_calls;
-    int handles; /* open uv handles (async, grace timer); s is freed when the last closes */
+    int handles;      /* open uv handles (async, flush and grace timers); s is freed when the last
+                         closes */
+    uv_timer_t flush; /* HPD_RPC_COALESCE_MS while wq is not empty */
+    bool flush_on;
+    rpc_call *wq; /* batched watch calls */
 };
 
 static rpc_server *g_rpc; /* one server per process */
@@ -140,13 +176,15 @@ static void cq_thread(void *arg) {
         t->ok = ev.success;
         t->next = NULL;
         uv_mutex_lock(&s->mu);
+        bool was_empty = !s->head;
         if (s->tail)
             s->tail->next = t;
         else
             s->head = t;
         s->tail = t;
         uv_mutex_unlock(&s->mu);
-        uv_async_send(&s->async);
+        /* A non-empty list has a wakeup pending already: the loop takes the whole list. */
+        if (was_empty) uv_async_send(&s->async);
     }
     uv_mutex_lock(&s->mu);
     s->cq_done = true;
@@ -178,6 +216,7 @@ static void on_async(uv_async_t *h) {
                 grpc_completion_queue_destroy(s->cq);
                 s->cq = NULL;
                 uv_mutex_destroy(&s->mu);
+                uv_close((uv_handle_t *)&s->flush, on_handle_closed);
                 uv_close((uv_handle_t *)&s->async, on_handle_closed);
             }
             return;
@@ -202,7 +241,18 @@ static void q_clear(rpc_call *c) {
     c->q_bytes = 0;
 }
 
+static void wq_remove(rpc_call *c) {
+    if (!c->in_wq) return;
+    if (c->wq_prev)
+        c->wq_prev->wq_next = c->wq_next;
+    else
+        c->s->wq = c->wq_next;
+    if (c->wq_next) c->wq_next->wq_prev = c->wq_prev;
+    c->in_wq = false;
+}
+
 static void call_free(rpc_call *c) {
+    wq_remove(c);
     if (c->watching && c->watch) hpd_watch_stop(c->watch);
     q_clear(c);
     hp_free(c->q);
@@ -594,17 +644,79 @@ static void h_plan(rpc_call *c) {
     send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
 }
 
+static size_t varint_len(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static size_t varint_put(uint8_t *p, uint64_t v) {
+    size_t n = 0;
+    do {
+        uint8_t byte = v & 0x7f;
+        v >>= 7;
+        p[n++] = byte | (v ? 0x80 : 0);
+    } while (v);
+    return n;
+}
+
+/* The queue's head event, dequeued (the caller owns the ref). */
+static grpc_slice q_pop(rpc_call *c) {
+    grpc_slice sl = c->q[c->q_first];
+    c->q_first = (c->q_first + 1) % c->q_cap;
+    c->q_n--;
+    c->q_bytes -= GRPC_SLICE_LENGTH(sl);
+    return sl;
+}
+
+/* The next message for a watcher: the head event as is, or (batch watchers, several queued)
+ * JobEvent { JobEventBatch batch = 13 { repeated JobEvent events = 1; } } written around the
+ * events' encodings, in queue order, up to the caps (always at least one event). */
+static grpc_byte_buffer *watch_next_message(rpc_call *c) {
+    size_t n = 0, inner = 0;
+    if (c->batch) {
+        while (n < c->q_n && n < HPD_RPC_BATCH_EVENTS) {
+            size_t l = GRPC_SLICE_LENGTH(c->q[(c->q_first + n) % c->q_cap]);
+            size_t add = 1 + varint_len(l) + l;
+            if (n && inner + add > HPD_RPC_BATCH_BYTES) break;
+            inner += add;
+            n++;
+        }
+    }
+    if (n < 2) { /* a batch of one goes as the plain event */
+        grpc_slice sl = q_pop(c);
+        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1); /* takes its own ref */
+        grpc_slice_unref(sl);
+        return bb;
+    }
+    grpc_slice out = grpc_slice_malloc(1 + varint_len(inner) + inner);
+    uint8_t *p = GRPC_SLICE_START_PTR(out);
+    *p++ = (13 << 3) | 2; /* JobEvent.batch, length-delimited */
+    p += varint_put(p, inner);
+    for (size_t i = 0; i < n; i++) {
+        grpc_slice sl = q_pop(c);
+        size_t l = GRPC_SLICE_LENGTH(sl);
+        *p++ = (1 << 3) | 2; /* JobEventBatch.events */
+        p += varint_put(p, l);
+        memcpy(p, GRPC_SLICE_START_PTR(sl), l);
+        p += l;
+        grpc_slice_unref(sl);
+    }
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&out, 1);
+    grpc_slice_unref(out);
+    return bb;
+}
+
 /* WatchJob: stream events with one send in flight. */
 static void watch_pump(rpc_call *c) {
     if (c->send_busy || c->status_sent || c->closed || !c->call) return;
     if (c->q_n) {
-        grpc_slice sl = c->q[c->q_first];
-        c->q_first = (c->q_first + 1) % c->q_cap;
-        c->q_n--;
-        c->q_bytes -= GRPC_SLICE_LENGTH(sl);
-        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1); /* takes its own ref */
-        grpc_slice_unref(sl);
-        send_batch(c, bb, false, GRPC_STATUS_OK, NULL);
+        if (c->in_wq && !c->flushing && !c->watch_over && c->q_n < HPD_RPC_BATCH_EARLY)
+            return; /* the flush timer sends it, with what else arrives meanwhile */
+        send_batch(c, watch_next_message(c), false, GRPC_STATUS_OK, NULL);
         return;
     }
     if (c->watch_over) reply_status(c, c->end_code, c->end_msg);
@@ -684,6 +796,22 @@ static void on_watch_event(void *ctx, const Hp__V1__JobEvent *ev) {
     watch_pump(c);
 }
 
+/* Every HPD_RPC_COALESCE_MS while there are batched watchers: send what waits. */
+static void on_flush(uv_timer_t *tm) {
+    rpc_server *s = tm->data;
+    if (!s->wq) {
+        uv_timer_stop(tm);
+        s->flush_on = false;
+        return;
+    }
+    for (rpc_call *c = s->wq, *next; c; c = next) {
+        next = c->wq_next;
+        c->flushing = true;
+        watch_pump(c);
+        c->flushing = false;
+    }
+}
+
 static void h_watch(rpc_call *c) {
     Hp__V1__WatchJobRequest *req =
         (Hp__V1__WatchJobRequest *)unpack_req(c, &hp__v1__watch_job_request__descriptor);
@@ -693,6 +821,7 @@ static void h_watch(rpc_call *c) {
     }
     hpd_watch *w = NULL;
     hp_err err = {0};
+    c->batch = req->batch;
     c->watching = true; /* events may arrive before hpd_watch_start returns */
     hp_status st = hpd_watch_start(c->s->d, req->job_id, req->from_step, req->logs, on_watch_event,
                                    c, &w, &err);
@@ -704,7 +833,93 @@ static void h_watch(rpc_call *c) {
         watch_pump(c);
         return;
     }
-    if (c->watching) c->watch = w; /* else it already ended inside start */
+    if (c->watching) c->watch = w;                 /* else it already ended inside start */
+    if (c->batch && !c->watch_over && !c->in_wq) { /* coalesce: see HPD_RPC_BATCH_EARLY */
+        rpc_server *s = c->s;
+        c->wq_next = s->wq;
+        c->wq_prev = NULL;
+        if (s->wq) s->wq->wq_prev = c;
+        s->wq = c;
+        c->in_wq = true;
+        if (!s->flush_on) {
+            s->flush_on = true;
+            uv_timer_start(&s->flush, on_flush, HPD_RPC_COALESCE_MS, HPD_RPC_COALESCE_MS);
+        }
+        watch_pump(c); /* the replay may have queued a batch's worth already */
+    }
+}
+
+static void h_trace(rpc_call *c) {
+    Hp__V1__GetTraceRequest *req =
+        (Hp__V1__GetTraceRequest *)unpack_req(c, &hp__v1__get_trace_request__descriptor);
+    if (!req) {
+        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetTraceRequest");
+        return;
+    }
+    const char *bad = !*req->job_id   ? "job_id: missing"
+                      : req->step < 0 ? "step: must be >= 0"
+                                      : NULL;
+    for (size_t i = 0; !bad && i < req->n_ranks; i++)
+        if (req->ranks[i] < 0) bad = "ranks: must be >= 0";
+    if (bad) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, bad);
+        return;
+    }
+    char *json = NULL;
+    size_t len = 0;
+    int64_t *steps = NULL;
+    int n_steps = 0;
+    hp_err err = {0};
+    hp_status st = hpd_trace(c->s->d, req->job_id, req->step, req->ranks, (int)req->n_ranks, &json,
+                             &len, &steps, &n_steps, &err);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+    if (st != HP_OK) {
+        hp_free(json);
+        hp_free(steps);
+        reply_err(c, st, &err);
+        return;
+    }
+    Hp__V1__GetTraceResponse resp = HP__V1__GET_TRACE_RESPONSE__INIT;
+    resp.chrome_json.data = (uint8_t *)json;
+    resp.chrome_json.len = json ? len : 0;
+    resp.steps = steps;
+    resp.n_steps = steps && n_steps > 0 ? (size_t)n_steps : 0;
+    reply_msg(c, &resp.base);
+    hp_free(json);
+    hp_free(steps);
+}
+
+static void h_checkpoint(rpc_call *c) {
+    Hp__V1__CheckpointJobRequest *req =
+        (Hp__V1__CheckpointJobRequest *)unpack_req(c, &hp__v1__checkpoint_job_request__descriptor);
+    if (!req) {
+        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CheckpointJobRequest");
+        return;
+    }
+    if (!*req->job_id) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job_id: missing");
+        return;
+    }
+    hpd_job_view v;
+    hp_err err = {0};
+    hp_status st = hpd_checkpoint(c->s->d, req->job_id, &v, &err);
+    protobuf_c_message_free_unpacked(&req->base, NULL);
+    if (st == HP_INVALID) { /* well-formed, but the job is not running */
+        reply_status(c, GRPC_STATUS_FAILED_PRECONDITION,
+                     err.msg[0] ? err.msg : "the job is not running");
+        return;
+    }
+    if (st != HP_OK) {
+        reply_err(c, st, &err);
+        return;
+    }
+    job_info_buf b;
+    job_info(&b, &v);
+    Hp__V1__CheckpointJobResponse resp = HP__V1__CHECKPOINT_JOB_RESPONSE__INIT;
+    resp.job = &b.info;
+    reply_msg(c, &resp.base);
 }
 
 static void dispatch(rpc_call *c) {
@@ -743,6 +958,12 @@ static void dispatch(rpc_call *c) {
         break;
     case M_PLAN:
         h_plan(c);
+        break;
+    case M_TRACE:
+        h_trace(c);
+        break;
+    case M_CHECKPOINT:
+        h_checkpoint(c);
         break;
     default:
         reply_status(c, GRPC_STATUS_INTERNAL, "no handler");
@@ -941,7 +1162,9 @@ hp_status hpd_rpc_start(hpd *d, const char *listen, const char *tls_cert, const 
     uv_mutex_init(&s->mu);
     uv_async_init(loop, &s->async, on_async);
     s->async.data = s;
-    s->handles = 1;
+    uv_timer_init(loop, &s->flush);
+    s->flush.data = s;
+    s->handles = 2;
     s->t_shutdown.fn = on_shutdown;
     g_rpc = s;
     for (int m = 0; m < M_COUNT; m++)
@@ -962,6 +1185,7 @@ hp_status hpd_rpc_start(hpd *d, const char *listen, const char *tls_cert, const 
         grpc_completion_queue_destroy(s->cq);
         uv_mutex_destroy(&s->mu);
         s->closing = true;
+        uv_close((uv_handle_t *)&s->flush, on_handle_closed);
         uv_close((uv_handle_t *)&s->async, on_handle_closed);
         return hp_errf(err, HP_INTERNAL, "rpc: cannot start the completion-queue thread");
     }

@@ -2,8 +2,9 @@
  *
  * One server per process. A completion-queue thread hands every gRPC event to the daemon's
  * libuv loop (uv_async); all service logic, every hpd_* call and every batch start runs on the
- * loop thread. Mutating RPCs (SubmitJob, CancelJob) need `authorization: Bearer <hpd_token>`;
- * reads (GetJob, ListJobs, WatchJob, GetPlan) are allowed without a token.
+ * loop thread. Mutating RPCs (SubmitJob, CancelJob, CheckpointJob) need
+ * `authorization: Bearer <hpd_token>`; reads (GetJob, ListJobs, WatchJob, GetPlan, GetTrace) are
+ * allowed without a token. CheckpointJob of a job that is not RUNNING is FAILED_PRECONDITION.
  */
 #ifndef HP_DAEMON_RPC_H
 #define HP_DAEMON_RPC_H

@@ -134,11 +134,12 @@ static hp_status tx_end(hpd_store *s, hp_status st, hp_err *err) {
     return st;
 }
 
-hp_status hpd_store_open(const char *path, hpd_store **out, hp_err *err) {
+static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp_err *err) {
     *out = NULL;
     hpd_store *s = hp_calloc(1, sizeof *s);
     if (!s) return hp_errf(err, HP_NOMEM, "store: out of memory");
-    int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
+    int flags = readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+    int rc = sqlite3_open_v2(path, &s->db, flags, NULL);
     hp_status st = HP_OK;
     if (rc != SQLITE_OK) {
         st = db_err(s, rc, "open", err);
@@ -146,10 +147,11 @@ hp_status hpd_store_open(const char *path, hpd_store **out, hp_err *err) {
         goto fail;
     }
     sqlite3_busy_timeout(s->db, 5000);
+    char *msg = NULL;
+    if (readonly) goto prepare; /* the writer made the schema and the journal mode */
     const char *env = getenv("HPD_STORE_SYNC_FULL");
     const char *sync =
         env && env[0] == '1' ? "PRAGMA synchronous=FULL;" : "PRAGMA synchronous=NORMAL;";
-    char *msg = NULL;
     rc = sqlite3_exec(s->db, "PRAGMA journal_mode=WAL;", NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, sync, NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, "PRAGMA foreign_keys=ON;", NULL, NULL, &msg);
@@ -160,6 +162,7 @@ hp_status hpd_store_open(const char *path, hpd_store **out, hp_err *err) {
         sqlite3_free(msg);
         goto fail;
     }
+prepare:
     for (int i = 0; i < ST_COUNT; i++) {
         rc = sqlite3_prepare_v3(s->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i], NULL);
         if (rc != SQLITE_OK) {
@@ -172,6 +175,14 @@ hp_status hpd_store_open(const char *path, hpd_store **out, hp_err *err) {
 fail:
     hpd_store_close(s);
     return st;
+}
+
+hp_status hpd_store_open(const char *path, hpd_store **out, hp_err *err) {
+    return store_open(path, false, out, err);
+}
+
+hp_status hpd_store_open_readonly(const char *path, hpd_store **out, hp_err *err) {
+    return store_open(path, true, out, err);
 }
 
 void hpd_store_close(hpd_store *s) {

@@ -49,6 +49,9 @@ void hpd_store_row_fini(hpd_store_row *r);
 
 /* Opens (creating) the database at path. */
 hp_status hpd_store_open(const char *path, hpd_store **out, hp_err *err);
+/* A read-only connection to a store another connection (the daemon's loop) writes: for
+ * readers on other threads (WAL lets them read while it writes). Only the each/get calls. */
+hp_status hpd_store_open_readonly(const char *path, hpd_store **out, hp_err *err);
 void hpd_store_close(hpd_store *s); /* NULL is fine */
 
 /* Inserts a new job with a fresh id "j-%06d" (written into r->id) and its first transition

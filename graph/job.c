@@ -578,7 +578,9 @@ static bool train_eq(const hp_train_config *a, const hp_train_config *b) {
            !strncmp(a->data_path, b->data_path, sizeof a->data_path) &&
            !strncmp(a->init_from, b->init_from, sizeof a->init_from) &&
            a->global_batch == b->global_batch && a->local_batch == b->local_batch &&
-           a->seq == b->seq;
+           a->seq == b->seq && a->n_profile_steps == b->n_profile_steps &&
+           !memcmp(a->profile_steps, b->profile_steps,
+                   (size_t)a->n_profile_steps * sizeof a->profile_steps[0]);
 }
 
 static bool model_eq(const hp_model_spec *a, const hp_model_spec *b) {

@@ -241,6 +241,13 @@ static Hp__V1__TrainConfig *export_train(exporter *x, const hp_train_config *t) 
     m->global_batch = t->global_batch;
     m->local_batch = t->local_batch;
     m->seq = t->seq;
+    if (t->n_profile_steps > 0) {
+        size_t n = (size_t)t->n_profile_steps;
+        m->profile_steps = xalloc(x, n * sizeof *m->profile_steps);
+        if (!m->profile_steps) return NULL;
+        memcpy(m->profile_steps, t->profile_steps, n * sizeof *m->profile_steps);
+        m->n_profile_steps = n;
+    }
     return m;
 }
 
@@ -447,6 +454,15 @@ static hp_status import_train(const Hp__V1__TrainConfig *m, hp_train_config *t, 
     t->global_batch = m->global_batch;
     t->local_batch = m->local_batch;
     t->seq = m->seq;
+    if (m->n_profile_steps > HP_JOB_PROFILE_MAX)
+        return hp_errf(err, HP_LIMIT, "train.profile_steps: %zu steps (at most %d)",
+                       m->n_profile_steps, HP_JOB_PROFILE_MAX);
+    for (size_t i = 0; i < m->n_profile_steps; i++)
+        if (m->profile_steps[i] < 1)
+            return hp_errf(err, HP_INVALID, "train.profile_steps: step %lld must be >= 1",
+                           (long long)m->profile_steps[i]);
+    for (size_t i = 0; i < m->n_profile_steps; i++) t->profile_steps[i] = m->profile_steps[i];
+    t->n_profile_steps = (int)m->n_profile_steps;
     return HP_OK;
 }
 

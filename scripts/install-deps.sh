@@ -19,6 +19,7 @@ pkgs=(
     libjansson-dev
     libmicrohttpd-dev
     python3 python3-numpy python3-torch python3-grpcio python3-protobuf
+    prometheus chromium libjs-chart.js fonts-dejavu-core
 )
 
 missing=()

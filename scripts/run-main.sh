@@ -12,7 +12,8 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs" --target hpctl hp-worker hpd
 
 state=$(mktemp -d /tmp/hp-main-XXXXXX)
-build/daemon/hpd --listen 127.0.0.1:0 --worker-listen 127.0.0.1:0 --state-dir "$state" \
+build/daemon/hpd --listen 127.0.0.1:0 --http 127.0.0.1:0 --worker-listen 127.0.0.1:0 \
+    --state-dir "$state" \
     --slots 2 >"$state/hpd.out" 2>"$state/hpd.log" &
 hpd_pid=$!
 cleanup() {

@@ -49,6 +49,7 @@ typedef struct agent {
     char lost_why[HP_ERR_MSG_MAX], stop_why[HP_ERR_MSG_MAX];
     volatile sig_atomic_t own_stop;
     volatile sig_atomic_t *stop;
+    volatile sig_atomic_t ckpt_now; /* CheckpointNow frames seen (hp_train checkpoints on growth) */
 } agent;
 
 static double now_unix_s(void) {
@@ -194,9 +195,13 @@ static void send_heartbeat(agent *a) {
     if (send_frame(a, &f, &err) != HP_OK) mark_lost(a, err.msg);
 }
 
-/* Handles one frame from the coordinator. Only Stop means anything once training runs; the
- * rest (a heartbeat echo, say) is ignored so the protocol can grow. */
+/* Handles one frame from the coordinator. Only Stop and CheckpointNow mean anything once
+ * training runs; the rest (a heartbeat echo, say) is ignored so the protocol can grow. */
 static void on_frame(agent *a, const Hp__V1__Frame *f) {
+    if (f->body_case == HP__V1__FRAME__BODY_CHECKPOINT_NOW) {
+        __atomic_add_fetch(&a->ckpt_now, 1, __ATOMIC_RELAXED); /* hp_train reads it after a step */
+        return;
+    }
     if (f->body_case != HP__V1__FRAME__BODY_STOP) return;
     pthread_mutex_lock(&a->why_mu);
     if (!atomic_load(&a->stop_frame)) {
@@ -345,6 +350,35 @@ fail:
 
 /* ---- the run --------------------------------------------------------------------------------- */
 
+/* Sends a profiled step's trace (training thread). hp_train bounded it to fit a frame. */
+static void on_trace(void *ctx, int64_t step, const char *json, size_t len) {
+    agent *a = ctx;
+    if (atomic_load(&a->lost)) return;
+    Hp__V1__Trace tr = HP__V1__TRACE__INIT;
+    tr.step = step;
+    tr.chrome_json.data = (uint8_t *)json;
+    tr.chrome_json.len = len;
+    Hp__V1__Frame f = HP__V1__FRAME__INIT;
+    f.body_case = HP__V1__FRAME__BODY_TRACE;
+    f.trace = &tr;
+    hp_err err = {0};
+    if (send_frame(a, &f, &err) != HP_OK) mark_lost(a, err.msg);
+}
+
+/* A checkpoint was written (training thread, every rank): CheckpointDone. */
+static void on_checkpoint(void *ctx, int64_t step, const char *path) {
+    agent *a = ctx;
+    if (atomic_load(&a->lost)) return;
+    Hp__V1__CheckpointDone c = HP__V1__CHECKPOINT_DONE__INIT;
+    c.step = step;
+    c.path = (char *)path;
+    Hp__V1__Frame f = HP__V1__FRAME__INIT;
+    f.body_case = HP__V1__FRAME__BODY_CHECKPOINT_DONE;
+    f.checkpoint_done = &c;
+    hp_err err = {0};
+    if (send_frame(a, &f, &err) != HP_OK) mark_lost(a, err.msg);
+}
+
 static void send_done(agent *a, bool ok, int64_t final_step, const char *error) {
     if (atomic_load(&a->lost)) return;
     Hp__V1__Done d = HP__V1__DONE__INIT;
@@ -407,8 +441,16 @@ static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program
         .world = world,
         .comm_name = world > 1 ? w->comm->shm_name : NULL,
         .program = prog,
-        .on_metrics = o->rank == 0 ? on_metrics : NULL,
+        .on_metrics = on_metrics, /* every rank: the coordinator shows each one */
         .metrics_ctx = a,
+        .checkpoint_now = &a->ckpt_now,
+        .on_checkpoint = on_checkpoint,
+        .checkpoint_ctx = a,
+        .profile_steps = o->profile_steps,
+        .n_profile_steps = o->n_profile_steps,
+        .on_trace = on_trace,
+        .trace_ctx = a,
+        .trace_max_bytes = HP_FRAME_MAX - 4096, /* room for the Frame around the JSON */
     };
     hp_train_result r = {0};
     hp_status st = hp_train(job, &t, &r, err);

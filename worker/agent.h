@@ -9,10 +9,13 @@
  * Threads: training runs on the calling thread; a dedicated I/O thread owns the socket's read
  * side and sends a Heartbeat every heartbeat_interval_ms, so heartbeats keep flowing while a
  * step computes. Rank 0 also sends a StepMetrics frame per logged step (from the training
- * thread; writes are serialised by a mutex). A Stop frame sets the stop flag: the step in
+ * thread; writes are serialised by a mutex), and every rank a Trace frame per profiled step
+ * (TrainConfig.profile_steps and --profile-steps). A Stop frame sets the stop flag: the step in
  * progress finishes, a checkpoint is written, Done goes out. Losing the connection also sets
  * the stop flag, and then the run fails (the coordinator restarts the job from the last
- * checkpoint).
+ * checkpoint). A CheckpointNow frame sets a checkpoint flag: the ranks agree on a step (in
+ * hp_train's per-step all-reduce), all write a checkpoint after it and go on. Every checkpoint
+ * a rank writes is reported with a CheckpointDone frame {step, path}.
  */
 #ifndef HP_WORKER_AGENT_H
 #define HP_WORKER_AGENT_H
@@ -36,6 +39,11 @@ typedef struct hp_agent_opts {
     double welcome_timeout_s;    /* connect + Welcome deadline; <= 0: 60 s */
     volatile sig_atomic_t *stop; /* may be NULL; set by signals, and by the agent on Stop */
     FILE *log;                   /* training output; NULL: stdout */
+
+    /* Steps to trace besides the job's (borrowed); each traced step's Chrome trace goes to
+     * the coordinator in a Trace frame. */
+    const int64_t *profile_steps;
+    int n_profile_steps;
 } hp_agent_opts;
 
 typedef struct hp_agent_result {

@@ -3,6 +3,7 @@
  *
  *   hp-worker --standalone JOB.pb [--world N] [--steps N] [--out DIR]
  *             [--init-from W.safetensors] [--data F.bin] [--resume DIR] [--threads N]
+ *             [--profile-steps S,S,...]
  *
  * With --world N > 1 this process is a launcher (like torchrun --standalone): it starts N
  * rank processes of itself (--rank R --comm NAME), joined by the shm communicator, passes
@@ -11,6 +12,7 @@
  * Coordinator mode takes the job from hpd (worker/agent.h):
  *
  *   hp-worker --coordinator HOST:PORT --job ID --rank R --token T [--threads N]
+ *             [--profile-steps S,S,...]
  *
  * Under Slurm the rank and world come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, and
  * --coordinator, --job and --token may come from HP_COORDINATOR, HP_JOB and HP_TOKEN.
@@ -49,6 +51,7 @@ static int usage_error(const char *fmt, const char *arg) {
 static void usage(void) {
     puts("usage: hp-worker --standalone JOB.pb [flags]\n"
          "       hp-worker --coordinator HOST:PORT --job ID --rank R --token T [--threads N]\n"
+         "                 [--profile-steps S,S]\n"
          "\n"
          "  --standalone JOB.pb    run the job in this process, no coordinator\n"
          "  --steps N              train N steps (default: the job's)\n"
@@ -60,6 +63,10 @@ static void usage(void) {
          "  --world N              run N ranks on this host (FSDP over the shm backend)\n"
          "  --threads N            compute threads per rank (default: $HP_NUM_THREADS, or the\n"
          "                         CPUs divided among the ranks)\n"
+         "  --profile-steps S,S    trace these steps (besides the job's profile_steps): a\n"
+         "                         Chrome/Perfetto trace per rank and step, in\n"
+         "                         OUT/traces/step-S-rank-R.json (standalone; OUT is --out or\n"
+         "                         .) or sent to the coordinator; the flag may repeat\n"
          "\n"
          "  --coordinator HOST:PORT  take the job from hpd ($HP_COORDINATOR)\n"
          "  --job ID               the job's id ($HP_JOB)\n"
@@ -79,6 +86,41 @@ static int parse_int(const char *flag, const char *s, long long lo, long long hi
     }
     *out = v;
     return 0;
+}
+
+/* --profile-steps 5,6: positive steps separated by commas, appended to *steps. 2 (usage) when
+ * an item is not a step or there are more than HP_JOB_PROFILE_MAX. */
+static int parse_profile_steps(const char *v, int64_t *steps, int *n) {
+    const char *p = v;
+    for (;;) {
+        size_t k = strcspn(p, ",");
+        char item[32];
+        long long step = 0;
+        char *end = NULL;
+        bool ok = k > 0 && k < sizeof item;
+        if (ok) {
+            memcpy(item, p, k);
+            item[k] = 0;
+            errno = 0;
+            step = strtoll(item, &end, 10);
+            ok = *end == 0 && errno == 0 && step >= 1 && item[0] != '+';
+        }
+        if (!ok) {
+            fprintf(stderr,
+                    "hp-worker: --profile-steps: '%.*s' is not a step (want positive integers "
+                    "separated by commas, e.g. 5,6)\n",
+                    (int)(k < 40 ? k : 40), p);
+            return 2;
+        }
+        if (*n >= HP_JOB_PROFILE_MAX) {
+            fprintf(stderr, "hp-worker: --profile-steps: more than %d steps (at '%s')\n",
+                    HP_JOB_PROFILE_MAX, item);
+            return 2;
+        }
+        steps[(*n)++] = step;
+        if (!p[k]) return 0;
+        p += k + 1;
+    }
 }
 
 /* ---- launcher (--world N without --rank) --------------------------------------------------- */
@@ -158,6 +200,29 @@ static int launch(int argc, char **argv, int world, int threads) {
         bool interrupted = WIFEXITED(status) && WEXITSTATUS(status) == 130;
         if (interrupted && rc == 0) rc = 130;
         if (!ok && !interrupted && rc != 1) {
+            /* The other ranks soon fail too, *because* of this one (a dead peer). On a loaded
+             * machine the kernel may hand us such a follower first: take the ranks already
+             * dead too, and name one killed by a signal (the cause) before one that exited
+             * with an error of its own. */
+            int st2;
+            pid_t p2;
+            while ((p2 = waitpid(-1, &st2, WNOHANG)) > 0) {
+                int r2 = 0;
+                while (r2 < n_children && children[r2] != p2) r2++;
+                if (r2 == n_children) continue;
+                children[r2] = 0;
+                left--;
+                if (WIFSIGNALED(st2) && !WIFSIGNALED(status)) {
+                    char later[64];
+                    describe(status, later, sizeof later);
+                    fprintf(stderr, "hp-worker: rank %d (pid %ld) %s\n", r, (long)pid, later);
+                    r = r2, pid = p2, status = st2;
+                } else {
+                    char later[64];
+                    describe(st2, later, sizeof later);
+                    fprintf(stderr, "hp-worker: rank %d (pid %ld) %s\n", r2, (long)p2, later);
+                }
+            }
             char what[64];
             describe(status, what, sizeof what);
             fprintf(stderr, "hp-worker: rank %d (pid %ld) %s; stopping the other ranks\n", r,
@@ -225,6 +290,8 @@ int main(int argc, char **argv) {
     hp_train_opts o = {.stop = &stop_requested};
     hp_agent_opts ao = {.coordinator = NULL};
     bool rank_given = false;
+    int64_t profile[HP_JOB_PROFILE_MAX];
+    int n_profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -269,9 +336,13 @@ int main(int argc, char **argv) {
             rank_given = true;
         } else if (!strcmp(a, "--comm")) { /* set by the launcher */
             o.comm_name = v;
+        } else if (!strcmp(a, "--profile-steps")) {
+            if (parse_profile_steps(v, profile, &n_profile)) return 2;
         } else
             return usage_error("unknown flag '%s'", a);
     }
+    o.profile_steps = ao.profile_steps = profile;
+    o.n_profile_steps = ao.n_profile_steps = n_profile;
     if (!job_path && !ao.coordinator) ao.coordinator = getenv("HP_COORDINATOR");
     if (ao.coordinator && *ao.coordinator) {
         if (job_path) return usage_error("%s", "--standalone and --coordinator exclude each other");

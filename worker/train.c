@@ -15,9 +15,11 @@
 #include "hp/threads.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/executor.h"
+#include "worker/trace.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -47,6 +49,10 @@ typedef struct trainer {
     double flops_per_token, peak_flops;
     uint64_t device_memory;
     char ckpt_dir[PATH_MAX_HP];
+    hp_trace *trace;        /* profiled steps only; NULL when none are asked for */
+    int32_t *instr_of_node; /* [graph nodes]: the instruction running each node, or -1 */
+    int64_t *profile;       /* sorted steps to trace */
+    int n_profile;
 } trainer;
 
 static double now_s(void) {
@@ -356,6 +362,99 @@ done:
     return st;
 }
 
+/* ---- traces (worker/trace.h) ------------------------------------------------------------------
+ */
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The steps to trace: the job's and the options', sorted. No recorder when there are none. */
+static hp_status setup_trace(trainer *t, hp_err *err) {
+    const hp_train_config *tc = &t->job->train;
+    int n = tc->n_profile_steps + (t->opts->n_profile_steps > 0 ? t->opts->n_profile_steps : 0);
+    if (n == 0) return HP_OK;
+    if (!(t->profile = hp_malloc((size_t)n * sizeof *t->profile)))
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int i = 0; i < tc->n_profile_steps; i++) t->profile[t->n_profile++] = tc->profile_steps[i];
+    for (int i = 0; i < t->opts->n_profile_steps; i++)
+        t->profile[t->n_profile++] = t->opts->profile_steps[i];
+    qsort(t->profile, (size_t)t->n_profile, sizeof *t->profile, cmp_i64);
+    const hp_graph *g = t->prog->graph;
+    if (!(t->instr_of_node = hp_malloc((size_t)(g->n_nodes + 1) * sizeof *t->instr_of_node)))
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int32_t i = 0; i < g->n_nodes; i++) t->instr_of_node[i] = -1;
+    for (int32_t i = 0; i < t->prog->n_instrs; i++) t->instr_of_node[t->prog->instrs[i].node] = i;
+    return hp_trace_new(t->rank, t->job->name, &t->trace, err);
+}
+
+static bool profiled(const trainer *t, int64_t step) {
+    return t->n_profile > 0 &&
+           bsearch(&step, t->profile, (size_t)t->n_profile, sizeof step, cmp_i64) != NULL;
+}
+
+/* The executor's hook: compute instructions (waits included: their time is exposed
+ * communication) on the compute track. Collectives are reported by the comm thread when there
+ * is one; without one (world 1) they ran inside their launch. */
+static void on_instr(void *ctx, int32_t i, double start_s, double end_s) {
+    trainer *t = ctx;
+    const hp_instr *ins = &t->prog->instrs[i];
+    const hp_node *n = &t->prog->graph->nodes[ins->node];
+    bool comm = ins->stream == HP_STREAM_COMM;
+    if (comm && t->comm) return;
+    int64_t bytes = -1;
+    if (comm && ins->n_in > 0) {
+        const hp_type *ty = &t->prog->buffers[ins->in[0]].type;
+        bytes = hp_type_numel(ty) * (int64_t)hp_dtype_size(ty->dtype);
+    }
+    hp_trace_add(t->trace, comm ? HP_TRACE_COMM : HP_TRACE_COMPUTE, hp_op_get(n->op)->name, start_s,
+                 end_s, i, bytes);
+}
+
+/* The comm thread's hook (runs on that thread). */
+static void on_collective(void *ctx, const hp_node *n, int64_t bytes, double start_s,
+                          double end_s) {
+    trainer *t = ctx;
+    int32_t i = t->instr_of_node[n - t->prog->graph->nodes];
+    hp_trace_add(t->trace, HP_TRACE_COMM, hp_op_get(n->op)->name, start_s, end_s, i, bytes);
+}
+
+/* Turns hooks on (before the program runs) or off (after it synchronized). */
+static void trace_hooks(trainer *t, bool on) {
+    hp_exec_set_trace(t->ex, on ? on_instr : NULL, on ? t : NULL);
+    hp_cpu_backend_set_comm_trace(t->be, on ? on_collective : NULL, on ? t : NULL);
+}
+
+/* Ends the step's recording and hands the trace on: to opts->on_trace, else to
+ * OUT_DIR/traces/step-S-rank-R.json. */
+static hp_status finish_trace(trainer *t, int64_t step, hp_err *err) {
+    char *json = NULL;
+    size_t len = 0;
+    int64_t dropped = 0;
+    HP_TRY(hp_trace_end(t->trace, t->opts->trace_max_bytes, &json, &len, &dropped, err));
+    if (dropped > 0)
+        fprintf(t->log, "warning: rank=%d step=%lld trace: dropped %lld slices (limit %zu bytes)\n",
+                t->rank, (long long)step, (long long)dropped, t->opts->trace_max_bytes);
+    hp_status st = HP_OK;
+    if (t->opts->on_trace) {
+        t->opts->on_trace(t->opts->trace_ctx, step, json, len);
+    } else {
+        char dir[PATH_MAX_HP], path[PATH_MAX_HP + 64];
+        const char *out = t->opts->out_dir ? t->opts->out_dir : ".";
+        if (snprintf(dir, sizeof dir, "%s/traces", out) >= (int)sizeof dir)
+            st = hp_errf(err, HP_INVALID, "path too long: %s/traces", out);
+        if (st == HP_OK && snprintf(path, sizeof path, "%s/step-%lld-rank-%d.json", dir,
+                                    (long long)step, t->rank) >= (int)sizeof path)
+            st = hp_errf(err, HP_INVALID, "path too long: %s", dir);
+        if (st == HP_OK) st = mkdir_p(dir, err);
+        if (st == HP_OK) st = hp_file_write_atomic(path, json, len, err);
+        if (st != HP_OK) hp_err_prefix(err, "trace of step %lld", (long long)step);
+    }
+    hp_free(json);
+    return st;
+}
+
 /* ---- one step ------------------------------------------------------------------------------- */
 
 /* The norm of the whole gradient: the shards' sums of squares all-reduced over the ranks
@@ -366,11 +465,16 @@ static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
     if (!mine) return hp_errf(err, HP_NOMEM, "out of memory");
     for (int i = 0; i < n; i++)
         if (sharded(t, i) || t->rank == 0) mine[k++] = t->grads[i];
-    double sumsq = 0;
+    double sumsq = 0, t0 = hp_trace_now_s();
     hp_status st = hp_grad_sumsq(mine, k, t->pool, &sumsq, err);
     hp_free(mine);
-    if (st == HP_OK && t->world > 1)
+    double t1 = hp_trace_now_s();
+    hp_trace_add(t->trace, HP_TRACE_COMPUTE, "grad_norm", t0, t1, -1, -1);
+    if (st == HP_OK && t->world > 1) {
         st = t->comm->vt->all_reduce(t->comm, &sumsq, &sumsq, 1, HP_COMM_F64, HP_REDUCE_SUM, err);
+        hp_trace_add(t->trace, HP_TRACE_COMM, "all_reduce", t1, hp_trace_now_s(), -1,
+                     (int64_t)sizeof sumsq);
+    }
     *norm = sqrt(sumsq);
     return st;
 }
@@ -386,24 +490,40 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
     HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->tokens_buf), t->tokens, bytes, err));
     HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->labels_buf), t->labels, bytes, err));
     o->data_s = now_s() - t0;
-    HP_TRY(hp_exec_step(t->ex, err));
+    bool prof = profiled(t, step);
+    if (prof) {
+        hp_trace_begin(t->trace, step);
+        hp_trace_add(t->trace, HP_TRACE_COMPUTE, "data", t0, t0 + o->data_s, -1, -1);
+        trace_hooks(t, true);
+    }
+    hp_status st = hp_exec_step(t->ex, err);
+    if (prof) trace_hooks(t, false); /* hp_exec_step synchronized, or failed */
+    HP_TRY(st);
     HP_TRY(hp_exec_loss(t->ex, &o->loss, err));
     int n = t->prog->n_params;
     HP_TRY(global_grad_norm(t, &o->grad_norm, err));
+    double t1 = hp_trace_now_s();
     double clip = t->job->train.grad_clip;
     if (clip > 0) {
         float coef = hp_clip_coef(o->grad_norm, clip);
         if (coef < 1) HP_TRY(hp_grad_scale(t->grads, n, coef, t->pool, err));
     }
     o->lr = hp_lr_at(&t->lr, step);
-    return hp_adamw_step(&t->adam, o->lr, step, t->adam_params, n, t->pool, err);
+    HP_TRY(hp_adamw_step(&t->adam, o->lr, step, t->adam_params, n, t->pool, err));
+    hp_trace_add(t->trace, HP_TRACE_COMPUTE, "optimizer", t1, hp_trace_now_s(), -1, -1);
+    return prof ? finish_trace(t, step, err) : HP_OK;
 }
 
-/* Prints the torchtitan-style line and appends the JSON record. */
+/* Rank 0 prints the torchtitan-style line and appends the JSON record; every rank hands its
+ * record to on_metrics (the coordinator shows each rank's throughput, memory and step). */
 static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err) {
-    if (t->rank != 0) return HP_OK;
+    if (t->rank != 0 && !t->opts->on_metrics) return HP_OK;
     hp_metrics m;
     HP_TRY(hp_metrics_compute(w, &m, err));
+    if (t->rank != 0) {
+        t->opts->on_metrics(t->opts->metrics_ctx, &m);
+        return HP_OK;
+    }
     char line[HP_METRICS_LINE_MAX];
     HP_TRY(hp_metrics_format(&m, line, sizeof line, err));
     fprintf(t->log, "%s\n", line);
@@ -457,6 +577,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     HP_TRY(find_data(t, err));
     HP_TRY(open_data(t, err));
     HP_TRY(alloc_optimizer(t, err));
+    HP_TRY(setup_trace(t, err));
 
     hp_device_info di;
     HP_TRY(t->be->vt->info(t->be, &di, err));
@@ -487,7 +608,10 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
 static void teardown(trainer *t) {
     if (t->metrics) fclose(t->metrics);
     hp_exec_free(t->ex);
-    hp_backend_free(t->be);
+    hp_backend_free(t->be); /* joins the comm thread, the last user of the trace hooks */
+    hp_trace_free(t->trace);
+    hp_free(t->instr_of_node);
+    hp_free(t->profile);
     hp_pool_free(t->pool);
     hp_data_free(t->data);
     if (t->m)
@@ -522,6 +646,7 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
     double window_start = now_s();
     double exposed_mark = 0, busy_mark = 0;
     res->first_step = start + 1;
+    int64_t ckpt_requests_done = 0; /* see checkpoint_now below */
     for (int64_t step = start + 1; step <= t.total_steps; step++) {
         step_out o;
         if ((st = train_step(&t, step, &o, err)) != HP_OK) {
@@ -537,12 +662,20 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         bool stop =
             opts->stop &&
             __atomic_load_n(opts->stop, __ATOMIC_RELAXED); /* set by a signal or the agent thread */
-        if (t.world > 1) { /* the ranks agree on stopping, or they would part ways here */
-            int64_t flag = stop;
-            st = t.comm->vt->all_reduce(t.comm, &flag, &flag, 1, HP_COMM_I64, HP_REDUCE_MAX, err);
+        /* checkpoint_now counts the requests a rank has seen: the ranks take the highest
+         * count, so every rank checkpoints once per request however late its copy arrived. */
+        int64_t asked_n =
+            opts->checkpoint_now ? __atomic_load_n(opts->checkpoint_now, __ATOMIC_RELAXED) : 0;
+        if (t.world > 1) { /* the ranks agree on stopping and checkpointing, or they would part
+                              ways here */
+            int64_t flag[2] = {stop, asked_n};
+            st = t.comm->vt->all_reduce(t.comm, flag, flag, 2, HP_COMM_I64, HP_REDUCE_MAX, err);
             if (st != HP_OK) goto done;
-            stop = flag != 0;
+            stop = flag[0] != 0;
+            asked_n = flag[1];
         }
+        bool asked = asked_n > ckpt_requests_done;
+        if (asked) ckpt_requests_done = asked_n;
         if (step == 1 || (interval > 0 && step % interval == 0) || step == t.total_steps || stop) {
             uint64_t rss = 0, total = 0;
             hp_cpu_memory(&rss, &total, NULL);
@@ -563,10 +696,15 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             w.data_s = 0;
             window_start = now_s();
         }
-        bool ckpt_now = t.ckpt_dir[0] && ((ckpt > 0 && step % ckpt == 0) || stop);
+        bool ckpt_now = t.ckpt_dir[0] && ((ckpt > 0 && step % ckpt == 0) || stop || asked);
         if (ckpt_now && (st = save_checkpoint(&t, step, err)) != HP_OK) {
             hp_err_prefix(err, "checkpoint at step %lld", (long long)step);
             goto done;
+        }
+        if (ckpt_now && opts->on_checkpoint) {
+            char path[PATH_MAX_HP + 32];
+            snprintf(path, sizeof path, "%s/step-%08lld", t.ckpt_dir, (long long)step);
+            opts->on_checkpoint(opts->checkpoint_ctx, step, path);
         }
         if (opts->halt_after > 0 && step >= opts->halt_after) goto done;
         if (stop) {

@@ -4,7 +4,8 @@
  * with the LR schedule → metrics every log_interval → checkpoint every checkpoint_interval.
  *
  * Files under out_dir (when given): metrics.jsonl (one JSON record per logged step),
- * checkpoints/step-N/ (hp/checkpoint.h), model.safetensors (final weights, PyTorch FQNs).
+ * checkpoints/step-N/ (hp/checkpoint.h), model.safetensors (final weights, PyTorch FQNs),
+ * traces/step-S-rank-R.json (Chrome traces of the profiled steps, every rank).
  * Resume continues exactly: parameters, AdamW moments and the step come from the checkpoint;
  * data and the LR schedule are functions of the step, so the losses after a resume equal an
  * uninterrupted run's bit for bit.
@@ -47,6 +48,25 @@ typedef struct hp_train_opts {
      * the coordinator agent streams it. */
     void (*on_metrics)(void *ctx, const struct hp_metrics *m);
     void *metrics_ctx;
+    /* Steps to trace (worker/trace.h) besides the job's train.profile_steps (borrowed). A
+     * profiled step's Chrome trace goes to on_trace when set (called on the training thread;
+     * json is borrowed for the call), else to OUT_DIR/traces/step-S-rank-R.json (OUT_DIR "."
+     * when out_dir is NULL). trace_max_bytes > 0 bounds a trace: slices are dropped to fit,
+     * with a notice on the log. */
+    const int64_t *profile_steps;
+    int n_profile_steps;
+    void (*on_trace)(void *ctx, int64_t step, const char *json, size_t len);
+    void *trace_ctx;
+    size_t trace_max_bytes;
+    /* The number of CheckpointNow requests this rank has seen (the agent's I/O thread adds one
+     * per frame): after a step where it grew, checkpoint and go on training. The ranks take
+     * the highest count in the all-reduce that agrees on stopping, so they all checkpoint the
+     * same step, once per request, however late a rank's copy arrives. May be NULL. */
+    volatile sig_atomic_t *checkpoint_now;
+    /* Called on every rank after each checkpoint it wrote (scheduled, asked or on stop), with
+     * the step's directory (borrowed for the call). May be NULL. */
+    void (*on_checkpoint)(void *ctx, int64_t step, const char *path);
+    void *checkpoint_ctx;
 } hp_train_opts;
 
 typedef struct hp_train_result {

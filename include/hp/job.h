@@ -37,6 +37,8 @@ extern "C" {
 #define HP_PLAN_MAX_ITEMS 65536 /* FSDP marks, patterns, constraints (each list) */
 /* hp_job_read_file reads at most this much (the largest message decoding accepts). */
 #define HP_JOB_FILE_MAX ((size_t)64 << 20)
+/* train.profile_steps holds at most this many steps. */
+#define HP_JOB_PROFILE_MAX 64
 
 /* ---- the parallel plan ----------------------------------------------------------------------- */
 typedef enum { HP_PLAN_FSDP = 0, HP_PLAN_AUTO = 1 } hp_plan_mode;
@@ -124,6 +126,8 @@ typedef struct hp_train_config {
     int64_t global_batch;            /* 0: local_batch x data-parallel degree */
     int64_t local_batch;
     int64_t seq;
+    int n_profile_steps; /* steps to trace (worker/trace.h), each >= 1 */
+    int64_t profile_steps[HP_JOB_PROFILE_MAX];
 } hp_train_config;
 
 typedef enum { HP_DEVICE_CPU = 0, HP_DEVICE_CUDA = 1 } hp_device_kind;

@@ -5,9 +5,11 @@
 
 It starts a real hpd on 127.0.0.1 port 0 with a temp state dir, parses its
 "hpd listening grpc=127.0.0.1:PORT ..." line, reads STATE_DIR/token, and checks: submit with
-the token, get, list, watch to completion (loss falling), GetPlan, a missing / wrong / doubled
-token (UNAUTHENTICATED), a garbage payload (INVALID_ARGUMENT), an unknown id (NOT_FOUND), an
-unknown method (UNIMPLEMENTED); then SIGTERM and a clean exit.
+the token, get, list, watch to completion (loss falling), batched watches (WatchJobRequest.batch:
+events in order, no gaps, no nested batches; plain watches never see a batch), GetPlan, GetTrace
+and CheckpointJob errors, a missing / wrong / doubled token (UNAUTHENTICATED), a garbage payload
+(INVALID_ARGUMENT), an unknown id (NOT_FOUND), an unknown method (UNIMPLEMENTED); then SIGTERM
+and a clean exit.
 
 Run by tests/daemon/test_rpc_python.c with /usr/bin/python3. Exit 0: all passed; 1: a check
 failed (including grpcio missing: that is a failure, never a skip); 2: usage.
@@ -83,8 +85,27 @@ def expect_code(fn, code, what, detail=None):
     return check(False, f"{what}: succeeded, want {code}")
 
 
+def flatten(M, raws):
+    """Stream messages -> (events, number of batch messages, whether a batch nested one)."""
+    evs, batches, nested = [], 0, False
+    for raw in raws:
+        ev = M.JobEvent.FromString(raw)
+        if ev.WhichOneof("event") == "batch":
+            batches += 1
+            for e in ev.batch.events:
+                nested = nested or e.WhichOneof("event") == "batch"
+                evs.append(e)
+        else:
+            evs.append(ev)
+    return evs, batches, nested
+
+
+def metric_steps(evs):
+    return [e.metrics.step for e in evs if e.WhichOneof("event") == "metrics"]
+
+
 def start_hpd(hpd, state_dir, extra=()):
-    p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
+    p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
                           "--state-dir", state_dir, "--slots", "4", *extra],
                          stdout=subprocess.PIPE, stderr=None, text=True)
     deadline = time.time() + 30
@@ -263,18 +284,23 @@ def run_checks(chan, M, token, job_path):
     watches = [chan.unary_stream(SVC + "WatchJob")(M.WatchJobRequest(job_id=jid)
                                                    .SerializeToString(), timeout=300)
                for _ in range(50)]
+    # Batched live watches: the same events in the same order, however they are grouped.
+    bwatches = [chan.unary_stream(SVC + "WatchJob")(M.WatchJobRequest(
+        job_id=jid, from_step=1, batch=True).SerializeToString(), timeout=300) for _ in range(10)]
 
     # Watch to completion.
     stream = chan.unary_stream(SVC + "WatchJob")(
         M.WatchJobRequest(job_id=jid, from_step=1).SerializeToString(), timeout=300)
-    states, losses = [], []
+    states, losses, kinds = [], [], set()
     for raw in stream:
         ev = M.JobEvent.FromString(raw)
         kind = ev.WhichOneof("event")
+        kinds.add(kind)
         if kind == "state":
             states.append(ev.state)
         elif kind == "metrics":
             losses.append(ev.metrics.loss)
+    check("batch" not in kinds, f"a watch without batch gets no batch messages ({kinds})")
     check(states and states[-1] == M.state("SUCCEEDED"), f"watch ends SUCCEEDED ({states})")
     # Noisy at this size: compare the means of the first and the last three steps.
     check(len(losses) >= 6 and sum(losses[-3:]) < sum(losses[:3]), f"loss falls ({losses})")
@@ -283,6 +309,23 @@ def run_checks(chan, M, token, job_path):
         evs = [M.JobEvent.FromString(raw) for raw in w]
         ends.append(evs[-1].state if evs and evs[-1].WhichOneof("event") == "state" else None)
     check(all(e == M.state("SUCCEEDED") for e in ends), "50 concurrent watches end SUCCEEDED")
+    for i, w in enumerate(bwatches):
+        evs, _, nested = flatten(M, w)
+        steps = metric_steps(evs)
+        last = evs[-1].state if evs and evs[-1].WhichOneof("event") == "state" else None
+        check(not nested and steps == list(range(1, 11)) and last == M.state("SUCCEEDED"),
+              f"batched live watch {i}: steps 1..10 in order, no nesting, ends SUCCEEDED "
+              f"({steps}, nested={nested}, last={last})")
+    # Replay of a finished job: the stored steps queue at once, so they coalesce.
+    evs, batches, nested = flatten(M, chan.unary_stream(SVC + "WatchJob")(
+        M.WatchJobRequest(job_id=jid, from_step=1, batch=True).SerializeToString(), timeout=60))
+    steps = metric_steps(evs)
+    check(batches >= 1 and not nested and steps == list(range(1, 11)),
+          f"batched replay: {batches} batch message(s), steps in order without gaps ({steps})")
+    evs, batches, _ = flatten(M, chan.unary_stream(SVC + "WatchJob")(
+        M.WatchJobRequest(job_id=jid, from_step=1).SerializeToString(), timeout=60))
+    check(batches == 0 and metric_steps(evs) == list(range(1, 11)),
+          "the same replay without batch: one message per event")
     expect_code(lambda: list(chan.unary_stream(SVC + "WatchJob")(
         M.WatchJobRequest(job_id="j-nope").SerializeToString(), timeout=10)),
         SC.NOT_FOUND, "watch an unknown id")
@@ -294,6 +337,29 @@ def run_checks(chan, M, token, job_path):
     got = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(job_id=jid)
                                             .SerializeToString()))
     check(got.job.state == M.state("SUCCEEDED"), "get after watch: SUCCEEDED")
+
+    # GetTrace: read-only; NOT_FOUND for an unknown job and for a step without a trace.
+    def trace(job_id, step, ranks=()):
+        return unary(chan, "GetTrace", M.GetTraceRequest(job_id=job_id, step=step,
+                                                         ranks=list(ranks)).SerializeToString())
+    expect_code(lambda: trace("j-nope", 1), SC.NOT_FOUND, "GetTrace of an unknown job")
+    expect_code(lambda: trace(jid, 5), SC.NOT_FOUND, "GetTrace of a step without a trace")
+    expect_code(lambda: trace("", 1), SC.INVALID_ARGUMENT, "GetTrace without job_id")
+    expect_code(lambda: trace(jid, 1, [-1]), SC.INVALID_ARGUMENT, "GetTrace of rank -1")
+    # CheckpointJob: mutating (token); FAILED_PRECONDITION when the job is not running.
+    ck = M.CheckpointJobRequest(job_id=jid).SerializeToString()
+    expect_code(lambda: unary(chan, "CheckpointJob", ck), SC.UNAUTHENTICATED,
+                "CheckpointJob without token")
+    expect_code(lambda: unary(chan, "CheckpointJob", ck, token="wrong" + token),
+                SC.UNAUTHENTICATED, "CheckpointJob with a wrong token")
+    expect_code(lambda: unary(chan, "CheckpointJob", ck, token=token), SC.FAILED_PRECONDITION,
+                "CheckpointJob of a finished job")
+    expect_code(lambda: unary(chan, "CheckpointJob", M.CheckpointJobRequest(job_id="j-nope")
+                              .SerializeToString(), token=token), SC.NOT_FOUND,
+                "CheckpointJob of an unknown job")
+    expect_code(lambda: unary(chan, "CheckpointJob", M.CheckpointJobRequest()
+                              .SerializeToString(), token=token), SC.INVALID_ARGUMENT,
+                "CheckpointJob without job_id")
 
 
 if __name__ == "__main__":

@@ -95,8 +95,8 @@ static void start_hpd(void) {
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
-        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0", "--state-dir",
-              state, "--slots", "2", (char *)NULL);
+        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen",
+              "127.0.0.1:0", "--state-dir", state, "--slots", "2", (char *)NULL);
         _exit(127);
     }
     close(fds[1]);
@@ -420,8 +420,8 @@ Test(hpctl_remote, daemon_killed_and_restarted_keeps_every_job) {
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
-        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0", "--state-dir",
-              state, "--slots", "2", (char *)NULL);
+        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen",
+              "127.0.0.1:0", "--state-dir", state, "--slots", "2", (char *)NULL);
         _exit(127);
     }
     close(fds[1]);

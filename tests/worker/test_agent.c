@@ -347,8 +347,8 @@ Test(agent, stop_checkpoints_and_exits) {
     release();
 }
 
-/* Two ranks, each its own connection: the coordinator relays the shm name; only rank 0
- * streams metrics; both say Done. */
+/* Two ranks, each its own connection: the coordinator relays the shm name; each rank streams
+ * its own metrics (5 steps each); both say Done. */
 Test(agent, two_ranks_train_over_shm) {
     static fake fk;
     fake_listen(&fk);
@@ -360,7 +360,7 @@ Test(agent, two_ranks_train_over_shm) {
     read_stderr(errs, sizeof errs);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x: %s", status, errs);
     cr_assert_str_empty(fk.error, "%s", fk.error);
-    cr_assert_eq(fk.n_metrics, 5);
+    cr_assert_eq(fk.n_metrics, 10);
     cr_assert_eq(fk.dones, 2);
     cr_assert_eq(fk.dones_ok, 2);
     cr_assert_eq(fk.done_step, 5);

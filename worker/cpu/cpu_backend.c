@@ -403,6 +403,11 @@ double hp_cpu_backend_comm_busy(hp_backend *b) {
     return cpu->comm ? hp__cpu_comm_busy(cpu->comm) : 0;
 }
 
+void hp_cpu_backend_set_comm_trace(hp_backend *b, hp_cpu_comm_trace_fn fn, void *ctx) {
+    hp__cpu *cpu = as_cpu(b);
+    if (cpu->comm) hp__cpu_comm_set_trace(cpu->comm, fn, ctx);
+}
+
 hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err) {
     hp__cpu *cpu = as_cpu(b);
     if (cpu->comm) return hp_errf(err, HP_INVALID, "cpu: the backend already has a communicator");

@@ -34,6 +34,15 @@ hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err);
 /* Seconds the comm thread has spent inside collectives since the communicator was attached. */
 double hp_cpu_backend_comm_busy(hp_backend *b);
 
+/* Called on the comm thread after each collective it ran, with the collective's node, the
+ * bytes of its input on this rank, and its start and end (CLOCK_MONOTONIC seconds). */
+typedef void (*hp_cpu_comm_trace_fn)(void *ctx, const hp_node *node, int64_t bytes, double start_s,
+                                     double end_s);
+/* Sets (fn NULL: clears) the comm thread's per-collective hook; the change applies to the
+ * collectives the thread starts afterwards. A no-op without a communicator. fn must be
+ * thread-safe; ctx must outlive the hook (clear it, then synchronize, before freeing ctx). */
+void hp_cpu_backend_set_comm_trace(hp_backend *b, hp_cpu_comm_trace_fn fn, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

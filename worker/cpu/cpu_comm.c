@@ -13,6 +13,7 @@
 #define QUEUE_CAP 4096
 
 typedef struct comm_op {
+    const hp_node *node; /* for the trace hook */
     hp_op op;
     hp_reduce_op reduce;
     const void *in;
@@ -32,7 +33,9 @@ struct hp__cpu_comm {
     uint64_t issued, completed; /* sequence numbers: queue holds (completed, issued] */
     bool stop, failed;
     hp_err err;
-    double busy_s; /* seconds spent inside collectives */
+    double busy_s;              /* seconds spent inside collectives */
+    hp_cpu_comm_trace_fn trace; /* under mu; read once per collective */
+    void *trace_ctx;
 };
 
 static double now_s(void) {
@@ -63,11 +66,14 @@ static void *comm_main(void *arg) {
         if (q->completed == q->issued) break; /* stop, nothing left */
         comm_op o = q->queue[q->completed % QUEUE_CAP];
         bool failed = q->failed;
+        hp_cpu_comm_trace_fn trace = q->trace;
+        void *trace_ctx = q->trace_ctx;
         pthread_mutex_unlock(&q->mu);
         hp_err e = {0};
         double t0 = now_s();
         hp_status st = failed ? HP_OK : run_op(q->comm, &o, &e);
-        double dt = now_s() - t0;
+        double t1 = now_s(), dt = t1 - t0;
+        if (trace && !failed) trace(trace_ctx, o.node, (int64_t)o.in_bytes, t0, t1);
         pthread_mutex_lock(&q->mu);
         q->busy_s += dt;
         if (st != HP_OK && !q->failed) {
@@ -125,7 +131,8 @@ hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err 
         return hp_errf(err, HP_UNSUPPORTED, "%s over %lld ranks, but the communicator has %d", name,
                        (long long)gs, q->comm->world);
     hp_dtype dt = c->in_type[0].dtype;
-    comm_op o = {.op = n->op,
+    comm_op o = {.node = n,
+                 .op = n->op,
                  .reduce = (hp_reduce_op)hp_node_int(n, HP_ATTR_REDUCE_OP, HP_REDUCE_SUM),
                  .in = c->in[0],
                  .out = c->out[0],
@@ -150,6 +157,13 @@ hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err 
     }
     pthread_mutex_unlock(&q->mu);
     return st;
+}
+
+void hp__cpu_comm_set_trace(hp__cpu_comm *q, hp_cpu_comm_trace_fn fn, void *ctx) {
+    pthread_mutex_lock(&q->mu);
+    q->trace = fn;
+    q->trace_ctx = ctx;
+    pthread_mutex_unlock(&q->mu);
 }
 
 double hp__cpu_comm_busy(hp__cpu_comm *q) {

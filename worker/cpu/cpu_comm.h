@@ -5,6 +5,7 @@
 
 #include "hp/comm.h"
 #include "worker/backend.h"
+#include "worker/cpu/cpu_backend.h"
 
 typedef struct hp__cpu_comm hp__cpu_comm;
 
@@ -18,6 +19,8 @@ int hp__cpu_comm_world(const hp__cpu_comm *q);
  * an unsupported collective or dtype, a group size other than the communicator's, or the
  * stream's sticky error. */
 hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err *err);
+/* Sets the per-collective hook (hp_cpu_backend_set_comm_trace). */
+void hp__cpu_comm_set_trace(hp__cpu_comm *q, hp_cpu_comm_trace_fn fn, void *ctx);
 /* Seconds the comm thread has spent inside collectives. */
 double hp__cpu_comm_busy(hp__cpu_comm *q);
 /* The sequence number of the last queued collective. */

@@ -1,0 +1,266 @@
+/* daemon/config.c — hpd's settings (daemon/config.h): defaults, one checker per key, and the
+ * `key = value` file parser. No I/O beyond reading the file it is given. */
+#include "daemon/config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    bool live;
+} KEYS[HPD_KEY_COUNT] = {
+#define X(id, key, live) [HPD_KEY_##id] = {key, live},
+#include "daemon/config.def"
+#undef X
+};
+
+void hpd_settings_defaults(hpd_settings *s) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->listen, sizeof s->listen, "127.0.0.1:7070");
+    snprintf(s->worker_listen, sizeof s->worker_listen, "127.0.0.1:0");
+    snprintf(s->http, sizeof s->http, "127.0.0.1:7071");
+    snprintf(s->log_level, sizeof s->log_level, "info");
+    s->on_sigterm = HPD_ON_SIGTERM_CHECKPOINT;
+    s->metrics_retention_s = 600;
+}
+
+bool hpd_settings_key(const char *name, hpd_key *out) {
+    for (int k = 0; k < HPD_KEY_COUNT; k++)
+        if (strcmp(name, KEYS[k].name) == 0) {
+            *out = (hpd_key)k;
+            return true;
+        }
+    return false;
+}
+
+const char *hpd_settings_key_name(hpd_key k) {
+    return k >= 0 && k < HPD_KEY_COUNT ? KEYS[k].name : "?";
+}
+
+bool hpd_settings_key_live(hpd_key k) {
+    return k >= 0 && k < HPD_KEY_COUNT && KEYS[k].live;
+}
+
+/* The string a key is stored in (NULL: not a string key). */
+static char *str_of(hpd_settings *s, hpd_key k, size_t *cap) {
+    char *p = NULL;
+    switch (k) {
+    case HPD_KEY_LISTEN:
+        p = s->listen;
+        break;
+    case HPD_KEY_WORKER_LISTEN:
+        p = s->worker_listen;
+        break;
+    case HPD_KEY_HTTP:
+        p = s->http;
+        break;
+    case HPD_KEY_STATE_DIR:
+        p = s->state_dir;
+        break;
+    case HPD_KEY_TLS_CERT:
+        p = s->tls_cert;
+        break;
+    case HPD_KEY_TLS_KEY:
+        p = s->tls_key;
+        break;
+    case HPD_KEY_WORKER:
+        p = s->worker;
+        break;
+    default:
+        return NULL;
+    }
+    *cap = HPD_VALUE_MAX;
+    return p;
+}
+
+static bool parse_int(const char *v, long lo, long hi, int *out) {
+    if (!*v) return false;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (*end || errno || x < lo || x > hi) return false;
+    *out = (int)x;
+    return true;
+}
+
+/* "HOST:PORT" or "[V6]:PORT" with PORT in [0, 65535]. */
+static bool is_addr(const char *v) {
+    const char *c = strrchr(v, ':');
+    int port;
+    return c && c != v && parse_int(c + 1, 0, 65535, &port);
+}
+
+hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *err) {
+    const char *name = hpd_settings_key_name(k);
+    size_t cap = 0;
+    char *str = str_of(s, k, &cap);
+    if (str) {
+        if (!*v) return hp_errf(err, HP_INVALID, "%s: empty value", name);
+        if (strlen(v) >= cap)
+            return hp_errf(err, HP_INVALID, "%s: longer than %zu bytes", name, cap - 1);
+        if ((k == HPD_KEY_LISTEN || k == HPD_KEY_WORKER_LISTEN ||
+             (k == HPD_KEY_HTTP && strcmp(v, "off") != 0)) &&
+            !is_addr(v))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not HOST:PORT (port in [0, 65535])",
+                           name, v);
+        snprintf(str, cap, "%s", v);
+        return HP_OK;
+    }
+    switch (k) {
+    case HPD_KEY_SLOTS:
+        if (!parse_int(v, 1, 65536, &s->slots))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [1, 65536]", name,
+                           v);
+        return HP_OK;
+    case HPD_KEY_HEARTBEAT_MS:
+        if (!parse_int(v, 10, 600000, &s->heartbeat_ms))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [10, 600000]", name,
+                           v);
+        return HP_OK;
+    case HPD_KEY_METRICS_RETENTION:
+        if (!parse_int(v, 0, 1000000000, &s->metrics_retention_s))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be seconds in [0, 1000000000]", name,
+                           v);
+        return HP_OK;
+    case HPD_KEY_LOG_LEVEL:
+        if (strcmp(v, "debug") && strcmp(v, "info") && strcmp(v, "warn") && strcmp(v, "error"))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not debug|info|warn|error", name, v);
+        snprintf(s->log_level, sizeof s->log_level, "%s", v);
+        return HP_OK;
+    case HPD_KEY_ON_SIGTERM:
+        if (strcmp(v, "checkpoint") == 0)
+            s->on_sigterm = HPD_ON_SIGTERM_CHECKPOINT;
+        else if (strcmp(v, "cancel") == 0)
+            s->on_sigterm = HPD_ON_SIGTERM_CANCEL;
+        else
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not checkpoint|cancel", name, v);
+        return HP_OK;
+    default:
+        return hp_errf(err, HP_INVALID, "unknown key %d", (int)k);
+    }
+}
+
+static bool blank(char c) {
+    return c == ' ' || c == '\t' || c == '\r';
+}
+
+hp_status hpd_settings_parse(hpd_settings *s, const char *name, const char *text, size_t len,
+                             bool *given, hp_err *err) {
+    int first[HPD_KEY_COUNT] = {0}; /* the line that set each key (0: none) */
+    const char *p = text, *end = text + len;
+    for (int line = 1; p < end; line++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *e = nl ? nl : end;
+        const char *next = nl ? nl + 1 : end;
+        /* Cut a comment: '#' first on the line or after a blank. */
+        for (const char *q = p; q < e; q++)
+            if (*q == '#' && (q == p || blank(q[-1]))) {
+                e = q;
+                break;
+            }
+        while (p < e && blank(*p)) p++;
+        while (e > p && blank(e[-1])) e--;
+        if (p == e) {
+            p = next;
+            continue;
+        }
+        const char *eq = memchr(p, '=', (size_t)(e - p));
+        if (!eq)
+            return hp_errf(err, HP_INVALID, "%s:%d: expected 'key = value', got '%.*s'", name, line,
+                           (int)(e - p > 100 ? 100 : e - p), p);
+        const char *ke = eq, *vb = eq + 1;
+        while (ke > p && blank(ke[-1])) ke--;
+        while (vb < e && blank(*vb)) vb++;
+        char key[64], val[HPD_VALUE_MAX + 1];
+        if (ke == p) return hp_errf(err, HP_INVALID, "%s:%d: no key before '='", name, line);
+        if ((size_t)(ke - p) >= sizeof key)
+            return hp_errf(err, HP_INVALID, "%s:%d: unknown key '%.*s...'", name, line, 40, p);
+        memcpy(key, p, (size_t)(ke - p));
+        key[ke - p] = 0;
+        hpd_key k;
+        if (!hpd_settings_key(key, &k))
+            return hp_errf(err, HP_INVALID, "%s:%d: unknown key '%s'", name, line, key);
+        if (vb == e) return hp_errf(err, HP_INVALID, "%s:%d: %s: missing value", name, line, key);
+        if ((size_t)(e - vb) >= sizeof val)
+            return hp_errf(err, HP_INVALID, "%s:%d: %s: longer than %d bytes", name, line, key,
+                           HPD_VALUE_MAX - 1);
+        memcpy(val, vb, (size_t)(e - vb));
+        val[e - vb] = 0;
+        if (memchr(val, 0, (size_t)(e - vb)))
+            return hp_errf(err, HP_INVALID, "%s:%d: %s: a NUL byte in the value", name, line, key);
+        if (first[k])
+            return hp_errf(err, HP_INVALID, "%s:%d: %s: given twice (first at line %d)", name, line,
+                           key, first[k]);
+        hp_status st = hpd_settings_set(s, k, val, err);
+        if (st != HP_OK) {
+            hp_err_prefix(err, "%s:%d", name, line);
+            return st;
+        }
+        first[k] = line;
+        if (given) given[k] = true;
+        p = next;
+    }
+    return HP_OK;
+}
+
+hp_status hpd_settings_load(hpd_settings *s, const char *path, bool *given, hp_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    hp_status st = HP_OK;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (1u << 20)) {
+                st = hp_errf(err, HP_INVALID, "%s: larger than 1 MiB", path);
+                break;
+            }
+            size_t ncap = cap ? cap * 2 : 4096;
+            char *nb = hp_realloc(buf, ncap);
+            if (!nb) {
+                st = hp_errf(err, HP_NOMEM, "%s: out of memory", path);
+                break;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (got == 0) {
+            if (ferror(f)) st = hp_errf(err, HP_IO, "%s: read: %s", path, strerror(errno));
+            break;
+        }
+    }
+    fclose(f);
+    if (st == HP_OK) st = hpd_settings_parse(s, path, buf ? buf : "", len, given, err);
+    hp_free(buf);
+    return st;
+}
+
+void hpd_settings_format(const hpd_settings *s, hpd_key k, char *buf, size_t len) {
+    size_t cap;
+    const char *str = str_of((hpd_settings *)s, k, &cap);
+    if (str)
+        snprintf(buf, len, "%s", str);
+    else if (k == HPD_KEY_SLOTS)
+        snprintf(buf, len, "%d", s->slots);
+    else if (k == HPD_KEY_HEARTBEAT_MS)
+        snprintf(buf, len, "%d", s->heartbeat_ms);
+    else if (k == HPD_KEY_METRICS_RETENTION)
+        snprintf(buf, len, "%d", s->metrics_retention_s);
+    else if (k == HPD_KEY_LOG_LEVEL)
+        snprintf(buf, len, "%s", s->log_level);
+    else if (k == HPD_KEY_ON_SIGTERM)
+        snprintf(buf, len, "%s", s->on_sigterm == HPD_ON_SIGTERM_CANCEL ? "cancel" : "checkpoint");
+    else
+        snprintf(buf, len, "?");
+}
+
+bool hpd_settings_same(const hpd_settings *a, const hpd_settings *b, hpd_key k) {
+    char x[HPD_VALUE_MAX], y[HPD_VALUE_MAX];
+    hpd_settings_format(a, k, x, sizeof x);
+    hpd_settings_format(b, k, y, sizeof y);
+    return strcmp(x, y) == 0;
+}

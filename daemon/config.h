@@ -1,0 +1,76 @@
+/* daemon/config.h — hpd's settings: the keys (config.def), their defaults and checks, and the
+ * config file parser. Pure: no globals, no logging; the file is read once per call and
+ * nothing else is touched. main.c layers them: defaults, then the file (--config or
+ * $HPD_CONFIG), then the flags; SIGHUP does the same again and applies the live keys.
+ *
+ * File format: one `key = value` per line, keys named like the long flags ("slots = 4");
+ * blank lines and lines whose first non-blank character is '#' are ignored, and so is a '#'
+ * preceded by a blank and everything after it. Values are taken verbatim (no quotes), blanks
+ * around them trimmed. A key given twice, an unknown key, a missing '=' or a bad value is an
+ * error "FILE:LINE: ...".
+ */
+#ifndef HP_DAEMON_CONFIG_H
+#define HP_DAEMON_CONFIG_H
+
+#include "hp/base.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef enum {
+#define X(id, key, live) HPD_KEY_##id,
+#include "daemon/config.def"
+#undef X
+    HPD_KEY_COUNT
+} hpd_key;
+
+/* What hpd does with running jobs on SIGTERM/SIGINT. */
+typedef enum {
+    HPD_ON_SIGTERM_CHECKPOINT, /* Stop with a checkpoint; they resume at the next start */
+    HPD_ON_SIGTERM_CANCEL,     /* cancel them (CANCELLED, "coordinator shut down") */
+} hpd_on_sigterm;
+
+#define HPD_VALUE_MAX 1024
+
+typedef struct hpd_settings {
+    char listen[HPD_VALUE_MAX], worker_listen[HPD_VALUE_MAX];
+    char http[HPD_VALUE_MAX];      /* HOST:PORT or "off" */
+    char state_dir[HPD_VALUE_MAX]; /* "": $HP_STATE_DIR or ~/.local/state/hp (main decides) */
+    char tls_cert[HPD_VALUE_MAX], tls_key[HPD_VALUE_MAX];
+    char worker[HPD_VALUE_MAX]; /* "": the launcher's default */
+    char log_level[8];
+    int slots;               /* 0: the CPUs (main decides) */
+    int heartbeat_ms;        /* 0: 1000 */
+    int metrics_retention_s; /* finished jobs stay in /metrics this long (default 600) */
+    hpd_on_sigterm on_sigterm;
+} hpd_settings;
+
+/* The defaults: listen 127.0.0.1:7070, worker-listen 127.0.0.1:0, http 127.0.0.1:7071,
+ * log-level info, on-sigterm checkpoint, metrics-retention 600, the rest "" / 0. */
+void hpd_settings_defaults(hpd_settings *s);
+
+/* The key named `name` ("slots"); false when there is none. */
+bool hpd_settings_key(const char *name, hpd_key *out);
+const char *hpd_settings_key_name(hpd_key k);
+/* Whether SIGHUP can apply a new value of k (slots, log-level, on-sigterm, heartbeat-ms,
+ * metrics-retention). */
+bool hpd_settings_key_live(hpd_key k);
+
+/* Checks value and sets key k. HP_INVALID names the key and the value ("slots: 'x' must be
+ * an integer in [1, 65536]"); s is unchanged then. */
+hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *value, hp_err *err);
+
+/* Parses config text (len bytes, need not be NUL-terminated) into s; `name` is used in
+ * errors ("NAME:LINE: ..."). The keys the text sets are marked in given[] when given is not
+ * NULL (HPD_KEY_COUNT entries). On error s may be partly updated: parse into a copy. */
+hp_status hpd_settings_parse(hpd_settings *s, const char *name, const char *text, size_t len,
+                             bool *given, hp_err *err);
+/* Reads the file at path and parses it (hpd_settings_parse). HP_IO when it cannot be read. */
+hp_status hpd_settings_load(hpd_settings *s, const char *path, bool *given, hp_err *err);
+
+/* Whether key k has the same value in a and b. */
+bool hpd_settings_same(const hpd_settings *a, const hpd_settings *b, hpd_key k);
+/* Formats k's value in s into buf ("4", "cancel", "127.0.0.1:7070"). */
+void hpd_settings_format(const hpd_settings *s, hpd_key k, char *buf, size_t len);
+
+#endif

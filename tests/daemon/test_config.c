@@ -1,0 +1,184 @@
+/* tests/daemon/test_config.c — hpd's settings (daemon/config.c): defaults, a good file, every
+ * error with FILE:LINE and the key, flags over the file, what SIGHUP may change live. */
+#include "daemon/config.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static hp_status parse(hpd_settings *s, const char *text, hp_err *e) {
+    return hpd_settings_parse(s, "hpd.conf", text, strlen(text), NULL, e);
+}
+
+Test(config, defaults) {
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    cr_expect_str_eq(s.listen, "127.0.0.1:7070");
+    cr_expect_str_eq(s.worker_listen, "127.0.0.1:0");
+    cr_expect_str_eq(s.http, "127.0.0.1:7071");
+    cr_expect_str_eq(s.log_level, "info");
+    cr_expect_str_eq(s.state_dir, "");
+    cr_expect_eq(s.slots, 0);
+    cr_expect_eq(s.heartbeat_ms, 0);
+    cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CHECKPOINT);
+}
+
+Test(config, good_file_every_key) {
+    const char *text = "# hpd config\n"
+                       "\n"
+                       "listen = 0.0.0.0:9000\n"
+                       "worker-listen=127.0.0.1:9001\n"
+                       "  state-dir =   /var/lib/hp  \n"
+                       "slots = 4   # four CPUs\n"
+                       "log-level = debug\r\n"
+                       "http = [::1]:7072\n"
+                       "tls-cert = /etc/hp/cert#1.pem\n"
+                       "tls-key = /etc/hp/key.pem\n"
+                       "\t# indented comment\n"
+                       "worker = /opt/hp/bin/hp-worker\n"
+                       "on-sigterm = cancel\n"
+                       "metrics-retention = 30\n"
+                       "heartbeat-ms = 250"; /* no final newline */
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    bool given[HPD_KEY_COUNT] = {0};
+    hp_err e = {0};
+    cr_assert_eq(hpd_settings_parse(&s, "hpd.conf", text, strlen(text), given, &e), HP_OK, "%s",
+                 e.msg);
+    cr_expect_str_eq(s.listen, "0.0.0.0:9000");
+    cr_expect_str_eq(s.worker_listen, "127.0.0.1:9001");
+    cr_expect_str_eq(s.state_dir, "/var/lib/hp");
+    cr_expect_eq(s.slots, 4);
+    cr_expect_str_eq(s.log_level, "debug");
+    cr_expect_str_eq(s.http, "[::1]:7072");
+    cr_expect_str_eq(s.tls_cert, "/etc/hp/cert#1.pem", "a '#' inside a value is kept");
+    cr_expect_str_eq(s.tls_key, "/etc/hp/key.pem");
+    cr_expect_str_eq(s.worker, "/opt/hp/bin/hp-worker");
+    cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CANCEL);
+    cr_expect_eq(s.heartbeat_ms, 250);
+    cr_expect_eq(s.metrics_retention_s, 30);
+    for (int k = 0; k < HPD_KEY_COUNT; k++)
+        cr_expect(given[k], "%s not marked given", hpd_settings_key_name((hpd_key)k));
+}
+
+Test(config, empty_and_comment_only_files) {
+    hpd_settings s, d;
+    hpd_settings_defaults(&s);
+    hpd_settings_defaults(&d);
+    hp_err e = {0};
+    cr_expect_eq(parse(&s, "", &e), HP_OK);
+    cr_expect_eq(parse(&s, "\n\n# nothing\n   \n", &e), HP_OK, "%s", e.msg);
+    cr_expect_eq(memcmp(&s, &d, sizeof s), 0);
+}
+
+typedef struct bad {
+    const char *text, *want;
+} bad;
+
+Test(config, errors_name_file_line_and_key) {
+    static const bad cases[] = {
+        {"slots = 2\nfoo = 1\n", "hpd.conf:2: unknown key 'foo'"},
+        {"# c\n\nslots 4\n", "hpd.conf:3: expected 'key = value', got 'slots 4'"},
+        {"= 4\n", "hpd.conf:1: no key before '='"},
+        {"slots =\n", "hpd.conf:1: slots: missing value"},
+        {"slots = # none\n", "hpd.conf:1: slots: missing value"},
+        {"slots = four\n", "hpd.conf:1: slots: 'four' must be an integer in [1, 65536]"},
+        {"slots = 0\n", "hpd.conf:1: slots: '0' must be an integer in [1, 65536]"},
+        {"slots = 70000\n", "hpd.conf:1: slots: '70000' must be an integer in [1, 65536]"},
+        {"\nlog-level = verbose\n",
+         "hpd.conf:2: log-level: 'verbose' is not debug|info|warn|error"},
+        {"on-sigterm = leave\n", "hpd.conf:1: on-sigterm: 'leave' is not checkpoint|cancel"},
+        {"heartbeat-ms = 5\n", "hpd.conf:1: heartbeat-ms: '5' must be an integer in [10, 600000]"},
+        {"metrics-retention = -1\n",
+         "hpd.conf:1: metrics-retention: '-1' must be seconds in [0, 1000000000]"},
+        {"listen = localhost\n", "hpd.conf:1: listen: 'localhost' is not HOST:PORT"},
+        {"http = h:99999\n", "hpd.conf:1: http: 'h:99999' is not HOST:PORT"},
+        {"slots = 2\nslots = 3\n", "hpd.conf:2: slots: given twice (first at line 1)"},
+        {"Slots = 2\n", "hpd.conf:1: unknown key 'Slots'"},
+        {"--slots = 2\n", "hpd.conf:1: unknown key '--slots'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        hpd_settings s;
+        hpd_settings_defaults(&s);
+        hp_err e = {0};
+        cr_expect_eq(parse(&s, cases[i].text, &e), HP_INVALID, "case %zu accepted", i);
+        cr_expect(strstr(e.msg, cases[i].want), "case %zu: got '%s', want '%s'", i, e.msg,
+                  cases[i].want);
+    }
+    /* An error needs no err to report into. */
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    cr_expect_eq(parse(&s, "slots = x\n", NULL), HP_INVALID);
+}
+
+Test(config, load_file_and_flags_override) {
+    char path[] = "/tmp/hp-config-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    const char *text = "slots = 3\nlog-level = warn\non-sigterm = cancel\n";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    hp_err e = {0};
+    cr_assert_eq(hpd_settings_load(&s, path, NULL, &e), HP_OK, "%s", e.msg);
+    /* main applies the flags after the file: the flag wins */
+    cr_assert_eq(hpd_settings_set(&s, HPD_KEY_SLOTS, "5", &e), HP_OK, "%s", e.msg);
+    cr_expect_eq(s.slots, 5);
+    cr_expect_str_eq(s.log_level, "warn");
+    cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CANCEL);
+    unlink(path);
+    cr_expect_eq(hpd_settings_load(&s, path, NULL, &e), HP_IO);
+    cr_expect(strstr(e.msg, path) && strstr(e.msg, "No such file"), "%s", e.msg);
+
+    /* errors in a file name the file */
+    snprintf(path, sizeof path, "/tmp/hp-config-XXXXXX");
+    fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, "\nbogus = 1\n", 11), 11);
+    close(fd);
+    cr_expect_eq(hpd_settings_load(&s, path, NULL, &e), HP_INVALID);
+    char want[64];
+    snprintf(want, sizeof want, "%s:2: unknown key 'bogus'", path);
+    cr_expect(strstr(e.msg, want), "got '%s'", e.msg);
+    unlink(path);
+}
+
+Test(config, bad_set_leaves_the_value) {
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    hp_err e = {0};
+    cr_assert_eq(hpd_settings_set(&s, HPD_KEY_SLOTS, "2", &e), HP_OK);
+    cr_expect_eq(hpd_settings_set(&s, HPD_KEY_SLOTS, "2x", &e), HP_INVALID);
+    cr_expect_eq(s.slots, 2);
+    cr_expect_eq(hpd_settings_set(&s, HPD_KEY_HTTP, "off", &e), HP_OK, "%s", e.msg);
+    cr_expect_str_eq(s.http, "off");
+    cr_expect_eq(hpd_settings_set(&s, HPD_KEY_STATE_DIR, "", &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "state-dir: empty value"), "%s", e.msg);
+}
+
+Test(config, keys_live_and_compare) {
+    hpd_key k;
+    cr_assert(hpd_settings_key("heartbeat-ms", &k));
+    cr_expect_eq(k, HPD_KEY_HEARTBEAT_MS);
+    cr_expect_not(hpd_settings_key("nope", &k));
+    cr_expect(hpd_settings_key_live(HPD_KEY_SLOTS));
+    cr_expect(hpd_settings_key_live(HPD_KEY_LOG_LEVEL));
+    cr_expect(hpd_settings_key_live(HPD_KEY_ON_SIGTERM));
+    cr_expect(hpd_settings_key_live(HPD_KEY_HEARTBEAT_MS));
+    cr_expect_not(hpd_settings_key_live(HPD_KEY_LISTEN));
+    cr_expect_not(hpd_settings_key_live(HPD_KEY_STATE_DIR));
+    cr_expect_not(hpd_settings_key_live(HPD_KEY_TLS_CERT));
+    cr_expect_not(hpd_settings_key_live(HPD_KEY_HTTP));
+    hpd_settings a, b;
+    hpd_settings_defaults(&a);
+    hpd_settings_defaults(&b);
+    for (int i = 0; i < HPD_KEY_COUNT; i++) cr_expect(hpd_settings_same(&a, &b, (hpd_key)i));
+    b.on_sigterm = HPD_ON_SIGTERM_CANCEL;
+    cr_expect_not(hpd_settings_same(&a, &b, HPD_KEY_ON_SIGTERM));
+    char buf[32];
+    hpd_settings_format(&b, HPD_KEY_ON_SIGTERM, buf, sizeof buf);
+    cr_expect_str_eq(buf, "cancel");
+}

@@ -1,0 +1,351 @@
+/* tests/daemon/test_hpd_config.c — the real hpd with a config file (--config, $HPD_CONFIG)
+ * and signals, driven by the real hpctl on 127.0.0.1 (port 0, a temp state dir): a bad file
+ * stops the start with exit 2 naming FILE:LINE; flags win over the file; SIGHUP applies
+ * log-level and slots live (a queued job starts), logs restart-only keys as "needs a restart",
+ * and keeps the old config when the file is broken; --on-sigterm cancel (also set by SIGHUP)
+ * leaves the running jobs CANCELLED after a restart. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef HP_BINARY_DIR
+#define HP_BINARY_DIR "."
+#endif
+
+typedef struct run {
+    int code;
+    char *out, *err;
+} run;
+
+static char g_dir[256];  /* temp dir: state/, config, job files, captured output */
+static char g_conf[300]; /* g_dir/hpd.conf */
+static char g_log[300];  /* hpd's stderr (appended across starts) */
+static char g_addr[64];
+static pid_t g_hpd = -1;
+static const char *g_bin;
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return strdup("");
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    cr_assert(s);
+    size_t got = fread(s, 1, (size_t)n, f);
+    s[got] = 0;
+    fclose(f);
+    return s;
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+static run hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static run hpctl(const char *fmt, ...) {
+    char args[2048], cmd[4096], p[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "timeout 300 %s/client/hpctl %s >%s/out 2>%s/err", g_bin, args, g_dir,
+             g_dir);
+    int st = system(cmd);
+    run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    snprintf(p, sizeof p, "%s/out", g_dir);
+    r.out = slurp(p);
+    snprintf(p, sizeof p, "%s/err", g_dir);
+    r.err = slurp(p);
+    return r;
+}
+
+static void run_free(run *r) {
+    free(r->out);
+    free(r->err);
+}
+
+static void setup(void) {
+    const char *b = getenv("HP_BINARY_DIR");
+    g_bin = b && *b ? b : HP_BINARY_DIR;
+    snprintf(g_dir, sizeof g_dir, "/tmp/hp-hpd-config-XXXXXX");
+    cr_assert(mkdtemp(g_dir));
+    char state[300];
+    snprintf(state, sizeof state, "%s/state", g_dir);
+    cr_assert_eq(mkdir(state, 0700), 0);
+    snprintf(g_conf, sizeof g_conf, "%s/hpd.conf", g_dir);
+    snprintf(g_log, sizeof g_log, "%s/hpd.err", g_dir);
+    setenv("HP_STATE_DIR", state, 1);
+    unsetenv("HP_TOKEN");
+    unsetenv("HPD_CONFIG");
+}
+
+/* Starts hpd with the state dir, port 0 and extra (NULL-terminated) args; stderr goes to
+ * g_log. Returns once it printed its listening line. */
+static void start_hpd(const char *arg, ...) {
+    const char *argv[32];
+    int n = 0;
+    char hpd[512];
+    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", g_bin);
+    argv[n++] = hpd;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--worker-listen";
+    argv[n++] = "127.0.0.1:0";
+    va_list ap;
+    va_start(ap, arg);
+    for (const char *a = arg; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = a;
+    va_end(ap);
+    argv[n] = NULL;
+    int fds[2];
+    cr_assert_eq(pipe(fds), 0);
+    g_hpd = fork();
+    cr_assert(g_hpd >= 0);
+    if (g_hpd == 0) {
+        dup2(fds[1], 1);
+        FILE *e = fopen(g_log, "a");
+        if (e) dup2(fileno(e), 2);
+        close(fds[0]);
+        close(fds[1]);
+        execv(hpd, (char **)argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    char buf[4096];
+    size_t got = 0;
+    g_addr[0] = 0;
+    time_t t0 = time(NULL);
+    while (!g_addr[0] && time(NULL) - t0 < 30 && got < sizeof buf - 1) {
+        struct pollfd pf = {fds[0], POLLIN, 0};
+        if (poll(&pf, 1, 500) <= 0) continue;
+        ssize_t k = read(fds[0], buf + got, sizeof buf - 1 - got);
+        if (k <= 0) break;
+        got += (size_t)k;
+        buf[got] = 0;
+        char *g = strstr(buf, "grpc=");
+        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", g_addr);
+    }
+    close(fds[0]);
+    char *log = slurp(g_log);
+    cr_assert(g_addr[0], "hpd did not come up; stderr: %s", log);
+    free(log);
+    setenv("HP_SERVER", g_addr, 1);
+}
+
+/* SIGTERM, then expects exit 0 within 30 s. */
+static void stop_hpd(void) {
+    if (g_hpd <= 0) return;
+    kill(g_hpd, SIGTERM);
+    int st = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 300 && (w = waitpid(g_hpd, &st, WNOHANG)) == 0; i++) usleep(100000);
+    if (w == 0) {
+        kill(g_hpd, SIGKILL);
+        waitpid(g_hpd, &st, 0);
+        cr_expect(0, "hpd did not exit within 30 s of SIGTERM");
+    } else {
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hpd exit status %d", st);
+    }
+    g_hpd = -1;
+}
+
+static void teardown(void) {
+    stop_hpd();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+TestSuite(hpd_config, .init = setup, .fini = teardown, .timeout = 300);
+
+/* Runs hpd to its exit (a start that must fail); *err gets its stderr. */
+static int hpd_exit_code(const char *args, char **err) {
+    char cmd[2048], p[400];
+    snprintf(p, sizeof p, "%s/start.err", g_dir);
+    snprintf(cmd, sizeof cmd,
+             "timeout 30 %s/daemon/hpd --listen 127.0.0.1:0 --worker-listen 127.0.0.1:0 %s "
+             ">/dev/null 2>%s",
+             g_bin, args, p);
+    int st = system(cmd);
+    *err = slurp(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void new_job(const char *name, int steps) {
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps %d -o %s/%s",
+                  steps, g_dir, name);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    run_free(&r);
+}
+
+static char *submit(const char *job) {
+    run r = hpctl("submit %s/%s", g_dir, job);
+    cr_assert_eq(r.code, 0, "submit: %s", r.err);
+    char *nl = strchr(r.out, '\n');
+    if (nl) *nl = 0;
+    char *id = strdup(r.out);
+    run_free(&r);
+    return id;
+}
+
+static char *job_state(const char *id) {
+    run r = hpctl("status %s --json", id);
+    cr_assert_eq(r.code, 0, "status: %s", r.err);
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    cr_assert(j, "not JSON: %s", r.out);
+    char *s = strdup(json_string_value(json_object_get(j, "state")));
+    json_decref(j);
+    run_free(&r);
+    return s;
+}
+
+/* Waits up to ms for job id to be in state want. */
+static bool wait_state(const char *id, const char *want, int ms) {
+    for (int i = 0; i < ms / 100; i++) {
+        char *st = job_state(id);
+        bool ok = strcmp(st, want) == 0;
+        free(st);
+        if (ok) return true;
+        usleep(100000);
+    }
+    return false;
+}
+
+/* Waits up to ms for hpd's stderr to contain s. */
+static bool log_has(const char *s, int ms) {
+    for (int i = 0;; i++) {
+        char *log = slurp(g_log);
+        bool ok = strstr(log, s) != NULL;
+        free(log);
+        if (ok || i >= ms / 50) return ok;
+        usleep(50000);
+    }
+}
+
+Test(hpd_config, bad_file_stops_the_start_naming_file_and_line) {
+    write_file(g_conf, "# hpd\nslots = 2\n\nbogus = 1\n");
+    char args[600], want[400], *err;
+    snprintf(args, sizeof args, "--config %s", g_conf);
+    cr_expect_eq(hpd_exit_code(args, &err), 2);
+    snprintf(want, sizeof want, "%s:4: unknown key 'bogus'", g_conf);
+    cr_expect(strstr(err, want), "stderr: %s", err);
+    free(err);
+
+    write_file(g_conf, "slots = many\n");
+    setenv("HPD_CONFIG", g_conf, 1); /* the environment names the file */
+    cr_expect_eq(hpd_exit_code("", &err), 2);
+    snprintf(want, sizeof want, "%s:1: slots: 'many' must be an integer", g_conf);
+    cr_expect(strstr(err, want), "stderr: %s", err);
+    free(err);
+    unsetenv("HPD_CONFIG");
+
+    write_file(g_conf, "log-level\n");
+    snprintf(args, sizeof args, "--config %s", g_conf);
+    cr_expect_eq(hpd_exit_code(args, &err), 2);
+    snprintf(want, sizeof want, "%s:1: expected 'key = value', got 'log-level'", g_conf);
+    cr_expect(strstr(err, want), "stderr: %s", err);
+    free(err);
+
+    cr_expect_eq(hpd_exit_code("--on-sigterm leave", &err), 2);
+    cr_expect(strstr(err, "--on-sigterm: 'leave' is not checkpoint|cancel"), "stderr: %s", err);
+    free(err);
+    snprintf(args, sizeof args, "--config %s/nope.conf", g_dir);
+    cr_expect_eq(hpd_exit_code(args, &err), 2);
+    cr_expect(strstr(err, "nope.conf: No such file"), "stderr: %s", err);
+    free(err);
+}
+
+Test(hpd_config, flags_win_over_the_file) {
+    write_file(g_conf, "slots = 1\nlog-level = info\nhttp = off\n");
+    start_hpd("--config", g_conf, "--slots", "3", (char *)NULL);
+    cr_expect(log_has("event=ready", 5000) && log_has(" slots=3 ", 0), "the flag did not win");
+}
+
+Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
+    write_file(g_conf, "# live test\nlog-level = warn\nslots = 1\nhttp = off\n");
+    start_hpd("--config", g_conf, (char *)NULL);
+    usleep(200000);
+    cr_expect_not(log_has("event=ready", 0), "log-level warn still logs info lines");
+
+    new_job("long.pb", 1000000);
+    char *a = submit("long.pb"), *b = submit("long.pb");
+    cr_assert(wait_state(a, "RUNNING", 60000), "the first job never ran");
+    usleep(500000);
+    char *st = job_state(b);
+    cr_expect_str_eq(st, "QUEUED", "one slot: the second job waits");
+    free(st);
+
+    write_file(g_conf, "log-level = info\nslots = 2\nhttp = off\nworker = /nonexistent/hp-worker\n"
+                       "on-sigterm = cancel\nheartbeat-ms = 500\n");
+    kill(g_hpd, SIGHUP);
+    cr_expect(wait_state(b, "RUNNING", 60000),
+              "slots 2 after SIGHUP: the queued job did not start");
+    cr_expect(log_has("event=config_changed key=slots from=1 to=2", 5000));
+    cr_expect(log_has("event=config_changed key=log-level from=warn to=info", 0));
+    cr_expect(log_has("event=config_changed key=on-sigterm from=checkpoint to=cancel", 0));
+    cr_expect(log_has("event=config_changed key=heartbeat-ms from=0 to=500", 0));
+    cr_expect(
+        log_has("key=worker from=\"\" to=\"/nonexistent/hp-worker\" note=\"needs a restart\"", 0));
+    cr_expect(log_has("event=reload signal=SIGHUP", 0), "info lines show after the reload");
+
+    write_file(g_conf, "slots = 2\nslots = 3\n");
+    kill(g_hpd, SIGHUP);
+    char want[400];
+    snprintf(want, sizeof want, "%s:2: slots: given twice", g_conf);
+    cr_expect(log_has("event=reload_failed", 5000) && log_has(want, 0), "no reload_failed line");
+    cr_expect_eq(kill(g_hpd, 0), 0, "hpd died of a broken config");
+    st = job_state(a);
+    cr_expect_str_eq(st, "RUNNING", "the running jobs are not touched");
+    free(st);
+
+    /* on-sigterm became cancel: SIGTERM cancels both; a restarted hpd shows them CANCELLED */
+    stop_hpd();
+    cr_expect(log_has("reason=\"cancelled: coordinator shut down\"", 0));
+    write_file(g_conf, "http = off\n");
+    start_hpd("--config", g_conf, (char *)NULL);
+    st = job_state(a);
+    cr_expect_str_eq(st, "CANCELLED");
+    free(st);
+    st = job_state(b);
+    cr_expect_str_eq(st, "CANCELLED");
+    free(st);
+    free(a);
+    free(b);
+}
+
+Test(hpd_config, on_sigterm_cancel_leaves_jobs_cancelled_after_a_restart) {
+    write_file(g_conf, "http = off\n");
+    start_hpd("--config", g_conf, "--on-sigterm", "cancel", (char *)NULL);
+    new_job("long.pb", 1000000);
+    new_job("short.pb", 3);
+    char *done = submit("short.pb");
+    cr_assert(wait_state(done, "SUCCEEDED", 60000));
+    char *id = submit("long.pb");
+    cr_assert(wait_state(id, "RUNNING", 60000), "the job never ran");
+    stop_hpd();
+    start_hpd("--config", g_conf, (char *)NULL); /* the default policy again: nothing to do */
+    char *st = job_state(id);
+    cr_expect_str_eq(st, "CANCELLED");
+    free(st);
+    st = job_state(done);
+    cr_expect_str_eq(st, "SUCCEEDED", "a finished job stays as it was");
+    free(st);
+    cr_expect(log_has("to=CANCELLED reason=\"cancelled: coordinator shut down\"", 0));
+    free(id);
+    free(done);
+}
