@@ -350,35 +350,45 @@ hp_status hp__mkdir_p(const char *path, hp_err *err) {
     return mkdir_p(path, err);
 }
 
-hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *request_id,
-                     hpd_job_view *out, hp_err *err) {
-    if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
-    if (request_id && *request_id) {
-        if (strlen(request_id) >= sizeof((hpd_job *)0)->request_id)
-            return hp_errf(err, HP_INVALID, "request_id: longer than 63 bytes");
-        for (hpd_job *j = d->jobs; j; j = j->next)
-            if (strcmp(j->request_id, request_id) == 0) {
-                *out = j->v;
-                return HP_OK;
-            }
-    }
-    hp_job *job = NULL;
-    HP_TRY(hp_job_unpack(bytes, len, &job, err));
-    hp_status st = HP_OK;
-    if (job->resources.world_size > d->slots) {
-        st = hp_errf(err, HP_INVALID,
-                     "resources.world_size: %d ranks exceed the coordinator's %d slots",
-                     job->resources.world_size, d->slots);
-        goto out;
-    }
+/* A retried submit (same request_id) gets the job it made: *found. */
+static hp_status submit_dup(hpd *d, const char *request_id, hpd_job_view *out, bool *found,
+                            hp_err *err) {
+    *found = false;
+    if (!request_id || !*request_id) return HP_OK;
+    if (strlen(request_id) >= sizeof((hpd_job *)0)->request_id)
+        return hp_errf(err, HP_INVALID, "request_id: longer than 63 bytes");
+    for (hpd_job *j = d->jobs; j; j = j->next)
+        if (strcmp(j->request_id, request_id) == 0) {
+            *out = j->v;
+            *found = true;
+            break;
+        }
+    return HP_OK;
+}
+
+/* Decodes and compiles the job at its world size (any thread: touches no hpd state). *job is
+ * the caller's to free, whatever the result. */
+static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, hp_job **job,
+                                 hp_err *err) {
+    *job = NULL;
+    HP_TRY(hp_job_unpack(bytes, len, job, err));
+    if ((*job)->resources.world_size > slots)
+        return hp_errf(err, HP_INVALID,
+                       "resources.world_size: %d ranks exceed the coordinator's %d slots",
+                       (*job)->resources.world_size, slots);
     hp_compiled *c = NULL;
-    st = hp_compile(job, job->resources.world_size, &c, err);
+    hp_status st = hp_compile(*job, (*job)->resources.world_size, &c, err);
     hp_compiled_free(c);
     if (st != HP_OK) {
         if (st != HP_NOMEM) st = HP_INVALID; /* the job does not compile: the caller's fault */
         if (err) err->status = st;
-        goto out;
     }
+    return st;
+}
+
+/* Stores the validated job and links it (the loop). */
+static hp_status submit_commit(hpd *d, const uint8_t *bytes, size_t len, const char *request_id,
+                               const hp_job *job, hpd_job_view *out, hp_err *err) {
     hpd_store_row r;
     memset(&r, 0, sizeof r);
     snprintf(r.name, sizeof r.name, "%s", job->name);
@@ -390,14 +400,11 @@ hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *reque
     snprintf(r.request_id, sizeof r.request_id, "%s", request_id ? request_id : "");
     /* The memory first, so that a job the store has is never missing from memory. */
     hpd_job *j = job_new(&r, err);
-    if (!j) {
-        st = HP_NOMEM;
-        goto out;
-    }
-    st = hpd_store_insert(d->store, &r, err);
+    if (!j) return HP_NOMEM;
+    hp_status st = hpd_store_insert(d->store, &r, err);
     if (st != HP_OK) {
         job_free(j);
-        goto out;
+        return st;
     }
     snprintf(j->v.id, sizeof j->v.id, "%s", r.id);
     j->v.created_unix_s = j->v.updated_unix_s = r.created;
@@ -408,13 +415,103 @@ hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *reque
     j->max_restarts = job->resources.max_restarts;
     hp__log("info", "event=submitted job=%s name=\"%s\" world=%d steps=%lld", j->v.id, j->v.name,
             j->v.world_size, (long long)j->v.total_steps);
-    *out = j->v;
     hp__core_tick(d);
     *out = j->v;
     hp__obs_publish(d); /* a client that submitted finds the job over HTTP at once */
-out:
+    return HP_OK;
+}
+
+hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *request_id,
+                     hpd_job_view *out, hp_err *err) {
+    if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
+    bool found;
+    HP_TRY(submit_dup(d, request_id, out, &found, err));
+    if (found) return HP_OK;
+    hp_job *job = NULL;
+    hp_status st = submit_validate(bytes, len, d->slots, &job, err);
+    if (st == HP_OK) st = submit_commit(d, bytes, len, request_id, job, out, err);
     hp_job_free(job);
     return st;
+}
+
+struct hpd_submit_req {
+    uv_work_t work;
+    hpd *d;
+    uint8_t *bytes;
+    size_t len;
+    char request_id[64];
+    int slots;
+    hpd_submit_fn fn; /* NULL: cancelled */
+    void *ctx;
+    hp_job *job;
+    hp_status st;
+    hp_err err;
+};
+
+static void submit_work(uv_work_t *w) { /* a pool thread */
+    hpd_submit_req *r = w->data;
+    r->st = submit_validate(r->bytes, r->len, r->slots, &r->job, &r->err);
+}
+
+static void submit_after(uv_work_t *w, int status) { /* the loop */
+    hpd_submit_req *r = w->data;
+    hpd *d = r->d;
+    hpd_job_view v;
+    memset(&v, 0, sizeof v);
+    hp_status st = r->st;
+    bool found = false;
+    if (status == UV_ECANCELED || d->stopping)
+        st = hp_errf(&r->err, HP_LIMIT, "the coordinator is shutting down");
+    /* What may have changed while it compiled: a twin committed, fewer slots. */
+    if (st == HP_OK) st = submit_dup(d, r->request_id, &v, &found, &r->err);
+    if (st == HP_OK && !found && r->job->resources.world_size > d->slots)
+        st = hp_errf(&r->err, HP_INVALID,
+                     "resources.world_size: %d ranks exceed the coordinator's %d slots",
+                     r->job->resources.world_size, d->slots);
+    /* A client that went away still gets its job (a retry with its request_id finds it). */
+    if (st == HP_OK && !found)
+        st = submit_commit(d, r->bytes, r->len, r->request_id, r->job, &v, &r->err);
+    if (r->fn) r->fn(r->ctx, st, st == HP_OK ? &v : NULL, &r->err);
+    hp_job_free(r->job);
+    hp_free(r->bytes);
+    hp_free(r);
+}
+
+hp_status hpd_submit_async(hpd *d, const uint8_t *bytes, size_t len, const char *request_id,
+                           hpd_submit_fn fn, void *ctx, hpd_submit_req **out, hp_err *err) {
+    *out = NULL;
+    if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
+    hpd_job_view v;
+    bool found;
+    HP_TRY(submit_dup(d, request_id, &v, &found, err));
+    if (found) {
+        fn(ctx, HP_OK, &v, NULL);
+        return HP_OK;
+    }
+    hpd_submit_req *r = hp_calloc(1, sizeof *r);
+    uint8_t *copy = hp_malloc(len ? len : 1);
+    if (!r || !copy) {
+        hp_free(r);
+        hp_free(copy);
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    }
+    memcpy(copy, bytes, len);
+    *r = (hpd_submit_req){
+        .d = d, .bytes = copy, .len = len, .slots = d->slots, .fn = fn, .ctx = ctx};
+    snprintf(r->request_id, sizeof r->request_id, "%s", request_id ? request_id : "");
+    r->work.data = r;
+    int rc = uv_queue_work(d->loop, &r->work, submit_work, submit_after);
+    if (rc != 0) {
+        hp_free(copy);
+        hp_free(r);
+        return hp_errf(err, HP_NOMEM, "cannot queue the submit: %s", uv_strerror(rc));
+    }
+    *out = r;
+    return HP_OK;
+}
+
+void hpd_submit_cancel(hpd_submit_req *r) {
+    if (r) r->fn = NULL;
 }
 
 static bool state_in(Hp__V1__JobState s, const Hp__V1__JobState *states, int n) {

@@ -43,6 +43,16 @@ typedef struct hpd_job_view {
  * of the world). request_id (may be NULL/"") makes retries idempotent. */
 hp_status hpd_submit(hpd *d, const uint8_t *job, size_t len, const char *request_id,
                      hpd_job_view *out, hp_err *err);
+/* hpd_submit without blocking the loop: the job is decoded and compiled (the check) on libuv's
+ * thread pool, then stored on the loop. fn(ctx, status, view or NULL, err) is called once, on
+ * the loop — at once, before this returns, for a retried request_id (*out is NULL then).
+ * Errors queueing it are returned (fn is not called). The job is stored even when the
+ * request was cancelled meanwhile (hpd_submit_cancel: fn is not called). */
+typedef struct hpd_submit_req hpd_submit_req;
+typedef void (*hpd_submit_fn)(void *ctx, hp_status st, const hpd_job_view *v, const hp_err *err);
+hp_status hpd_submit_async(hpd *d, const uint8_t *job, size_t len, const char *request_id,
+                           hpd_submit_fn fn, void *ctx, hpd_submit_req **out, hp_err *err);
+void hpd_submit_cancel(hpd_submit_req *r);
 hp_status hpd_get(hpd *d, const char *id, hpd_job_view *out, hp_err *err);
 /* Newest first. states: filter (n_states 0: all). page_size 0: 50, at most 1000. page_token:
  * "" for the first page; *next gets the next page's token ("" at the end). *out is

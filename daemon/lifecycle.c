@@ -21,6 +21,7 @@
 #define MISSED_HEARTBEATS 3
 
 #define ST_QUEUED     HP__V1__JOB_STATE__JOB_STATE_QUEUED
+#define ST_COMPILING  HP__V1__JOB_STATE__JOB_STATE_COMPILING
 #define ST_LAUNCHING  HP__V1__JOB_STATE__JOB_STATE_LAUNCHING
 #define ST_RUNNING    HP__V1__JOB_STATE__JOB_STATE_RUNNING
 #define ST_RESTARTING HP__V1__JOB_STATE__JOB_STATE_RESTARTING
@@ -110,15 +111,18 @@ void hp__on_checkpoint_done(hpd *d, hpd_job *j, int rank, const Hp__V1__Checkpoi
     }
 }
 
-/* Frees what the attempt holds once its processes are gone. */
+/* Frees what the attempt holds once its processes are gone (the program too when the job is
+ * over). */
 static void release_attempt(hpd *d, hpd_job *j) {
     if (j->ranks)
         for (int r = 0; r < j->v.world_size; r++)
             if (j->ranks[r].conn) hp__conn_close(j->ranks[r].conn, "attempt over");
     hp_free(j->ranks);
     j->ranks = NULL;
-    hp_compiled_free(j->compiled);
-    j->compiled = NULL;
+    if (hpd_sm_is_final(j->v.state)) { /* a restart reuses the program */
+        hp_compiled_free(j->compiled);
+        j->compiled = NULL;
+    }
 }
 
 static void hex_token(char out[65]) {
@@ -178,6 +182,51 @@ static void launch(hpd *d, hpd_job *j) {
         log_err("transition_failed", j, &e2);
 }
 
+/* Compiling runs on libuv's thread pool (a 405B graph at world 64 takes ~75 ms): the loop goes
+ * on serving. The job's packed bytes are immutable and the job outlives the work (jobs are
+ * freed only by hpd_free, after the loop ran dry), so the worker thread reads them freely. */
+typedef struct compile_work {
+    uv_work_t req;
+    hpd *d;
+    hpd_job *j;
+    int world;
+    hp_compiled *out;
+    hp_status st;
+    hp_err err;
+} compile_work;
+
+static void compile_run(uv_work_t *req) { /* a pool thread */
+    compile_work *w = req->data;
+    hp_job *job = NULL;
+    w->st = hp_job_unpack(w->j->packed, w->j->packed_len, &job, &w->err);
+    if (w->st == HP_OK) w->st = hp_compile(job, w->world, &w->out, &w->err);
+    hp_job_free(job);
+}
+
+static void compile_done(uv_work_t *req, int status) { /* the loop */
+    compile_work *w = req->data;
+    hpd *d = w->d;
+    hpd_job *j = w->j;
+    hp_err e2 = {0};
+    if (status == UV_ECANCELED || d->stopping || j->v.state != ST_COMPILING) {
+        /* cancelled meanwhile, or shutting down (the job stays COMPILING in the store and
+         * recovery takes it at the next start) */
+        hp_compiled_free(w->out);
+    } else if (w->st != HP_OK) {
+        if (hp__transition(d, j, HPD_EV_COMPILE_FAILED, w->err.msg, w->err.msg, &e2) != HP_OK)
+            log_err("transition_failed", j, &e2);
+    } else {
+        hp_compiled_free(j->compiled);
+        j->compiled = w->out;
+        if (hp__transition(d, j, HPD_EV_COMPILED, "compiled", NULL, &e2) != HP_OK)
+            log_err("transition_failed", j, &e2);
+        else
+            launch(d, j);
+    }
+    hp_free(w);
+    hp__core_tick(d);
+}
+
 static void start_job(hpd *d, hpd_job *j) {
     hp_err e = {0};
     if (hp__transition(d, j, HPD_EV_SCHEDULE, "scheduled", NULL, &e) != HP_OK) {
@@ -186,23 +235,21 @@ static void start_job(hpd *d, hpd_job *j) {
     }
     j->holds_slots = true;
     d->slots_used += j->v.world_size;
-    /* Compiling is quick for the jobs a single coordinator runs (the debugmodel: ms); a big
-     * graph would belong on a uv_work thread. */
-    hp_job *job = NULL;
-    hp_status st = hp_job_unpack(j->packed, j->packed_len, &job, &e);
-    if (st == HP_OK) st = hp_compile(job, j->v.world_size, &j->compiled, &e);
-    hp_job_free(job);
-    hp_err e2 = {0};
-    if (st != HP_OK) {
+    compile_work *w = hp_calloc(1, sizeof *w);
+    int rc = UV_ENOMEM;
+    if (w) {
+        *w = (compile_work){.d = d, .j = j, .world = j->v.world_size};
+        w->req.data = w;
+        rc = uv_queue_work(d->loop, &w->req, compile_run, compile_done);
+    }
+    if (rc != 0) {
+        hp_free(w);
+        hp_errf(&e, HP_NOMEM, "cannot queue the compile: %s", uv_strerror(rc));
+        hp_err e2 = {0};
         if (hp__transition(d, j, HPD_EV_COMPILE_FAILED, e.msg, e.msg, &e2) != HP_OK)
             log_err("transition_failed", j, &e2);
         return;
     }
-    if (hp__transition(d, j, HPD_EV_COMPILED, "compiled", NULL, &e2) != HP_OK) {
-        log_err("transition_failed", j, &e2);
-        return;
-    }
-    launch(d, j);
 }
 
 static int connected(const hpd_job *j) {

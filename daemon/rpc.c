@@ -114,11 +114,12 @@ typedef struct rpc_call {
     bool has_details;
     /* WatchJob */
     hpd_watch *watch;
-    bool watching;   /* hpd_watch_start succeeded and the watch has not ended */
-    bool watch_over; /* the watch delivered its final NULL */
-    bool batch;      /* the client accepts JobEvent{batch} */
-    bool flushing;   /* the flush timer is pumping it: send whatever waits */
-    bool in_wq;      /* on s->wq (batched watchers the flush timer visits) */
+    bool watching;          /* hpd_watch_start succeeded and the watch has not ended */
+    bool watch_over;        /* the watch delivered its final NULL */
+    bool batch;             /* the client accepts JobEvent{batch} */
+    hpd_submit_req *submit; /* SubmitJob: the compile check in flight (hpd_submit_async) */
+    bool flushing;          /* the flush timer is pumping it: send whatever waits */
+    bool in_wq;             /* on s->wq (batched watchers the flush timer visits) */
     struct rpc_call *wq_next, *wq_prev;
     grpc_slice *q; /* ring of queued encoded events (refs on slices shared among watchers) */
     size_t q_cap, q_first, q_n;
@@ -253,6 +254,7 @@ static void wq_remove(rpc_call *c) {
 
 static void call_free(rpc_call *c) {
     wq_remove(c);
+    hpd_submit_cancel(c->submit); /* its answer has no one to go to */
     if (c->watching && c->watch) hpd_watch_stop(c->watch);
     q_clear(c);
     hp_free(c->q);
@@ -461,6 +463,21 @@ static void job_info(job_info_buf *b, hpd_job_view *v) {
 
 /* ---- handlers (loop thread) --------------------------------------------------------------- */
 
+static void on_submitted(void *ctx, hp_status st, const hpd_job_view *v, const hp_err *err) {
+    rpc_call *c = ctx;
+    c->submit = NULL;
+    if (st != HP_OK) {
+        reply_err(c, st, err);
+        return;
+    }
+    hpd_job_view copy = *v; /* job_info points into it */
+    job_info_buf b;
+    job_info(&b, &copy);
+    Hp__V1__SubmitJobResponse resp = HP__V1__SUBMIT_JOB_RESPONSE__INIT;
+    resp.job = &b.info;
+    reply_msg(c, &resp.base);
+}
+
 static void h_submit(rpc_call *c) {
     Hp__V1__SubmitJobRequest *req =
         (Hp__V1__SubmitJobRequest *)unpack_req(c, &hp__v1__submit_job_request__descriptor);
@@ -481,20 +498,17 @@ static void h_submit(rpc_call *c) {
         return;
     }
     protobuf_c_message_pack(&req->job->base, buf);
-    hpd_job_view v;
     hp_err err = {0};
-    hp_status st = hpd_submit(c->s->d, buf, n, req->request_id, &v, &err);
+    /* The compile check runs off the loop; on_submitted answers (maybe before this returns). */
+    hpd_submit_req *sr = NULL;
+    hp_status st = hpd_submit_async(c->s->d, buf, n, req->request_id, on_submitted, c, &sr, &err);
     hp_free(buf);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
         reply_err(c, st, &err);
         return;
     }
-    job_info_buf b;
-    job_info(&b, &v);
-    Hp__V1__SubmitJobResponse resp = HP__V1__SUBMIT_JOB_RESPONSE__INIT;
-    resp.job = &b.info;
-    reply_msg(c, &resp.base);
+    c->submit = sr;
 }
 
 static void h_get(rpc_call *c) {

@@ -74,6 +74,12 @@ static void setup(void) {
     cr_assert_eq(hpd_submit(d, b, len, NULL, &v, &e), HP_OK, "%s", e.msg);
     hp_free(b);
     snprintf(job_id, sizeof job_id, "%s", v.id);
+    /* It compiles on the loop's thread pool, then launches. */
+    for (int i = 0; i < 10000 && v.state == HP__V1__JOB_STATE__JOB_STATE_COMPILING; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        usleep(1000);
+        cr_assert_eq(hpd_get(d, job_id, &v, &e), HP_OK, "%s", e.msg);
+    }
     cr_assert_eq(v.state, HP__V1__JOB_STATE__JOB_STATE_LAUNCHING, "%s", hpd_sm_state_str(v.state));
 }
 
