@@ -67,7 +67,7 @@ static json_t *job_json(const hpd_snap_job *e) {
     if (progress > 1) progress = 1;
     json_t *o = json_pack(
         "{s:s, s:o, s:s, s:f, s:f, s:i, s:I, s:I, s:f, s:i, s:o}", "id", v->id, "name",
-        http_jstr(v->name), "state", hpd_state_name(v->state), "created_unix_s",
+        http_jstr(v->name), "state", hpd_sm_state_str(v->state), "created_unix_s",
         num(v->created_unix_s), "updated_unix_s", num(v->updated_unix_s), "world_size",
         v->world_size, "step", (json_int_t)v->step, "total_steps", (json_int_t)v->total_steps,
         "progress", progress, "restarts", v->restarts, "error", http_jstr(v->error));
@@ -84,7 +84,7 @@ static json_t *job_json(const hpd_snap_job *e) {
 /* ---- /jobs -------------------------------------------------------------------------------- */
 static bool state_from(const char *s, size_t n, Hp__V1__JobState *out) {
     for (int i = 1; i <= 8; i++) {
-        const char *name = hpd_state_name((Hp__V1__JobState)i);
+        const char *name = hpd_sm_state_str((Hp__V1__JobState)i);
         if (strlen(name) == n && strncasecmp(name, s, n) == 0) {
             *out = (Hp__V1__JobState)i;
             return true;
@@ -168,9 +168,9 @@ static bool on_transition(void *ctx, int64_t seq, int from, int to, double time,
     (void)seq;
     json_t *arr = ctx;
     json_t *t = json_pack("{s:s, s:s, s:f, s:o}", "from",
-                          from ? hpd_state_name((Hp__V1__JobState)from) : "", "to",
-                          hpd_state_name((Hp__V1__JobState)to), "time_unix_s", num(time), "reason",
-                          http_jstr(reason));
+                          from ? hpd_sm_state_str((Hp__V1__JobState)from) : "", "to",
+                          hpd_sm_state_str((Hp__V1__JobState)to), "time_unix_s", num(time),
+                          "reason", http_jstr(reason));
     return json_array_append_new(arr, t) == 0;
 }
 

@@ -6,6 +6,7 @@
  */
 #include "daemon/core.h"
 #include "daemon/http_internal.h"
+#include "daemon/jobsm.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -136,11 +137,11 @@ void http_prom(hpd_http *h, const hpd_snap *s, http_reply *r) {
            "Jobs that reached a final state, by that state.");
     for (int st = 6; st <= 8; st++) {
         sb_printf(&b, "hp_jobs_finished_total{state=\"%s\"} %d\n",
-                  hpd_state_name((Hp__V1__JobState)st), by_state[st]);
+                  hpd_sm_state_str((Hp__V1__JobState)st), by_state[st]);
     }
     family(&b, "hp_jobs", "gauge", "Jobs by their current state.");
     for (int st = 1; st <= 8; st++)
-        sb_printf(&b, "hp_jobs{state=\"%s\"} %d\n", hpd_state_name((Hp__V1__JobState)st),
+        sb_printf(&b, "hp_jobs{state=\"%s\"} %d\n", hpd_sm_state_str((Hp__V1__JobState)st),
                   by_state[st]);
 
     /* ---- per job ---- */
@@ -149,7 +150,7 @@ void http_prom(hpd_http *h, const hpd_snap *s, http_reply *r) {
     for (int i = 0; i < n; i++) {
         sb_printf(&b, "hp_job_info{job_id=\"%s\",name=\"", jobs[i]->v.id);
         sb_label(&b, jobs[i]->v.name);
-        sb_printf(&b, "\",state=\"%s\"} 1\n", hpd_state_name(jobs[i]->v.state));
+        sb_printf(&b, "\",state=\"%s\"} 1\n", hpd_sm_state_str(jobs[i]->v.state));
     }
     family(&b, "hp_job_step", "gauge", "The job's latest completed step.");
     for (int i = 0; i < n; i++) job_sample(&b, "hp_job_step", jobs[i], (double)jobs[i]->v.step);

@@ -52,29 +52,6 @@ void hpd_mrec_from(hpd_mrec *r, const Hp__V1__StepMetrics *m) {
     };
 }
 
-const char *hpd_state_name(Hp__V1__JobState s) {
-    switch (s) {
-    case HP__V1__JOB_STATE__JOB_STATE_QUEUED:
-        return "QUEUED";
-    case HP__V1__JOB_STATE__JOB_STATE_COMPILING:
-        return "COMPILING";
-    case HP__V1__JOB_STATE__JOB_STATE_LAUNCHING:
-        return "LAUNCHING";
-    case HP__V1__JOB_STATE__JOB_STATE_RUNNING:
-        return "RUNNING";
-    case HP__V1__JOB_STATE__JOB_STATE_RESTARTING:
-        return "RESTARTING";
-    case HP__V1__JOB_STATE__JOB_STATE_SUCCEEDED:
-        return "SUCCEEDED";
-    case HP__V1__JOB_STATE__JOB_STATE_FAILED:
-        return "FAILED";
-    case HP__V1__JOB_STATE__JOB_STATE_CANCELLED:
-        return "CANCELLED";
-    default:
-        return "UNSPECIFIED";
-    }
-}
-
 /* ---- snapshots (any thread) ----------------------------------------------------------- */
 static void entry_put(hpd_snap_job *e) {
     if (e && __atomic_sub_fetch(&e->refs, 1, __ATOMIC_ACQ_REL) == 0) hp_free(e);

@@ -85,6 +85,4 @@ hpd_snap *hpd_snap_get(hpd_obs *o); /* NULL before the first publish */
 void hpd_snap_put(hpd_snap *s);
 const hpd_snap_job *hpd_snap_find(const hpd_snap *s, const char *id);
 
-const char *hpd_state_name(Hp__V1__JobState s); /* "RUNNING" ... */
-
 #endif

@@ -9,14 +9,11 @@
  * (GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER: the request arrives with the call); one generic
  * slot answers UNIMPLEMENTED. A call context owns up to three tags (new, close, send) and is
  * freed when all its outstanding tags have come back (pending == 0). Every call gets a
- * RECV_CLOSE_ON_SERVER batch, whose `cancelled` stops a watch. WatchJob streams with one
- * SEND_MESSAGE in flight (backpressure); events queue in between, bounded by
- * HPD_RPC_WATCH_BACKLOG bytes (then RESOURCE_EXHAUSTED: the client reconnects with
- * from_step). A watcher that set WatchJobRequest.batch gets what queued up behind a send as one
- * JobEvent{batch} message (at most HPD_RPC_BATCH_EVENTS events / HPD_RPC_BATCH_BYTES), built by
- * concatenating the events' shared encodings under protobuf length prefixes: no re-encoding.
+ * RECV_CLOSE_ON_SERVER batch, whose `cancelled` stops a watch. WatchJob's streaming (queues,
+ * backpressure, batches) is in rpc_watch.c. SubmitJob answers from hpd_submit_async's callback
+ * (the compile check runs off the loop).
  *
- * Status codes: core errors map through code_of (HP_NOT_FOUND -> NOT_FOUND, HP_INVALID ->
+ * Status codes: core errors map through hp__rpc_code_of (HP_NOT_FOUND -> NOT_FOUND, HP_INVALID ->
  * INVALID_ARGUMENT, ...), except CheckpointJob's HP_INVALID ("the job is not running"), which
  * is FAILED_PRECONDITION: the request is well-formed, the job's state forbids it.
  *
@@ -26,6 +23,7 @@
  * handles and calls grpc_shutdown.
  */
 #include "daemon/rpc.h"
+#include "daemon/rpc_internal.h"
 
 #include "daemon/core.h" /* hp__log */
 
@@ -43,41 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HPD_RPC_SLOTS         4
-#define HPD_RPC_WATCH_BACKLOG (16u << 20)
-#define HPD_RPC_TLS_MAX       (1u << 20)
-/* One batch message: far under the clients' receive limits (Python's default is 4 MiB), and
- * under malloc's mmap threshold (128 KiB). */
-#define HPD_RPC_BATCH_EVENTS 1024
-#define HPD_RPC_BATCH_BYTES  (128u << 10)
-/* A batched watcher sends at once only when this many events wait; fewer go out from the
- * flush timer, at most HPD_RPC_COALESCE_MS later: a busy stream sends big batches (gRPC's
- * cost is per message), a quiet one waits a couple of milliseconds. */
-#define HPD_RPC_BATCH_EARLY 256
-#define HPD_RPC_COALESCE_MS 2
-
-#define CONTAINER_OF(p, T, m) ((T *)((char *)(p)-offsetof(T, m)))
-
-typedef struct rpc_tag rpc_tag;
-struct rpc_tag {
-    void (*fn)(rpc_tag *t, int ok);
-    rpc_tag *next;
-    int ok;
-};
-
-enum {
-    M_SUBMIT,
-    M_GET,
-    M_LIST,
-    M_CANCEL,
-    M_WATCH,
-    M_PLAN,
-    M_TRACE,
-    M_CHECKPOINT,
-    M_COUNT,
-    M_GENERIC = -1
-};
-
 static const struct {
     const char *path;
     bool mutating;
@@ -92,78 +55,7 @@ static const struct {
     [M_CHECKPOINT] = {"/hp.v1.Coordinator/CheckpointJob", true},
 };
 
-typedef struct rpc_server rpc_server;
-
-typedef struct rpc_call {
-    rpc_server *s;
-    int method; /* M_* or M_GENERIC */
-    grpc_call *call;
-    gpr_timespec deadline;
-    grpc_metadata_array md;
-    grpc_byte_buffer *payload;
-    grpc_call_details details; /* generic slot only */
-    rpc_tag t_new, t_close, t_send;
-    int pending;      /* outstanding tags */
-    int cancelled;    /* RECV_CLOSE_ON_SERVER's output */
-    bool closed;      /* the close tag came back */
-    bool send_busy;   /* a send batch is in flight */
-    bool md_sent;     /* initial metadata went out */
-    bool status_sent; /* SEND_STATUS_FROM_SERVER started */
-    grpc_byte_buffer *send_bb;
-    grpc_slice status_details;
-    bool has_details;
-    /* WatchJob */
-    hpd_watch *watch;
-    bool watching;          /* hpd_watch_start succeeded and the watch has not ended */
-    bool watch_over;        /* the watch delivered its final NULL */
-    bool batch;             /* the client accepts JobEvent{batch} */
-    hpd_submit_req *submit; /* SubmitJob: the compile check in flight (hpd_submit_async) */
-    bool flushing;          /* the flush timer is pumping it: send whatever waits */
-    bool in_wq;             /* on s->wq (batched watchers the flush timer visits) */
-    struct rpc_call *wq_next, *wq_prev;
-    grpc_slice *q; /* ring of queued encoded events (refs on slices shared among watchers) */
-    size_t q_cap, q_first, q_n;
-    size_t q_bytes;
-    grpc_status_code end_code; /* status to send when the queue drains after watch_over */
-    char end_msg[HP_ERR_MSG_MAX];
-} rpc_call;
-
-struct rpc_server {
-    hpd *d;
-    grpc_server *server;
-    grpc_completion_queue *cq;
-    void *methods[M_COUNT];
-    uv_thread_t thread;
-    uv_mutex_t mu;
-    uv_async_t async;
-    uv_timer_t grace;
-    rpc_tag *head, *tail; /* guarded by mu */
-    bool cq_done;         /* guarded by mu */
-    rpc_tag t_shutdown;
-    bool shutting_down, server_destroyed, grace_started, closing;
-    int live_calls;
-    int handles;      /* open uv handles (async, flush and grace timers); s is freed when the last
-                         closes */
-    uv_timer_t flush; /* HPD_RPC_COALESCE_MS while wq is not empty */
-    bool flush_on;
-    rpc_call *wq; /* batched watch calls */
-};
-
 static rpc_server *g_rpc; /* one server per process */
-
-/* The last event encoded for watchers (hp__event_seq, the event's address): every watcher of
- * that event takes a ref on the same bytes. Loop thread only. */
-static struct {
-    bool valid;
-    uint64_t seq;
-    const void *ev;
-    grpc_slice sl;
-} g_enc;
-
-static void enc_reset(void) {
-    if (g_enc.valid) grpc_slice_unref(g_enc.sl);
-    g_enc.valid = false;
-}
 
 /* ---- the CQ thread ----------------------------------------------------------------------- */
 
@@ -198,7 +90,7 @@ static void on_handle_closed(uv_handle_t *h) {
     if (--s->handles > 0) return;
     if (g_rpc == s) g_rpc = NULL;
     free(s);
-    enc_reset();
+    hp__rpc_enc_reset();
     grpc_shutdown();
 }
 
@@ -236,27 +128,11 @@ static void on_new(rpc_tag *t, int ok);
 static void on_close(rpc_tag *t, int ok);
 static void on_send(rpc_tag *t, int ok);
 
-static void q_clear(rpc_call *c) {
-    for (size_t i = 0; i < c->q_n; i++) grpc_slice_unref(c->q[(c->q_first + i) % c->q_cap]);
-    c->q_first = c->q_n = 0;
-    c->q_bytes = 0;
-}
-
-static void wq_remove(rpc_call *c) {
-    if (!c->in_wq) return;
-    if (c->wq_prev)
-        c->wq_prev->wq_next = c->wq_next;
-    else
-        c->s->wq = c->wq_next;
-    if (c->wq_next) c->wq_next->wq_prev = c->wq_prev;
-    c->in_wq = false;
-}
-
 static void call_free(rpc_call *c) {
-    wq_remove(c);
+    hp__rpc_wq_remove(c);
     hpd_submit_cancel(c->submit); /* its answer has no one to go to */
     if (c->watching && c->watch) hpd_watch_stop(c->watch);
-    q_clear(c);
+    hp__rpc_q_clear(c);
     hp_free(c->q);
     if (c->call) grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);
@@ -268,7 +144,7 @@ static void call_free(rpc_call *c) {
     hp_free(c);
 }
 
-static void call_maybe_free(rpc_call *c) {
+void hp__rpc_call_maybe_free(rpc_call *c) {
     if (c->pending == 0) call_free(c);
 }
 
@@ -305,8 +181,8 @@ static void arm(rpc_server *s, int m) {
 }
 
 /* Starts a send batch: [initial metadata] [message] [status]. Takes bb; msg may be NULL. */
-static void send_batch(rpc_call *c, grpc_byte_buffer *bb, bool with_status, grpc_status_code code,
-                       const char *msg) {
+void hp__rpc_send_batch(rpc_call *c, grpc_byte_buffer *bb, bool with_status, grpc_status_code code,
+                        const char *msg) {
     grpc_op ops[3];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
@@ -349,8 +225,8 @@ static void send_batch(rpc_call *c, grpc_byte_buffer *bb, bool with_status, grpc
     c->pending++;
 }
 
-static void reply_status(rpc_call *c, grpc_status_code code, const char *msg) {
-    send_batch(c, NULL, true, code, msg);
+void hp__rpc_reply_status(rpc_call *c, grpc_status_code code, const char *msg) {
+    hp__rpc_send_batch(c, NULL, true, code, msg);
 }
 
 /* Packs m into a byte buffer (pack before building the buffer; see the notes, section 5). */
@@ -364,10 +240,10 @@ static grpc_byte_buffer *bb_from_msg(const ProtobufCMessage *m) {
 }
 
 static void reply_msg(rpc_call *c, const ProtobufCMessage *m) {
-    send_batch(c, bb_from_msg(m), true, GRPC_STATUS_OK, NULL);
+    hp__rpc_send_batch(c, bb_from_msg(m), true, GRPC_STATUS_OK, NULL);
 }
 
-static grpc_status_code code_of(hp_status st) {
+grpc_status_code hp__rpc_code_of(hp_status st) {
     switch (st) {
     case HP_INVALID:
     case HP_PARSE:
@@ -385,11 +261,11 @@ static grpc_status_code code_of(hp_status st) {
 /* Replies with the status a core call returned (authoritative: err may be unset) and its
  * message. */
 static void reply_err(rpc_call *c, hp_status st, const hp_err *err) {
-    reply_status(c, code_of(st), err->msg[0] ? err->msg : hp_status_str(st));
+    hp__rpc_reply_status(c, hp__rpc_code_of(st), err->msg[0] ? err->msg : hp_status_str(st));
 }
 
 /* Unpacks the request payload (NULL: malformed or absent). */
-static ProtobufCMessage *unpack_req(rpc_call *c, const ProtobufCMessageDescriptor *desc) {
+ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescriptor *desc) {
     if (!c->payload) return NULL;
     grpc_byte_buffer_reader r;
     if (!grpc_byte_buffer_reader_init(&r, c->payload)) return NULL;
@@ -480,21 +356,21 @@ static void on_submitted(void *ctx, hp_status st, const hpd_job_view *v, const h
 
 static void h_submit(rpc_call *c) {
     Hp__V1__SubmitJobRequest *req =
-        (Hp__V1__SubmitJobRequest *)unpack_req(c, &hp__v1__submit_job_request__descriptor);
+        (Hp__V1__SubmitJobRequest *)hp__rpc_unpack_req(c, &hp__v1__submit_job_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed SubmitJobRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed SubmitJobRequest");
         return;
     }
     if (!req->job) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job: missing");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job: missing");
         return;
     }
     size_t n = protobuf_c_message_get_packed_size(&req->job->base);
     uint8_t *buf = hp_malloc(n ? n : 1);
     if (!buf) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        hp__rpc_reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     protobuf_c_message_pack(&req->job->base, buf);
@@ -513,9 +389,9 @@ static void h_submit(rpc_call *c) {
 
 static void h_get(rpc_call *c) {
     Hp__V1__GetJobRequest *req =
-        (Hp__V1__GetJobRequest *)unpack_req(c, &hp__v1__get_job_request__descriptor);
+        (Hp__V1__GetJobRequest *)hp__rpc_unpack_req(c, &hp__v1__get_job_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetJobRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetJobRequest");
         return;
     }
     hpd_job_view v;
@@ -535,14 +411,14 @@ static void h_get(rpc_call *c) {
 
 static void h_list(rpc_call *c) {
     Hp__V1__ListJobsRequest *req =
-        (Hp__V1__ListJobsRequest *)unpack_req(c, &hp__v1__list_jobs_request__descriptor);
+        (Hp__V1__ListJobsRequest *)hp__rpc_unpack_req(c, &hp__v1__list_jobs_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed ListJobsRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed ListJobsRequest");
         return;
     }
     if (req->page_size < 0) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "page_size: must be >= 0");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "page_size: must be >= 0");
         return;
     }
     hpd_job_view *views = NULL;
@@ -563,7 +439,7 @@ static void h_list(rpc_call *c) {
         hp_free(bufs);
         hp_free(ptrs);
         hp_free(views);
-        reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        hp__rpc_reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -582,9 +458,9 @@ static void h_list(rpc_call *c) {
 
 static void h_cancel(rpc_call *c) {
     Hp__V1__CancelJobRequest *req =
-        (Hp__V1__CancelJobRequest *)unpack_req(c, &hp__v1__cancel_job_request__descriptor);
+        (Hp__V1__CancelJobRequest *)hp__rpc_unpack_req(c, &hp__v1__cancel_job_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CancelJobRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CancelJobRequest");
         return;
     }
     hpd_job_view v;
@@ -604,9 +480,9 @@ static void h_cancel(rpc_call *c) {
 
 static void h_plan(rpc_call *c) {
     Hp__V1__GetPlanRequest *req =
-        (Hp__V1__GetPlanRequest *)unpack_req(c, &hp__v1__get_plan_request__descriptor);
+        (Hp__V1__GetPlanRequest *)hp__rpc_unpack_req(c, &hp__v1__get_plan_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetPlanRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetPlanRequest");
         return;
     }
     const char *id = NULL;
@@ -620,12 +496,12 @@ static void h_plan(rpc_call *c) {
         if (job) protobuf_c_message_pack(&req->job->base, job);
     } else {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "source: set job_id or job");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "source: set job_id or job");
         return;
     }
     if (!id && !job) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        hp__rpc_reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
     uint8_t *plan = NULL;
@@ -655,219 +531,14 @@ static void h_plan(rpc_call *c) {
     grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
     grpc_slice_unref(sl);
     hp_free(plan);
-    send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
-}
-
-static size_t varint_len(uint64_t v) {
-    size_t n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static size_t varint_put(uint8_t *p, uint64_t v) {
-    size_t n = 0;
-    do {
-        uint8_t byte = v & 0x7f;
-        v >>= 7;
-        p[n++] = byte | (v ? 0x80 : 0);
-    } while (v);
-    return n;
-}
-
-/* The queue's head event, dequeued (the caller owns the ref). */
-static grpc_slice q_pop(rpc_call *c) {
-    grpc_slice sl = c->q[c->q_first];
-    c->q_first = (c->q_first + 1) % c->q_cap;
-    c->q_n--;
-    c->q_bytes -= GRPC_SLICE_LENGTH(sl);
-    return sl;
-}
-
-/* The next message for a watcher: the head event as is, or (batch watchers, several queued)
- * JobEvent { JobEventBatch batch = 13 { repeated JobEvent events = 1; } } written around the
- * events' encodings, in queue order, up to the caps (always at least one event). */
-static grpc_byte_buffer *watch_next_message(rpc_call *c) {
-    size_t n = 0, inner = 0;
-    if (c->batch) {
-        while (n < c->q_n && n < HPD_RPC_BATCH_EVENTS) {
-            size_t l = GRPC_SLICE_LENGTH(c->q[(c->q_first + n) % c->q_cap]);
-            size_t add = 1 + varint_len(l) + l;
-            if (n && inner + add > HPD_RPC_BATCH_BYTES) break;
-            inner += add;
-            n++;
-        }
-    }
-    if (n < 2) { /* a batch of one goes as the plain event */
-        grpc_slice sl = q_pop(c);
-        grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1); /* takes its own ref */
-        grpc_slice_unref(sl);
-        return bb;
-    }
-    grpc_slice out = grpc_slice_malloc(1 + varint_len(inner) + inner);
-    uint8_t *p = GRPC_SLICE_START_PTR(out);
-    *p++ = (13 << 3) | 2; /* JobEvent.batch, length-delimited */
-    p += varint_put(p, inner);
-    for (size_t i = 0; i < n; i++) {
-        grpc_slice sl = q_pop(c);
-        size_t l = GRPC_SLICE_LENGTH(sl);
-        *p++ = (1 << 3) | 2; /* JobEventBatch.events */
-        p += varint_put(p, l);
-        memcpy(p, GRPC_SLICE_START_PTR(sl), l);
-        p += l;
-        grpc_slice_unref(sl);
-    }
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&out, 1);
-    grpc_slice_unref(out);
-    return bb;
-}
-
-/* WatchJob: stream events with one send in flight. */
-static void watch_pump(rpc_call *c) {
-    if (c->send_busy || c->status_sent || c->closed || !c->call) return;
-    if (c->q_n) {
-        if (c->in_wq && !c->flushing && !c->watch_over && c->q_n < HPD_RPC_BATCH_EARLY)
-            return; /* the flush timer sends it, with what else arrives meanwhile */
-        send_batch(c, watch_next_message(c), false, GRPC_STATUS_OK, NULL);
-        return;
-    }
-    if (c->watch_over) reply_status(c, c->end_code, c->end_msg);
-}
-
-static void watch_end(rpc_call *c, grpc_status_code code, const char *msg) {
-    if (c->watching && c->watch) hpd_watch_stop(c->watch);
-    c->watching = false;
-    c->watch = NULL;
-    c->watch_over = true;
-    c->end_code = code;
-    snprintf(c->end_msg, sizeof c->end_msg, "%s", msg ? msg : "");
-    if (code != GRPC_STATUS_OK) q_clear(c); /* drop what is queued: the status goes next */
-}
-
-/* Appends sl (the caller's ref moves to the queue); false: out of memory (sl is released). */
-static bool q_push(rpc_call *c, grpc_slice sl) {
-    if (c->q_n == c->q_cap) {
-        size_t cap = c->q_cap ? c->q_cap * 2 : 64;
-        grpc_slice *q = hp_calloc(cap, sizeof *q);
-        if (!q) {
-            grpc_slice_unref(sl);
-            return false;
-        }
-        for (size_t i = 0; i < c->q_n; i++) q[i] = c->q[(c->q_first + i) % c->q_cap];
-        hp_free(c->q);
-        c->q = q;
-        c->q_cap = cap;
-        c->q_first = 0;
-    }
-    c->q[(c->q_first + c->q_n) % c->q_cap] = sl;
-    c->q_n++;
-    c->q_bytes += GRPC_SLICE_LENGTH(sl);
-    return true;
-}
-
-/* ev's encoding, shared by all watchers of the same event (a new ref for the caller). */
-static grpc_slice enc_event(const Hp__V1__JobEvent *ev) {
-    if (!g_enc.valid || g_enc.seq != hp__event_seq || g_enc.ev != (const void *)ev) {
-        enc_reset();
-        size_t n = protobuf_c_message_get_packed_size(&ev->base);
-        g_enc.sl = grpc_slice_malloc(n);
-        protobuf_c_message_pack(&ev->base, GRPC_SLICE_START_PTR(g_enc.sl));
-        g_enc.seq = hp__event_seq;
-        g_enc.ev = ev;
-        g_enc.valid = true;
-    }
-    return grpc_slice_ref(g_enc.sl);
-}
-
-static void on_watch_event(void *ctx, const Hp__V1__JobEvent *ev) {
-    rpc_call *c = ctx;
-    if (!ev) { /* the watch is over and freed by hpd */
-        c->watching = false;
-        c->watch = NULL;
-        c->watch_over = true;
-        c->end_code = GRPC_STATUS_OK;
-        c->end_msg[0] = 0;
-        watch_pump(c);
-        call_maybe_free(c);
-        return;
-    }
-    if (c->closed || c->watch_over) return;
-    grpc_slice sl = enc_event(ev);
-    if (c->q_bytes + GRPC_SLICE_LENGTH(sl) > HPD_RPC_WATCH_BACKLOG) {
-        grpc_slice_unref(sl);
-        watch_end(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
-                  "watcher fell behind; reconnect with from_step");
-        watch_pump(c);
-        return;
-    }
-    if (!q_push(c, sl)) {
-        watch_end(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        watch_pump(c);
-        return;
-    }
-    watch_pump(c);
-}
-
-/* Every HPD_RPC_COALESCE_MS while there are batched watchers: send what waits. */
-static void on_flush(uv_timer_t *tm) {
-    rpc_server *s = tm->data;
-    if (!s->wq) {
-        uv_timer_stop(tm);
-        s->flush_on = false;
-        return;
-    }
-    for (rpc_call *c = s->wq, *next; c; c = next) {
-        next = c->wq_next;
-        c->flushing = true;
-        watch_pump(c);
-        c->flushing = false;
-    }
-}
-
-static void h_watch(rpc_call *c) {
-    Hp__V1__WatchJobRequest *req =
-        (Hp__V1__WatchJobRequest *)unpack_req(c, &hp__v1__watch_job_request__descriptor);
-    if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed WatchJobRequest");
-        return;
-    }
-    hpd_watch *w = NULL;
-    hp_err err = {0};
-    c->batch = req->batch;
-    c->watching = true; /* events may arrive before hpd_watch_start returns */
-    hp_status st = hpd_watch_start(c->s->d, req->job_id, req->from_step, req->logs, on_watch_event,
-                                   c, &w, &err);
-    protobuf_c_message_free_unpacked(&req->base, NULL);
-    if (st != HP_OK) {
-        c->watching = false;
-        /* drop anything queued by a failed start */
-        watch_end(c, code_of(st), err.msg[0] ? err.msg : hp_status_str(st));
-        watch_pump(c);
-        return;
-    }
-    if (c->watching) c->watch = w;                 /* else it already ended inside start */
-    if (c->batch && !c->watch_over && !c->in_wq) { /* coalesce: see HPD_RPC_BATCH_EARLY */
-        rpc_server *s = c->s;
-        c->wq_next = s->wq;
-        c->wq_prev = NULL;
-        if (s->wq) s->wq->wq_prev = c;
-        s->wq = c;
-        c->in_wq = true;
-        if (!s->flush_on) {
-            s->flush_on = true;
-            uv_timer_start(&s->flush, on_flush, HPD_RPC_COALESCE_MS, HPD_RPC_COALESCE_MS);
-        }
-        watch_pump(c); /* the replay may have queued a batch's worth already */
-    }
+    hp__rpc_send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
 }
 
 static void h_trace(rpc_call *c) {
     Hp__V1__GetTraceRequest *req =
-        (Hp__V1__GetTraceRequest *)unpack_req(c, &hp__v1__get_trace_request__descriptor);
+        (Hp__V1__GetTraceRequest *)hp__rpc_unpack_req(c, &hp__v1__get_trace_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetTraceRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetTraceRequest");
         return;
     }
     const char *bad = !*req->job_id   ? "job_id: missing"
@@ -877,7 +548,7 @@ static void h_trace(rpc_call *c) {
         if (req->ranks[i] < 0) bad = "ranks: must be >= 0";
     if (bad) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, bad);
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, bad);
         return;
     }
     char *json = NULL;
@@ -905,15 +576,15 @@ static void h_trace(rpc_call *c) {
 }
 
 static void h_checkpoint(rpc_call *c) {
-    Hp__V1__CheckpointJobRequest *req =
-        (Hp__V1__CheckpointJobRequest *)unpack_req(c, &hp__v1__checkpoint_job_request__descriptor);
+    Hp__V1__CheckpointJobRequest *req = (Hp__V1__CheckpointJobRequest *)hp__rpc_unpack_req(
+        c, &hp__v1__checkpoint_job_request__descriptor);
     if (!req) {
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CheckpointJobRequest");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CheckpointJobRequest");
         return;
     }
     if (!*req->job_id) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
-        reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job_id: missing");
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job_id: missing");
         return;
     }
     hpd_job_view v;
@@ -921,8 +592,8 @@ static void h_checkpoint(rpc_call *c) {
     hp_status st = hpd_checkpoint(c->s->d, req->job_id, &v, &err);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st == HP_INVALID) { /* well-formed, but the job is not running */
-        reply_status(c, GRPC_STATUS_FAILED_PRECONDITION,
-                     err.msg[0] ? err.msg : "the job is not running");
+        hp__rpc_reply_status(c, GRPC_STATUS_FAILED_PRECONDITION,
+                             err.msg[0] ? err.msg : "the job is not running");
         return;
     }
     if (st != HP_OK) {
@@ -942,7 +613,7 @@ static void dispatch(rpc_call *c) {
         char msg[300];
         snprintf(msg, sizeof msg, "unknown method %s", m);
         gpr_free(m);
-        reply_status(c, GRPC_STATUS_UNIMPLEMENTED, msg);
+        hp__rpc_reply_status(c, GRPC_STATUS_UNIMPLEMENTED, msg);
         return;
     }
     if (k_methods[c->method].mutating && !authorized(c)) {
@@ -950,8 +621,9 @@ static void dispatch(rpc_call *c) {
         hp__log("warn", "event=rpc_unauthenticated method=%s peer=%s",
                 k_methods[c->method].path + strlen("/hp.v1.Coordinator/"), peer ? peer : "?");
         gpr_free(peer);
-        reply_status(c, GRPC_STATUS_UNAUTHENTICATED,
-                     "missing or wrong bearer token (authorization: Bearer <STATE_DIR/token>)");
+        hp__rpc_reply_status(
+            c, GRPC_STATUS_UNAUTHENTICATED,
+            "missing or wrong bearer token (authorization: Bearer <STATE_DIR/token>)");
         return;
     }
     switch (c->method) {
@@ -968,7 +640,7 @@ static void dispatch(rpc_call *c) {
         h_cancel(c);
         break;
     case M_WATCH:
-        h_watch(c);
+        hp__rpc_h_watch(c);
         break;
     case M_PLAN:
         h_plan(c);
@@ -980,7 +652,7 @@ static void dispatch(rpc_call *c) {
         h_checkpoint(c);
         break;
     default:
-        reply_status(c, GRPC_STATUS_INTERNAL, "no handler");
+        hp__rpc_reply_status(c, GRPC_STATUS_INTERNAL, "no handler");
         break;
     }
 }
@@ -1001,7 +673,7 @@ static void on_new(rpc_tag *t, int ok) {
         hp__log("error", "event=rpc_error what=start_batch_close");
         grpc_call_cancel(c->call, NULL);
         c->closed = true;
-        call_maybe_free(c);
+        hp__rpc_call_maybe_free(c);
         return;
     }
     c->pending++;
@@ -1015,7 +687,7 @@ static void on_close(rpc_tag *t, int ok) {
     if (c->watching && c->watch) hpd_watch_stop(c->watch); /* client gone: drop the watch */
     c->watching = false;
     c->watch = NULL;
-    call_maybe_free(c);
+    hp__rpc_call_maybe_free(c);
 }
 
 static void on_send(rpc_tag *t, int ok) {
@@ -1032,9 +704,9 @@ static void on_send(rpc_tag *t, int ok) {
         c->watch = NULL;
         c->closed = true;
     } else if (c->method == M_WATCH) {
-        watch_pump(c);
+        hp__rpc_watch_pump(c);
     }
-    call_maybe_free(c);
+    hp__rpc_call_maybe_free(c);
 }
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */

@@ -3,6 +3,9 @@
  * STATE_DIR/token through $HP_STATE_DIR) an unknown job exits 1 with NOT_FOUND, a checkpoint
  * without the token exits 1 with UNAUTHENTICATED; a real job with --profile-steps gives a
  * Chrome trace file, and a step without a trace names the traced ones. */
+#include "tests/util/cli_harness.h"
+#include "tests/util/hpd_harness.h"
+
 #include <criterion/criterion.h>
 #include <jansson.h>
 
@@ -21,56 +24,13 @@
 #define HP_BINARY_DIR "."
 #endif
 
-typedef struct run {
-    int code;
-    char *out, *err;
-} run;
+typedef hp_th_run run;
 
 static char g_dir[256];
-static pid_t g_hpd = -1;
 
-static const char *bin_dir(void) {
-    const char *b = getenv("HP_BINARY_DIR");
-    return b && *b ? b : HP_BINARY_DIR;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
-/* Runs `hpctl ARGS` in g_dir with stdout and stderr captured. */
-static run hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static run hpctl(const char *fmt, ...) {
-    char args[2048], cmd[4096], p[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && timeout 120 %s/client/hpctl %s >%s/out 2>%s/err", g_dir,
-             bin_dir(), args, g_dir, g_dir);
-    int st = system(cmd);
-    run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-    snprintf(p, sizeof p, "%s/out", g_dir);
-    r.out = slurp(p);
-    snprintf(p, sizeof p, "%s/err", g_dir);
-    r.err = slurp(p);
-    return r;
-}
-
-static void run_free(run *r) {
-    free(r->out);
-    free(r->err);
-}
+/* `hpctl ARGS` in g_dir, output captured (tests/util/cli_harness.h). */
+#define hpctl(...) hp_th_hpctl(g_dir, 120, __VA_ARGS__)
+#define run_free   hp_th_run_free
 
 static void make_dir(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/hp-hpctl-trace-XXXXXX");
@@ -86,58 +46,22 @@ static void rm_dir(void) {
     if (system(cmd) != 0) cr_log_warn("could not remove %s", g_dir);
 }
 
+static hp_th_hpd g_h = {.pid = -1};
+
 static void start_hpd(void) {
     make_dir();
-    char state[300], hpd[512], addr[64] = "";
+    char state[300];
     snprintf(state, sizeof state, "%s/state", g_dir);
     cr_assert_eq(mkdir(state, 0700), 0);
-    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", bin_dir());
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    g_hpd = fork();
-    cr_assert(g_hpd >= 0);
-    if (g_hpd == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen",
-              "127.0.0.1:0", "--state-dir", state, "--slots", "1", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    char buf[4096];
-    size_t n = 0;
-    time_t t0 = time(NULL);
-    while (!addr[0] && time(NULL) - t0 < 30 && n < sizeof buf - 1) {
-        struct pollfd pf = {fds[0], POLLIN, 0};
-        if (poll(&pf, 1, 500) <= 0) continue;
-        ssize_t k = read(fds[0], buf + n, sizeof buf - 1 - n);
-        if (k <= 0) break;
-        n += (size_t)k;
-        buf[n] = 0;
-        char *l = strstr(buf, "hpd listening");
-        char *g = l ? strstr(l, "grpc=") : NULL;
-        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", addr);
-    }
-    close(fds[0]);
-    cr_assert(addr[0], "hpd did not print its listening line; got: %.*s", (int)n, buf);
-    setenv("HP_SERVER", addr, 1);
+    static const char *const args[] = {"--http", "127.0.0.1:0", "--slots", "1", NULL};
+    hp_th_hpd_start(&g_h, state, NULL, args);
+    setenv("HP_SERVER", g_h.grpc, 1);
     setenv("HP_STATE_DIR", state, 1);
 }
 
 static void stop_hpd(void) {
-    if (g_hpd > 0) {
-        kill(g_hpd, SIGTERM);
-        int st = 0;
-        pid_t w = 0;
-        for (int i = 0; i < 300 && (w = waitpid(g_hpd, &st, WNOHANG)) == 0; i++) usleep(100000);
-        if (w == 0) {
-            kill(g_hpd, SIGKILL);
-            waitpid(g_hpd, &st, 0);
-            cr_expect(0, "hpd did not exit within 30 s of SIGTERM");
-        }
-        g_hpd = -1;
-    }
+    if (g_h.pid > 0 && hp_th_hpd_stop(&g_h) == -1)
+        cr_expect(0, "hpd did not exit within 30 s of SIGTERM");
     rm_dir();
 }
 

@@ -3,6 +3,9 @@
  * --watch to SUCCEEDED with the loss falling, list and paging, cancel of a long job, errors
  * (unknown id, wrong token, usage). Each test starts its own daemon and stops it with SIGTERM,
  * expecting exit 0. */
+#include "tests/util/cli_harness.h"
+#include "tests/util/hpd_harness.h"
+
 #include <criterion/criterion.h>
 #include <jansson.h>
 
@@ -22,53 +25,15 @@
 #define HP_BINARY_DIR "."
 #endif
 
-typedef struct run {
-    int code;
-    char *out, *err;
-} run;
+typedef hp_th_run run;
 
-static char g_dir[256]; /* temp dir: state/, job files, captured output */
-static char g_addr[64]; /* 127.0.0.1:PORT */
-static pid_t g_hpd = -1;
+static char g_dir[256];   /* temp dir: state/, job files, captured output */
+static char g_addr[64];   /* 127.0.0.1:PORT */
 static const char *g_bin; /* the build dir */
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
-/* Runs `hpctl ARGS` with stdout and stderr captured. */
-static run hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static run hpctl(const char *fmt, ...) {
-    char args[2048], cmd[4096], p[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "timeout 300 %s/client/hpctl %s >%s/out 2>%s/err", g_bin, args, g_dir,
-             g_dir);
-    int st = system(cmd);
-    run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-    snprintf(p, sizeof p, "%s/out", g_dir);
-    r.out = slurp(p);
-    snprintf(p, sizeof p, "%s/err", g_dir);
-    r.err = slurp(p);
-    return r;
-}
-
-static void run_free(run *r) {
-    free(r->out);
-    free(r->err);
-}
+/* `hpctl ARGS` in g_dir, output captured (tests/util/cli_harness.h). */
+#define hpctl(...) hp_th_hpctl(g_dir, 300, __VA_ARGS__)
+#define run_free   hp_th_run_free
 
 static void new_job(const char *name, int steps) {
     run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
@@ -78,65 +43,28 @@ static void new_job(const char *name, int steps) {
     run_free(&r);
 }
 
+static hp_th_hpd g_h = {.pid = -1};
+static const char *const k_hpd_args[] = {"--http", "127.0.0.1:0", "--slots", "2", NULL};
+
 static void start_hpd(void) {
     const char *b = getenv("HP_BINARY_DIR");
     g_bin = b && *b ? b : HP_BINARY_DIR;
     snprintf(g_dir, sizeof g_dir, "/tmp/hp-hpctl-remote-XXXXXX");
     cr_assert(mkdtemp(g_dir));
-    char state[300], hpd[512];
+    char state[300];
     snprintf(state, sizeof state, "%s/state", g_dir);
     cr_assert_eq(mkdir(state, 0700), 0);
-    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", g_bin);
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    g_hpd = fork();
-    cr_assert(g_hpd >= 0);
-    if (g_hpd == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen",
-              "127.0.0.1:0", "--state-dir", state, "--slots", "2", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    /* Read until the "hpd listening grpc=127.0.0.1:PORT ..." line (30 s). */
-    char buf[4096];
-    size_t n = 0;
-    g_addr[0] = 0;
-    time_t t0 = time(NULL);
-    while (!g_addr[0] && time(NULL) - t0 < 30 && n < sizeof buf - 1) {
-        struct pollfd pf = {fds[0], POLLIN, 0};
-        if (poll(&pf, 1, 500) <= 0) continue;
-        ssize_t k = read(fds[0], buf + n, sizeof buf - 1 - n);
-        if (k <= 0) break;
-        n += (size_t)k;
-        buf[n] = 0;
-        char *l = strstr(buf, "hpd listening");
-        char *g = l ? strstr(l, "grpc=") : NULL;
-        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", g_addr);
-    }
-    close(fds[0]); /* hpd must not die of SIGPIPE for later lines: it ignores SIGPIPE */
-    cr_assert(g_addr[0], "hpd did not print its listening line; got: %.*s", (int)n, buf);
+    hp_th_hpd_start(&g_h, state, NULL, k_hpd_args);
+    snprintf(g_addr, sizeof g_addr, "%s", g_h.grpc);
     setenv("HP_SERVER", g_addr, 1);
     setenv("HP_STATE_DIR", state, 1);
     unsetenv("HP_TOKEN");
 }
 
 static void stop_hpd(void) {
-    if (g_hpd > 0) {
-        kill(g_hpd, SIGTERM);
-        int st = 0;
-        pid_t w = 0;
-        for (int i = 0; i < 300 && (w = waitpid(g_hpd, &st, WNOHANG)) == 0; i++) usleep(100000);
-        if (w == 0) {
-            kill(g_hpd, SIGKILL);
-            waitpid(g_hpd, &st, 0);
-            cr_expect(0, "hpd did not exit within 30 s of SIGTERM");
-        } else {
-            cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hpd exit status %d", st);
-        }
-        g_hpd = -1;
+    if (g_h.pid > 0) {
+        int code = hp_th_hpd_stop(&g_h);
+        cr_expect_eq(code, 0, "hpd exit status %d on SIGTERM (-1: killed after 30 s)", code);
     }
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
@@ -352,7 +280,7 @@ static char *wait_final(const char *id) {
 static char *read_weights(const char *id) {
     char path[600];
     snprintf(path, sizeof path, "%s/state/jobs/%s/run/model.safetensors", g_dir, id);
-    return slurp(path);
+    return hp_th_slurp_or_empty(path);
 }
 
 /* A worker killed with SIGKILL mid-run: the job goes RESTARTING, resumes from its last
@@ -404,42 +332,14 @@ Test(hpctl_remote, daemon_killed_and_restarted_keeps_every_job) {
     char *running = submit("b.pb");
     for (int i = 0; i < 3000 && job_step(running) < 2; i++) usleep(10000);
 
-    kill(g_hpd, SIGKILL);
-    waitpid(g_hpd, NULL, 0);
-    g_hpd = -1;
+    kill(g_h.pid, SIGKILL);
+    waitpid(g_h.pid, NULL, 0);
+    g_h.pid = -1;
     /* the orphaned workers lose their coordinator and stop on their own; restart hpd */
-    char keep[256];
-    snprintf(keep, sizeof keep, "%s", g_dir);
-    char state[300], hpd[512];
+    char state[300];
     snprintf(state, sizeof state, "%s/state", g_dir);
-    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", g_bin);
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    g_hpd = fork();
-    if (g_hpd == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        execl(hpd, hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0", "--worker-listen",
-              "127.0.0.1:0", "--state-dir", state, "--slots", "2", (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    char buf[4096];
-    size_t n = 0;
-    g_addr[0] = 0;
-    for (int i = 0; i < 60 && !g_addr[0]; i++) {
-        struct pollfd pf = {fds[0], POLLIN, 0};
-        if (poll(&pf, 1, 500) <= 0) continue;
-        ssize_t k = read(fds[0], buf + n, sizeof buf - 1 - n);
-        if (k <= 0) break;
-        n += (size_t)k;
-        buf[n] = 0;
-        char *g = strstr(buf, "grpc=");
-        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", g_addr);
-    }
-    close(fds[0]);
-    cr_assert(g_addr[0], "the restarted hpd did not come up: %s", buf);
+    hp_th_hpd_start(&g_h, state, NULL, k_hpd_args);
+    snprintf(g_addr, sizeof g_addr, "%s", g_h.grpc);
     setenv("HP_SERVER", g_addr, 1);
     st = job_state(done);
     cr_expect_str_eq(st, "SUCCEEDED", "a finished job after the restart");

@@ -4,6 +4,9 @@
  * log-level and slots live (a queued job starts), logs restart-only keys as "needs a restart",
  * and keeps the old config when the file is broken; --on-sigterm cancel (also set by SIGHUP)
  * leaves the running jobs CANCELLED after a restart. */
+#include "tests/util/cli_harness.h"
+#include "tests/util/hpd_harness.h"
+
 #include <criterion/criterion.h>
 #include <jansson.h>
 
@@ -22,10 +25,7 @@
 #define HP_BINARY_DIR "."
 #endif
 
-typedef struct run {
-    int code;
-    char *out, *err;
-} run;
+typedef hp_th_run run;
 
 static char g_dir[256];  /* temp dir: state/, config, job files, captured output */
 static char g_conf[300]; /* g_dir/hpd.conf */
@@ -34,20 +34,6 @@ static char g_addr[64];
 static pid_t g_hpd = -1;
 static const char *g_bin;
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    cr_assert(s);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     cr_assert(f, "%s", path);
@@ -55,28 +41,9 @@ static void write_file(const char *path, const char *text) {
     fclose(f);
 }
 
-static run hpctl(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static run hpctl(const char *fmt, ...) {
-    char args[2048], cmd[4096], p[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "timeout 300 %s/client/hpctl %s >%s/out 2>%s/err", g_bin, args, g_dir,
-             g_dir);
-    int st = system(cmd);
-    run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
-    snprintf(p, sizeof p, "%s/out", g_dir);
-    r.out = slurp(p);
-    snprintf(p, sizeof p, "%s/err", g_dir);
-    r.err = slurp(p);
-    return r;
-}
-
-static void run_free(run *r) {
-    free(r->out);
-    free(r->err);
-}
+/* `hpctl ARGS` in g_dir, output captured (tests/util/cli_harness.h). */
+#define hpctl(...) hp_th_hpctl(g_dir, 300, __VA_ARGS__)
+#define run_free   hp_th_run_free
 
 static void setup(void) {
     const char *b = getenv("HP_BINARY_DIR");
@@ -93,72 +60,31 @@ static void setup(void) {
     unsetenv("HPD_CONFIG");
 }
 
+static hp_th_hpd g_h = {.pid = -1};
+
 /* Starts hpd with the state dir, port 0 and extra (NULL-terminated) args; stderr goes to
  * g_log. Returns once it printed its listening line. */
 static void start_hpd(const char *arg, ...) {
-    const char *argv[32];
+    const char *extra[32];
     int n = 0;
-    char hpd[512];
-    snprintf(hpd, sizeof hpd, "%s/daemon/hpd", g_bin);
-    argv[n++] = hpd;
-    argv[n++] = "--listen";
-    argv[n++] = "127.0.0.1:0";
-    argv[n++] = "--worker-listen";
-    argv[n++] = "127.0.0.1:0";
     va_list ap;
     va_start(ap, arg);
-    for (const char *a = arg; a && n < 31; a = va_arg(ap, const char *)) argv[n++] = a;
+    for (const char *a = arg; a && n < 31; a = va_arg(ap, const char *)) extra[n++] = a;
     va_end(ap);
-    argv[n] = NULL;
-    int fds[2];
-    cr_assert_eq(pipe(fds), 0);
-    g_hpd = fork();
-    cr_assert(g_hpd >= 0);
-    if (g_hpd == 0) {
-        dup2(fds[1], 1);
-        FILE *e = fopen(g_log, "a");
-        if (e) dup2(fileno(e), 2);
-        close(fds[0]);
-        close(fds[1]);
-        execv(hpd, (char **)argv);
-        _exit(127);
-    }
-    close(fds[1]);
-    char buf[4096];
-    size_t got = 0;
-    g_addr[0] = 0;
-    time_t t0 = time(NULL);
-    while (!g_addr[0] && time(NULL) - t0 < 30 && got < sizeof buf - 1) {
-        struct pollfd pf = {fds[0], POLLIN, 0};
-        if (poll(&pf, 1, 500) <= 0) continue;
-        ssize_t k = read(fds[0], buf + got, sizeof buf - 1 - got);
-        if (k <= 0) break;
-        got += (size_t)k;
-        buf[got] = 0;
-        char *g = strstr(buf, "grpc=");
-        if (g && strchr(g, '\n')) sscanf(g, "grpc=%63s", g_addr);
-    }
-    close(fds[0]);
-    char *log = slurp(g_log);
-    cr_assert(g_addr[0], "hpd did not come up; stderr: %s", log);
-    free(log);
+    extra[n] = NULL;
+    char state[300];
+    snprintf(state, sizeof state, "%s/state", g_dir);
+    hp_th_hpd_start(&g_h, state, g_log, extra);
+    g_hpd = g_h.pid;
+    snprintf(g_addr, sizeof g_addr, "%s", g_h.grpc);
     setenv("HP_SERVER", g_addr, 1);
 }
 
 /* SIGTERM, then expects exit 0 within 30 s. */
 static void stop_hpd(void) {
-    if (g_hpd <= 0) return;
-    kill(g_hpd, SIGTERM);
-    int st = 0;
-    pid_t w = 0;
-    for (int i = 0; i < 300 && (w = waitpid(g_hpd, &st, WNOHANG)) == 0; i++) usleep(100000);
-    if (w == 0) {
-        kill(g_hpd, SIGKILL);
-        waitpid(g_hpd, &st, 0);
-        cr_expect(0, "hpd did not exit within 30 s of SIGTERM");
-    } else {
-        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "hpd exit status %d", st);
-    }
+    if (g_h.pid <= 0) return;
+    int code = hp_th_hpd_stop(&g_h);
+    cr_expect_eq(code, 0, "hpd exit status %d on SIGTERM (-1: killed or not exited in 30 s)", code);
     g_hpd = -1;
 }
 
@@ -180,7 +106,7 @@ static int hpd_exit_code(const char *args, char **err) {
              ">/dev/null 2>%s",
              g_bin, args, p);
     int st = system(cmd);
-    *err = slurp(p);
+    *err = hp_th_slurp_or_empty(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -229,7 +155,7 @@ static bool wait_state(const char *id, const char *want, int ms) {
 /* Waits up to ms for hpd's stderr to contain s. */
 static bool log_has(const char *s, int ms) {
     for (int i = 0;; i++) {
-        char *log = slurp(g_log);
+        char *log = hp_th_slurp_or_empty(g_log);
         bool ok = strstr(log, s) != NULL;
         free(log);
         if (ok || i >= ms / 50) return ok;

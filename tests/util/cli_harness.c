@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #ifndef HP_BINARY_DIR
 #define HP_BINARY_DIR "."
@@ -51,6 +52,58 @@ hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ..
     r.out = hp_th_slurp(p);
     snprintf(p, sizeof p, "%s/err", tmpdir);
     r.err = hp_th_slurp(p);
+    return r;
+}
+
+char *hp_th_slurp_or_empty(const char *path) {
+    if (access(path, F_OK) != 0) {
+        char *s = strdup("");
+        cr_assert(s);
+        return s;
+    }
+    return hp_th_slurp(path);
+}
+
+#ifndef HP_SOURCE_DIR
+#define HP_SOURCE_DIR "."
+#endif
+
+const char *hp_th_source_dir(void) {
+    const char *v = getenv("HP_SOURCE_DIR");
+    return v && *v ? v : HP_SOURCE_DIR;
+}
+
+const char *hp_th_binary_dir(void) {
+    const char *v = getenv("HP_BINARY_DIR");
+    return v && *v ? v : HP_BINARY_DIR;
+}
+
+int hp_th_python(int timeout_s, const char *script, const char *fmt, ...) {
+    char args[3000], cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "timeout %d /usr/bin/python3 %s/%s %s", timeout_s, hp_th_source_dir(),
+             script, args);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+hp_th_run hp_th_hpctl(const char *dir, int timeout_s, const char *fmt, ...) {
+    char args[2048], cmd[4096], p[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && timeout %d %s/client/hpctl %s >%s/out 2>%s/err", dir,
+             timeout_s, hp_th_binary_dir(), args, dir, dir);
+    int st = system(cmd);
+    hp_th_run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    snprintf(p, sizeof p, "%s/out", dir);
+    r.out = hp_th_slurp_or_empty(p);
+    snprintf(p, sizeof p, "%s/err", dir);
+    r.err = hp_th_slurp_or_empty(p);
     return r;
 }
 

@@ -24,6 +24,22 @@ hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ..
     __attribute__((format(printf, 3, 4)));
 void hp_th_run_free(hp_th_run *r);
 
+/* The whole file, malloc'd and NUL-terminated; "" when it does not exist. */
+char *hp_th_slurp_or_empty(const char *path);
+/* Runs `HP_BINARY_DIR/client/hpctl ARGS` in dir (cd), killed after timeout_s seconds, with
+ * stdout and stderr captured in dir/out and dir/err. */
+hp_th_run hp_th_hpctl(const char *dir, int timeout_s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The source and build dirs ($HP_SOURCE_DIR / $HP_BINARY_DIR, which ctest sets, else the
+ * configured ones). */
+const char *hp_th_source_dir(void);
+const char *hp_th_binary_dir(void);
+/* Runs `/usr/bin/python3 SOURCE/script ARGS` (ARGS printf-style), killed after timeout_s
+ * seconds; returns its exit status (-1: killed by a signal). Output goes to the test's. */
+int hp_th_python(int timeout_s, const char *script, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* Expects r to have failed with `code` and exactly one stderr line starting with `prog` and
  * containing `want`; frees r. */
 void hp_th_expect_cli_error(hp_th_run r, int code, const char *prog, const char *want);
