@@ -58,12 +58,13 @@ static hpd *g_d;
 static const char *g_flags[HPD_KEY_COUNT];
 static const char *g_config; /* NULL: none */
 static hpd_settings g_cur;
-static int g_cpus = 1, g_hb_env; /* the defaults of slots and heartbeat-ms (0: 1000) */
+static bool g_file_set[HPD_KEY_COUNT]; /* keys the config file set (at start) */
+static int g_cpus = 1, g_hb_env;       /* the defaults of slots and heartbeat-ms (0: 1000) */
 
 /* Defaults, then the config file, then the flags. Errors name FILE:LINE or the flag. */
 static hp_status build_settings(hpd_settings *s, hp_err *err) {
     hpd_settings_defaults(s);
-    if (g_config) HP_TRY(hpd_settings_load(s, g_config, NULL, err));
+    if (g_config) HP_TRY(hpd_settings_load(s, g_config, g_file_set, err));
     for (int k = 0; k < HPD_KEY_COUNT; k++) {
         if (!g_flags[k]) continue;
         hp_status st = hpd_settings_set(s, (hpd_key)k, g_flags[k], err);
@@ -385,7 +386,18 @@ int main(int argc, char **argv) {
     char http_addr[80] = "off";
     if (strcmp(o.http, "off") != 0) {
         hpd_http_config hc = {.addr = o.http, .retention_s = g_cur.metrics_retention_s};
-        if (hpd_http_start(d, &hc, http_addr, sizeof http_addr, &err) != HP_OK) {
+        /* The default address taken (another hpd on this host, say) is not worth refusing to
+         * start for: serve without HTTP and say so. An address asked for is. */
+        bool asked = g_flags[HPD_KEY_HTTP] || g_file_set[HPD_KEY_HTTP];
+        hp_status hs = hpd_http_start(d, &hc, http_addr, sizeof http_addr, &err);
+        if (hs != HP_OK && !asked) {
+            hp__log("warn",
+                    "event=http_disabled addr=%s error=\"%s\" note=\"the default address is "
+                    "taken; pass --http HOST:PORT (0: any port) or --http off\"",
+                    o.http, err.msg);
+            fprintf(stderr, "hpd: warning: --http %s: %s; serving without HTTP\n", o.http, err.msg);
+            snprintf(http_addr, sizeof http_addr, "off");
+        } else if (hs != HP_OK) {
             fprintf(stderr, "hpd: --http %s: %s\n", o.http, err.msg);
             hpd_rpc_stop(d);
             hpd_shutdown(d);

@@ -10,6 +10,10 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -194,6 +198,27 @@ Test(hpd_config, bad_file_stops_the_start_naming_file_and_line) {
     cr_expect_eq(hpd_exit_code(args, &err), 2);
     cr_expect(strstr(err, "nope.conf: No such file"), "stderr: %s", err);
     free(err);
+}
+
+/* An HTTP address asked for and taken stops the start, naming it; with http = off in the file
+ * (the flag absent) hpd starts without HTTP. */
+Test(hpd_config, a_taken_http_address_asked_for_stops_the_start) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0);
+    cr_assert_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    char args[600], want[200], *err;
+    snprintf(args, sizeof args, "--state-dir %s/state --http 127.0.0.1:%d", g_dir,
+             ntohs(sa.sin_port));
+    cr_expect_eq(hpd_exit_code(args, &err), 1);
+    snprintf(want, sizeof want, "--http 127.0.0.1:%d: bind", ntohs(sa.sin_port));
+    cr_expect(strstr(err, want) && strstr(err, "in use"), "stderr: %s", err);
+    free(err);
+    write_file(g_conf, "http = off\n");
+    start_hpd("--config", g_conf, (char *)NULL);
+    cr_expect_str_eq(g_h.http, "off");
+    close(fd);
 }
 
 Test(hpd_config, flags_win_over_the_file) {
