@@ -242,14 +242,14 @@ Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
     free(st);
 
     write_file(g_conf, "log-level = info\nslots = 2\nhttp = off\nworker = /nonexistent/hp-worker\n"
-                       "on-sigterm = cancel\nheartbeat-ms = 500\n");
+                       "on-sigterm = cancel\nheartbeat-ms = 3000\n");
     kill(g_hpd, SIGHUP);
     cr_expect(wait_state(b, "RUNNING", 60000),
               "slots 2 after SIGHUP: the queued job did not start");
     cr_expect(log_has("event=config_changed key=slots from=1 to=2", 5000));
     cr_expect(log_has("event=config_changed key=log-level from=warn to=info", 0));
     cr_expect(log_has("event=config_changed key=on-sigterm from=checkpoint to=cancel", 0));
-    cr_expect(log_has("event=config_changed key=heartbeat-ms from=0 to=500", 0));
+    cr_expect(log_has("event=config_changed key=heartbeat-ms from=0 to=3000", 0));
     cr_expect(
         log_has("key=worker from=\"\" to=\"/nonexistent/hp-worker\" note=\"needs a restart\"", 0));
     cr_expect(log_has("event=reload signal=SIGHUP", 0), "info lines show after the reload");
