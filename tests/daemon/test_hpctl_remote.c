@@ -301,7 +301,9 @@ Test(hpctl_remote, killed_worker_restarts_from_the_checkpoint) {
     for (int i = 0; i < 3000 && job_step(id) < 8; i++) usleep(10000);
     cr_assert_geq(job_step(id), 8, "the job made no progress");
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '[-]-job %s [-]-rank 0'", id);
+    /* this hpd's worker only: other tests' daemons number their jobs the same way */
+    snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '[-]-coordinator %s [-]-job %s [-]-rank 0'",
+             g_h.workers, id);
     cr_assert_eq(system(cmd), 0, "no worker of %s to kill", id);
     st = wait_final(id);
     cr_expect_str_eq(st, "SUCCEEDED");

@@ -144,6 +144,18 @@ static char *job_state(const char *id) {
     return s;
 }
 
+/* The job's error text (why it FAILED), for messages. */
+static char *job_error(const char *id) {
+    run r = hpctl("status %s --json", id);
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    const char *v = j ? json_string_value(json_object_get(j, "error")) : NULL;
+    char *s = strdup(v ? v : r.out);
+    json_decref(j);
+    run_free(&r);
+    return s;
+}
+
 /* Waits up to ms for job id to be in state want. */
 static bool wait_state(const char *id, const char *want, int ms) {
     for (int i = 0; i < ms / 100; i++) {
@@ -269,12 +281,14 @@ Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
     cr_expect(log_has("reason=\"cancelled: coordinator shut down\"", 0));
     write_file(g_conf, "http = off\n");
     start_hpd("--config", g_conf, (char *)NULL);
-    st = job_state(a);
-    cr_expect_str_eq(st, "CANCELLED");
-    free(st);
-    st = job_state(b);
-    cr_expect_str_eq(st, "CANCELLED");
-    free(st);
+    for (int k = 0; k < 2; k++) {
+        const char *id = k ? b : a;
+        st = job_state(id);
+        char *why = job_error(id);
+        cr_expect_str_eq(st, "CANCELLED", "job %s is %s: %s", id, st, why);
+        free(why);
+        free(st);
+    }
     free(a);
     free(b);
 }

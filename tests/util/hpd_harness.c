@@ -52,7 +52,7 @@ void hp_th_hpd_start(hp_th_hpd *h, const char *state_dir, const char *log_path,
     close(fds[1]);
     char buf[4096];
     size_t got = 0;
-    h->grpc[0] = h->http[0] = 0;
+    h->grpc[0] = h->http[0] = h->workers[0] = 0;
     time_t t0 = time(NULL);
     while (!h->grpc[0] && time(NULL) - t0 < 30 && got < sizeof buf - 1) {
         struct pollfd pf = {fds[0], POLLIN, 0};
@@ -63,8 +63,9 @@ void hp_th_hpd_start(hp_th_hpd *h, const char *state_dir, const char *log_path,
         buf[got] = 0;
         char *l = strstr(buf, "hpd listening");
         if (!l || !strchr(l, '\n')) continue;
-        char *g = strstr(l, "grpc="), *w = strstr(l, "http=");
+        char *g = strstr(l, "grpc="), *w = strstr(l, "http="), *ws = strstr(l, "workers=");
         if (w) sscanf(w, "http=%63s", h->http);
+        if (ws) sscanf(ws, "workers=%63s", h->workers);
         if (g) sscanf(g, "grpc=%63s", h->grpc);
     }
     close(fds[0]); /* later lines: hpd ignores SIGPIPE */

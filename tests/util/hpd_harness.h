@@ -7,9 +7,10 @@
 #include <sys/types.h>
 
 typedef struct hp_th_hpd {
-    pid_t pid;     /* -1: not running */
-    char grpc[64]; /* "127.0.0.1:PORT" */
-    char http[64]; /* "127.0.0.1:PORT" or "off" ("" : hpd did not say) */
+    pid_t pid;        /* -1: not running */
+    char grpc[64];    /* "127.0.0.1:PORT" */
+    char http[64];    /* "127.0.0.1:PORT" or "off" ("" : hpd did not say) */
+    char workers[64]; /* the worker protocol's "127.0.0.1:PORT" (its workers' --coordinator) */
 } hp_th_hpd;
 
 /* Starts BUILD/daemon/hpd --listen 127.0.0.1:0 --worker-listen 127.0.0.1:0 --state-dir
