@@ -384,7 +384,8 @@ static void get_trace(hpd_http *h, const hpd_snap_job *e, const http_args *a, ht
         hp__trace_merge(h->state_dir, e->v.id, step, ranks, nr, &json, &len, &steps, &ns, &err);
     hp_free(steps);
     if (st != HP_OK) {
-        http_error(r, st == HP_NOT_FOUND ? 404 : 500, "%s", err.msg);
+        /* too big: the request can ask for fewer ranks (rank=R, repeated) */
+        http_error(r, st == HP_NOT_FOUND ? 404 : st == HP_LIMIT ? 400 : 500, "%s", err.msg);
         return;
     }
     char *body = malloc(len + 1);

@@ -14,8 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define TRACE_FILES_MAX 4096 /* per job: a bound on what a listing walks */
+/* The ranks' files merged into one reply at most: under the clients' 64 MiB receive limit,
+ * and a bound on the memory one request takes. */
+#define TRACE_MERGE_MAX ((int64_t)60 << 20)
 
 static void traces_dir(char *out, size_t n, const char *state_dir, const char *id) {
     snprintf(out, n, "%.900s/jobs/%.40s/traces", state_dir, id);
@@ -130,6 +134,25 @@ hp_status hp__trace_merge(const char *state_dir, const char *id, int64_t step, c
     int found = 0;
     if (!uniq || !events) {
         st = hp_errf(err, HP_NOMEM, "trace: out of memory");
+        goto out;
+    }
+    /* Too big to merge into one reply? Sum the files first. */
+    int64_t total = 0;
+    int n_want = 0;
+    for (int i = 0; i < n; i++) {
+        if (st_list[i] != step || !want_rank(ranks, n_ranks, rk_list[i])) continue;
+        char path[1100];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/step-%lld-rank-%d.json", dir, (long long)step, rk_list[i]);
+        if (stat(path, &sb) == 0) total += (int64_t)sb.st_size;
+        n_want++;
+    }
+    if (total > TRACE_MERGE_MAX) {
+        st = hp_errf(err, HP_LIMIT,
+                     "the trace of step %lld over %d ranks is %lld MiB, more than one reply "
+                     "holds (%lld MiB): ask for fewer ranks",
+                     (long long)step, n_want, (long long)(total >> 20),
+                     (long long)(TRACE_MERGE_MAX >> 20));
         goto out;
     }
     /* Ranks in order, so the document reads rank 0 first. */

@@ -401,6 +401,17 @@ def main():
         check({e["pid"] for e in xs} == {0, 1}, "the merged trace has both ranks as processes")
         check(any(e.get("tid") == 1 for e in xs) and any(e.get("tid") == 2 for e in xs),
               "compute (tid 1) and comm (tid 2) slices")
+        # Too big to merge into one reply (2 x 31 MiB): 400 naming the way out; one rank fits.
+        tdir = os.path.join(state, "jobs", jid, "traces")
+        for r in (0, 1):
+            with open(os.path.join(tdir, f"step-99-rank-{r}.json"), "w") as f:
+                f.write('{"traceEvents":[{"ph":"X","name":"' + "x" * (31 << 20) +
+                        '","ts":0,"dur":1,"pid":0,"tid":1}]}')
+        st, _, body = get(base, f"/api/v1/jobs/{jid}/trace?step=99", timeout=60)
+        is_error(st, body, 400, "a 62 MiB merged trace")
+        check(b"fewer ranks" in body, "the error says to ask for fewer ranks")
+        st, _, body = get(base, f"/api/v1/jobs/{jid}/trace?step=99&rank=0", timeout=60)
+        check(st == 200 and len(body) > (31 << 20), f"one rank of it: {st}, {len(body)} bytes")
         st, _, body = get(base, f"/api/v1/jobs/{jid}/trace?step=9")
         is_error(st, body, 404, "trace of an unprofiled step")
         check(b"3, 4" in body, "the 404 lists the traced steps")
