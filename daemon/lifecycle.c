@@ -68,9 +68,10 @@ void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint) {
 }
 
 /* ---- checkpoint now ------------------------------------------------------------------------ */
-/* The ranks agree on the step themselves: each one's training loop folds "asked" into the
- * all-reduce it already does after every step to agree on stopping (worker/train.c), so the
- * first step after which any rank has the frame is the step they all checkpoint. */
+/* The ranks agree on the step themselves: each one's training loop folds the number of requests
+ * it has seen into the all-reduce it already does after every step to agree on stopping
+ * (worker/train.c), so the first step after which any rank has the frame is the step they all
+ * checkpoint, once per request. */
 hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err) {
     hpd_job *j = hp__job_find(d, id);
     if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
