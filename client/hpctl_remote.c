@@ -455,33 +455,45 @@ int hpctl_status(int argc, char **argv) {
     return rc;
 }
 
+/* A mutating call answered with {JobInfo job}: opens the client, calls, prints "ID STATE" (with
+ * " step N" when step) or the job as JSON; the exit code. */
+static int job_call(const char *verb, const remote_opts *o, const char *method,
+                    const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                    bool step) {
+    hp_rpc_client *c;
+    int rc = open_client(verb, o, &c);
+    if (rc) return rc;
+    hp_rpc_result r;
+    ProtobufCMessage *resp = NULL;
+    if (hp_rpc_unary(c, method, req, true, resp_desc, &resp, &r) != 0) {
+        rc = rpc_fail(verb, &r);
+    } else {
+        const ProtobufCFieldDescriptor *f =
+            protobuf_c_message_descriptor_get_field_by_name(resp_desc, "job");
+        const Hp__V1__JobInfo *job =
+            f ? *(Hp__V1__JobInfo *const *)((const char *)resp + f->offset) : NULL;
+        if (job && o->json)
+            print_json(job_json(job));
+        else if (job && step)
+            printf("%s %s step %lld\n", job->id, state_name(job->state), (long long)job->step);
+        else if (job)
+            printf("%s %s\n", job->id, state_name(job->state));
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    hp_rpc_client_close(c);
+    return rc;
+}
+
 int hpctl_cancel(int argc, char **argv) {
     const char *verb = "cancel", *id = NULL, *reason = "cancelled with hpctl";
     remote_opts o = {0};
     int rc = parse_id_verb(verb, argc, argv, &o, &id, &reason);
     if (rc) return rc;
-    hp_rpc_client *c;
-    if ((rc = open_client(verb, &o, &c))) return rc;
-    hp_rpc_result r;
     Hp__V1__CancelJobRequest req = HP__V1__CANCEL_JOB_REQUEST__INIT;
     req.job_id = (char *)id;
     req.reason = (char *)reason;
-    Hp__V1__CancelJobResponse *resp = NULL;
-    if (hp_rpc_unary(c, "/hp.v1.Coordinator/CancelJob", &req.base, true,
-                     &hp__v1__cancel_job_response__descriptor, (ProtobufCMessage **)&resp,
-                     &r) != 0) {
-        rc = rpc_fail(verb, &r);
-    } else {
-        if (resp->job) {
-            if (o.json)
-                print_json(job_json(resp->job));
-            else
-                printf("%s %s\n", resp->job->id, state_name(resp->job->state));
-        }
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-    }
-    hp_rpc_client_close(c);
-    return rc;
+    return job_call(verb, &o, "/hp.v1.Coordinator/CancelJob", &req.base,
+                    &hp__v1__cancel_job_response__descriptor, false);
 }
 
 int hpctl_list(int argc, char **argv) {
@@ -786,26 +798,8 @@ int hpctl_checkpoint(int argc, char **argv) {
     remote_opts o = {0};
     int rc = parse_id_verb(verb, argc, argv, &o, &id, NULL);
     if (rc) return rc;
-    hp_rpc_client *c;
-    if ((rc = open_client(verb, &o, &c))) return rc;
-    hp_rpc_result r;
     Hp__V1__CheckpointJobRequest req = HP__V1__CHECKPOINT_JOB_REQUEST__INIT;
     req.job_id = (char *)id;
-    Hp__V1__CheckpointJobResponse *resp = NULL;
-    if (hp_rpc_unary(c, "/hp.v1.Coordinator/CheckpointJob", &req.base, true,
-                     &hp__v1__checkpoint_job_response__descriptor, (ProtobufCMessage **)&resp,
-                     &r) != 0) {
-        rc = rpc_fail(verb, &r);
-    } else {
-        if (resp->job) {
-            if (o.json)
-                print_json(job_json(resp->job));
-            else
-                printf("%s %s step %lld\n", resp->job->id, state_name(resp->job->state),
-                       (long long)resp->job->step);
-        }
-        protobuf_c_message_free_unpacked(&resp->base, NULL);
-    }
-    hp_rpc_client_close(c);
-    return rc;
+    return job_call(verb, &o, "/hp.v1.Coordinator/CheckpointJob", &req.base,
+                    &hp__v1__checkpoint_job_response__descriptor, true);
 }

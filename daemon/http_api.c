@@ -174,7 +174,7 @@ static bool on_transition(void *ctx, int64_t seq, int from, int to, double time,
     return json_array_append_new(arr, t) == 0;
 }
 
-static void get_job(hpd_http *h, const hpd_snap *s, const hpd_snap_job *e, http_reply *r) {
+static void get_job(hpd_http *h, const hpd_snap_job *e, http_reply *r) {
     double now = hp__unix_s();
     json_t *ranks = json_array();
     for (int i = 0; ranks && i < e->n_ranks; i++) {
@@ -202,7 +202,6 @@ static void get_job(hpd_http *h, const hpd_snap *s, const hpd_snap_job *e, http_
     hpd_store *st = rstore(h, &err);
     hp_status rc = st ? hpd_store_each_transition(st, e->v.id, on_transition, trans, &err) : HP_IO;
     pthread_mutex_unlock(&h->store_mu);
-    (void)s;
     if (rc != HP_OK) {
         json_decref(ranks);
         json_decref(trans);
@@ -426,7 +425,7 @@ void http_api(hpd_http *h, const hpd_snap *s, const char *path, const http_args 
     }
     const char *sub = slash ? slash + 1 : "";
     if (!*sub)
-        get_job(h, s, e, r);
+        get_job(h, e, r);
     else if (!strcmp(sub, "metrics"))
         get_metrics(h, e, a, r);
     else if (!strcmp(sub, "logs"))

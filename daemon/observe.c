@@ -6,7 +6,6 @@
 #include "daemon/jobsm.h"
 
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,7 +20,7 @@ struct hpd_obs {
 struct hpd_jstats {
     bool has_last;
     hpd_mrec last;
-    int64_t steps_total, tokens_total, records_total, counted_step;
+    int64_t steps_total, tokens_total, counted_step;
     uint64_t hist[HPD_HIST_N + 1];
     double hist_sum;
     uint64_t hist_count;
@@ -132,7 +131,6 @@ void hp__obs_metrics(hpd *d, hpd_job *j, const Hp__V1__StepMetrics *m) {
     hpd_jstats *s = stats_of(j);
     if (!s) return;
     j->obs_dirty = true;
-    s->records_total++;
     if (m->tokens > 0) s->tokens_total += m->tokens;
     if (m->rank >= 0 && m->rank < s->n_ranks) {
         s->rank_has[m->rank] = true;
@@ -184,7 +182,6 @@ static hpd_snap_job *entry_build(hpd_job *j, double now_unix, uint64_t now_ms) {
         e->last = s->last;
         e->steps_total = s->steps_total;
         e->tokens_total = s->tokens_total;
-        e->records_total = s->records_total;
         memcpy(e->hist, s->hist, sizeof e->hist);
         e->hist_sum = s->hist_sum;
         e->hist_count = s->hist_count;
@@ -242,7 +239,6 @@ void hp__obs_publish(hpd *d) {
         return;
     }
     s->refs = 1;
-    s->built_unix_s = now_unix;
     s->jobs = jobs;
     for (hpd_job *j = d->jobs; j; j = j->next) {
         if (!j->snap) continue;
@@ -253,7 +249,6 @@ void hp__obs_publish(hpd *d) {
     s->slots = d->slots;
     s->slots_used = d->slots_used;
     s->watches = d->n_watches;
-    snprintf(s->state_dir, sizeof s->state_dir, "%.1000s", d->state_dir);
     pthread_mutex_lock(&o->mu);
     hpd_snap *old = o->cur;
     o->cur = s;

@@ -46,7 +46,7 @@ typedef struct hpd_snap_job {
     hpd_job_view v;
     bool has_last; /* last: the latest record of the lowest rank reporting */
     hpd_mrec last;
-    int64_t steps_total, tokens_total, records_total;
+    int64_t steps_total, tokens_total;
     uint64_t hist[HPD_HIST_N + 1]; /* cumulative counts are made when printed */
     double hist_sum;
     uint64_t hist_count;
@@ -58,12 +58,10 @@ typedef struct hpd_snap_job {
 
 typedef struct hpd_snap {
     int refs; /* atomic */
-    double built_unix_s;
     int n_jobs;
     hpd_snap_job **jobs; /* oldest first */
     int64_t metrics_records_total;
     int slots, slots_used, watches;
-    char state_dir[1024];
 } hpd_snap;
 
 /* ---- loop side ---- */

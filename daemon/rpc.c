@@ -311,13 +311,13 @@ typedef struct {
     Hp__V1__StepMetrics metrics;
 } job_info_buf;
 
-static void job_info(job_info_buf *b, hpd_job_view *v) {
+static void job_info(job_info_buf *b, const hpd_job_view *v) {
     Hp__V1__JobInfo init = HP__V1__JOB_INFO__INIT;
     Hp__V1__StepMetrics minit = HP__V1__STEP_METRICS__INIT;
     b->info = init;
     b->metrics = minit;
-    b->info.id = v->id;
-    b->info.name = v->name;
+    b->info.id = (char *)v->id; /* borrowed for the reply */
+    b->info.name = (char *)v->name;
     b->info.state = v->state;
     b->info.created_unix_s = v->created_unix_s;
     b->info.updated_unix_s = v->updated_unix_s;
@@ -325,7 +325,7 @@ static void job_info(job_info_buf *b, hpd_job_view *v) {
     b->info.step = v->step;
     b->info.total_steps = v->total_steps;
     b->info.restarts = v->restarts;
-    b->info.error = v->error;
+    b->info.error = (char *)v->error;
     if (v->has_metrics) {
         b->metrics.step = v->step;
         b->metrics.rank = -1;
@@ -337,6 +337,15 @@ static void job_info(job_info_buf *b, hpd_job_view *v) {
     }
 }
 
+/* Answers with resp, a response whose field `job` (*slot) is the job v. */
+static void reply_job(rpc_call *c, ProtobufCMessage *resp, Hp__V1__JobInfo **slot,
+                      const hpd_job_view *v) {
+    job_info_buf b;
+    job_info(&b, v);
+    *slot = &b.info;
+    reply_msg(c, resp);
+}
+
 /* ---- handlers (loop thread) --------------------------------------------------------------- */
 
 static void on_submitted(void *ctx, hp_status st, const hpd_job_view *v, const hp_err *err) {
@@ -346,12 +355,8 @@ static void on_submitted(void *ctx, hp_status st, const hpd_job_view *v, const h
         reply_err(c, st, err);
         return;
     }
-    hpd_job_view copy = *v; /* job_info points into it */
-    job_info_buf b;
-    job_info(&b, &copy);
     Hp__V1__SubmitJobResponse resp = HP__V1__SUBMIT_JOB_RESPONSE__INIT;
-    resp.job = &b.info;
-    reply_msg(c, &resp.base);
+    reply_job(c, &resp.base, &resp.job, v);
 }
 
 static void h_submit(rpc_call *c) {
@@ -402,11 +407,8 @@ static void h_get(rpc_call *c) {
         reply_err(c, st, &err);
         return;
     }
-    job_info_buf b;
-    job_info(&b, &v);
     Hp__V1__GetJobResponse resp = HP__V1__GET_JOB_RESPONSE__INIT;
-    resp.job = &b.info;
-    reply_msg(c, &resp.base);
+    reply_job(c, &resp.base, &resp.job, &v);
 }
 
 static void h_list(rpc_call *c) {
@@ -471,11 +473,8 @@ static void h_cancel(rpc_call *c) {
         reply_err(c, st, &err);
         return;
     }
-    job_info_buf b;
-    job_info(&b, &v);
     Hp__V1__CancelJobResponse resp = HP__V1__CANCEL_JOB_RESPONSE__INIT;
-    resp.job = &b.info;
-    reply_msg(c, &resp.base);
+    reply_job(c, &resp.base, &resp.job, &v);
 }
 
 static void h_plan(rpc_call *c) {
@@ -600,11 +599,8 @@ static void h_checkpoint(rpc_call *c) {
         reply_err(c, st, &err);
         return;
     }
-    job_info_buf b;
-    job_info(&b, &v);
     Hp__V1__CheckpointJobResponse resp = HP__V1__CHECKPOINT_JOB_RESPONSE__INIT;
-    resp.job = &b.info;
-    reply_msg(c, &resp.base);
+    reply_job(c, &resp.base, &resp.job, &v);
 }
 
 static void dispatch(rpc_call *c) {
