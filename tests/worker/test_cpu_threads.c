@@ -1,7 +1,8 @@
 /* tests/worker/test_cpu_threads.c — the cpu backend's results do not depend on its thread
  * count: every kernel with a reduction or a parallel split (sums, means, amax, norms, softmax,
  * embedding backward, attention forward and backward, GEMMs) gives the same bits with 1, 2
- * and 3 threads, on shapes big enough to be split into many chunks. Nor on the vector width:
+ * 3 and 4 threads, on shapes big enough to be split into many chunks (GEMMs: into many output
+ * tiles, with ragged edges), whatever OPENBLAS_CORETYPE picks. Nor on the vector width:
  * the AVX2 builds of the hot loops give the same bits as the baseline builds.
  */
 #include "cpu_check.h"
@@ -91,6 +92,21 @@ static hp_value mm_thin(hp_th *h, unsigned *flags) { /* shapes BLAS may treat as
     return hp_mm(h->g, a, b);
 }
 
+/* Many output tiles, edges that are no multiple of a tile or of OpenBLAS's micro-tile. */
+static hp_value mm_tiled(hp_th *h, unsigned *flags) {
+    (void)flags;
+    hp_value a = cc_rand_input(h, TY(HP_F32, 1037, 301), 26, -1, 1);
+    hp_value b = cc_rand_input(h, TY(HP_F32, 301, 2051), 27, -1, 1);
+    return hp_mm(h->g, a, b);
+}
+
+static hp_value mm_both_trans(hp_th *h, unsigned *flags) {
+    *flags = HP_CALL_TRANS_A | HP_CALL_TRANS_B;
+    hp_value a = cc_rand_input(h, TY(HP_F32, 513, 700), 28, -1, 1);
+    hp_value b = cc_rand_input(h, TY(HP_F32, 611, 513), 29, -1, 1);
+    return hp_mm(h->g, hp_t(h->g, a), hp_t(h->g, b));
+}
+
 static hp_value bmm(hp_th *h, unsigned *flags) {
     *flags = HP_CALL_TRANS_B;
     hp_value a = cc_rand_input(h, TY(HP_F32, 6, 65, 130), 13, -1, 1);
@@ -121,13 +137,14 @@ static hp_value attn_bwd(hp_th *h, unsigned *flags) {
 }
 
 static const builder builders[] = {
-    reduce_all, reduce_rows, reduce_mid, rms_back, log_softmax, log_softmax_back, silu_back,
-    gelu,       emb_back,    mm_trans,   bmm,      attn_fwd,    attn_bwd};
+    reduce_all,    reduce_rows, reduce_mid, rms_back, log_softmax, log_softmax_back,
+    silu_back,     gelu,        emb_back,   mm_trans, mm_thin,     mm_tiled,
+    mm_both_trans, bmm,         attn_fwd,   attn_bwd};
 
 Test(cpu_threads, results_do_not_depend_on_thread_count, .timeout = 60) {
     for (size_t bi = 0; bi < HP_ARRAY_LEN(builders); bi++) {
         cc_result first = {0};
-        for (int threads = 1; threads <= 3; threads++) {
+        for (int threads = 1; threads <= 4; threads++) {
             hp_backend *be = cc_backend(threads);
             hp_th h;
             hp_th_init(&h);
@@ -158,7 +175,8 @@ Test(cpu_threads, vector_width_does_not_change_results, .timeout = 60) {
     if (!hp__simd_avx2()) cr_skip_test("no AVX2+FMA on this CPU: only the baseline build runs");
     hp_backend *be = cc_backend(2);
     for (size_t bi = 0; bi < HP_ARRAY_LEN(builders); bi++) {
-        if (builders[bi] == mm_trans || builders[bi] == mm_thin || builders[bi] == bmm)
+        if (builders[bi] == mm_trans || builders[bi] == mm_thin || builders[bi] == mm_tiled ||
+            builders[bi] == mm_both_trans || builders[bi] == bmm)
             continue; /* OpenBLAS's own dispatch */
         cc_result r[2];
         const char *name = "";

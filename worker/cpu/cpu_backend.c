@@ -456,7 +456,7 @@ hp_status hp_cpu_backend_new(int threads, hp_backend **out, hp_err *err) {
         hp_free(cpu);
         return st;
     }
-    hp__cpu_blas_threads(threads);
+    hp__cpu_blas_single_threaded();
     *out = &cpu->base;
     return HP_OK;
 }

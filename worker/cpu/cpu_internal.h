@@ -141,8 +141,8 @@ HP__CPU_KERNEL(hp__cpu_cat);
 HP__CPU_KERNEL(hp__cpu_mm);
 HP__CPU_KERNEL(hp__cpu_bmm);
 HP__CPU_KERNEL(hp__cpu_addmm);
-/* Makes OpenBLAS use n threads (only when it does not already). */
-void hp__cpu_blas_threads(int n);
+/* Makes OpenBLAS run single-threaded (GEMMs are tiled on the pool instead: k_matmul.c). */
+void hp__cpu_blas_single_threaded(void);
 
 /* k_nn.c: embedding (+ dense backward), (log_)softmax (+ backward), nll_loss (+ backward) */
 HP__CPU_KERNEL(hp__cpu_embedding);

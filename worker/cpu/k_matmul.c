@@ -2,18 +2,21 @@
  *
  * HP_CALL_TRANS_A / TRANS_B mean the lowering folded a transpose into the call: the buffer
  * holds the operand untransposed (in_type[] describes that buffer), and sgemm reads it
- * transposed. bmm is a loop of sgemm calls, one per batch entry (OpenBLAS threads each).
- * OpenBLAS splits a product over M and N, never K, so each output element sums in the same
- * order whatever the thread count.
+ * transposed.
  *
- * Never called from inside a pool task: OpenBLAS runs its own threads.
+ * Results do not depend on the thread count, by construction: OpenBLAS always runs
+ * single-threaded (how a threaded OpenBLAS splits a product, and whether it splits K, differs
+ * between its per-core-type kernels), and a product is cut into tiles of the output whose
+ * shapes are a function of (M, N) alone (tile_dims). Each tile is one single-threaded sgemm
+ * over the whole K, run as one task of the backend's pool; which thread runs a tile changes
+ * nothing in its bits. A bmm's tasks are (batch entry, tile) pairs.
  */
 #include "worker/cpu/cpu_internal.h"
 
 #include <cblas.h>
 
-void hp__cpu_blas_threads(int n) {
-    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+void hp__cpu_blas_single_threaded(void) {
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
 /* The logical product [M, K] x [K, N] of a call's operands a = in[ia], b = in[ia + 1], given
@@ -52,12 +55,49 @@ static hp_status gemm_check(const hp_kernel_call *c, int ia, int rank, gemm_dims
     return HP_OK;
 }
 
-/* y[M, N] = alpha · op(a) op(b) + beta · y for one batch entry. */
-static void sgemm(const gemm_dims *g, const float *a, const float *b, float *y, float alpha,
-                  float beta) {
-    int m = (int)g->m, n = (int)g->n, k = (int)g->k;
+/* Output tiles: about 8 row blocks and 4 column blocks, as multiples of OpenBLAS's x86-64
+ * micro-tile (16 x 4 and 16 x 8 kernels: multiples of 16 keep edges off the hot kernel),
+ * clamped so a tile keeps the per-call packing cost small. Depends on M and N only. */
+#define TILE_ROUND 16
+#define TILE_M_MIN 64
+#define TILE_M_MAX 256
+#define TILE_N_MIN 64
+#define TILE_N_MAX 512
+
+static int64_t tile_len(int64_t dim, int64_t parts, int64_t lo, int64_t hi) {
+    int64_t t = (dim + parts - 1) / parts;
+    t = (t + TILE_ROUND - 1) / TILE_ROUND * TILE_ROUND;
+    return t < lo ? lo : t > hi ? hi : t;
+}
+
+typedef struct gemm_task {
+    const gemm_dims *g;
+    const float *a, *b;
+    float *y;
+    float alpha, beta;
+    int64_t tm, tn;           /* tile dims */
+    int64_t tiles_m, tiles_n; /* tiles per batch entry: tiles_m x tiles_n */
+} gemm_task;
+
+/* One tile: rows [m0, m0 + mt) x columns [n0, n0 + nt) of one batch entry's y, from the
+ * matching rows of op(a) and columns of op(b) over all of K. */
+static void gemm_tile(void *ctx, int64_t task, int thread) {
+    (void)thread;
+    const gemm_task *t = ctx;
+    const gemm_dims *g = t->g;
+    int64_t per = t->tiles_m * t->tiles_n, i = task / per, r = task % per;
+    int64_t m0 = r / t->tiles_n * t->tm, n0 = r % t->tiles_n * t->tn;
+    int64_t mt = g->m - m0 < t->tm ? g->m - m0 : t->tm;
+    int64_t nt = g->n - n0 < t->tn ? g->n - n0 : t->tn;
+    const float *a = t->a + i * g->m * g->k, *b = t->b + i * g->k * g->n;
+    float *y = t->y + i * g->m * g->n + m0 * g->n + n0;
+    /* op(a) rows m0..: a is [M, K] (rows) or [K, M] (columns); op(b) columns n0..: b is
+     * [K, N] (columns) or [N, K] (rows). Leading dims stay those of the whole operands. */
+    const float *ap = g->ta ? a + m0 : a + m0 * g->k;
+    const float *bp = g->tb ? b + n0 * g->k : b + n0;
     cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
-                m, n, k, alpha, a, g->ta ? m : k, b, g->tb ? k : n, beta, y, n);
+                (int)mt, (int)nt, (int)g->k, t->alpha, ap, (int)(g->ta ? g->m : g->k), bp,
+                (int)(g->tb ? g->k : g->n), t->beta, y, (int)g->n);
 }
 
 /* The batched product into out (zeros when K is 0, which sgemm may not touch). */
@@ -71,9 +111,13 @@ static void gemm_run(hp__cpu *cpu, const gemm_dims *g, const float *a, const flo
             for (int64_t i = 0; i < g->batch * g->m * g->n; i++) y[i] *= beta;
         return;
     }
-    hp__cpu_blas_threads(cpu->threads);
-    for (int64_t i = 0; i < g->batch; i++)
-        sgemm(g, a + i * g->m * g->k, b + i * g->k * g->n, y + i * g->m * g->n, alpha, beta);
+    hp__cpu_blas_single_threaded();
+    gemm_task t = {.g = g, .a = a, .b = b, .y = y, .alpha = alpha, .beta = beta};
+    t.tm = tile_len(g->m, 8, TILE_M_MIN, TILE_M_MAX);
+    t.tn = tile_len(g->n, 4, TILE_N_MIN, TILE_N_MAX);
+    t.tiles_m = (g->m + t.tm - 1) / t.tm;
+    t.tiles_n = (g->n + t.tn - 1) / t.tn;
+    hp_pool_run(cpu->pool, g->batch * t.tiles_m * t.tiles_n, gemm_tile, &t);
 }
 
 /* mm(a [M, K], b [K, N]) -> [M, N] */
