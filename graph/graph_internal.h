@@ -29,11 +29,13 @@ void hp__reduce_mask(const hp_node *n, int rank, bool mask[HP_MAX_RANK]);
 hp_status hp__check_node(const hp_graph *g, int id, const hp_node *n, hp_type *inferred,
                          hp_err *err);
 
-/* The ops' rules, declared from the op table (defined in shape_rules.c and grad_rules.c). */
-#define HP_OP(e, name, n_in, n_out, req, opt, shape_fn, grad_fn, flags)                            \
+/* The ops' rules, declared from the op table (defined in shape_rules.c, grad_rules*.c and
+ * shard_rules*.c). */
+#define HP_OP(e, name, n_in, n_out, req, opt, shape_fn, grad_fn, shard_fn, flags)                  \
     hp_status hp__##shape_fn(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err);      \
     hp_status hp__##grad_fn(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout,            \
-                            hp_value *gin);
+                            hp_value *gin);                                                        \
+    int hp__##shard_fn(const hp_shard_query *q, hp_shard_rule *rules, int cap);
 #include "graph/ops.def"
 #undef HP_OP
 

@@ -177,60 +177,6 @@ bool hp_fqn_match(const char *pattern, const char *fqn) {
     return !*pattern;
 }
 
-/* ---- placement words ---------------------------------------------------------------------------
- */
-
-hp_status hp_placement_parse(const char *s, hp_placement *p, hp_err *err) {
-    char q[HP__QUOTE_MAX];
-    memset(p, 0, sizeof *p);
-    if (!s) s = "";
-    if (!strcmp(s, "Replicate") || !strcmp(s, "Replicate()")) {
-        p->kind = HP_PLACE_REPLICATE;
-        return HP_OK;
-    }
-    if (!strncmp(s, "Shard(", 6) && s[6] >= '0' && s[6] <= '9') {
-        int d = 0;
-        const char *c = s + 6;
-        while (*c >= '0' && *c <= '9' && d < HP_MAX_RANK) d = d * 10 + (*c++ - '0');
-        if (!strcmp(c, ")") && d < HP_MAX_RANK) {
-            p->kind = HP_PLACE_SHARD;
-            p->dim = d;
-            return HP_OK;
-        }
-    }
-    if (!strcmp(s, "Partial") || !strcmp(s, "Partial()") || !strcmp(s, "Partial(sum)")) {
-        p->kind = HP_PLACE_PARTIAL;
-        p->reduce = HP_REDUCE_SUM;
-        return HP_OK;
-    }
-    if (!strcmp(s, "Partial(avg)")) {
-        p->kind = HP_PLACE_PARTIAL;
-        p->reduce = HP_REDUCE_AVG;
-        return HP_OK;
-    }
-    return hp_errf(err, HP_PARSE,
-                   "placement '%s': expected Replicate, Shard(d) with 0 <= d < %d, Partial(sum) "
-                   "or Partial(avg)",
-                   hp__quote(s, q), HP_MAX_RANK);
-}
-
-char *hp_placement_str(const hp_placement *p, char *buf, size_t len) {
-    switch (p->kind) {
-    case HP_PLACE_REPLICATE:
-        snprintf(buf, len, "Replicate");
-        break;
-    case HP_PLACE_SHARD:
-        snprintf(buf, len, "Shard(%d)", p->dim);
-        break;
-    case HP_PLACE_PARTIAL:
-        snprintf(buf, len, "Partial(%s)", p->reduce == HP_REDUCE_AVG ? "avg" : "sum");
-        break;
-    default:
-        snprintf(buf, len, "?%d", (int)p->kind);
-    }
-    return buf;
-}
-
 /* ---- validation --------------------------------------------------------------------------------
  */
 

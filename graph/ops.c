@@ -7,7 +7,7 @@
 #define hp__NULL NULL
 
 static const hp_op_info op_table[HP_OP_COUNT] = {
-#define HP_OP(e, nm, nin, nout, req, opt, shape_fn, grad_fn, fl)                                   \
+#define HP_OP(e, nm, nin, nout, req, opt, shape_fn, grad_fn, shard_fn, fl)                         \
     [HP_OP_##e] = {.name = nm,                                                                     \
                    .n_in = nin,                                                                    \
                    .n_out = nout,                                                                  \
@@ -15,6 +15,7 @@ static const hp_op_info op_table[HP_OP_COUNT] = {
                    .optional = (opt),                                                              \
                    .shape = hp__##shape_fn,                                                        \
                    .grad = hp__##grad_fn,                                                          \
+                   .shard = hp__##shard_fn,                                                        \
                    .flags = (fl)},
 #include "graph/ops.def"
 #undef HP_OP

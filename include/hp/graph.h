@@ -174,11 +174,87 @@ hp_attr hp_attr_initspec(hp_init init);
 
 typedef enum { HP_INPUT_PARAM = 0, HP_INPUT_BUFFER = 1, HP_INPUT_DATA = 2 } hp_input_kind;
 typedef enum { HP_REDUCE_SUM = 0, HP_REDUCE_AVG = 1, HP_REDUCE_MAX = 2 } hp_reduce_op;
+
+#define HP_MAX_OUTS 4 /* outputs of one node */
 typedef enum { HP_NLL_NONE = 0, HP_NLL_MEAN = 1, HP_NLL_SUM = 2 } hp_nll_reduction;
+
+/* ---- placements (DTensor's words) -----------------------------------------------------------
+ * How a value is laid out over one dimension of the device mesh: Replicate (every rank holds
+ * all of it), Shard(d) (tensor dim d is split into equal contiguous chunks, rank i of the mesh
+ * dim holding chunk i), Partial(op) (every rank holds a full-shaped term; the value is their
+ * sum, average or max). A value has one placement per mesh dim. Short form: R, S(d),
+ * P(sum), P(avg), P(max); long form: Replicate, Shard(d), Partial(sum|avg|max). */
+#define HP_MESH_MAX_DIMS 4  /* e.g. (pp, dp, tp, cp) */
+#define HP_MESH_NAME_MAX 16 /* identifier, 1..15 chars */
+
+typedef enum { HP_PLACE_REPLICATE = 0, HP_PLACE_SHARD = 1, HP_PLACE_PARTIAL = 2 } hp_place_kind;
+typedef struct hp_placement {
+    hp_place_kind kind;
+    int dim;             /* Shard: the tensor dim (>= 0) */
+    hp_reduce_op reduce; /* Partial: HP_REDUCE_SUM | HP_REDUCE_AVG | HP_REDUCE_MAX */
+} hp_placement;
+
+#define HP_REPLICATE   ((hp_placement){HP_PLACE_REPLICATE, 0, HP_REDUCE_SUM})
+#define HP_SHARD(d)    ((hp_placement){HP_PLACE_SHARD, (d), HP_REDUCE_SUM})
+#define HP_PARTIAL(op) ((hp_placement){HP_PLACE_PARTIAL, 0, (op)})
+bool hp_placement_eq(hp_placement a, hp_placement b);
+
+/* Parses the long form ("Replicate", "Shard(1)", "Partial(sum)"; "Partial" alone is sum) or
+ * the short form ("R", "S(1)", "P(avg)"); Shard dims in [0, HP_MAX_RANK). HP_PARSE naming
+ * the text otherwise. */
+hp_status hp_placement_parse(const char *s, hp_placement *p, hp_err *err);
+/* Long form into buf; returns buf. */
+char *hp_placement_str(const hp_placement *p, char *buf, size_t len);
+/* Short form into buf; returns buf. */
+char *hp_placement_short(const hp_placement *p, char *buf, size_t len);
+
+/* ---- sharding rules (one per op, beside its shape and gradient rules) -----------------------
+ * A rule says, for ONE mesh dimension of size n: if the inputs have these placements, running
+ * the op on every rank's local pieces gives outputs with these placements. Rules of several
+ * mesh dims combine independently (DTensor's per-dim strategies). All-Replicate in and out is
+ * always valid and never listed. Shard(d) in a rule means an even split: the rule functions
+ * only offer it where dim d of the (global) tensor divides by n, so compute never meets
+ * padding. Attributes that spell a size (view shapes, num_weights) take their local value on
+ * each rank: hp_localize_attrs. */
+#define HP_SHARD_MAX_IN    8  /* rule inputs spelled out; variadic ops (cat): in[0] for all */
+#define HP_SHARD_MAX_RULES 64 /* rules of one op on one mesh dim */
+
+typedef struct hp_shard_rule {
+    hp_placement in[HP_SHARD_MAX_IN];
+    hp_placement out[HP_MAX_OUTS];
+} hp_shard_rule;
+
+/* What a rule function is asked about: a node with its global input and output types, and
+ * one mesh dim (its name, for collectives: their own group is the one they act on). */
+typedef struct hp_shard_query {
+    const struct hp_node *node;
+    const hp_type *in;  /* [node->n_in], global */
+    const hp_type *out; /* [node->n_out], global */
+    int64_t mesh_size;  /* ranks along the mesh dim, >= 2 */
+    const char *mesh_dim;
+} hp_shard_query;
+
+/* Writes at most cap rules; returns how many there are (which may exceed cap: call again
+ * with more room). */
+typedef int (*hp_shard_fn)(const hp_shard_query *q, hp_shard_rule *rules, int cap);
+
+/* A value's local piece: each mesh dim i (in mesh order) with Shard(d) splits the piece left
+ * by the dims before it along d into sizes[i] chunks of ceil(len / sizes[i]) (the last ones
+ * padded when it does not divide: only parameter storage may be padded; `even` refuses it).
+ * HP_INVALID naming the dim when a Shard names a dim the tensor lacks, or a split is uneven
+ * with `even`. */
+hp_status hp_local_type(const hp_type *global, const hp_placement *pl, const int64_t *sizes,
+                        int ndim, bool even, hp_type *local, hp_err *err);
+
+/* The attributes a rank runs node n with, given its local output types: a copy of n's
+ * attributes (strings borrowed) where those that spell the output's size take the local one
+ * (the shape of view, reshape, expand, full, zeros, ones, slice_backward; num_weights of
+ * embedding_dense_backward). attrs holds n->n_attrs entries. */
+void hp_localize_attrs(const struct hp_node *n, const hp_type *local_out, hp_attr *attrs);
 
 /* ---- the op table ---------------------------------------------------------------------------- */
 typedef enum {
-#define HP_OP(e, name, n_in, n_out, req, opt, shape_fn, grad_fn, flags) HP_OP_##e,
+#define HP_OP(e, name, n_in, n_out, req, opt, shape_fn, grad_fn, shard_fn, flags) HP_OP_##e,
 #include "graph/ops.def"
 #undef HP_OP
     HP_OP_COUNT
@@ -187,15 +263,15 @@ typedef enum {
 #define HP_A(k) (UINT64_C(1) << HP_ATTR_##k)
 
 enum {
-    HP_OPF_ELEMENTWISE = 1 << 0, /* output shape = broadcast of inputs */
-    HP_OPF_VIEW = 1 << 1,        /* output aliases input memory in a strided runtime */
-    HP_OPF_COLLECTIVE = 1 << 2,  /* returns a pending value consumed by wait_tensor */
-    HP_OPF_CREATION = 1 << 3,    /* no inputs; output from attributes */
-    HP_OPF_BACKWARD = 1 << 4,    /* a gradient op (no gradient rule of its own) */
+    HP_OPF_ELEMENTWISE = 1 << 0,    /* output shape = broadcast of inputs */
+    HP_OPF_VIEW = 1 << 1,           /* output aliases input memory in a strided runtime */
+    HP_OPF_COLLECTIVE = 1 << 2,     /* returns a pending value consumed by wait_tensor */
+    HP_OPF_CREATION = 1 << 3,       /* no inputs; output from attributes */
+    HP_OPF_BACKWARD = 1 << 4,       /* a gradient op (no gradient rule of its own) */
+    HP_OPF_REPLICATE_ONLY = 1 << 5, /* no sharding rule: runs on Replicate inputs only */
 };
 
 #define HP_VARIADIC   (-1)
-#define HP_MAX_OUTS   4
 #define HP_MAX_INPUTS 1024 /* variadic ops (cat) */
 
 typedef struct hp_node hp_node;
@@ -249,7 +325,8 @@ typedef struct hp_op_info {
     uint64_t required; /* attr key mask */
     uint64_t optional; /* attr key mask */
     hp_shape_fn shape;
-    hp_grad_fn grad; /* NULL: not differentiable */
+    hp_grad_fn grad;   /* NULL: not differentiable */
+    hp_shard_fn shard; /* NULL: no rules (HP_OPF_REPLICATE_ONLY, or a placeholder's given) */
     unsigned flags;
 } hp_op_info;
 

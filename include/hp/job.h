@@ -30,8 +30,6 @@ extern "C" {
 #define HP_JOB_NAME_MAX   64    /* [A-Za-z0-9._-], 1..63 chars */
 #define HP_JOB_PATH_MAX   1024  /* data_path, init_from */
 #define HP_MAX_WORLD      65536 /* ranks */
-#define HP_MESH_MAX_DIMS  4     /* e.g. (pp, dp, tp, cp) */
-#define HP_MESH_NAME_MAX  16    /* identifier, 1..15 chars */
 #define HP_PASS_NAME_MAX  32    /* pass names in dump lists and switches */
 #define HP_PASS_MAX       32    /* entries in a dump list / switch list */
 #define HP_PLAN_MAX_ITEMS 65536 /* FSDP marks, patterns, constraints (each list) */
@@ -58,14 +56,6 @@ typedef struct hp_mesh_dim {
     int size; /* ranks along this dim, >= 1 */
     hp_link_class link;
 } hp_mesh_dim;
-
-/* DTensor's placements: Replicate, Shard(dim), Partial(sum|avg). */
-typedef enum { HP_PLACE_REPLICATE = 0, HP_PLACE_SHARD = 1, HP_PLACE_PARTIAL = 2 } hp_place_kind;
-typedef struct hp_placement {
-    hp_place_kind kind;
-    int dim;             /* Shard: the tensor dim (>= 0) */
-    hp_reduce_op reduce; /* Partial: HP_REDUCE_SUM | HP_REDUCE_AVG */
-} hp_placement;
 
 /* A constraint on one graph input (by FQN) or output (by index): one placement per mesh dim. */
 typedef struct hp_place_constraint {
@@ -170,11 +160,6 @@ hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
  * "layers.*" matches "layers.3.attention.wq.weight"), '?' any one character, everything else
  * itself. Linear-time in practice, quadratic at worst: safe on patterns from files. */
 bool hp_fqn_match(const char *pattern, const char *fqn);
-
-/* Parses and prints the placement words "Replicate", "Shard(1)", "Partial(sum)",
- * "Partial(avg)". */
-hp_status hp_placement_parse(const char *s, hp_placement *p, hp_err *err);
-char *hp_placement_str(const hp_placement *p, char *buf, size_t len);
 
 /* Checks every field's range and the fields against each other (mesh product == world size,
  * batch sizes, marks and constraints naming graph inputs, ...) and verifies the graph.

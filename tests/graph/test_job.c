@@ -298,7 +298,8 @@ Test(job, unmatched_pattern_is_not_an_error) {
 }
 
 Test(job, placement_words) {
-    const char *good[] = {"Replicate", "Shard(0)", "Shard(7)", "Partial(sum)", "Partial(avg)"};
+    const char *good[] = {"Replicate",    "Shard(0)",     "Shard(7)",
+                          "Partial(sum)", "Partial(avg)", "Partial(max)"};
     for (size_t i = 0; i < HP_ARRAY_LEN(good); i++) {
         hp_placement p;
         char buf[32];
@@ -307,7 +308,7 @@ Test(job, placement_words) {
         cr_assert_str_eq(hp_placement_str(&p, buf, sizeof buf), good[i]);
     }
     const char *bad[] = {"",          "Shard",   "Shard()",      "Shard(8)",  "Shard(-1)",
-                         "Shard(1))", "Shard(1", "Partial(max)", "replicate", "Shard(99999999999)"};
+                         "Shard(1))", "Shard(1", "Partial(min)", "replicate", "Shard(99999999999)"};
     for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
         hp_placement p;
         hp_err err = {0};
