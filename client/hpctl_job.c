@@ -47,29 +47,28 @@ static const struct num_flag {
 };
 
 static void new_usage(FILE *f) {
-    fputs(
-        "usage: hpctl new --model FAMILY[:FLAVOR] [flags] -o JOB.pb\n"
-        "\n"
-        "  --model SPEC          llama3:debugmodel | llama3:8B | llama3:70B | llama3:405B | mlp\n"
-        "  --name NAME           job name (default: the flavor)\n"
-        "  --decay KIND          linear | cosine | none (after warmup)\n"
-        "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
-        "  --init-from PATH      initial weights (safetensors)\n"
-        "  --max-restarts N      restarts after a worker failure under hpd (default 0)\n"
-        "  --profile-steps S,..  steps to trace (Chrome trace per rank; hpctl trace fetches it)\n"
-        "  -o, --output PATH     where to write the job (written atomically)\n"
-        "\n"
-        "parallel plan and compiler:\n"
-        "  --mesh NAME=N[,...]   the device mesh, e.g. dp=8 (the world size is its product)\n"
-        "  --fsdp PATTERN        shard the parameters it names (a glob such as 'layers.*', or an\n"
-        "                        exact FQN); repeatable\n"
-        "  --no-reshard-after-forward  keep gathered parameters from forward to backward\n"
-        "  --bucket-mb X         collective bucket size in MiB (0: no bucketing; default 25)\n"
-        "  --prefetch N          all-gathers in flight ahead of their use (default 1)\n"
-        "  --no-overlap          do not reorder communication behind compute\n"
-        "\n"
-        "model and training:\n",
-        f);
+    fputs("usage: hpctl new --model FAMILY[:FLAVOR] [flags] -o JOB.pb\n"
+          "\n"
+          "  --model SPEC          llama3:debugmodel | llama3:8B | llama3:70B | llama3:405B | mlp\n"
+          "  --name NAME           job name (default: the flavor)\n"
+          "  --decay KIND          linear | cosine | none (after warmup)\n"
+          "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
+          "  --init-from PATH      initial weights (safetensors)\n"
+          "  --max-restarts N      restarts after a worker failure under hpd (default 0)\n"
+          "  --profile-steps S,..  steps to trace (Chrome trace per rank; hpctl trace fetches it)\n"
+          "  -o, --output PATH     where to write the job (written atomically)\n"
+          "\n"
+          "parallel plan and compiler:\n"
+          "  --mesh NAME=N[,...]   the device mesh, e.g. dp=8 (the world size is its product)\n"
+          "  --fsdp PATTERN        shard the parameters it names (a glob such as 'layers.*', an\n"
+          "                        exact FQN, or a module such as tok_embeddings); repeatable\n"
+          "  --no-reshard-after-forward  keep gathered parameters from forward to backward\n"
+          "  --bucket-mb X         collective bucket size in MiB (0: no bucketing; default 25)\n"
+          "  --prefetch N          all-gathers in flight ahead of their use (default 1)\n"
+          "  --no-overlap          do not reorder communication behind compute\n"
+          "\n"
+          "model and training:\n",
+          f);
     for (size_t i = 0; i < HP_ARRAY_LEN(num_flags); i++)
         fprintf(f, "  %-21s %s\n", num_flags[i].flag, num_flags[i].help);
 }

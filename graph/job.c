@@ -10,6 +10,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- defaults and lifetime ---------------------------------------------------------------------
@@ -216,9 +217,52 @@ static hp_status check_f64(double v, double lo, bool lo_open, double hi, bool hi
     return HP_OK;
 }
 
-static bool is_param(const hp_graph *g, int id) {
-    return id >= 0 && g->nodes[id].op == HP_OP_PLACEHOLDER &&
-           hp_node_int(&g->nodes[id], HP_ATTR_KIND, -1) == HP_INPUT_PARAM;
+typedef struct named_param {
+    const char *fqn;
+    int32_t id;
+} named_param;
+
+static int named_cmp(const void *a, const void *b) {
+    return strcmp(((const named_param *)a)->fqn, ((const named_param *)b)->fqn);
+}
+
+hp_status hp_plan_mark_names(const hp_graph *g, char *const *names, int n, bool *marked,
+                             hp_err *err) {
+    int np = hp_graph_count_inputs(g).n_params;
+    named_param *by = hp_malloc((size_t)(np ? np : 1) * sizeof *by);
+    if (!by) return hp_errf(err, HP_NOMEM, "out of memory resolving FSDP marks");
+    for (int i = 0; i < np; i++) {
+        const hp_attr *a = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
+        by[i] = (named_param){a && a->s ? a->s : "", i};
+    }
+    qsort(by, (size_t)np, sizeof *by, named_cmp);
+    hp_status st = HP_OK;
+    for (int k = 0; k < n && st == HP_OK; k++) {
+        const char *name = names[k] ? names[k] : "";
+        size_t len = strlen(name);
+        /* every FQN starting with name sorts in one run from the first one >= name */
+        int lo = 0, hi = np;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (strcmp(by[mid].fqn, name) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        bool hit = false;
+        for (int i = lo; i < np && !strncmp(by[i].fqn, name, len); i++) {
+            char next = by[i].fqn[len];
+            if (len && (next == 0 || next == '.')) hit = marked[by[i].id] = true;
+        }
+        if (!hit) {
+            char q[HP__QUOTE_MAX];
+            st = hp_errf(err, HP_INVALID,
+                         "plan.fsdp_fqns[%d]: '%s' names no parameter or module of the graph", k,
+                         hp__quote(name, q));
+        }
+    }
+    hp_free(by);
+    return st;
 }
 
 static hp_status validate_model(const hp_job *job, hp_err *err) {
@@ -319,9 +363,13 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
         const char *s = p->fsdp_fqns[i];
         HP_TRY(hp__check_str(s, HP_MAX_STR, what, err));
         if (!s || !s[0]) return hp_errf(err, HP_INVALID, "%s: empty", what);
-        if (g && !is_param(g, hp_graph_find_fqn(g, s)))
-            return hp_errf(err, HP_INVALID, "%s: '%s' is not a parameter of the graph", what,
-                           hp__quote(s, q));
+    }
+    if (g && p->n_fsdp_fqns > 0) {
+        bool *marked = hp_calloc((size_t)hp_graph_count_inputs(g).n_params + 1, sizeof *marked);
+        if (!marked) return hp_errf(err, HP_NOMEM, "out of memory checking plan.fsdp_fqns");
+        hp_status st = hp_plan_mark_names(g, p->fsdp_fqns, p->n_fsdp_fqns, marked, err);
+        hp_free(marked);
+        HP_TRY(st);
     }
     if (p->n_fsdp_patterns < 0 || p->n_fsdp_patterns > HP_PLAN_MAX_ITEMS)
         return hp_errf(err, HP_LIMIT, "plan.fsdp_patterns: %d entries, limit %d",

@@ -133,38 +133,19 @@ static int8_t *sd_of(fsdp *f, hp_value v) {
 
 /* ---- the plan: which parameters are sharded ------------------------------------------------- */
 
-typedef struct named {
-    const char *fqn;
-    int32_t id;
-} named;
-
-static int named_cmp(const void *a, const void *b) {
-    return strcmp(((const named *)a)->fqn, ((const named *)b)->fqn);
-}
-
-/* Marks the parameters the plan names. An exact FQN that is no parameter is an error (as in
- * hp_job_validate); a pattern that matches none is a warning naming it. */
+/* Marks the parameters the plan names. An exact FQN or module prefix that names no parameter
+ * is an error (as in hp_job_validate); a pattern that matches none is a warning naming it. */
 static hp_status resolve_marks(fsdp *f, hp_err *err) {
     const hp_plan *plan = f->ctx->job ? &f->ctx->job->plan : NULL;
     if (!plan || f->n_params == 0) return HP_OK;
     const hp_graph *g = f->in;
     if (plan->n_fsdp_fqns > 0) {
-        /* parameters sorted by FQN, so that a long mark list costs O((F + P) log P) */
-        named *by = hp_malloc((size_t)f->n_params * sizeof *by);
-        if (!by) return hp_errf(err, HP_NOMEM, "out of memory resolving FSDP marks");
-        for (int i = 0; i < f->n_params; i++) by[i] = (named){fqn_of(&g->nodes[i]), i};
-        qsort(by, (size_t)f->n_params, sizeof *by, named_cmp);
-        for (int k = 0; k < plan->n_fsdp_fqns; k++) {
-            named key = {plan->fsdp_fqns[k], -1};
-            const named *hit = bsearch(&key, by, (size_t)f->n_params, sizeof *by, named_cmp);
-            if (!hit) {
-                hp_free(by);
-                return hp_errf(err, HP_INVALID, "plan.fsdp_fqns[%d]: '%.200s' is not a parameter",
-                               k, key.fqn);
-            }
-            f->p[hit->id].marked = true;
-        }
-        hp_free(by);
+        bool *marked = hp_calloc((size_t)f->n_params, sizeof *marked);
+        if (!marked) return hp_errf(err, HP_NOMEM, "out of memory resolving FSDP marks");
+        hp_status st = hp_plan_mark_names(g, plan->fsdp_fqns, plan->n_fsdp_fqns, marked, err);
+        for (int i = 0; i < f->n_params && st == HP_OK; i++) f->p[i].marked |= marked[i];
+        hp_free(marked);
+        HP_TRY(st);
     }
     for (int k = 0; k < plan->n_fsdp_patterns; k++) {
         bool hit = false;

@@ -172,6 +172,15 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
         return hp_errf(err, HP_INVALID,
                        "world %d does not match the plan's mesh (%s), which has %lld ranks", world,
                        mesh, (long long)product);
+    int split_dims = 0;
+    for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
+        split_dims += job->plan.mesh[d].size > 1;
+    if (split_dims > 1)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.mesh (%s): more than one mesh dim of size > 1 is not supported yet "
+                       "(tensor parallelism and FSDP x TP need the placement passes); use a 1-D "
+                       "mesh such as dp=%d",
+                       mesh, world);
     if (job->plan.mode == HP_PLAN_AUTO && world > 1)
         return hp_errf(err, HP_UNSUPPORTED,
                        "plan.mode auto: auto-sharding is not implemented yet (use fsdp)");

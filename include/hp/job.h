@@ -161,6 +161,15 @@ hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
  * itself. Linear-time in practice, quadratic at worst: safe on patterns from files. */
 bool hp_fqn_match(const char *pattern, const char *fqn);
 
+/* Marks (marked[i] = true, i a parameter index) the parameters each of names[0..n) names: an
+ * exact FQN, or a module, i.e. a prefix of FQNs ending at a '.' boundary, as HyperParallel's
+ * fsdp_mark("tok_embeddings") does ("layers.1" names "layers.1.attention.wq.weight", not
+ * "layers.10..."). A name that names no parameter is HP_INVALID naming it and its index
+ * ("plan.fsdp_fqns[2]: 'tok_embedding' names no parameter or module of the graph").
+ * O((n + P) log P). */
+hp_status hp_plan_mark_names(const hp_graph *g, char *const *names, int n, bool *marked,
+                             hp_err *err);
+
 /* Checks every field's range and the fields against each other (mesh product == world size,
  * batch sizes, marks and constraints naming graph inputs, ...) and verifies the graph.
  * HP_INVALID naming the field and the value ("resources.world_size: 0 must be in [1,

@@ -182,12 +182,17 @@ Test(hpctl_plan, errors) {
     expect_error(hpctl("plan %s/missing.pb", tmpdir), 1, "missing.pb");
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 -o %s/j.pb", tmpdir));
     expect_error(hpctl("plan %s/j.pb --world 3", tmpdir), 1, "batch 4 is not divisible by world 3");
+    /* an N-D mesh is refused until the placement passes run it, never flattened */
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2,tp=2 -o %s/nd.pb",
+             tmpdir));
+    expect_error(hpctl("plan %s/nd.pb", tmpdir), 1,
+                 "plan.mesh (dp=2,tp=2): more than one mesh dim of size > 1 is not supported yet");
 
     expect_error(hpctl("new --model mlp --mesh dp -o x.pb"), 2, "--mesh: 'dp' is not NAME=N");
     expect_error(hpctl("new --model mlp --mesh dp=0 -o x.pb"), 2, "--mesh: 0 is outside");
     expect_error(hpctl("new --model mlp --mesh =2 -o x.pb"), 2, "--mesh");
     expect_error(hpctl("new --model mlp --fsdp no.such.weight -o x.pb"), 2,
-                 "'no.such.weight' is not a parameter");
+                 "'no.such.weight' names no parameter or module");
     expect_error(hpctl("new --model mlp --bucket-mb -1 -o x.pb"), 2, "--bucket-mb: -1 is outside");
     expect_error(hpctl("new --model mlp --prefetch 99 -o x.pb"), 2, "--prefetch: 99 is outside");
     expect_error(hpctl("new --model llama3:debugmodel --batch 3 --mesh dp=2 -o x.pb"), 2,

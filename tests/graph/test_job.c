@@ -207,7 +207,7 @@ static const bad_case bad_cases[] = {
     {"plan.mesh[0].link.bandwidth: 0", e_mesh_bw},
     {"plan.mesh[1].link.latency: nan", e_mesh_lat},
     {"plan.mode: 5", e_mode},
-    {"plan.fsdp_fqns[0]: 'Xok_embeddings.weight' is not a parameter", e_fqn},
+    {"plan.fsdp_fqns[0]: 'Xok_embeddings.weight' names no parameter or module", e_fqn},
     {"plan.param_memory_budget: (0.7, 0.6)", e_budget},
     {"plan.constraints[0]: no graph input 'Xutput.weight'", e_constraint_fqn},
     {"plan.constraints[1]: output 99 outside", e_constraint_out},
@@ -665,4 +665,41 @@ Test(job_faults, pack_and_helpers_fault_loop) {
         cr_assert(b == HP_OK || (b == HP_NOMEM && job->plan.n_constraints == cbefore));
     }
     hp_job_free(job);
+}
+
+/* HyperParallel's fsdp_mark names a module: a '.'-boundary prefix of FQNs marks all of them. */
+Test(job, fsdp_names_are_parameters_or_modules) {
+    hp_graph *g = hp_graph_new();
+    const char *fqns[] = {"tok_embeddings.weight", "layers.1.w.weight", "layers.1.w.bias",
+                          "layers.10.w.weight",    "layers.1x.weight",  "output.weight"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(fqns); i++)
+        hp_build_placeholder(g, HP_INPUT_PARAM, fqns[i], hp_type_make(HP_F32, 1, (int64_t[]){4}),
+                             NULL);
+    cr_assert(!hp_graph_failed(g));
+    struct {
+        const char *name;
+        const char *want; /* marked parameters as 0/1 per fqn */
+    } cases[] = {{"tok_embeddings", "100000"}, {"tok_embeddings.weight", "100000"},
+                 {"layers.1", "011000"},       {"layers", "011110"},
+                 {"layers.1.w", "011000"},     {"output.weight", "000001"}};
+    for (size_t c = 0; c < HP_ARRAY_LEN(cases); c++) {
+        bool marked[6] = {0};
+        char *names[1] = {(char *)cases[c].name};
+        hp_err err = {0};
+        cr_assert_eq(hp_plan_mark_names(g, names, 1, marked, &err), HP_OK, "%s", err.msg);
+        for (int i = 0; i < 6; i++)
+            cr_expect_eq(marked[i], cases[c].want[i] == '1', "%s marks %s: %d", cases[c].name,
+                         fqns[i], marked[i]);
+    }
+    const char *bad[] = {"layer", "layers.", "tok_embeddings.weight.x", "", "layers.1.w.weigh"};
+    for (size_t c = 0; c < HP_ARRAY_LEN(bad); c++) {
+        bool marked[6] = {0};
+        char *names[2] = {"output", (char *)bad[c]};
+        hp_err err = {0};
+        cr_assert_eq(hp_plan_mark_names(g, names, 2, marked, &err), HP_INVALID, "'%s'", bad[c]);
+        cr_expect(strstr(err.msg, "plan.fsdp_fqns[1]: '") &&
+                      strstr(err.msg, "names no parameter or module"),
+                  "%s", err.msg);
+    }
+    hp_graph_free(g);
 }

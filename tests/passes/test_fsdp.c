@@ -555,13 +555,23 @@ Test(fsdp, exact_fqns) {
     hp_graph *out = fsdp(g, ctx);
     cr_assert_eq(count_op(out, HP_OP_REDUCE_SCATTER), 2);
     hp_graph_free(out);
+    free(ctx);
+    hp_job_free(job);
+    /* a module name marks every parameter under it, as HyperParallel's fsdp_mark does */
+    job = make_job(NULL, 0, true);
+    cr_assert_eq(hp_job_add_fsdp_fqn(job, "layers.1.attention", &err), HP_OK);
+    cr_assert_eq(hp_job_add_fsdp_fqn(job, "tok_embeddings", &err), HP_OK);
+    ctx = make_ctx(job, 3);
+    out = fsdp(g, ctx);
+    cr_assert_eq(count_op(out, HP_OP_REDUCE_SCATTER), 5, "wq, wk, wv, wo and the embedding");
+    hp_graph_free(out);
     /* a mark that names no parameter is an error naming it */
     cr_assert_eq(hp_job_add_fsdp_fqn(job, "layers.9.attention.wq.weight", &err), HP_OK);
     out = NULL;
     cr_assert_eq(hp_pass_fsdp(g, ctx, &out, &err), HP_INVALID);
     cr_assert_null(out);
-    cr_assert(strstr(err.msg, "plan.fsdp_fqns[2]: 'layers.9.attention.wq.weight' is not a "
-                              "parameter"),
+    cr_assert(strstr(err.msg, "plan.fsdp_fqns[2]: 'layers.9.attention.wq.weight' names no "
+                              "parameter or module"),
               "%s", err.msg);
     free(ctx);
     hp_job_free(job);
