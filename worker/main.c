@@ -201,12 +201,29 @@ static int launch(int argc, char **argv, int world, int threads) {
         if (interrupted && rc == 0) rc = 130;
         if (!ok && !interrupted && rc != 1) {
             /* The other ranks soon fail too, *because* of this one (a dead peer). On a loaded
-             * machine the kernel may hand us such a follower first: take the ranks already
-             * dead too, and name one killed by a signal (the cause) before one that exited
-             * with an error of its own. */
+             * machine the kernel may hand us such a follower first: a peer killed by a signal
+             * is seen dead by its peers (its thread-group leader is a zombie) while its other
+             * threads still exit, before waitpid can report it. So when the first exit is
+             * not a signal, wait up to 1 s for the others, and name one killed by a signal
+             * (the cause) before one that exited with an error of its own. */
             int st2;
             pid_t p2;
-            while ((p2 = waitpid(-1, &st2, WNOHANG)) > 0) {
+            struct timespec deadline;
+            clock_gettime(CLOCK_MONOTONIC, &deadline);
+            deadline.tv_sec += 1;
+            for (;;) {
+                p2 = waitpid(-1, &st2, WNOHANG);
+                if (p2 < 0 && errno == EINTR) continue;
+                if (p2 == 0 && !WIFSIGNALED(status) && left > 0) {
+                    struct timespec now, nap = {0, 10 * 1000 * 1000};
+                    clock_gettime(CLOCK_MONOTONIC, &now);
+                    if (now.tv_sec > deadline.tv_sec ||
+                        (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec))
+                        break;
+                    nanosleep(&nap, NULL);
+                    continue;
+                }
+                if (p2 <= 0) break;
                 int r2 = 0;
                 while (r2 < n_children && children[r2] != p2) r2++;
                 if (r2 == n_children) continue;
