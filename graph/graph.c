@@ -515,8 +515,23 @@ static bool attr_eq(const hp_attr *a, const hp_attr *b) {
     return false;
 }
 
+static bool mesh_eq(const hp_graph_mesh *a, const hp_graph_mesh *b) {
+    if (a->ndim != b->ndim) return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (strcmp(a->name[i], b->name[i]) || a->size[i] != b->size[i]) return false;
+    return true;
+}
+
+static bool pl_eq(const hp_graph *a, const hp_node *x, const hp_node *y) {
+    if (!x->pl || !y->pl) return !x->pl && !y->pl;
+    for (int i = 0; i < x->n_out * a->mesh.ndim; i++)
+        if (!hp_placement_eq(x->pl[i], y->pl[i])) return false;
+    return true;
+}
+
 bool hp_graph_eq(const hp_graph *a, const hp_graph *b) {
     if (a->n_nodes != b->n_nodes || a->n_outputs != b->n_outputs) return false;
+    if (!mesh_eq(&a->mesh, &b->mesh)) return false;
     for (int i = 0; i < a->n_nodes; i++) {
         const hp_node *x = &a->nodes[i], *y = &b->nodes[i];
         if (x->op != y->op || x->n_in != y->n_in || x->n_out != y->n_out ||
@@ -528,6 +543,7 @@ bool hp_graph_eq(const hp_graph *a, const hp_graph *b) {
             if (!hp_type_eq(&x->out[k], &y->out[k])) return false;
         for (int k = 0; k < x->n_attrs; k++)
             if (!attr_eq(&x->attrs[k], &y->attrs[k])) return false;
+        if (!pl_eq(a, x, y)) return false;
     }
     for (int i = 0; i < a->n_outputs; i++)
         if (a->outputs[i].node != b->outputs[i].node || a->outputs[i].out != b->outputs[i].out)
@@ -538,11 +554,13 @@ bool hp_graph_eq(const hp_graph *a, const hp_graph *b) {
 hp_graph *hp_graph_clone(const hp_graph *g) {
     hp_graph *c = hp_graph_new();
     if (!c) return NULL;
+    c->mesh = g->mesh;
     for (int i = 0; i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];
         if (hp_graph_append(c, n->op, n->in, n->n_in, n->out, n->n_out, n->attrs, n->n_attrs,
                             NULL) < 0)
             goto fail;
+        if (n->pl && hp_node_set_placements(c, i, n->pl, NULL) != HP_OK) goto fail;
     }
     if (hp_graph_set_outputs(c, g->outputs, g->n_outputs, NULL) != HP_OK) goto fail;
     c->failed = g->failed;
@@ -585,4 +603,80 @@ int64_t hp_graph_param_count(const hp_graph *g) {
         if (hp_node_int(&g->nodes[i], HP_ATTR_KIND, -1) == HP_INPUT_PARAM)
             n += hp_type_numel(&g->nodes[i].out[0]);
     return n;
+}
+
+/* ---- mesh and placements -------------------------------------------------------------------- */
+
+hp_status hp_graph_set_mesh(hp_graph *g, const hp_graph_mesh *m, hp_err *err) {
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].pl)
+            return hp_errf(err, HP_INVALID, "the mesh cannot change once node %d has placements",
+                           i);
+    if (m->ndim < 0 || m->ndim > HP_MESH_MAX_DIMS)
+        return hp_errf(err, HP_INVALID, "mesh: %d dims (at most %d)", m->ndim, HP_MESH_MAX_DIMS);
+    for (int i = 0; i < m->ndim; i++) {
+        size_t len = strnlen(m->name[i], HP_MESH_NAME_MAX);
+        bool ok = len > 0 && len < HP_MESH_NAME_MAX;
+        for (size_t k = 0; ok && k < len; k++) {
+            char c = m->name[i][k];
+            ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '_';
+        }
+        if (!ok)
+            return hp_errf(err, HP_INVALID,
+                           "mesh dim %d: its name must be 1..%d characters of [A-Za-z0-9_]", i,
+                           HP_MESH_NAME_MAX - 1);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(m->name[i], m->name[j]))
+                return hp_errf(err, HP_INVALID, "mesh dim %d: '%s' repeats dim %d", i, m->name[i],
+                               j);
+        if (m->size[i] < 1 || m->size[i] > HP_MAX_DIM)
+            return hp_errf(err, HP_INVALID, "mesh dim %d (%s): size %lld is outside [1, %lld]", i,
+                           m->name[i], (long long)m->size[i], (long long)HP_MAX_DIM);
+    }
+    g->mesh = *m;
+    return HP_OK;
+}
+
+hp_status hp_node_set_placements(hp_graph *g, int id, const hp_placement *pl, hp_err *err) {
+    if (id < 0 || id >= g->n_nodes) return hp_errf(err, HP_INVALID, "node %d does not exist", id);
+    hp_node *n = &g->nodes[id];
+    if (!pl) {
+        n->pl = NULL;
+        return HP_OK;
+    }
+    int nd = g->mesh.ndim;
+    if (nd == 0) return hp_errf(err, HP_INVALID, "node %d: placements without a mesh", id);
+    for (int k = 0; k < n->n_out; k++) {
+        for (int i = 0; i < nd; i++) {
+            hp_placement p = pl[k * nd + i];
+            bool ok = p.kind == HP_PLACE_REPLICATE ||
+                      (p.kind == HP_PLACE_SHARD && p.dim >= 0 && p.dim < n->out[k].rank) ||
+                      (p.kind == HP_PLACE_PARTIAL &&
+                       (p.reduce == HP_REDUCE_SUM || p.reduce == HP_REDUCE_AVG ||
+                        p.reduce == HP_REDUCE_MAX));
+            if (!ok)
+                return hp_errf(err, HP_INVALID,
+                               "node %d: output %d: placement on mesh dim %s is not Replicate, "
+                               "Shard(d) with d below its rank %d, or Partial(sum|avg|max)",
+                               id, k, g->mesh.name[i], n->out[k].rank);
+        }
+    }
+    size_t bytes = (size_t)(n->n_out * nd) * sizeof *pl;
+    hp_placement *copy = bytes ? hp_arena_memdup(&g->arena, pl, bytes) : NULL;
+    if (bytes && !copy) return hp_errf(err, HP_NOMEM, "out of memory for placements");
+    /* normalise the fields a kind does not use, so equality and printing are canonical */
+    for (int i = 0; i < n->n_out * nd; i++) {
+        if (copy[i].kind != HP_PLACE_SHARD) copy[i].dim = 0;
+        if (copy[i].kind != HP_PLACE_PARTIAL) copy[i].reduce = HP_REDUCE_SUM;
+    }
+    n->pl = copy;
+    return HP_OK;
+}
+
+const hp_placement *hp_value_placements(const hp_graph *g, hp_value v) {
+    if (v.node < 0 || v.node >= g->n_nodes) return NULL;
+    const hp_node *n = &g->nodes[v.node];
+    if (!n->pl || v.out < 0 || v.out >= n->n_out) return NULL;
+    return n->pl + (size_t)v.out * (size_t)g->mesh.ndim;
 }

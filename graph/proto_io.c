@@ -260,6 +260,35 @@ static void export_ref(Hp__V1__ValueRef *m, hp_value v) {
     m->output = v.out;
 }
 
+static int pb_place_kind(hp_place_kind k) {
+    return k == HP_PLACE_SHARD     ? HP__V1__PLACEMENT__KIND__SHARD
+           : k == HP_PLACE_PARTIAL ? HP__V1__PLACEMENT__KIND__PARTIAL
+                                   : HP__V1__PLACEMENT__KIND__REPLICATE;
+}
+
+static int pb_reduce(hp_reduce_op r) {
+    return r == HP_REDUCE_AVG   ? HP__V1__REDUCE_KIND__REDUCE_KIND_AVG
+           : r == HP_REDUCE_MAX ? HP__V1__REDUCE_KIND__REDUCE_KIND_MAX
+                                : HP__V1__REDUCE_KIND__REDUCE_KIND_SUM;
+}
+
+static void export_placements(hp_arena *a, const hp_graph *g, const hp_node *n, Hp__V1__Node *m,
+                              bool *ok) {
+    if (!n->pl || g->mesh.ndim == 0) return;
+    size_t count = (size_t)(n->n_out * g->mesh.ndim);
+    Hp__V1__Placement *ps = arena_array(a, count, sizeof *ps, ok);
+    m->placements = arena_array(a, count, sizeof *m->placements, ok);
+    if (!*ok) return;
+    for (size_t i = 0; i < count; i++) {
+        hp__v1__placement__init(&ps[i]);
+        ps[i].kind = pb_place_kind(n->pl[i].kind);
+        ps[i].dim = n->pl[i].kind == HP_PLACE_SHARD ? n->pl[i].dim : 0;
+        if (n->pl[i].kind == HP_PLACE_PARTIAL) ps[i].reduce = pb_reduce(n->pl[i].reduce);
+        m->placements[i] = &ps[i];
+    }
+    m->n_placements = count;
+}
+
 static Hp__V1__Node *export_node(hp_arena *a, const hp_node *n, bool *ok) {
     Hp__V1__Node *m = hp_arena_alloc(a, sizeof *m);
     if (!m) {
@@ -300,8 +329,25 @@ hp_status hp_graph_export(const hp_graph *g, hp_arena *arena, Hp__V1__Graph **ms
     hp__v1__graph__init(m);
     m->format_version = HP_GRAPH_FORMAT_VERSION;
     m->nodes = arena_array(arena, (size_t)g->n_nodes, sizeof *m->nodes, &ok);
-    for (int i = 0; ok && i < g->n_nodes; i++) m->nodes[i] = export_node(arena, &g->nodes[i], &ok);
+    for (int i = 0; ok && i < g->n_nodes; i++) {
+        m->nodes[i] = export_node(arena, &g->nodes[i], &ok);
+        if (ok) export_placements(arena, g, &g->nodes[i], m->nodes[i], &ok);
+    }
     m->n_nodes = (size_t)g->n_nodes;
+    if (ok && g->mesh.ndim > 0) {
+        Hp__V1__GraphMesh *gm = hp_arena_alloc(arena, sizeof *gm);
+        if (!gm) return hp_errf(err, HP_NOMEM, "graph export: out of memory");
+        hp__v1__graph_mesh__init(gm);
+        size_t nd = (size_t)g->mesh.ndim;
+        gm->names = arena_array(arena, nd, sizeof *gm->names, &ok);
+        gm->sizes = arena_array(arena, nd, sizeof *gm->sizes, &ok);
+        for (size_t i = 0; ok && i < nd; i++) {
+            gm->names[i] = (char *)g->mesh.name[i];
+            gm->sizes[i] = g->mesh.size[i];
+        }
+        gm->n_names = gm->n_sizes = nd;
+        m->mesh = gm;
+    }
 
     Hp__V1__ValueRef *refs = arena_array(arena, (size_t)g->n_outputs, sizeof *refs, &ok);
     m->outputs = arena_array(arena, (size_t)g->n_outputs, sizeof *m->outputs, &ok);
@@ -505,6 +551,47 @@ static hp_status import_node(hp_graph *g, const Hp__V1__Node *m, int i, node_scr
                              (int)m->n_attrs, &e);
     if (id < 0) return hp_errf(err, e.status, "%s: %s", ctx, e.msg);
     HP_ASSERT(id == i);
+
+    /* placements: none, or one per output and mesh dim */
+    int nd = g->mesh.ndim;
+    if (m->n_placements == 0) return HP_OK;
+    if (nd == 0 || m->n_placements != (size_t)(info->n_out * nd))
+        return hp_errf(err, HP_INVALID, "%s: %zu placements, want %d (outputs x mesh dims)", ctx,
+                       m->n_placements, info->n_out * nd);
+    hp_placement pl[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
+    for (size_t k = 0; k < m->n_placements; k++) {
+        const Hp__V1__Placement *p = m->placements ? m->placements[k] : NULL;
+        if (!p) return hp_errf(err, HP_INVALID, "%s: placement %zu missing", ctx, k);
+        pl[k] = HP_REPLICATE;
+        switch (p->kind) {
+        case HP__V1__PLACEMENT__KIND__REPLICATE:
+            break;
+        case HP__V1__PLACEMENT__KIND__SHARD:
+            if (p->dim < 0 || p->dim >= HP_MAX_RANK)
+                return hp_errf(err, HP_INVALID, "%s: placement %zu: Shard(%d) outside [0, %d)", ctx,
+                               k, (int)p->dim, HP_MAX_RANK);
+            pl[k] = HP_SHARD(p->dim);
+            break;
+        case HP__V1__PLACEMENT__KIND__PARTIAL:
+            if (p->reduce == HP__V1__REDUCE_KIND__REDUCE_KIND_SUM)
+                pl[k] = HP_PARTIAL(HP_REDUCE_SUM);
+            else if (p->reduce == HP__V1__REDUCE_KIND__REDUCE_KIND_AVG)
+                pl[k] = HP_PARTIAL(HP_REDUCE_AVG);
+            else if (p->reduce == HP__V1__REDUCE_KIND__REDUCE_KIND_MAX)
+                pl[k] = HP_PARTIAL(HP_REDUCE_MAX);
+            else
+                return hp_errf(err, HP_INVALID, "%s: placement %zu: Partial of reduce kind %d", ctx,
+                               k, (int)p->reduce);
+            break;
+        default:
+            return hp_errf(err, HP_INVALID,
+                           "%s: placement %zu: kind %d is not Replicate, Shard "
+                           "or Partial",
+                           ctx, k, (int)p->kind);
+        }
+    }
+    if (hp_node_set_placements(g, id, pl, &e) != HP_OK)
+        return hp_errf(err, e.status, "%s: %s", ctx, e.msg);
     return HP_OK;
 }
 
@@ -525,6 +612,25 @@ static hp_status import_graph(const Hp__V1__Graph *msg, hp_graph *g, hp_err *err
     if ((msg->n_nodes && !msg->nodes) || (msg->n_outputs && !msg->outputs))
         return hp_errf(err, HP_INVALID, "graph: missing node or output array");
 
+    if (msg->mesh) {
+        const Hp__V1__GraphMesh *gm = msg->mesh;
+        if (gm->n_names != gm->n_sizes || gm->n_names > HP_MESH_MAX_DIMS ||
+            (gm->n_names && (!gm->names || !gm->sizes)))
+            return hp_errf(err, HP_INVALID, "graph.mesh: %zu names and %zu sizes (at most %d dims)",
+                           gm->n_names, gm->n_sizes, HP_MESH_MAX_DIMS);
+        hp_graph_mesh mesh = {.ndim = (int)gm->n_names};
+        for (size_t i = 0; i < gm->n_names; i++) {
+            char q[HP__QUOTE_MAX];
+            const char *nm = gm->names[i] ? gm->names[i] : "";
+            if (strlen(nm) >= HP_MESH_NAME_MAX)
+                return hp_errf(err, HP_INVALID, "graph.mesh: dim %zu's name '%s' is too long", i,
+                               hp__quote(nm, q));
+            snprintf(mesh.name[i], sizeof mesh.name[i], "%s", nm);
+            mesh.size[i] = gm->sizes[i];
+        }
+        hp_status ms = hp_graph_set_mesh(g, &mesh, err);
+        if (ms != HP_OK) return hp_err_prefix(err, "graph.mesh");
+    }
     node_scratch *sc = hp_malloc(sizeof *sc);
     if (!sc) return hp_errf(err, HP_NOMEM, "graph import: out of memory");
     hp_status s = HP_OK;

@@ -154,11 +154,17 @@ hp_status hp__shape_placeholder(const hp_node *n, const hp_type *in, hp_type *ou
     if (attr(n, HP_ATTR_INIT) && kind == HP_INPUT_DATA)
         return hp_errf(err, HP_INVALID, "a data input takes no init spec");
     const hp_attr *gs = attr(n, HP_ATTR_GLOBAL_SHAPE), *gz = attr(n, HP_ATTR_GROUP_SIZE);
-    if (!gs != !gz) return hp_errf(err, HP_INVALID, "global_shape and group_size go together");
+    if (gz && !gs) return hp_errf(err, HP_INVALID, "group_size needs a global_shape");
     if (!gs) return HP_OK;
     hp_type global = {.dtype = out[0].dtype};
     HP_TRY(shape_attr(n, HP_ATTR_GLOBAL_SHAPE, &global, err));
     HP_TRY(hp_type_check(&global, err));
+    if (!gz) { /* an N-D shard: its placements say the split (the verifier checks them) */
+        if (global.rank != out[0].rank)
+            return hp_errf(err, HP_INVALID, "global_shape %s and shard %s differ in rank",
+                           DIMS(&global), DIMS(&out[0]));
+        return HP_OK;
+    }
     int64_t g = gz->i;
     if (g < 1 || g > 65536)
         return hp_errf(err, HP_INVALID, "group_size %lld outside [1, 65536]", (long long)g);

@@ -191,16 +191,30 @@ static void put_attr(strbuf *b, const hp_attr *a) {
     sb_printf(b, "?kind%d", (int)a->kind);
 }
 
+/* " {dp:S(0), tp:R}" after output k's type, when the node carries placements. */
+static void put_placements(strbuf *b, const hp_graph *g, const hp_node *n, int k) {
+    if (!n->pl) return;
+    sb_puts(b, " {");
+    for (int i = 0; i < g->mesh.ndim; i++) {
+        char w[32];
+        sb_printf(b, "%s%s:%s", i ? ", " : "", g->mesh.name[i],
+                  hp_placement_short(&n->pl[k * g->mesh.ndim + i], w, sizeof w));
+    }
+    sb_puts(b, "}");
+}
+
 static void put_node(strbuf *b, const hp_graph *g, int id) {
     const hp_node *n = &g->nodes[id];
     sb_printf(b, "%%%d: ", id);
     if (n->n_out == 1) {
         put_type(b, &n->out[0]);
+        put_placements(b, g, n, 0);
     } else {
         sb_puts(b, "(");
         for (int k = 0; k < n->n_out; k++) {
             if (k) sb_puts(b, ", ");
             put_type(b, &n->out[k]);
+            put_placements(b, g, n, k);
         }
         sb_puts(b, ")");
     }
@@ -227,6 +241,12 @@ static void put_node(strbuf *b, const hp_graph *g, int id) {
 
 static void put_graph(strbuf *b, const hp_graph *g) {
     sb_printf(b, "hpir %d\n", HP_TEXT_VERSION);
+    if (g->mesh.ndim > 0) {
+        sb_puts(b, "mesh");
+        for (int i = 0; i < g->mesh.ndim; i++)
+            sb_printf(b, " %s=%" PRId64, g->mesh.name[i], g->mesh.size[i]);
+        sb_puts(b, "\n");
+    }
     for (int id = 0; id < g->n_nodes && !b->oom; id++) {
         put_node(b, g, id);
         sb_puts(b, "\n");
@@ -311,6 +331,8 @@ typedef struct parser {
     /* per-node scratch */
     hp_value in[HP_MAX_INPUTS];
     hp_type out[HP_MAX_OUTS];
+    hp_placement pl[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
+    int n_pl; /* outputs whose placements were given */
     hp_attr attrs[HP_ATTR_COUNT];
     char strs[HP_ATTR_COUNT][HP_MAX_STR + 1];
 } parser;
@@ -641,6 +663,50 @@ static hp_status parse_type(parser *ps, hp_type *ty) {
     return HP_OK;
 }
 
+/* {dp:S(0), tp:R} after output k's type: every mesh dim, in mesh order. */
+static hp_status parse_placements(parser *ps, int k) {
+    const hp_graph *g = ps->g;
+    const token open = ps->tok;
+    if (g->mesh.ndim == 0)
+        return err_at(ps, open.line, open.col, HP_PARSE,
+                      "placements need a 'mesh NAME=N ...' line after the header");
+    HP_TRY(lex(ps));
+    for (int i = 0; i < g->mesh.ndim; i++) {
+        const token name = ps->tok;
+        char desc[40];
+        if (!is_word(&name, g->mesh.name[i]))
+            return err_at(ps, name.line, name.col, HP_PARSE,
+                          "expected mesh dim '%s' (placements follow the mesh order), got %s",
+                          g->mesh.name[i], tok_desc(&name, desc, sizeof desc));
+        HP_TRY(lex(ps));
+        HP_TRY(expect_punct(ps, ':', "after the mesh dim"));
+        /* R | S(d) | P(op), also the long words: rebuilt and handed to hp_placement_parse */
+        const token w = ps->tok;
+        char text[48];
+        if (w.kind != T_IDENT || !tok_copy(&w, text, 16))
+            return expected(ps, "a placement such as R, S(0) or P(sum)");
+        HP_TRY(lex(ps));
+        if (is_punct(&ps->tok, '(')) {
+            HP_TRY(lex(ps));
+            char arg[16] = "";
+            if (!is_punct(&ps->tok, ')')) {
+                if ((ps->tok.kind != T_NUM && ps->tok.kind != T_IDENT) ||
+                    !tok_copy(&ps->tok, arg, sizeof arg))
+                    return expected(ps, "a dim or sum|avg|max inside the placement");
+                HP_TRY(lex(ps));
+            }
+            HP_TRY(expect_punct(ps, ')', "after the placement's argument"));
+            size_t len = strlen(text);
+            snprintf(text + len, sizeof text - len, "(%s)", arg);
+        }
+        hp_err e;
+        if (hp_placement_parse(text, &ps->pl[k * g->mesh.ndim + i], &e) != HP_OK)
+            return err_at(ps, w.line, w.col, HP_PARSE, "%s", e.msg);
+        if (i + 1 < g->mesh.ndim) HP_TRY(expect_punct(ps, ',', "between placements"));
+    }
+    return expect_punct(ps, '}', "after the placements");
+}
+
 /* A reference to an earlier node's output: %N or %N.K. */
 static hp_status parse_ref(parser *ps, hp_value *v) {
     const token *t = &ps->tok;
@@ -815,7 +881,7 @@ static hp_status parse_node(parser *ps) {
     HP_TRY(expect_punct(ps, ':', "after the node id"));
 
     const token types = ps->tok;
-    int n_out = 0;
+    int n_out = 0, n_pl = 0;
     if (is_punct(&types, '(')) {
         HP_TRY(lex(ps));
         for (;;) {
@@ -823,12 +889,20 @@ static hp_status parse_node(parser *ps) {
                 return err_at(ps, ps->tok.line, ps->tok.col, HP_LIMIT, "more than %d outputs",
                               HP_MAX_OUTS);
             HP_TRY(parse_type(ps, &ps->out[n_out++]));
+            if (is_punct(&ps->tok, '{')) {
+                HP_TRY(parse_placements(ps, n_out - 1));
+                n_pl++;
+            }
             if (!is_punct(&ps->tok, ',')) break;
             HP_TRY(lex(ps));
         }
         HP_TRY(expect_punct(ps, ')', "after the output types"));
     } else {
         HP_TRY(parse_type(ps, &ps->out[n_out++]));
+        if (is_punct(&ps->tok, '{')) {
+            HP_TRY(parse_placements(ps, 0));
+            n_pl++;
+        }
     }
     HP_TRY(expect_punct(ps, '=', "after the output types"));
 
@@ -880,8 +954,14 @@ static hp_status parse_node(parser *ps) {
         ps->cap_lines = cap;
     }
     hp_err e;
+    if (n_pl != 0 && n_pl != n_out)
+        return err_at(ps, types.line, types.col, HP_PARSE,
+                      "placements are given for %d of %s's %d outputs (all or none)", n_pl, name,
+                      n_out);
     int nid = hp_graph_append(g, op, ps->in, n_in, ps->out, n_out, ps->attrs, n_attrs, &e);
     if (nid < 0) return err_at(ps, id.line, 0, e.status, "%s", e.msg);
+    if (n_pl && hp_node_set_placements(g, nid, ps->pl, &e) != HP_OK)
+        return err_at(ps, types.line, types.col, e.status, "%s", e.msg);
     ps->node_line[nid] = id.line;
     return HP_OK;
 }
@@ -905,6 +985,31 @@ static hp_status parse_return(parser *ps) {
     return HP_OK;
 }
 
+/* mesh NAME=N [NAME=N ...] */
+static hp_status parse_mesh(parser *ps) {
+    const token mt = ps->tok;
+    hp_graph_mesh m = {0};
+    HP_TRY(lex(ps));
+    while (ps->tok.kind == T_IDENT) {
+        if (m.ndim == HP_MESH_MAX_DIMS)
+            return err_at(ps, ps->tok.line, ps->tok.col, HP_LIMIT, "more than %d mesh dims",
+                          HP_MESH_MAX_DIMS);
+        if (!tok_copy(&ps->tok, m.name[m.ndim], HP_MESH_NAME_MAX))
+            return err_at(ps, ps->tok.line, ps->tok.col, HP_PARSE,
+                          "mesh dim name longer than %d characters", HP_MESH_NAME_MAX - 1);
+        HP_TRY(lex(ps));
+        HP_TRY(expect_punct(ps, '=', "after the mesh dim's name"));
+        HP_TRY(parse_int(ps, "the mesh dim's size", &m.size[m.ndim]));
+        m.ndim++;
+    }
+    if (m.ndim == 0) return expected(ps, "mesh dims such as 'dp=2 tp=2'");
+    if (ps->tok.kind != T_NL) return expected(ps, "end of line after the mesh");
+    hp_err e;
+    if (hp_graph_set_mesh(ps->g, &m, &e) != HP_OK)
+        return err_at(ps, mt.line, mt.col, e.status, "%s", e.msg);
+    return HP_OK;
+}
+
 static hp_status parse_file(parser *ps) {
     HP_TRY(lex(ps));
     while (ps->tok.kind == T_NL) HP_TRY(lex(ps));
@@ -918,6 +1023,8 @@ static hp_status parse_file(parser *ps) {
                       "unsupported hpir version %" PRId64 " (this reader knows %d)", version,
                       HP_TEXT_VERSION);
     if (ps->tok.kind != T_NL) return expected(ps, "end of line after the header");
+    while (ps->tok.kind == T_NL) HP_TRY(lex(ps));
+    if (is_word(&ps->tok, "mesh")) HP_TRY(parse_mesh(ps));
     for (;;) {
         while (ps->tok.kind == T_NL) HP_TRY(lex(ps));
         if (ps->tok.kind == T_VALUE)

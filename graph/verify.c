@@ -3,6 +3,7 @@
  * wrong is checked here before any pass or backend looks at the graph. */
 #include "graph/graph_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -165,6 +166,141 @@ static hp_status check_placeholders(const hp_graph *g, hp_err *err) {
     return s;
 }
 
+/* ---- placements ------------------------------------------------------------------------------
+ * With a mesh, every value carries one placement per mesh dim and its type is the rank's
+ * local piece. A placeholder's piece must be its global_shape (or its type times the mesh's
+ * split) cut as the placements say, padding allowed; every other node's placements must be,
+ * on each mesh dim, one of its op's sharding rules asked about the pieces the mesh dims
+ * before it left (or all Replicate), so compute never meets an uneven split. */
+
+/* The type of value v before mesh dims [from, ndim) split it: its local type with those
+ * dims' Shards multiplied back. */
+static hp_type unsplit(const hp_graph *g, const hp_type *local, const hp_placement *pl, int from) {
+    hp_type t = *local;
+    for (int i = from; i < g->mesh.ndim; i++)
+        if (pl[i].kind == HP_PLACE_SHARD && pl[i].dim < t.rank)
+            t.shape[pl[i].dim] *= g->mesh.size[i];
+    return t;
+}
+
+static bool rule_matches(const hp_shard_rule *r, const hp_node *n, const hp_placement *in,
+                         const hp_placement *out, bool variadic) {
+    for (int j = 0; j < n->n_in; j++) {
+        hp_placement want = variadic || j >= HP_SHARD_MAX_IN ? r->in[0] : r->in[j];
+        if (!hp_placement_eq(want, in[j])) return false;
+    }
+    for (int k = 0; k < n->n_out; k++)
+        if (!hp_placement_eq(r->out[k], out[k])) return false;
+    return true;
+}
+
+static hp_status check_node_placements(const hp_graph *g, int id, hp_err *err) {
+    const hp_node *n = &g->nodes[id];
+    const char *op = hp_op_get(n->op)->name;
+    int nd = g->mesh.ndim;
+    if (!n->pl)
+        return hp_errf(err, HP_INVALID,
+                       "node %d (%s): no placements (a graph with a mesh places every value)", id,
+                       op);
+    if (n->op == HP_OP_PLACEHOLDER) {
+        const hp_attr *gs = hp_node_attr(n, HP_ATTR_GLOBAL_SHAPE);
+        hp_type global = gs ? hp_type_make(n->out[0].dtype, gs->ints.n, gs->ints.v)
+                            : unsplit(g, &n->out[0], n->pl, 0);
+        hp_type local;
+        hp_err e;
+        if (hp_local_type(&global, n->pl, g->mesh.size, nd, false, &local, &e) != HP_OK)
+            return hp_errf(err, HP_INVALID, "node %d (%s): %s", id, op, e.msg);
+        if (!hp_type_eq(&local, &n->out[0])) {
+            char a[96], b[96];
+            return hp_errf(err, HP_INVALID,
+                           "node %d (%s): local type %s does not match global %s under its "
+                           "placements",
+                           id, op, hp_type_str(&n->out[0], a, sizeof a),
+                           hp_type_str(&local, b, sizeof b));
+        }
+        return HP_OK;
+    }
+    bool variadic = hp_op_get(n->op)->n_in == HP_VARIADIC;
+    hp_type *in = hp_malloc((size_t)(n->n_in ? n->n_in : 1) * sizeof *in);
+    hp_placement *inpl = hp_malloc((size_t)(n->n_in ? n->n_in : 1) * sizeof *inpl);
+    hp_shard_rule *rules = hp_malloc(HP_SHARD_MAX_RULES * sizeof *rules);
+    hp_status st = in && inpl && rules ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    for (int i = 0; i < nd && st == HP_OK; i++) {
+        hp_type out[HP_MAX_OUTS];
+        hp_placement outpl[HP_MAX_OUTS];
+        bool all_r = true;
+        for (int j = 0; j < n->n_in && st == HP_OK; j++) {
+            const hp_placement *p = hp_value_placements(g, n->in[j]);
+            if (!p) {
+                st =
+                    hp_errf(err, HP_INVALID, "node %d (%s): input %d has no placements", id, op, j);
+                break;
+            }
+            in[j] = unsplit(g, hp_graph_type(g, n->in[j]), p, i);
+            inpl[j] = p[i];
+            all_r &= p[i].kind == HP_PLACE_REPLICATE;
+        }
+        if (st != HP_OK) break;
+        for (int k = 0; k < n->n_out; k++) {
+            out[k] = unsplit(g, &n->out[k], n->pl + k * nd, i);
+            outpl[k] = n->pl[k * nd + i];
+            all_r &= outpl[k].kind == HP_PLACE_REPLICATE;
+        }
+        hp_shard_query q = {.node = n,
+                            .in = in,
+                            .out = out,
+                            .mesh_size = g->mesh.size[i],
+                            .mesh_dim = g->mesh.name[i]};
+        const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
+        bool own = (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) && grp && grp->s &&
+                   !strcmp(grp->s, g->mesh.name[i]);
+        if (all_r && !own) continue;
+        if (g->mesh.size[i] == 1) continue; /* a size-1 dim splits nothing */
+        int nr = hp_op_get(n->op)->shard(&q, rules, HP_SHARD_MAX_RULES);
+        bool ok = false;
+        for (int r = 0; r < nr && r < HP_SHARD_MAX_RULES && !ok; r++)
+            ok = rule_matches(&rules[r], n, inpl, outpl, variadic);
+        if (!ok) {
+            char ins[256] = "", outs[128] = "", w[24];
+            size_t a = 0, b = 0;
+            for (int j = 0; j < n->n_in && j < 8 && a < sizeof ins; j++)
+                a += (size_t)snprintf(ins + a, sizeof ins - a, "%s%s", j ? ", " : "",
+                                      hp_placement_short(&inpl[j], w, sizeof w));
+            for (int k = 0; k < n->n_out && b < sizeof outs; k++)
+                b += (size_t)snprintf(outs + b, sizeof outs - b, "%s%s", k ? ", " : "",
+                                      hp_placement_short(&outpl[k], w, sizeof w));
+            st = hp_errf(err, HP_INVALID,
+                         "node %d (%s): on mesh dim %s, (%s) -> (%s) is none of its sharding "
+                         "rules",
+                         id, op, g->mesh.name[i], ins, outs);
+        }
+    }
+    hp_free(in);
+    hp_free(inpl);
+    hp_free(rules);
+    return st;
+}
+
+static hp_status check_placements(const hp_graph *g, hp_err *err) {
+    if (g->mesh.ndim == 0) {
+        for (int i = 0; i < g->n_nodes; i++) {
+            const hp_node *n = &g->nodes[i];
+            if (n->pl)
+                return hp_errf(err, HP_INVALID, "node %d (%s): placements without a mesh", i,
+                               hp_op_get(n->op)->name);
+            if (n->op == HP_OP_PLACEHOLDER && hp_node_attr(n, HP_ATTR_GLOBAL_SHAPE) &&
+                !hp_node_attr(n, HP_ATTR_GROUP_SIZE))
+                return hp_errf(err, HP_INVALID,
+                               "node %d (placeholder): a global_shape without group_size needs "
+                               "the graph's mesh and placements to say the split",
+                               i);
+        }
+        return HP_OK;
+    }
+    for (int i = 0; i < g->n_nodes; i++) HP_TRY(check_node_placements(g, i, err));
+    return HP_OK;
+}
+
 hp_status hp_graph_verify(const hp_graph *g, hp_err *err) {
     if (g->failed) {
         if (err) *err = g->err;
@@ -187,6 +323,7 @@ hp_status hp_graph_verify(const hp_graph *g, hp_err *err) {
         }
     }
     HP_TRY(check_placeholders(g, err));
+    HP_TRY(check_placements(g, err));
     for (int i = 0; i < g->n_outputs; i++) {
         hp_value v = g->outputs[i];
         if (!hp_graph_type(g, v))

@@ -296,6 +296,9 @@ struct hp_node {
     hp_value *in;   /* [n_in], arena */
     hp_type *out;   /* [n_out], arena */
     hp_attr *attrs; /* [n_attrs], arena, sorted by key, no duplicates */
+    /* NULL, or (with a graph mesh) output k's placement on mesh dim i at pl[k * ndim + i];
+     * arena. Output types are then the rank's local pieces. */
+    hp_placement *pl;
 };
 
 /* Shape rule: given the node (attrs; for placeholders also its declared output type in
@@ -336,8 +339,17 @@ hp_status hp_op_parse(const char *name, hp_op *op, hp_err *err);
 
 /* ---- nodes and graphs ------------------------------------------------------------------------ */
 
+/* The device mesh a compiled (SPMD) graph's placements refer to: names and sizes in mesh
+ * order, rank = row-major coordinates (the last dim varies fastest). ndim 0: none. */
+typedef struct hp_graph_mesh {
+    int ndim;
+    char name[HP_MESH_MAX_DIMS][HP_MESH_NAME_MAX];
+    int64_t size[HP_MESH_MAX_DIMS];
+} hp_graph_mesh;
+
 struct hp_graph {
     hp_arena arena;
+    hp_graph_mesh mesh;
     hp_node *nodes; /* [n_nodes], hp_malloc'd, may move on add */
     int n_nodes, cap_nodes;
     hp_value *outputs; /* [n_outputs], hp_malloc'd */
@@ -374,6 +386,15 @@ int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const h
                     int n_out, const hp_attr *attrs, int n_attrs, hp_err *err);
 hp_status hp_graph_set_outputs(hp_graph *g, const hp_value *outs, int n, hp_err *err);
 hp_status hp_graph_add_output(hp_graph *g, hp_value v, hp_err *err);
+
+/* Sets the mesh the graph's placements refer to (names [A-Za-z0-9_]+ unique, sizes in [1,
+ * HP_MAX_DIM]); only while no node carries placements. HP_INVALID naming the dim. */
+hp_status hp_graph_set_mesh(hp_graph *g, const hp_graph_mesh *m, hp_err *err);
+/* Sets node id's placements, pl[n_out * mesh.ndim] (copied; NULL clears). HP_INVALID when the
+ * graph has no mesh or a placement is malformed (a Shard dim outside its output's rank). */
+hp_status hp_node_set_placements(hp_graph *g, int id, const hp_placement *pl, hp_err *err);
+/* The mesh.ndim placements of a value, or NULL when its node carries none. */
+const hp_placement *hp_value_placements(const hp_graph *g, hp_value v);
 
 /* Builder: appends a node whose output types come from the op's shape rule, after checking
  * arity, refs and attributes. Returns output 0 (use hp_out for others). On failure returns

@@ -127,7 +127,8 @@ Test(graph, sharded_placeholder_rules) {
     hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, a, 2, NULL);
     hp_err e;
     cr_expect_eq(hp_graph_verify(g, &e), HP_INVALID);
-    cr_expect(strstr(e.msg, "global_shape and group_size go together"), "%s", e.msg);
+    cr_expect(strstr(e.msg, "a global_shape without group_size needs the graph's mesh"), "%s",
+              e.msg);
     hp_graph_free(g);
 }
 

@@ -7,6 +7,7 @@
 #include "hp/build.h"
 #include "hp/models.h"
 #include "hp/proto_io.h"
+#include "hp/text.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -630,5 +631,54 @@ Test(proto_io, failed_graph_is_not_packed) {
     cr_assert_eq(hp_graph_pack(g, &data, &len, &err), HP_INVALID);
     cr_assert_null(data);
     cr_assert(strstr(err.msg, "failed to build"), "%s", err.msg);
+    hp_graph_free(g);
+}
+
+/* A compiled graph's mesh and placements survive the wire; malformed ones are refused. */
+Test(proto_io, placements_round_trip) {
+    const char *text = "hpir 1\nmesh dp=2 tp=2\n"
+                       "%0: f32[16,8] {dp:R, tp:S(0)} = placeholder() {kind=param, fqn=\"w\"}\n"
+                       "%1: f32[4,8] {dp:S(0), tp:R} = placeholder() {kind=data, fqn=\"x\"}\n"
+                       "%2: f32[8,16] {dp:R, tp:S(1)} = t(%0)\n"
+                       "%3: f32[4,16] {dp:S(0), tp:S(1)} = mm(%1, %2)\n"
+                       "%4: f32[4] {dp:S(0), tp:P(sum)} = sum(%3) {dims=[1]}\n"
+                       "%5: f32[16] {dp:P(max), tp:S(0)} = amax(%3) {dims=[0]}\n"
+                       "return %4, %5\n";
+    hp_graph *g = NULL, *back = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_graph_parse(text, strlen(text), &g, &err), HP_OK, "%s", err.msg);
+    uint8_t *data;
+    size_t len;
+    cr_assert_eq(hp_graph_pack(g, &data, &len, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_graph_unpack(data, len, &back, &err), HP_OK, "%s", err.msg);
+    cr_assert(hp_graph_eq(g, back));
+    cr_assert_eq(back->mesh.ndim, 2);
+    cr_assert_str_eq(back->mesh.name[1], "tp");
+    hp_free(data);
+    hp_graph_free(back);
+
+    /* a placement count that is not outputs x mesh dims, a bad kind, an oversized mesh */
+    hp_arena arena;
+    hp_arena_init(&arena);
+    Hp__V1__Graph *m;
+    cr_assert_eq(hp_graph_export(g, &arena, &m, &err), HP_OK);
+    m->nodes[3]->n_placements = 1;
+    cr_assert_eq(hp_graph_import(m, &back, &err), HP_INVALID);
+    cr_assert(strstr(err.msg, "node 3 (mm): 1 placements, want 2"), "%s", err.msg);
+    m->nodes[3]->n_placements = 2;
+    m->nodes[3]->placements[0]->kind = 9;
+    cr_assert_eq(hp_graph_import(m, &back, &err), HP_INVALID);
+    cr_assert(strstr(err.msg, "kind 9 is not Replicate"), "%s", err.msg);
+    m->nodes[3]->placements[0]->kind = HP__V1__PLACEMENT__KIND__SHARD;
+    m->nodes[3]->placements[0]->dim = 7;
+    cr_assert_eq(hp_graph_import(m, &back, &err), HP_INVALID);
+    cr_assert(strstr(err.msg, "Shard(d) with d below its rank 2"), "%s", err.msg);
+    m->nodes[3]->placements[0]->dim = 1; /* valid words, but not mm's rule */
+    cr_assert_eq(hp_graph_import(m, &back, &err), HP_INVALID);
+    cr_assert(strstr(err.msg, "is none of its sharding rules"), "%s", err.msg);
+    m->mesh->sizes[0] = 0;
+    cr_assert_eq(hp_graph_import(m, &back, &err), HP_INVALID);
+    cr_assert(strstr(err.msg, "graph.mesh: mesh dim 0 (dp): size 0"), "%s", err.msg);
+    hp_arena_fini(&arena);
     hp_graph_free(g);
 }

@@ -543,3 +543,99 @@ Test(text, models_round_trip) {
     model_round_trip("mlp", false, NULL);
     model_round_trip("mlp", true, NULL);
 }
+
+/* ---- placements ------------------------------------------------------------------------------ */
+
+Test(text, placements_and_the_mesh_print_and_parse_back) {
+    /* the text above is syntax only: check it parses into the right structures, then that a
+     * printed graph reads back equal */
+    hp_graph *g = hp_graph_new();
+    hp_graph_mesh m = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    hp_err err = {0};
+    cr_assert_eq(hp_graph_set_mesh(g, &m, &err), HP_OK, "%s", err.msg);
+    hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w",
+                                      hp_type_make(HP_F32, 2, (int64_t[]){16, 8}), NULL);
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x",
+                                      hp_type_make(HP_F32, 2, (int64_t[]){4, 8}), NULL);
+    hp_value y = hp_mm(g, x, hp_t(g, w));
+    cr_assert(!hp_graph_failed(g));
+    /* x: the batch split over dp; w: column-parallel over tp (rows of [out, in]) */
+    hp_placement pw[2] = {HP_REPLICATE, HP_SHARD(0)}, px[2] = {HP_SHARD(0), HP_REPLICATE};
+    hp_placement pt[2] = {HP_REPLICATE, HP_SHARD(1)};
+    hp_placement py[2] = {HP_SHARD(0), HP_SHARD(1)};
+    cr_assert_eq(hp_node_set_placements(g, w.node, pw, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_node_set_placements(g, x.node, px, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_node_set_placements(g, w.node + 2, pt, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_node_set_placements(g, y.node, py, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_graph_add_output(g, y, &err), HP_OK);
+    char *text;
+    size_t len;
+    cr_assert_eq(hp_graph_print(g, &text, &len, &err), HP_OK);
+    cr_assert(strstr(text, "mesh dp=2 tp=2\n"), "%s", text);
+    cr_assert(strstr(text, "%0: f32[16,8] {dp:R, tp:S(0)} = placeholder()"), "%s", text);
+    cr_assert(strstr(text, "%3: f32[4,16] {dp:S(0), tp:S(1)} = mm(%1, %2)"), "%s", text);
+    hp_graph *back = NULL;
+    cr_assert_eq(hp_graph_parse(text, len, &back, &err), HP_OK, "%s\n%s", err.msg, text);
+    cr_assert(hp_graph_eq(g, back), "%s", text);
+    cr_assert(hp_placement_eq(hp_value_placements(back, y)[1], HP_SHARD(1)));
+    /* the verifier holds every value to its op's rules */
+    hp_placement wrong[2] = {HP_PARTIAL(HP_REDUCE_AVG), HP_SHARD(1)};
+    cr_assert_eq(hp_node_set_placements(g, y.node, wrong, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_graph_verify(g, &err), HP_INVALID);
+    cr_assert(strstr(err.msg, "node 3 (mm): on mesh dim dp, (S(0), R) -> (P(avg)) is none of its "
+                              "sharding rules"),
+              "%s", err.msg);
+    hp_free(text);
+    hp_graph_free(back);
+    hp_graph_free(g);
+    /* several outputs each carry theirs; long words parse too */
+    const char *multi = "hpir 1\nmesh dp=2\n"
+                        "%0: f32[4,8] {dp:Shard(0)} = placeholder() {kind=data, fqn=\"x\"}\n"
+                        "%1: f32[8] {dp:Replicate} = placeholder() {kind=data, fqn=\"w\"}\n"
+                        "%2: (f32[4,8] {dp:S(0)}, f32[4] {dp:S(0)}) = _fused_rms_norm(%0, %1) "
+                        "{eps=1e-05}\n"
+                        "return %2.1\n";
+    cr_assert_eq(hp_graph_parse(multi, strlen(multi), &back, &err), HP_OK, "%s", err.msg);
+    cr_assert(hp_placement_eq(hp_value_placements(back, (hp_value){2, 1})[0], HP_SHARD(0)));
+    hp_graph_free(back);
+}
+
+Test(text, placement_errors_name_the_line) {
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"hpir 1\n%0: f32[4] {dp:R} = placeholder() {kind=data, fqn=\"x\"}\nreturn %0\n",
+         "line 2:12: placements need a 'mesh NAME=N ...' line"},
+        {"hpir 1\nmesh dp=2 tp=2\n%0: f32[4] {tp:R, dp:R} = placeholder() {kind=data, "
+         "fqn=\"x\"}\nreturn %0\n",
+         "expected mesh dim 'dp' (placements follow the mesh order)"},
+        {"hpir 1\nmesh dp=2\n%0: f32[4] {dp:S(1)} = placeholder() {kind=data, fqn=\"x\"}\n"
+         "return %0\n",
+         "Shard(d) with d below its rank 1"},
+        {"hpir 1\nmesh dp=2\n%0: f32[4] {dp:Q} = placeholder() {kind=data, fqn=\"x\"}\n"
+         "return %0\n",
+         "placement 'Q': expected Replicate"},
+        {"hpir 1\nmesh dp=2 dp=4\n%0: f32[4] = placeholder() {kind=data, fqn=\"x\"}\n"
+         "return %0\n",
+         "mesh dim 1: 'dp' repeats dim 0"},
+        {"hpir 1\nmesh dp=0\nreturn\n", "size 0 is outside"},
+        {"hpir 1\nmesh\nreturn\n", "expected mesh dims"},
+        {"hpir 1\nmesh dp=2\n%0: f32[3,8] {dp:S(0)} = placeholder() {kind=data, fqn=\"x\", "
+         "global_shape=[8,8]}\nreturn %0\n",
+         "local type f32[3,8] does not match global f32[4,8] under its placements"},
+        {"hpir 1\nmesh dp=2\n%0: f32[4,8] = placeholder() {kind=data, fqn=\"x\"}\nreturn %0\n",
+         "node 0 (placeholder): no placements"},
+        {"hpir 1\nmesh dp=2\n%0: f32[4,8] {dp:S(0)} = placeholder() {kind=data, fqn=\"x\"}\n"
+         "%1: f32[8] {dp:R} = placeholder() {kind=data, fqn=\"w\"}\n"
+         "%2: (f32[4,8] {dp:S(0)}, f32[4]) = _fused_rms_norm(%0, %1) {eps=1e-05}\nreturn %2\n",
+         "placements are given for 1 of _fused_rms_norm's 2 outputs"},
+    };
+    for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
+        hp_graph *g = NULL;
+        hp_err err = {0};
+        cr_expect_neq(hp_graph_parse(bad[i].text, strlen(bad[i].text), &g, &err), HP_OK,
+                      "case %zu parsed", i);
+        cr_expect(strstr(err.msg, bad[i].want), "case %zu: %s", i, err.msg);
+        hp_graph_free(g);
+    }
+}
