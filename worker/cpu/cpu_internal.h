@@ -149,7 +149,8 @@ void hp__cpu_blas_single_threaded(void);
  * pool's threads gets two tiles, run on the pool reps + 1 times (the first warms up; it stops
  * after budget_s seconds once two have run). *rate: the best repetition's FLOPs per thread-CPU
  * second (CLOCK_THREAD_CPUTIME_ID: time the scheduler gives other processes is not counted)
- * times the pool's size, in FLOP/s. Errors: HP_NOMEM, HP_INTERNAL (no time measured). */
+ * times the pool's size (at most the CPUs this process may run on), in FLOP/s. Errors: HP_NOMEM,
+ * HP_INTERNAL (no time measured). */
 hp_status hp__cpu_gemm_probe(hp_pool *pool, int reps, double budget_s, double *rate, hp_err *err);
 /* "AMD EPYC 7B13" from /proc/cpuinfo, or "unknown CPU" (cpu_peak.c). */
 void hp__cpu_model(char *buf, size_t len);

@@ -11,7 +11,7 @@
  *     comes out below that floor (after three tries) is raised to it;
  *   * the cache is one JSON file per (CPU model, OpenBLAS core type, probe version) under
  *     $XDG_CACHE_HOME/hp (else ~/.cache/hp), mapping thread counts to figures:
- *       {"cpu":"AMD EPYC 7B13","coretype":"Zen","probe":2,"sgemm_n":1024,
+ *       {"cpu":"AMD EPYC 7B13","coretype":"Zen","probe":3,"sgemm_n":1024,
  *        "peaks":{"1":3.6e10,"2":7.1e10}}
  *     written atomically, merged with what another process wrote meanwhile.
  */
@@ -27,7 +27,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define PROBE_VERSION 2   /* bump when the probe changes: old figures are not comparable */
+#define PROBE_VERSION 3   /* bump when the probe changes: old figures are not comparable */
 #define PROBE_REPS    8   /* timed runs at most */
 #define PROBE_S       0.3 /* and stop once this much time has been spent (two runs at least) */
 #define PROBE_TRIES   3   /* measurements while one comes out below the floor */

@@ -14,10 +14,12 @@
  * Also the CPU peak probe (hp__cpu_gemm_probe): the same tiles on the same pool, so the peak
  * MFU is measured against is the rate of the path the kernels run.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "worker/cpu/cpu_internal.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <sched.h>
 #include <time.h>
 
 void hp__cpu_blas_single_threaded(void) {
@@ -228,9 +230,16 @@ hp_status hp__cpu_gemm_probe(hp_pool *pool, int reps, double budget_s, double *r
     p.t.a = a;
     p.t.b = b;
     hp__cpu_blas_single_threaded();
+    /* more threads than CPUs this process may run on share them: they add no FLOP/s */
+    int busy = threads;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 &&
+        CPU_COUNT(&set) < busy)
+        busy = CPU_COUNT(&set);
     /* Each thread's rate is its FLOPs over its own CPU time, so time the scheduler gave to
      * other processes does not count against it; the probe's figure is the best repetition's
-     * mean rate per busy thread times the thread count. Repetition 0 warms caches up. */
+     * mean rate per busy thread times the threads that can run at once. Repetition 0 warms caches
+     * up. */
     double best = 0, start = now_s();
     for (int r = 0; r <= reps && (r < 2 || now_s() - start < budget_s); r++) {
         memset(p.cpu_s, 0, (size_t)threads * sizeof *p.cpu_s);
@@ -238,7 +247,7 @@ hp_status hp__cpu_gemm_probe(hp_pool *pool, int reps, double budget_s, double *r
         hp_pool_run(pool, copies * p.tiles, probe_tile, &p);
         double cpu = 0, flops = 0;
         for (int i = 0; i < threads; i++) cpu += p.cpu_s[i], flops += p.flops[i];
-        double x = cpu > 0 ? (double)threads * flops / cpu : 0;
+        double x = cpu > 0 ? (double)busy * flops / cpu : 0;
         if (r > 0 && x > best && isfinite(x)) best = x;
     }
     if (!(best > 0)) st = hp_errf(err, HP_INTERNAL, "cpu peak flops: the SGEMM probe took no time");
