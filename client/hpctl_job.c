@@ -2,6 +2,7 @@
  * training flags; `inspect` reads one back and prints its summary, its graph as text, or JSON. */
 #include "client/hpctl.h"
 
+#include "hp/device.h"
 #include "hp/job.h"
 #include "hp/models.h"
 #include "hp/text.h"
@@ -54,6 +55,8 @@ static void new_usage(FILE *f) {
           "  --decay KIND          linear | cosine | none (after warmup)\n"
           "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
           "  --init-from PATH      initial weights (safetensors)\n"
+          "  --device cpu|cuda     what the ranks compute on (default cpu); a device the\n"
+          "                        workers cannot run is refused, never run on the CPU\n"
           "  --max-restarts N      restarts after a worker failure under hpd (default 0)\n"
           "  --profile-steps S,..  steps to trace (Chrome trace per rank; hpctl trace fetches it)\n"
           "  -o, --output PATH     where to write the job (written atomically)\n"
@@ -187,6 +190,12 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             hp_status st = has_glob(v) ? hp_job_add_fsdp_pattern(job, v, &err)
                                        : hp_job_add_fsdp_fqn(job, v, &err);
             if (st != HP_OK) rc = hpctl_fail(HPCTL_USAGE, verb, "--fsdp: %s", err.msg);
+        } else if (!strcmp(a, "--device")) {
+            hp_err err = {0};
+            if (hp_device_parse(v, &job->resources.device, &err) != HP_OK)
+                rc = hpctl_fail(HPCTL_USAGE, verb, "--device: %s", err.msg);
+            /* one GPU per rank on a node until a flag says otherwise; cpu has none */
+            job->resources.gpus_per_node = job->resources.device == HP_DEVICE_CUDA ? 1 : 0;
         } else if (!strcmp(a, "--mesh")) {
             rc = parse_mesh(verb, v, job);
         } else if (!strcmp(a, "--bucket-mb")) {
@@ -368,8 +377,8 @@ static void print_text(const hp_job *job, const job_summary *s) {
     printf(", mode %s, %d FSDP marks, %d patterns\n",
            job->plan.mode == HP_PLAN_FSDP ? "fsdp" : "auto", job->plan.n_fsdp_fqns,
            job->plan.n_fsdp_patterns);
-    printf("resources   world %d, %s\n", job->resources.world_size,
-           job->resources.device == HP_DEVICE_CPU ? "cpu" : "cuda");
+    printf("resources   world %d, device %s\n", job->resources.world_size,
+           hp_device_name(job->resources.device));
 }
 
 static int print_json(const hp_job *job, const job_summary *s) {
@@ -380,7 +389,7 @@ static int print_json(const hp_job *job, const job_summary *s) {
     const hp_train_config *t = &job->train;
     json_t *root = json_pack(
         "{s:s, s:{s:s, s:s}, s:I, s:I, s:I, s:f, s:{s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:o},"
-        " s:{s:I, s:f, s:I, s:s, s:I, s:I, s:s}, s:{s:i}}",
+        " s:{s:I, s:f, s:I, s:s, s:I, s:I, s:s}, s:{s:i, s:s}}",
         "name", job->name, "model", "family", job->model.family, "flavor", job->model.flavor,
         "params", (json_int_t)s->params, "param_bytes", (json_int_t)s->param_bytes,
         "embedding_params", (json_int_t)s->embedding_params, "flops_per_token", s->flops_per_token,
@@ -390,7 +399,7 @@ static int print_json(const hp_job *job, const job_summary *s) {
         "steps", (json_int_t)t->steps, "lr", t->lr, "warmup_steps", (json_int_t)t->warmup_steps,
         "decay", decay_name(t->decay), "local_batch", (json_int_t)t->local_batch, "seq",
         (json_int_t)t->seq, "data", t->data_path[0] ? t->data_path : "", "resources", "world_size",
-        job->resources.world_size);
+        job->resources.world_size, "device", hp_device_name(job->resources.device));
     if (!root) return hpctl_fail(HPCTL_ERROR, "inspect", "out of memory building JSON");
     json_dumpf(root, stdout, JSON_INDENT(2));
     putchar('\n');

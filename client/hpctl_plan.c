@@ -4,6 +4,7 @@
  * estimate with its assumptions — without launching anything. */
 #include "client/hpctl.h"
 
+#include "hp/device.h"
 #include "hp/job.h"
 #include "hp/passes.h"
 
@@ -88,7 +89,11 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         printf("%s%s=%d (%.3g GB/s, %.3g us)", d ? ", " : " ", job->plan.mesh[d].name,
                job->plan.mesh[d].size, job->plan.mesh[d].link.bandwidth / 1e9,
                job->plan.mesh[d].link.latency * 1e6);
-    printf(", %s\n\n", job->resources.device == HP_DEVICE_CUDA ? "cuda" : "cpu");
+    printf(", device %s\n", hp_device_name(job->resources.device));
+    hp_err derr = {0};
+    if (hp_device_built(job->resources.device, &derr) != HP_OK) /* priced, but not runnable */
+        printf("note: %s: hpd and hp-worker of this build refuse the job\n", derr.msg);
+    printf("\n");
 
     printf("%-14s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
            "collectives", "comm/step/rank", "time");
@@ -174,8 +179,10 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
         root, "model",
         json_pack("{s:s, s:s}", "family", job->model.family, "flavor", job->model.flavor));
     json_object_set_new(root, "world", json_integer(c->world));
-    json_object_set_new(root, "device",
-                        json_string(job->resources.device == HP_DEVICE_CUDA ? "cuda" : "cpu"));
+    json_object_set_new(root, "device", json_string(hp_device_name(job->resources.device)));
+    hp_err derr = {0};
+    json_object_set_new(root, "device_runnable",
+                        json_boolean(hp_device_built(job->resources.device, &derr) == HP_OK));
     json_object_set_new(root, "mesh", mesh);
     json_object_set_new(root, "passes", passes);
     json_object_set_new(root, "warnings", warnings);

@@ -9,6 +9,7 @@
 #include "daemon/jobsm.h"
 #include "daemon/observe.h"
 
+#include "hp/device.h"
 #include "hp/program.h"
 
 #include "hp/v1/program.pb-c.h"
@@ -366,8 +367,8 @@ static hp_status submit_dup(hpd *d, const char *request_id, hpd_job_view *out, b
     return HP_OK;
 }
 
-/* Decodes and compiles the job at its world size (any thread: touches no hpd state). *job is
- * the caller's to free, whatever the result. */
+/* Decodes the job, checks that its device can run here, and compiles it at its world size
+ * (any thread: touches no hpd state). *job is the caller's to free, whatever the result. */
 static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, hp_job **job,
                                  hp_err *err) {
     *job = NULL;
@@ -376,6 +377,9 @@ static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, hp
         return hp_errf(err, HP_INVALID,
                        "resources.world_size: %d ranks exceed the coordinator's %d slots",
                        (*job)->resources.world_size, slots);
+    /* The workers are this build's hp-worker (the local launcher starts it): a device it has
+     * no backend for is refused now, not after a launch, and never run on the CPU. */
+    HP_TRY(hp_device_built((*job)->resources.device, err));
     hp_compiled *c = NULL;
     hp_status st = hp_compile(*job, (*job)->resources.world_size, &c, err);
     hp_compiled_free(c);

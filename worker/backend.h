@@ -11,13 +11,23 @@
  * Memory: pointers from alloc are device pointers, only dereferenceable on the host when
  * info.host_visible is true (cpu). Host <-> device transfers go through copy_in / copy_out.
  *
+ * The training loop (worker/train*.c) never touches device memory itself: the optimizer, the
+ * gradient norm and clipping, and parameter init are vtable entries (the cpu backend runs
+ * hp/optim.h and hp/param_init.h on its pool), and checkpoint and weight I/O stage through
+ * copy_in / copy_out (zero-copy when host_visible). Peak FLOPs and device memory come from
+ * info. A new backend implements this vtable and is added to hp_backend_new; train.c does
+ * not change.
+ *
  * Threads: a backend is used by one executor thread; the backend may run its own threads.
  * Errors: every call returns hp_status with err naming the op and the cause.
  */
 #ifndef HP_WORKER_BACKEND_H
 #define HP_WORKER_BACKEND_H
 
+#include "hp/comm.h"
 #include "hp/graph.h"
+#include "hp/job.h"
+#include "hp/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +66,12 @@ typedef struct hp_device_info {
 typedef struct hp_backend hp_backend;
 typedef struct hp_event hp_event;
 
+/* Called on the backend's comm thread after each collective it ran, with the collective's
+ * node, the bytes of its input on this rank, and its start and end (CLOCK_MONOTONIC
+ * seconds). */
+typedef void (*hp_comm_trace_fn)(void *ctx, const hp_node *node, int64_t bytes, double start_s,
+                                 double end_s);
+
 typedef struct hp_backend_vtable {
     const char *name;
     hp_status (*info)(hp_backend *b, hp_device_info *out, hp_err *err);
@@ -86,6 +102,35 @@ typedef struct hp_backend_vtable {
     /* Waits until all work on all streams is done; reports the first asynchronous error. */
     hp_status (*synchronize)(hp_backend *b, hp_err *err);
     void (*destroy)(hp_backend *b);
+
+    /* ---- the training loop's math on device buffers (f32; pointers from alloc) ----------
+     * Same arguments, checks, errors and bits as the hp/optim.h / hp/param_init.h functions
+     * they name, whose contracts they share; the backend picks the threads (results never
+     * depend on them). Compute-stream work, ordered after what was launched before. */
+
+    /* hp_adamw_step: every hp_adamw_param's param, grad, exp_avg and exp_avg_sq is a device
+     * pointer. */
+    hp_status (*adamw)(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
+                       const hp_adamw_param *params, int n_params, hp_err *err);
+    /* hp_grad_sumsq over device spans: the local part of a global norm, into host *sumsq. */
+    hp_status (*sum_squares)(hp_backend *b, const hp_fspan *x, int n, double *sumsq, hp_err *err);
+    /* hp_grad_scale: every element of the device spans times coef. */
+    hp_status (*scale)(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err);
+    /* hp_param_init_fill: elements [first, first + count) of parameter fqn's init into the
+     * device buffer dst[0..count). */
+    hp_status (*fill_init)(hp_backend *b, float *dst, const hp_init *spec, uint64_t seed,
+                           const char *fqn, int64_t first, int64_t count, hp_err *err);
+
+    /* ---- facts for the metrics ------------------------------------------------------------ */
+
+    /* The most device memory this process has held so far, in bytes (cpu: peak RSS). */
+    hp_status (*memory_peak)(hp_backend *b, uint64_t *bytes, hp_err *err);
+    /* Seconds the comm stream has spent inside collectives (0 without a communicator). */
+    double (*comm_busy)(hp_backend *b);
+    /* Sets (fn NULL: clears) the per-collective hook of the comm stream; applies to the
+     * collectives started afterwards; a no-op without a communicator. fn must be thread-safe;
+     * ctx must outlive the hook (clear it, then synchronize, before freeing ctx). */
+    void (*set_comm_trace)(hp_backend *b, hp_comm_trace_fn fn, void *ctx);
 } hp_backend_vtable;
 
 /* Backends embed this first. */
@@ -96,6 +141,22 @@ struct hp_backend {
 static inline void hp_backend_free(hp_backend *b) {
     if (b) b->vt->destroy(b);
 }
+
+/* What the factory needs to build a backend. */
+typedef struct hp_backend_opts {
+    int threads;   /* cpu: compute threads; <= 0: hp_default_threads() */
+    hp_comm *comm; /* the communicator collectives of group_size > 1 run on (borrowed: it must
+                      outlive the backend); NULL: single rank */
+} hp_backend_opts;
+
+/* The backend for the job's device (worker/backend.c): cpu now; cuda when a CUDA backend is
+ * compiled in (hp/device.h) and a device exists. *out is the caller's (hp_backend_free).
+ * Errors: a device this hp-worker cannot run is HP_UNSUPPORTED with one line ("device cuda:
+ * this hp-worker was built without CUDA (...)", "device cuda: no CUDA device"); never a
+ * silent fallback to the CPU. Otherwise the backend's own errors (bad thread count:
+ * HP_INVALID; no memory or thread: HP_NOMEM, HP_INTERNAL). */
+hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_backend **out,
+                         hp_err *err);
 
 #ifdef __cplusplus
 }

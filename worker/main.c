@@ -17,9 +17,13 @@
  * Under Slurm the rank and world come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, and
  * --coordinator, --job and --token may come from HP_COORDINATOR, HP_JOB and HP_TOKEN.
  *
+ * The job's device picks the backend (worker/backend.h); one this hp-worker cannot run (cuda
+ * without a CUDA backend or device) fails at start with one line, exit 1.
+ *
  * Ctrl-C (SIGINT) or SIGTERM stops after the current step, writes a checkpoint when --out is
  * given, and exits 130. Exit codes: 0 done, 1 error, 2 usage, 130 interrupted (or stopped by
  * the coordinator). */
+#include "hp/device.h"
 #include "hp/job.h"
 #include "hp/threads.h"
 #include "worker/agent.h"
@@ -374,6 +378,12 @@ int main(int argc, char **argv) {
     hp_err err = {0};
     if (hp_job_read_file(job_path, &job, &err) != HP_OK) {
         fprintf(stderr, "hp-worker: %s\n", err.msg);
+        return 1;
+    }
+    /* before any rank starts: a device this hp-worker cannot run is one line, exit 1 */
+    if (hp_device_built(job->resources.device, &err) != HP_OK) {
+        fprintf(stderr, "hp-worker: %s\n", err.msg);
+        hp_job_free(job);
         return 1;
     }
     if (o.world == 0) o.world = job->resources.world_size; /* the job's mesh, unless told */

@@ -78,7 +78,8 @@ hp_status hp_metrics_compute(const hp_metrics_window *w, hp_metrics *out, hp_err
         .lr = w->lr,
         .tps = tps,
         .tflops = achieved / 1e12,
-        .mfu_pct = peak_known ? 100.0 * achieved / w->peak_flops : NAN,
+        /* above the peak, the peak is wrong (a contaminated probe): MFU is unknown then */
+        .mfu_pct = peak_known && achieved <= w->peak_flops ? 100.0 * achieved / w->peak_flops : NAN,
         .memory_bytes = (double)w->memory_bytes,
         .memory_gib = (double)w->memory_bytes / (1024.0 * 1024.0 * 1024.0),
         .memory_pct =

@@ -1,21 +1,17 @@
 /* worker/train.c — the training loop of one rank (see train.h). Setup, then one function per
- * stage of a step; the loop itself reads top to bottom. */
-#include "worker/train.h"
+ * stage of a step; the loop itself reads top to bottom. The state's way in and out of the
+ * device (init, weights, optimizer state, checkpoints, export) is train_state.c.
+ *
+ * Device-agnostic: the backend comes from the job's device (hp_backend_new), and every touch
+ * of a parameter, gradient or moment goes through its vtable; this file never dereferences a
+ * device pointer. Which rows of a parameter a rank holds is decided in hp__train_geo alone. */
+#include "worker/train_internal.h"
 
-#include "hp/checkpoint.h"
-#include "hp/comm.h"
-#include "hp/data.h"
+#include "hp/device.h"
 #include "hp/metrics.h"
 #include "hp/models.h"
-#include "hp/optim.h"
-#include "hp/param_init.h"
 #include "hp/passes.h"
-#include "hp/program.h"
-#include "hp/safetensors.h"
 #include "hp/threads.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/executor.h"
-#include "worker/trace.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,65 +20,25 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#define PATH_MAX_HP 4096
-
-typedef struct trainer {
-    const hp_job *job;
-    const hp_train_opts *opts;
-    FILE *log, *metrics;
-    hp_compiled *compiled; /* the pipeline's output: owns prog */
-    hp_program *prog;
-    hp_comm *comm; /* world > 1 */
-    int rank, world;
-    hp_backend *be;
-    hp_exec *ex;
-    hp_pool *pool;
-    hp_data *data;
-    int32_t tokens_buf, labels_buf;
-    int64_t batch, seq, total_steps;
-    int64_t *tokens, *labels;    /* [B*T] host staging */
-    float **m, **v;              /* AdamW moments per parameter */
-    hp_adamw_param *adam_params; /* [n_params] */
-    hp_fspan *grads;             /* [n_params] */
-    hp_adamw_config adam;
-    hp_lr_schedule lr;
-    double flops_per_token, peak_flops;
-    uint64_t device_memory;
-    char ckpt_dir[PATH_MAX_HP];
-    hp_trace *trace;        /* profiled steps only; NULL when none are asked for */
-    int32_t *instr_of_node; /* [graph nodes]: the instruction running each node, or -1 */
-    int64_t *profile;       /* sorted steps to trace */
-    int n_profile;
-} trainer;
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static float *param_ptr(const trainer *t, int i) {
+float *hp__train_param(const trainer *t, int i) {
     return hp_exec_ptr(t->ex, t->prog->params[i].buffer);
 }
 
-/* Elements of this rank's local parameter buffer (the shard, padding included). */
-static int64_t param_numel(const trainer *t, int i) {
+int64_t hp__train_numel(const trainer *t, int i) {
     return hp_type_numel(&t->prog->buffers[t->prog->params[i].buffer].type);
 }
 
-/* Which rows of parameter i this rank holds: local rows [0, real) are global rows
- * [start, start + real); local rows [real, s) are padding (zero). Unsharded: all rows. */
-typedef struct shard_geo {
-    int64_t rows;  /* global dim 0 (1 for a scalar) */
-    int64_t s;     /* local dim 0 */
-    int64_t start; /* first global row held */
-    int64_t real;  /* real rows held */
-    int64_t row;   /* elements per row */
-} shard_geo;
+/* ---- shard geometry: the one place that knows which part of a parameter a rank holds ------- */
 
-static shard_geo geo(const trainer *t, int i) {
+hp__shard_geo hp__train_geo(const trainer *t, int i) {
     const hp_param_slot *ps = &t->prog->params[i];
-    shard_geo g;
+    hp__shard_geo g;
     g.rows = ps->global.rank ? ps->global.shape[0] : 1;
     g.row = g.rows ? hp_type_numel(&ps->global) / g.rows : 0;
     const hp_type *local = &t->prog->buffers[ps->buffer].type;
@@ -93,17 +49,17 @@ static shard_geo geo(const trainer *t, int i) {
     return g;
 }
 
-static bool sharded(const trainer *t, int i) {
+bool hp__train_sharded(const trainer *t, int i) {
     return t->prog->params[i].shard_count > 1;
 }
 
-static bool is_dir(const char *p) {
+bool hp__train_is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 static hp_status mkdir_p(const char *path, hp_err *err) {
-    char buf[PATH_MAX_HP];
+    char buf[HP__TRAIN_PATH_MAX];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
         return hp_errf(err, HP_INVALID, "path too long: %s", path);
     for (char *p = buf + 1;; p++) {
@@ -164,202 +120,6 @@ static hp_status open_data(trainer *t, hp_err *err) {
                          .seed = t->job->train.seed};
     HP_TRY(hp_data_open(&dc, &t->data, err));
     return HP_OK;
-}
-
-/* Fresh parameters: counter-based init of every element (sharding-independent). */
-static hp_status init_params(trainer *t, hp_err *err) {
-    for (int i = 0; i < t->prog->n_params; i++) {
-        const hp_param_slot *ps = &t->prog->params[i];
-        hp_init init = ps->init;
-        if (init.kind == HP_INIT_NONE) init.kind = HP_INIT_ZEROS;
-        shard_geo g = geo(t, i);
-        hp_status st =
-            hp_param_init_fill_par(t->pool, &init, t->job->train.seed, ps->fqn, g.start * g.row,
-                                   g.real * g.row, param_ptr(t, i), err);
-        if (st != HP_OK) return hp_err_prefix(err, "init '%s'", ps->fqn);
-    }
-    return HP_OK;
-}
-
-/* Weights from a safetensors file keyed by FQN (extra tensors are ignored). */
-static hp_status load_weights(trainer *t, const char *path, hp_err *err) {
-    hp_st_file *f = NULL;
-    HP_TRY(hp_st_open(path, &f, err));
-    hp_status st = HP_OK;
-    for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
-        const hp_param_slot *ps = &t->prog->params[i];
-        const hp_st_tensor *w;
-        if ((st = hp_st_get(f, ps->fqn, &w, err)) != HP_OK) break;
-        bool same = w->rank == ps->global.rank;
-        for (int d = 0; same && d < w->rank; d++) same = w->shape[d] == ps->global.shape[d];
-        if (!same) {
-            char want[96];
-            st = hp_errf(err, HP_INVALID, "%s: tensor '%s' has the wrong shape (want %s)", path,
-                         ps->fqn, hp_type_str(&ps->global, want, sizeof want));
-            break;
-        }
-        shard_geo g = geo(t, i);
-        int64_t n = hp_st_numel(w);
-        float *full = hp_malloc((size_t)(n ? n : 1) * sizeof *full);
-        if (!full) {
-            st = hp_errf(err, HP_NOMEM, "out of memory loading '%s'", ps->fqn);
-            break;
-        }
-        st = hp_st_to_f32(w, full, n, err);
-        if (st == HP_OK)
-            memcpy(param_ptr(t, i), full + g.start * g.row,
-                   (size_t)(g.real * g.row) * sizeof *full);
-        hp_free(full);
-    }
-    hp_st_close(f);
-    return st;
-}
-
-static hp_status alloc_optimizer(trainer *t, hp_err *err) {
-    int n = t->prog->n_params;
-    t->m = hp_calloc((size_t)n + 1, sizeof *t->m);
-    t->v = hp_calloc((size_t)n + 1, sizeof *t->v);
-    t->adam_params = hp_calloc((size_t)n + 1, sizeof *t->adam_params);
-    t->grads = hp_calloc((size_t)n + 1, sizeof *t->grads);
-    if (!t->m || !t->v || !t->adam_params || !t->grads) goto nomem;
-    for (int i = 0; i < n; i++) {
-        int64_t k = param_numel(t, i);
-        if (!(t->m[i] = hp_calloc((size_t)k, sizeof(float)))) goto nomem;
-        if (!(t->v[i] = hp_calloc((size_t)k, sizeof(float)))) goto nomem;
-        float *g = hp_exec_ptr(t->ex, t->prog->params[i].grad);
-        t->adam_params[i] = (hp_adamw_param){param_ptr(t, i), g, t->m[i], t->v[i], k};
-        t->grads[i] = (hp_fspan){g, k};
-    }
-    const hp_train_config *tc = &t->job->train;
-    t->adam = (hp_adamw_config){tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
-    hp_lr_decay decay = tc->decay == HP_DECAY_COSINE ? HP_LR_DECAY_COSINE
-                        : tc->decay == HP_DECAY_NONE ? HP_LR_DECAY_NONE
-                                                     : HP_LR_DECAY_LINEAR;
-    return hp_lr_schedule_init(&t->lr, tc->lr, t->total_steps, tc->warmup_steps, -1, decay,
-                               tc->min_lr_ratio, err);
-nomem:
-    return hp_errf(err, HP_NOMEM, "out of memory for the optimizer state");
-}
-
-/* ---- checkpoints ---------------------------------------------------------------------------- */
-
-static hp_status save_checkpoint(trainer *t, int64_t step, hp_err *err) {
-    int n = t->prog->n_params;
-    hp_ckpt_shard *sh = hp_calloc((size_t)n + 1, sizeof *sh);
-    if (!sh) return hp_errf(err, HP_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) {
-        const hp_param_slot *ps = &t->prog->params[i];
-        hp_ckpt_shard *s = &sh[i];
-        s->fqn = ps->fqn;
-        s->dtype = HP_F32;
-        s->rank = ps->global.rank;
-        memcpy(s->shape, ps->global.shape, sizeof s->shape);
-        shard_geo g = geo(t, i);
-        /* replicated tensors are saved by rank 0 only */
-        bool mine = sharded(t, i) || t->rank == 0;
-        s->start = mine ? g.start : 0;
-        s->end = mine ? g.start + g.real : 0;
-        s->param = param_ptr(t, i);
-        s->state_dtype = HP_F32;
-        s->exp_avg = t->m[i];
-        s->exp_avg_sq = t->v[i];
-    }
-    hp_ckpt_scalars sc = {.step = step,
-                          .seed = t->job->train.seed,
-                          .data_step = step,
-                          .data_fingerprint = hp_data_get_info(t->data)->fingerprint,
-                          .loss_scale = 1};
-    int keep = t->opts->keep_checkpoints > 0 ? t->opts->keep_checkpoints : 3;
-    hp_status st;
-    if (t->world == 1) {
-        st = hp_ckpt_save(t->ckpt_dir, &sc, sh, n, keep, err);
-    } else {
-        /* every rank writes its file; once all have, rank 0 writes the index */
-        st = hp_ckpt_write_rank(t->ckpt_dir, t->rank, t->world, &sc, sh, n, err);
-        if (st == HP_OK) st = t->comm->vt->barrier(t->comm, err);
-        if (st == HP_OK && t->rank == 0)
-            st = hp_ckpt_commit(t->ckpt_dir, step, t->world, keep, err);
-        if (st == HP_OK) st = t->comm->vt->barrier(t->comm, err);
-    }
-    hp_free(sh);
-    return st;
-}
-
-/* Resolves --resume DIR to a checkpoint root: a run's out dir holds checkpoints/. */
-static void resume_root(const char *dir, char *root, size_t len) {
-    char sub[PATH_MAX_HP];
-    snprintf(sub, sizeof sub, "%s/checkpoints", dir);
-    snprintf(root, len, "%s", is_dir(sub) ? sub : dir);
-}
-
-static hp_status load_checkpoint(trainer *t, const char *dir, int64_t *step, hp_err *err) {
-    char root[PATH_MAX_HP];
-    resume_root(dir, root, sizeof root);
-    hp_ckpt *c = NULL;
-    HP_TRY(hp_ckpt_open(root, -1, &c, err));
-    hp_status st = HP_OK;
-    const hp_ckpt_scalars *sc = hp_ckpt_get_scalars(c);
-    if (sc->data_fingerprint != hp_data_get_info(t->data)->fingerprint) {
-        st = hp_errf(err, HP_INVALID,
-                     "%s: the checkpoint was trained on other data (fingerprint differs)", root);
-        goto done;
-    }
-    for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
-        /* this rank's rows, whatever world wrote the checkpoint; padding rows stay zero */
-        const hp_param_slot *ps = &t->prog->params[i];
-        shard_geo g = geo(t, i);
-        int64_t a = g.start, b = g.start + g.real;
-        size_t bytes = (size_t)(g.real * g.row) * sizeof(float);
-        st = hp_ckpt_read(c, ps->fqn, HP_CKPT_PARAM, a, b, param_ptr(t, i), bytes, err);
-        if (st == HP_OK) st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG, a, b, t->m[i], bytes, err);
-        if (st == HP_OK)
-            st = hp_ckpt_read(c, ps->fqn, HP_CKPT_EXP_AVG_SQ, a, b, t->v[i], bytes, err);
-    }
-    *step = sc->step;
-done:
-    hp_ckpt_close(c);
-    if (st != HP_OK) hp_err_prefix(err, "resume");
-    return st;
-}
-
-/* The full parameters, gathered from the shards (every rank takes part; rank 0 writes). */
-static hp_status export_weights(trainer *t, const char *path, hp_err *err) {
-    int n = t->prog->n_params;
-    hp_st_tensor *ts = hp_calloc((size_t)n + 1, sizeof *ts);
-    float **full = hp_calloc((size_t)n + 1, sizeof *full);
-    hp_status st = HP_OK;
-    if (!ts || !full) {
-        st = hp_errf(err, HP_NOMEM, "out of memory");
-        goto done;
-    }
-    for (int i = 0; i < n && st == HP_OK; i++) {
-        const hp_param_slot *ps = &t->prog->params[i];
-        shard_geo g = geo(t, i);
-        const float *data = param_ptr(t, i);
-        if (sharded(t, i)) {
-            size_t bytes = (size_t)param_numel(t, i) * sizeof(float);
-            if (!(full[i] = hp_malloc(bytes * (size_t)t->world))) {
-                st = hp_errf(err, HP_NOMEM, "out of memory gathering '%s'", ps->fqn);
-                break;
-            }
-            st = t->comm->vt->all_gather(t->comm, data, full[i], bytes, err);
-            data = full[i]; /* padded: its first `rows` rows are the tensor */
-        }
-        ts[i].name = ps->fqn;
-        ts[i].dtype = HP_ST_F32;
-        ts[i].rank = ps->global.rank;
-        memcpy(ts[i].shape, ps->global.shape, sizeof(int64_t) * (size_t)ps->global.rank);
-        ts[i].data = data;
-        ts[i].nbytes = (size_t)(g.rows * g.row) * sizeof(float);
-    }
-    hp_st_kv meta[2] = {{"format", "pt"}, {"producer", "hp"}};
-    if (st == HP_OK && t->rank == 0) st = hp_st_write(path, ts, n, meta, 2, err);
-done:
-    if (full)
-        for (int i = 0; i < n; i++) hp_free(full[i]);
-    hp_free(full);
-    hp_free(ts);
-    return st;
 }
 
 /* ---- traces (worker/trace.h) ------------------------------------------------------------------
@@ -423,7 +183,7 @@ static void on_collective(void *ctx, const hp_node *n, int64_t bytes, double sta
 /* Turns hooks on (before the program runs) or off (after it synchronized). */
 static void trace_hooks(trainer *t, bool on) {
     hp_exec_set_trace(t->ex, on ? on_instr : NULL, on ? t : NULL);
-    hp_cpu_backend_set_comm_trace(t->be, on ? on_collective : NULL, on ? t : NULL);
+    t->be->vt->set_comm_trace(t->be, on ? on_collective : NULL, on ? t : NULL);
 }
 
 /* Ends the step's recording and hands the trace on: to opts->on_trace, else to
@@ -440,7 +200,7 @@ static hp_status finish_trace(trainer *t, int64_t step, hp_err *err) {
     if (t->opts->on_trace) {
         t->opts->on_trace(t->opts->trace_ctx, step, json, len);
     } else {
-        char dir[PATH_MAX_HP], path[PATH_MAX_HP + 64];
+        char dir[HP__TRAIN_PATH_MAX], path[HP__TRAIN_PATH_MAX + 64];
         const char *out = t->opts->out_dir ? t->opts->out_dir : ".";
         if (snprintf(dir, sizeof dir, "%s/traces", out) >= (int)sizeof dir)
             st = hp_errf(err, HP_INVALID, "path too long: %s/traces", out);
@@ -464,9 +224,9 @@ static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
     hp_fspan *mine = hp_calloc((size_t)n + 1, sizeof *mine);
     if (!mine) return hp_errf(err, HP_NOMEM, "out of memory");
     for (int i = 0; i < n; i++)
-        if (sharded(t, i) || t->rank == 0) mine[k++] = t->grads[i];
+        if (hp__train_sharded(t, i) || t->rank == 0) mine[k++] = t->grads[i];
     double sumsq = 0, t0 = hp_trace_now_s();
-    hp_status st = hp_grad_sumsq(mine, k, t->pool, &sumsq, err);
+    hp_status st = t->be->vt->sum_squares(t->be, mine, k, &sumsq, err);
     hp_free(mine);
     double t1 = hp_trace_now_s();
     hp_trace_add(t->trace, HP_TRACE_COMPUTE, "grad_norm", t0, t1, -1, -1);
@@ -506,10 +266,10 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
     double clip = t->job->train.grad_clip;
     if (clip > 0) {
         float coef = hp_clip_coef(o->grad_norm, clip);
-        if (coef < 1) HP_TRY(hp_grad_scale(t->grads, n, coef, t->pool, err));
+        if (coef < 1) HP_TRY(t->be->vt->scale(t->be, t->grads, n, coef, err));
     }
     o->lr = hp_lr_at(&t->lr, step);
-    HP_TRY(hp_adamw_step(&t->adam, o->lr, step, t->adam_params, n, t->pool, err));
+    HP_TRY(t->be->vt->adamw(t->be, &t->adam, o->lr, step, t->adam_params, n, err));
     hp_trace_add(t->trace, HP_TRACE_COMPUTE, "optimizer", t1, hp_trace_now_s(), -1, -1);
     return prof ? finish_trace(t, step, err) : HP_OK;
 }
@@ -520,6 +280,14 @@ static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err
     if (t->rank != 0 && !t->opts->on_metrics) return HP_OK;
     hp_metrics m;
     HP_TRY(hp_metrics_compute(w, &m, err));
+    if (t->rank == 0 && !t->mfu_warned && w->peak_flops > 0 && isnan(m.mfu_pct)) {
+        /* hp_metrics_compute says so when the achieved rate exceeds the peak */
+        fprintf(t->log,
+                "warning: achieved %.3g FLOP/s exceed the device peak of %.3g FLOP/s: the peak is "
+                "wrong, mfu reads unknown\n",
+                m.tflops * 1e12, w->peak_flops);
+        t->mfu_warned = true;
+    }
     if (t->rank != 0) {
         t->opts->on_metrics(t->opts->metrics_ctx, &m);
         return HP_OK;
@@ -545,6 +313,8 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     const hp_job *job = t->job;
     t->total_steps = o->steps > 0 ? o->steps : job->train.steps;
     if (!job->graph && !o->program) return hp_errf(err, HP_INVALID, "the job has no graph");
+    /* a device this hp-worker cannot run fails here, before compiling or joining the ranks */
+    if (!o->backend) HP_TRY(hp_device_built(job->resources.device, err));
     t->world = o->world > 1 ? o->world : 1;
     t->rank = t->world > 1 ? o->rank : 0;
     if (t->rank < 0 || t->rank >= t->world)
@@ -568,60 +338,60 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     }
     t->prog->rank = t->rank;
     for (int i = 0; i < t->prog->n_params; i++)
-        if (sharded(t, i)) t->prog->params[i].shard_index = t->rank;
-    int threads = o->threads > 0 ? o->threads : hp_default_threads();
-    HP_TRY(hp_pool_new(threads, &t->pool, err));
-    HP_TRY(hp_cpu_backend_new(threads, &t->be, err));
-    if (t->comm) HP_TRY(hp_cpu_backend_set_comm(t->be, t->comm, err));
+        if (hp__train_sharded(t, i)) t->prog->params[i].shard_index = t->rank;
+    if (o->backend) { /* the caller's (tests): borrowed */
+        if (t->world > 1)
+            return hp_errf(err, HP_INVALID, "a borrowed backend runs world 1 only (world %d)",
+                           t->world);
+        t->be = o->backend;
+    } else {
+        hp_backend_opts bo = {.threads = o->threads, .comm = t->comm};
+        HP_TRY(hp_backend_new(job->resources.device, &bo, &t->be, err));
+        t->owns_be = true;
+    }
+    hp_device_info di;
+    HP_TRY(t->be->vt->info(t->be, &di, err));
+    t->host_visible = di.host_visible;
+    t->device_memory = di.memory_bytes > 0 ? (uint64_t)di.memory_bytes : 0;
+    t->peak_flops = di.peak_flops > 0 ? di.peak_flops : NAN;
     HP_TRY(hp_exec_new(t->prog, t->be, &t->ex, err));
     HP_TRY(find_data(t, err));
     HP_TRY(open_data(t, err));
-    HP_TRY(alloc_optimizer(t, err));
+    HP_TRY(hp__train_alloc_optimizer(t, err));
     HP_TRY(setup_trace(t, err));
-
-    hp_device_info di;
-    HP_TRY(t->be->vt->info(t->be, &di, err));
-    t->device_memory = (uint64_t)di.memory_bytes;
-    if (hp_cpu_peak_flops(threads, &t->peak_flops, NULL) != HP_OK) t->peak_flops = NAN;
     t->flops_per_token = hp_model_flops_per_token(&job->model);
 
     if (o->out_dir) {
         HP_TRY(mkdir_p(o->out_dir, err));
         snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", o->out_dir);
-        char path[PATH_MAX_HP];
+        char path[HP__TRAIN_PATH_MAX];
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (t->rank == 0 && !(t->metrics = fopen(path, o->resume ? "a" : "w")))
             return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
     }
     *start = 0;
     if (o->resume) {
-        if (!t->ckpt_dir[0]) resume_root(o->resume, t->ckpt_dir, sizeof t->ckpt_dir);
-        HP_TRY(load_checkpoint(t, o->resume, start, err));
+        if (!t->ckpt_dir[0]) hp__train_resume_root(o->resume, t->ckpt_dir, sizeof t->ckpt_dir);
+        HP_TRY(hp__train_load_checkpoint(t, o->resume, start, err));
         if (t->rank == 0) fprintf(t->log, "resumed from step %lld\n", (long long)*start);
         return HP_OK;
     }
     const char *init_from = o->init_from ? o->init_from : job->train.init_from;
-    if (init_from && init_from[0]) return load_weights(t, init_from, err);
-    return init_params(t, err);
+    if (init_from && init_from[0]) return hp__train_load_weights(t, init_from, err);
+    return hp__train_init_params(t, err);
 }
 
 static void teardown(trainer *t) {
     if (t->metrics) fclose(t->metrics);
     hp_exec_free(t->ex);
-    hp_backend_free(t->be); /* joins the comm thread, the last user of the trace hooks */
+    hp__train_free_optimizer(t);
+    if (t->owns_be)
+        hp_backend_free(t->be); /* joins the comm thread, the last user of the
+                                   trace hooks */
     hp_trace_free(t->trace);
     hp_free(t->instr_of_node);
     hp_free(t->profile);
-    hp_pool_free(t->pool);
     hp_data_free(t->data);
-    if (t->m)
-        for (int i = 0; i < t->prog->n_params; i++) hp_free(t->m[i]);
-    if (t->v)
-        for (int i = 0; i < t->prog->n_params; i++) hp_free(t->v[i]);
-    hp_free(t->m);
-    hp_free(t->v);
-    hp_free(t->adam_params);
-    hp_free(t->grads);
     hp_free(t->tokens);
     hp_free(t->labels);
     hp_compiled_free(t->compiled);
@@ -677,16 +447,16 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         bool asked = asked_n > ckpt_requests_done;
         if (asked) ckpt_requests_done = asked_n;
         if (step == 1 || (interval > 0 && step % interval == 0) || step == t.total_steps || stop) {
-            uint64_t rss = 0, total = 0;
-            hp_cpu_memory(&rss, &total, NULL);
+            uint64_t mem = 0;
+            if (t.be->vt->memory_peak(t.be, &mem, err) != HP_OK) mem = 0; /* unknown: 0 */
             w.step = step;
             w.wall_s = now_s() - window_start;
             if (!(w.wall_s > 0)) w.wall_s = 1e-9;
             w.loss = w.loss_max = o.loss;
             w.grad_norm = o.grad_norm;
             w.lr = o.lr;
-            w.memory_bytes = rss;
-            double exposed = hp_exec_exposed_seconds(t.ex), busy = hp_cpu_backend_comm_busy(t.be);
+            w.memory_bytes = mem;
+            double exposed = hp_exec_exposed_seconds(t.ex), busy = t.be->vt->comm_busy(t.be);
             w.comm_s = exposed - exposed_mark;
             w.comm_busy_s = busy - busy_mark;
             exposed_mark = exposed;
@@ -697,12 +467,12 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             window_start = now_s();
         }
         bool ckpt_now = t.ckpt_dir[0] && ((ckpt > 0 && step % ckpt == 0) || stop || asked);
-        if (ckpt_now && (st = save_checkpoint(&t, step, err)) != HP_OK) {
+        if (ckpt_now && (st = hp__train_save_checkpoint(&t, step, err)) != HP_OK) {
             hp_err_prefix(err, "checkpoint at step %lld", (long long)step);
             goto done;
         }
         if (ckpt_now && opts->on_checkpoint) {
-            char path[PATH_MAX_HP + 32];
+            char path[HP__TRAIN_PATH_MAX + 32];
             snprintf(path, sizeof path, "%s/step-%08lld", t.ckpt_dir, (long long)step);
             opts->on_checkpoint(opts->checkpoint_ctx, step, path);
         }
@@ -716,9 +486,9 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         }
     }
     if (opts->out_dir) {
-        char path[PATH_MAX_HP];
+        char path[HP__TRAIN_PATH_MAX];
         snprintf(path, sizeof path, "%s/model.safetensors", opts->out_dir);
-        if ((st = export_weights(&t, path, err)) != HP_OK) hp_err_prefix(err, "export");
+        if ((st = hp__train_export_weights(&t, path, err)) != HP_OK) hp_err_prefix(err, "export");
     }
 done:
     teardown(&t);

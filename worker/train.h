@@ -10,7 +10,12 @@
  * data and the LR schedule are functions of the step, so the losses after a resume equal an
  * uninterrupted run's bit for bit.
  *
- * Threads: runs on the calling thread (the backend and the optimizer use their own pools).
+ * Device: the backend comes from the job's resources.device (hp_backend_new); a device this
+ * hp-worker cannot run is an HP_UNSUPPORTED error at setup, never a CPU run. The optimizer,
+ * clipping, init and checkpoint I/O go through the backend, so the loop is the same on
+ * every device.
+ *
+ * Threads: runs on the calling thread (the backend runs its own pool).
  */
 #ifndef HP_WORKER_TRAIN_H
 #define HP_WORKER_TRAIN_H
@@ -41,6 +46,10 @@ typedef struct hp_train_opts {
     int rank, world;
     const char *comm_name;
     double comm_timeout_s; /* <= 0: 60 s */
+    /* The backend to run on (borrowed; world 1 only). NULL: hp_backend_new makes the one of
+     * the job's device (worker/backend.h). For tests and embedders: the caller answers for
+     * it matching the job's device. */
+    struct hp_backend *backend;
     /* A program compiled by the coordinator (borrowed; its rank/world are this run's). NULL:
      * compile the job here (standalone mode). */
     hp_program *program;

@@ -13,8 +13,10 @@
  * precision (%.17g). The fields are listed once, in hp/metrics.def.
  *
  * Peak FLOPs: a table of GPUs by name (bf16 dense) and, for the CPU, a measured SGEMM rate
- * cached on disk. An unknown device has no peak (and the MFU prints "unknown"); it never
- * borrows another device's number.
+ * cached on disk; the backend's info reports the one of its device. An unknown device has no
+ * peak (and the MFU prints "unknown"); it never borrows another device's number. MFU is never
+ * above 100%: a window whose achieved FLOP/s exceed the peak proves the peak wrong, and its
+ * MFU is unknown.
  */
 #ifndef HP_METRICS_H
 #define HP_METRICS_H
@@ -87,14 +89,18 @@ hp_status hp_metrics_from_json(const char *json, hp_metrics *out, hp_err *err);
  * of device '...' are unknown"), with *peak set to NaN. */
 hp_status hp_gpu_peak_flops(const char *device_name, double *peak, hp_err *err);
 
-/* The CPU's peak FLOP/s with n_threads threads, measured as the best of a few 1024^3
- * cblas_sgemm calls (about a quarter second) and cached in
- * $XDG_CACHE_HOME/hp/ (else ~/.cache/hp/) keyed by the CPU model string and the thread count.
- * $HP_CPU_PEAK_FLOPS, if set to a positive number, is returned as is. It sets OpenBLAS's
- * thread count for the probe and restores it: call it before other threads use OpenBLAS.
- * An unwritable cache is not an error (the value is just not cached). Errors: n_threads
- * outside [1, 1024] (HP_INVALID), no memory for the probe (HP_NOMEM), a bad
- * $HP_CPU_PEAK_FLOPS (HP_INVALID). */
+/* The CPU's peak FLOP/s with n_threads threads (worker/cpu/cpu_peak.c): the kernels' tiled
+ * SGEMM path (1024^3, OpenBLAS single-threaded, tiles on a pool of n_threads) rated by each
+ * thread's CPU time, the best of several runs, so that other processes on the same cores
+ * cannot shrink it. Cached in $XDG_CACHE_HOME/hp/ (else ~/.cache/hp/), one file per CPU model,
+ * OpenBLAS core type and probe version, holding a figure per thread count. A cached figure
+ * below the 1-thread figure, below one for fewer threads or above 1.5x linear scaling is
+ * implausible and measured again; no figure below those floors is ever returned or cached.
+ * The 1-thread figure is measured too when it is not cached. $HP_CPU_PEAK_FLOPS, if set to a
+ * positive number, is returned as is. An unwritable cache is not an error (the value is just
+ * not cached). Errors: n_threads outside [1, HP_POOL_MAX_THREADS] (HP_INVALID), no memory or
+ * thread for the probe (HP_NOMEM, HP_INTERNAL), a bad $HP_CPU_PEAK_FLOPS (HP_INVALID); *peak
+ * is NaN then. */
 hp_status hp_cpu_peak_flops(int n_threads, double *peak, hp_err *err);
 
 /* The CPU "device": this process's peak resident set size so far and the machine's physical

@@ -1,5 +1,6 @@
 /* hpctl as a user runs it: the real binary, its exit codes, its one-line errors, and its
  * outputs read back (the --hpir text parses to the job's graph; --json is valid JSON). */
+#include "hp/device.h"
 #include "hp/job.h"
 #include "hp/text.h"
 #include "tests/util/cli_harness.h"
@@ -86,6 +87,60 @@ Test(hpctl, new_then_inspect_debugmodel) {
     hp_th_run_free(&r);
 }
 
+/* --device writes the job's device (default cpu); inspect and plan show it, and the plan
+ * says when this build cannot run it. */
+Test(hpctl, device_flag) {
+    char args[512];
+    const char *small = "--model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                        "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32";
+    snprintf(args, sizeof args, "new %s -o %s/cpu.pb", small, tmpdir);
+    hp_th_run r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    snprintf(args, sizeof args, "new %s --device cuda -o %s/cuda.pb", small, tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    hp_job *job = NULL;
+    snprintf(args, sizeof args, "%s/cuda.pb", tmpdir);
+    cr_assert_eq(hp_job_read_file(args, &job, NULL), HP_OK);
+    cr_expect_eq(job->resources.device, HP_DEVICE_CUDA);
+    cr_expect_eq(job->resources.gpus_per_node, 1);
+    hp_job_free(job);
+    snprintf(args, sizeof args, "%s/cpu.pb", tmpdir);
+    cr_assert_eq(hp_job_read_file(args, &job, NULL), HP_OK);
+    cr_expect_eq(job->resources.device, HP_DEVICE_CPU);
+    hp_job_free(job);
+
+    snprintf(args, sizeof args, "inspect %s/cuda.pb", tmpdir);
+    r = hpctl(args);
+    cr_expect(strstr(r.out, "resources   world 1, device cuda"), "%s", r.out);
+    hp_th_run_free(&r);
+    snprintf(args, sizeof args, "inspect %s/cuda.pb --json", tmpdir);
+    r = hpctl(args);
+    json_t *root = json_loads(r.out, 0, NULL);
+    cr_assert(root, "%s", r.out);
+    cr_expect_str_eq(
+        json_string_value(json_object_get(json_object_get(root, "resources"), "device")), "cuda");
+    json_decref(root);
+    hp_th_run_free(&r);
+    snprintf(args, sizeof args, "plan %s/cuda.pb", tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "device cuda"), "%s", r.out);
+    bool built = hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK;
+    cr_expect_eq(strstr(r.out, "refuse the job") != NULL, !built, "%s", r.out);
+    hp_th_run_free(&r);
+    snprintf(args, sizeof args, "plan %s/cpu.pb --json", tmpdir);
+    r = hpctl(args);
+    root = json_loads(r.out, 0, NULL);
+    cr_assert(root, "%s", r.out);
+    cr_expect_str_eq(json_string_value(json_object_get(root, "device")), "cpu");
+    cr_expect(json_is_true(json_object_get(root, "device_runnable")));
+    json_decref(root);
+    hp_th_run_free(&r);
+}
+
 Test(hpctl, usage_errors_exit_2) {
     expect_error("", 2, "missing verb");
     expect_error("frobnicate", 2, "unknown verb 'frobnicate'");
@@ -100,6 +155,9 @@ Test(hpctl, usage_errors_exit_2) {
     expect_error("new --model llama3:debugmodel --decay step -o x.pb", 2, "--decay: 'step'");
     expect_error("new --model llama3:debugmodel --bogus 1 -o x.pb", 2, "unknown flag '--bogus'");
     expect_error("new --model llama3:debugmodel --batch", 2, "--batch: missing value");
+    expect_error("new --model llama3:debugmodel --device tpu -o x.pb", 2,
+                 "--device: device 'tpu' is unknown (expected cpu or cuda)");
+    expect_error("new --model llama3:debugmodel --device", 2, "--device: missing value");
     expect_error("inspect", 2, "which job file");
     expect_error("inspect a.pb --wat", 2, "unknown flag '--wat'");
 }

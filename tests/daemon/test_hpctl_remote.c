@@ -1,8 +1,9 @@
 /* tests/daemon/test_hpctl_remote.c — the real hpctl against the real hpd on 127.0.0.1 (port 0,
  * a temp state dir; the token comes from STATE_DIR/token through $HP_STATE_DIR): submit
  * --watch to SUCCEEDED with the loss falling, list and paging, cancel of a long job, errors
- * (unknown id, wrong token, usage). Each test starts its own daemon and stops it with SIGTERM,
- * expecting exit 0. */
+ * (unknown id, wrong token, usage), a cuda job refused at submit where there is no CUDA. Each test
+ * starts its own daemon and stops it with SIGTERM, expecting exit 0. */
+#include "hp/device.h"
 #include "tests/util/cli_harness.h"
 #include "tests/util/hpd_harness.h"
 
@@ -251,6 +252,31 @@ Test(hpctl_remote, errors) {
     r = hpctl("status j-1 --server 127.0.0.1:1 --timeout 2");
     cr_expect_eq(r.code, 1);
     cr_expect(strstr(r.err, "UNAVAILABLE"), "stderr: %s", r.err);
+    run_free(&r);
+}
+
+/* A cuda job where hpd's workers (this build's hp-worker) have no CUDA: refused at submit
+ * with one line naming the cause, and no job is created; a cpu job still runs after it. */
+Test(hpctl_remote, cuda_job_refused_at_submit) {
+    if (hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK) cr_skip_test("this build has CUDA");
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 --device cuda "
+                  "-o %s/cuda.pb",
+                  g_dir);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    run_free(&r);
+    r = hpctl("submit %s/cuda.pb", g_dir);
+    cr_expect_eq(r.code, 1, "submit of a cuda job: exit %d, out %s", r.code, r.out);
+    cr_expect(strstr(r.err, "hpctl: submit: INVALID_ARGUMENT") &&
+                  strstr(r.err, "device cuda: this hp-worker was built without CUDA"),
+              "stderr: %s", r.err);
+    cr_expect(strchr(r.err, '\n') && strchr(r.err, '\n')[1] == 0, "not one line: %s", r.err);
+    run_free(&r);
+    r = hpctl("list --json");
+    cr_assert_eq(r.code, 0, "list: %s", r.err);
+    json_t *j = parse_json(r.out);
+    cr_expect_eq(json_array_size(json_object_get(j, "jobs")), 0, "a job was created: %s", r.out);
+    json_decref(j);
     run_free(&r);
 }
 

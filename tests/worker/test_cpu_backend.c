@@ -10,8 +10,10 @@
 #include "hp/threads.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 
 Test(cpu_backend, info) {
+    setenv("HP_CPU_PEAK_FLOPS", "1.25e11", 1); /* the peak comes from hp_cpu_peak_flops */
     hp_backend *be = cc_backend(3);
     hp_device_info info;
     hp_err e = {0};
@@ -21,7 +23,7 @@ Test(cpu_backend, info) {
     cr_assert_gt(info.memory_bytes, (int64_t)1 << 20);
     cr_assert(info.host_visible);
     cr_assert_eq(info.threads, 3);
-    cr_assert_eq(info.peak_flops, 0);
+    cr_assert_eq(info.peak_flops, 1.25e11);
     cr_assert_str_eq(be->vt->name, "cpu");
     hp_backend_free(be);
 }

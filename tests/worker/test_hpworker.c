@@ -1,7 +1,9 @@
 /* hp-worker as an operator runs it: the real binary, killed with SIGKILL mid-run and resumed
  * (the losses after the resume equal an uninterrupted run's, bit for bit), and stopped with
- * Ctrl-C (SIGINT: it finishes the step, writes a checkpoint and exits 130). */
+ * Ctrl-C (SIGINT: it finishes the step, writes a checkpoint and exits 130), and a cuda job
+ * refused at start where there is no CUDA. */
 #include "hp/checkpoint.h"
+#include "hp/device.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -142,4 +144,38 @@ Test(hpworker, ctrl_c_stops_after_the_step_with_a_checkpoint) {
     snprintf(root, sizeof root, "%s/checkpoints", out);
     cr_assert_eq(hp_ckpt_latest(root, &step, NULL), HP_OK);
     cr_expect_eq(step, count_lines(out), "the checkpoint is the last step logged");
+}
+
+/* A cuda job on a machine (or build) without CUDA: one line on stderr, exit 1, nothing run:
+ * no metrics, no checkpoint; the --world launcher refuses before starting any rank. */
+Test(hpworker, cuda_job_without_cuda_fails_at_start) {
+    char cmd[2048], job[300], err[300], out[300];
+    snprintf(job, sizeof job, "%s/cuda.pb", tmp);
+    snprintf(err, sizeof err, "%s/err", tmp);
+    snprintf(out, sizeof out, "%s/out", tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 "
+             "--kv-heads 2 --ffn-hidden 96 --vocab 256 --batch 4 --seq 32 --steps 2 --device cuda "
+             "-o %s >/dev/null",
+             HP_BINARY_DIR, job);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    if (hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK) cr_skip_test("this build has CUDA");
+    for (int world = 1; world <= 2; world++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s/worker/hp-worker --standalone %s --world %d --out %s >/dev/null 2>%s",
+                 HP_BINARY_DIR, job, world, out, err);
+        int st = system(cmd);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "world %d: status %d", world, st);
+        char text[1024] = "";
+        FILE *f = fopen(err, "r");
+        cr_assert(f);
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = 0;
+        fclose(f);
+        cr_expect(
+            !strncmp(text, "hp-worker: device cuda: this hp-worker was built without CUDA", 61),
+            "world %d: %s", world, text);
+        cr_expect(strchr(text, '\n') == text + n - 1, "not one line: %s", text);
+        cr_expect_eq(count_lines(out), 0, "it trained");
+    }
 }

@@ -1,5 +1,6 @@
 /* tests/worker/test_metrics.c — the metrics record: formulas, the torchtitan-style line, the
- * JSON line and its round trip, the GPU peak table, the cached CPU SGEMM probe. */
+ * JSON line and its round trip, the GPU peak table, the cached CPU SGEMM probe (a
+ * contaminated cache is refused), MFU never above 100%. */
 #include "hp/metrics.h"
 
 #include <criterion/criterion.h>
@@ -250,12 +251,122 @@ Test(metrics, cpu_peak_probe_is_cached, .timeout = 120) {
     double again;
     cr_assert_eq(hp_cpu_peak_flops(1, &again, &e), HP_OK);
     cr_assert_eq(again, p, "the second call must read the cache");
-    /* The file names the CPU and the thread count. */
+    /* The file names the CPU, OpenBLAS's core type and the figure per thread count. */
     char cmd[256];
-    snprintf(cmd, sizeof cmd, "grep -q '\"threads\":1' %s/hp/cpu-peak-*.json", dir);
+    snprintf(cmd, sizeof cmd, "grep -q '\"coretype\":.*\"peaks\":{\"1\":' %s/hp/cpu-peak-*.json",
+             dir);
     cr_assert_eq(system(cmd), 0, "no cache file under %s/hp", dir);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_expect_eq(system(cmd), 0);
+}
+
+/* ---- a cache that load contaminated ------------------------------------------------------- */
+
+/* The one cache file under DIR/hp (the probe wrote it), parsed. */
+static json_t *read_cache(const char *dir, char *path, size_t len) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "ls %s/hp/cpu-peak-*.json", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    cr_assert(fgets(path, (int)len, p), "no cache file under %s/hp", dir);
+    pclose(p);
+    path[strcspn(path, "\n")] = 0;
+    json_error_t e;
+    json_t *o = json_load_file(path, 0, &e);
+    cr_assert(o, "%s: %s", path, e.text);
+    return o;
+}
+
+static double peak_of(json_t *o, const char *threads) {
+    json_t *v = json_object_get(json_object_get(o, "peaks"), threads);
+    return json_is_number(v) ? json_number_value(v) : 0;
+}
+
+/* Plants figures for 1 and 2 threads (0: none) in the cache file. */
+static void plant(const char *path, json_t *o, double p1, double p2) {
+    json_t *peaks = json_object();
+    if (p1) json_object_set_new(peaks, "1", json_real(p1));
+    if (p2) json_object_set_new(peaks, "2", json_real(p2));
+    json_object_set_new(o, "peaks", peaks);
+    cr_assert_eq(json_dump_file(o, path, JSON_COMPACT), 0);
+}
+
+/* The issue's case: the 2-thread figure was probed while another run loaded the same cores,
+ * so it came out below the 1-thread one (34 vs 36.5 GFLOP/s) and MFU read 166%. Such a
+ * figure, or one below any floor, is refused and measured again; a plausible one is used. */
+Test(metrics, cpu_peak_refuses_a_contaminated_cache, .timeout = 300) {
+    char dir[] = "/tmp/hp-cache-XXXXXX", path[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    setenv("XDG_CACHE_HOME", dir, 1);
+    unsetenv("HP_CPU_PEAK_FLOPS");
+    double p1, p2;
+    cr_assert_eq(hp_cpu_peak_flops(1, &p1, NULL), HP_OK);
+    json_t *o = read_cache(dir, path, sizeof path);
+    cr_assert_eq(peak_of(o, "1"), p1);
+
+    /* below the 1-thread figure: re-measured, and never below it */
+    plant(path, o, p1, 0.93 * p1);
+    cr_assert_eq(hp_cpu_peak_flops(2, &p2, NULL), HP_OK);
+    cr_assert_geq(p2, p1, "2 threads %g < 1 thread %g", p2, p1);
+    json_decref(o);
+    o = read_cache(dir, path, sizeof path);
+    cr_assert_eq(peak_of(o, "2"), p2, "the fresh figure is cached");
+    cr_assert_geq(peak_of(o, "2"), peak_of(o, "1"));
+
+    /* absurdly low (1 kFLOP/s), and no 1-thread figure to compare with: both measured */
+    plant(path, o, 0, 1e3);
+    cr_assert_eq(hp_cpu_peak_flops(2, &p2, NULL), HP_OK);
+    cr_assert_gt(p2, 1e8);
+    json_decref(o);
+    o = read_cache(dir, path, sizeof path);
+    cr_assert_gt(peak_of(o, "1"), 1e8, "the 1-thread figure is measured and cached too");
+    cr_assert_geq(p2, peak_of(o, "1"));
+
+    /* superlinear (5x for 2 threads) is implausible too */
+    plant(path, o, p1, 5 * p1);
+    cr_assert_eq(hp_cpu_peak_flops(2, &p2, NULL), HP_OK);
+    cr_assert_lt(p2, 5 * p1);
+
+    /* a plausible figure is the cache's answer, read without probing */
+    plant(path, o, p1, 1.75 * p1);
+    cr_assert_eq(hp_cpu_peak_flops(2, &p2, NULL), HP_OK);
+    cr_assert_eq(p2, 1.75 * p1);
+    /* a 2-thread figure is no floor for the 1-thread one: that stays as cached */
+    cr_assert_eq(hp_cpu_peak_flops(1, &p2, NULL), HP_OK);
+    cr_assert_eq(p2, p1);
+
+    /* a figure from another core type (or probe version) is not this one's: measured */
+    json_object_set_new(o, "coretype", json_string("NotACore"));
+    plant(path, o, 1e3, 1e3);
+    cr_assert_eq(hp_cpu_peak_flops(1, &p2, NULL), HP_OK);
+    cr_assert_gt(p2, 1e8);
+    json_decref(o);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* A peak below the achieved rate is wrong: MFU is unknown, never above 100%. */
+Test(metrics, mfu_never_exceeds_100) {
+    hp_metrics_window w = {.step = 1,
+                           .steps = 1,
+                           .tokens = 1000,
+                           .wall_s = 1,
+                           .flops_per_token = 1e8,
+                           .peak_flops = 1e11};
+    hp_metrics m;
+    cr_assert_eq(hp_metrics_compute(&w, &m, NULL), HP_OK); /* 1e11 achieved: exactly 100% */
+    cr_assert_float_eq(m.mfu_pct, 100.0, 1e-9);
+    w.peak_flops = 0.6e11; /* 166%, as the contaminated cache gave */
+    cr_assert_eq(hp_metrics_compute(&w, &m, NULL), HP_OK);
+    cr_assert(isnan(m.mfu_pct), "mfu %g", m.mfu_pct);
+    cr_assert_float_eq(m.tflops, 0.1, 1e-12, "the achieved rate is still reported");
+    char line[HP_METRICS_LINE_MAX];
+    cr_assert_eq(hp_metrics_format(&m, line, sizeof line, NULL), HP_OK);
+    cr_assert(strstr(line, "mfu: unknown"), "%s", line);
+    w.peak_flops = 2e11;
+    cr_assert_eq(hp_metrics_compute(&w, &m, NULL), HP_OK);
+    cr_assert_float_eq(m.mfu_pct, 50.0, 1e-9);
 }
 
 Test(metrics, cpu_memory) {

@@ -1,7 +1,10 @@
 /* The rank runtime end to end: the executor on the cpu backend computes what the reference
  * evaluator computes; training matches PyTorch's AdamW run step for step; a resumed run
- * equals an uninterrupted one bit for bit; the debugmodel's loss falls on the built-in corpus. */
+ * equals an uninterrupted one bit for bit; the debugmodel's loss falls on the built-in corpus;
+ * a backend whose memory the host cannot see (staged I/O) trains the same bits; a cuda job
+ * without CUDA is refused. */
 #include "hp/data.h"
+#include "hp/device.h"
 #include "hp/eval.h"
 #include "hp/job.h"
 #include "hp/models.h"
@@ -291,5 +294,180 @@ Test(train, debugmodel_loss_falls_on_builtin_corpus) {
     cr_expect_gt(res.first_loss, 7.0, "first loss %.4f", res.first_loss);
     cr_expect_lt(res.last_loss, res.first_loss - 2.0, "loss %.4f -> %.4f", res.first_loss,
                  res.last_loss);
+    hp_job_free(job);
+}
+
+/* ---- a backend whose memory the host cannot see ----------------------------------------------
+ * Forwards everything to a cpu backend but says host_visible = false, so the training loop
+ * must stage checkpoints, resume and the export through copy_in / copy_out (the path a GPU
+ * backend takes). The run must equal the cpu one bit for bit. */
+
+typedef struct opaque {
+    hp_backend base;
+    hp_backend *in;
+    int copies_in, copies_out;
+} opaque;
+
+#define IN(b) (((opaque *)(b))->in)
+static hp_status o_info(hp_backend *b, hp_device_info *out, hp_err *err) {
+    hp_status st = IN(b)->vt->info(IN(b), out, err);
+    out->host_visible = false;
+    return st;
+}
+static hp_status o_alloc(hp_backend *b, size_t n, void **out, hp_err *err) {
+    return IN(b)->vt->alloc(IN(b), n, out, err);
+}
+static void o_free(hp_backend *b, void *p) {
+    IN(b)->vt->free(IN(b), p);
+}
+static hp_status o_copy_in(hp_backend *b, void *d, const void *s, size_t n, hp_err *err) {
+    ((opaque *)b)->copies_in++;
+    return IN(b)->vt->copy_in(IN(b), d, s, n, err);
+}
+static hp_status o_copy_out(hp_backend *b, void *d, const void *s, size_t n, hp_err *err) {
+    ((opaque *)b)->copies_out++;
+    return IN(b)->vt->copy_out(IN(b), d, s, n, err);
+}
+static hp_status o_launch(hp_backend *b, int s, const hp_kernel_call *c, hp_err *err) {
+    return IN(b)->vt->launch(IN(b), s, c, err);
+}
+static hp_status o_collective(hp_backend *b, int s, const hp_kernel_call *c, hp_err *err) {
+    return IN(b)->vt->collective(IN(b), s, c, err);
+}
+static hp_status o_event_new(hp_backend *b, hp_event **e, hp_err *err) {
+    return IN(b)->vt->event_new(IN(b), e, err);
+}
+static void o_event_free(hp_backend *b, hp_event *e) {
+    IN(b)->vt->event_free(IN(b), e);
+}
+static hp_status o_event_record(hp_backend *b, hp_event *e, int s, hp_err *err) {
+    return IN(b)->vt->event_record(IN(b), e, s, err);
+}
+static hp_status o_event_wait(hp_backend *b, hp_event *e, int s, hp_err *err) {
+    return IN(b)->vt->event_wait(IN(b), e, s, err);
+}
+static hp_status o_sync(hp_backend *b, hp_err *err) {
+    return IN(b)->vt->synchronize(IN(b), err);
+}
+static void o_destroy(hp_backend *b) {
+    hp_backend_free(IN(b));
+    free(b);
+}
+static hp_status o_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
+                         const hp_adamw_param *p, int n, hp_err *err) {
+    return IN(b)->vt->adamw(IN(b), cfg, lr, step, p, n, err);
+}
+static hp_status o_sumsq(hp_backend *b, const hp_fspan *x, int n, double *out, hp_err *err) {
+    return IN(b)->vt->sum_squares(IN(b), x, n, out, err);
+}
+static hp_status o_scale(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err) {
+    return IN(b)->vt->scale(IN(b), x, n, coef, err);
+}
+static hp_status o_fill(hp_backend *b, float *dst, const hp_init *spec, uint64_t seed,
+                        const char *fqn, int64_t first, int64_t count, hp_err *err) {
+    return IN(b)->vt->fill_init(IN(b), dst, spec, seed, fqn, first, count, err);
+}
+static hp_status o_mem(hp_backend *b, uint64_t *bytes, hp_err *err) {
+    return IN(b)->vt->memory_peak(IN(b), bytes, err);
+}
+static double o_busy(hp_backend *b) {
+    return IN(b)->vt->comm_busy(IN(b));
+}
+static void o_trace(hp_backend *b, hp_comm_trace_fn fn, void *ctx) {
+    IN(b)->vt->set_comm_trace(IN(b), fn, ctx);
+}
+static const hp_backend_vtable opaque_vt = {
+    .name = "opaque",
+    .info = o_info,
+    .alloc = o_alloc,
+    .free = o_free,
+    .copy_in = o_copy_in,
+    .copy_out = o_copy_out,
+    .launch = o_launch,
+    .collective = o_collective,
+    .event_new = o_event_new,
+    .event_free = o_event_free,
+    .event_record = o_event_record,
+    .event_wait = o_event_wait,
+    .synchronize = o_sync,
+    .destroy = o_destroy,
+    .adamw = o_adamw,
+    .sum_squares = o_sumsq,
+    .scale = o_scale,
+    .fill_init = o_fill,
+    .memory_peak = o_mem,
+    .comm_busy = o_busy,
+    .set_comm_trace = o_trace,
+};
+
+static opaque *opaque_new(void) {
+    opaque *o = calloc(1, sizeof *o);
+    cr_assert(o);
+    o->base.vt = &opaque_vt;
+    hp_backend_opts bo = {.threads = 2};
+    cr_assert_eq(hp_backend_new(HP_DEVICE_CPU, &bo, &o->in, NULL), HP_OK);
+    return o;
+}
+
+Test(train, staged_backend_equals_cpu_bit_for_bit) {
+    hp_job *job = tiny_job(tiny_spec(), 10);
+    job->train.checkpoint_interval = 5;
+    hp_err e;
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/cpu", tmp);
+    snprintf(b, sizeof b, "%s/staged", tmp);
+    hp_train_result res;
+    hp_train_opts plain = {.out_dir = a, .threads = 2, .log = stderr};
+    cr_assert_eq(hp_train(job, &plain, &res, &e), HP_OK, "%s", e.msg);
+
+    /* staged: crash after 7, resume from the step-5 checkpoint (written and read through
+     * copy_out / copy_in), export through copy_out */
+    opaque *o = opaque_new();
+    hp_train_opts crash = {
+        .out_dir = b, .threads = 2, .log = stderr, .halt_after = 7, .backend = &o->base};
+    cr_assert_eq(hp_train(job, &crash, &res, &e), HP_OK, "%s", e.msg);
+    int outs_after_save = o->copies_out;
+    cr_assert_gt(outs_after_save, 10, "the checkpoint was not staged (%d copies out)",
+                 outs_after_save);
+    int ins = o->copies_in;
+    hp_train_opts resume = {
+        .out_dir = b, .resume = b, .threads = 2, .log = stderr, .backend = &o->base};
+    cr_assert_eq(hp_train(job, &resume, &res, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(res.first_step, 6);
+    cr_assert_gt(o->copies_in - ins, 3 * 3, "the resume was not staged");
+    hp_backend_free(&o->base);
+
+    double la[16], lb[32];
+    cr_assert_eq(read_losses(a, la, 16), 10);
+    cr_assert_eq(read_losses(b, lb, 32), 12); /* 1..7, then 6..10 */
+    for (int i = 5; i < 10; i++)
+        cr_expect(memcmp(&la[i], &lb[i + 2], sizeof(double)) == 0, "step %d: %.17g vs %.17g", i + 1,
+                  lb[i + 2], la[i]);
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
+    uint8_t *da, *db;
+    size_t na, nb;
+    read_file(pa, &da, &na);
+    read_file(pb, &db, &nb);
+    cr_expect(na == nb && memcmp(da, db, na) == 0, "final weights differ");
+    hp_free(da);
+    hp_free(db);
+    hp_job_free(job);
+}
+
+/* A cuda job where no CUDA backend is built: setup fails with one line, nothing runs. */
+Test(train, cuda_job_is_refused_not_run_on_the_cpu) {
+    hp_job *job = tiny_job(tiny_spec(), 2);
+    job->resources.device = HP_DEVICE_CUDA;
+    job->resources.gpus_per_node = 1;
+    if (hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK) cr_skip_test("this build has CUDA");
+    hp_train_opts o = {.out_dir = tmp, .threads = 1, .log = stderr};
+    hp_train_result res;
+    hp_err e = {0};
+    cr_assert_eq(hp_train(job, &o, &res, &e), HP_UNSUPPORTED);
+    cr_assert(strstr(e.msg, "device cuda") && strstr(e.msg, "without CUDA"), "%s", e.msg);
+    cr_assert_null(strchr(e.msg, '\n'), "not one line: %s", e.msg);
+    cr_assert_eq(res.last_step, 0);
     hp_job_free(job);
 }

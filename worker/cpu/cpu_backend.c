@@ -1,13 +1,18 @@
 /* worker/cpu/cpu_backend.c — the cpu backend's vtable (cpu_backend.h): device facts, host
  * memory, the kernel table indexed by hp_op and the launch that checks a call and dispatches
- * through it, group-size-1 collectives, trivial events. Also the helpers every kernel file
- * shares (dtype and shape checks, scratch, strides).
+ * through it, group-size-1 collectives, trivial events, and the training loop's math
+ * (AdamW, grad norm, scaling, init: hp/optim.h and hp/param_init.h on the backend's pool).
+ * Also the helpers every kernel file shares (dtype and shape checks, scratch, strides).
  *
  * Not here: the kernels (k_*.c, one family each) and the executor that decides what to launch.
  */
 #define _GNU_SOURCE /* sysconf's _SC_PHYS_PAGES */
 #include "worker/cpu/cpu_backend.h"
 #include "worker/cpu/cpu_internal.h"
+
+#include "hp/metrics.h"
+#include "hp/optim.h"
+#include "hp/param_init.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -206,36 +211,23 @@ static hp__cpu *as_cpu(hp_backend *b) {
     return (hp__cpu *)b;
 }
 
-/* "AMD EPYC 7B13" from /proc/cpuinfo, or "unknown CPU". */
-static void cpu_model(char *buf, size_t len) {
-    snprintf(buf, len, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) != 0) continue;
-        const char *v = strchr(line, ':');
-        if (!v) continue;
-        v++;
-        while (*v == ' ' || *v == '\t') v++;
-        size_t n = strcspn(v, "\n");
-        if (n > 0) snprintf(buf, len, "%.*s", (int)n, v);
-        break;
-    }
-    fclose(f);
-}
-
 static hp_status cpu_info(hp_backend *b, hp_device_info *out, hp_err *err) {
     if (!out) return hp_errf(err, HP_INVALID, "cpu: info: out is NULL");
     hp__cpu *cpu = as_cpu(b);
     memset(out, 0, sizeof *out);
     char model[96];
-    cpu_model(model, sizeof model);
+    hp__cpu_model(model, sizeof model);
     snprintf(out->name, sizeof out->name, "cpu: %s (%d thread%s)", model, cpu->threads,
              cpu->threads == 1 ? "" : "s");
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     out->memory_bytes = pages > 0 && page > 0 ? (int64_t)pages * page : 0;
-    out->peak_flops = 0; /* measured by the metrics code (hp_cpu_peak_flops) */
+    /* measured once per backend (a cache on disk makes later runs free); unknown when the
+     * probe cannot run, never another device's figure */
+    if (!cpu->peak_done) {
+        if (hp_cpu_peak_flops(cpu->threads, &cpu->peak_flops, NULL) != HP_OK) cpu->peak_flops = 0;
+        cpu->peak_done = true;
+    }
+    out->peak_flops = cpu->peak_flops;
     out->host_visible = true;
     out->threads = cpu->threads;
     return HP_OK;
@@ -398,14 +390,42 @@ static hp_status cpu_synchronize(hp_backend *b, hp_err *err) {
     return hp__cpu_comm_wait(cpu->comm, hp__cpu_comm_issued(cpu->comm), err);
 }
 
-double hp_cpu_backend_comm_busy(hp_backend *b) {
+static double cpu_comm_busy(hp_backend *b) {
     hp__cpu *cpu = as_cpu(b);
     return cpu->comm ? hp__cpu_comm_busy(cpu->comm) : 0;
 }
 
-void hp_cpu_backend_set_comm_trace(hp_backend *b, hp_cpu_comm_trace_fn fn, void *ctx) {
+static void cpu_set_comm_trace(hp_backend *b, hp_comm_trace_fn fn, void *ctx) {
     hp__cpu *cpu = as_cpu(b);
     if (cpu->comm) hp__cpu_comm_set_trace(cpu->comm, fn, ctx);
+}
+
+/* ---- the training loop's math: hp/optim.h and hp/param_init.h on the pool ------------------ */
+
+static hp_status cpu_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
+                           const hp_adamw_param *params, int n_params, hp_err *err) {
+    return hp_adamw_step(cfg, lr, step, params, n_params, as_cpu(b)->pool, err);
+}
+
+static hp_status cpu_sum_squares(hp_backend *b, const hp_fspan *x, int n, double *sumsq,
+                                 hp_err *err) {
+    return hp_grad_sumsq(x, n, as_cpu(b)->pool, sumsq, err);
+}
+
+static hp_status cpu_scale(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err) {
+    return hp_grad_scale(x, n, coef, as_cpu(b)->pool, err);
+}
+
+static hp_status cpu_fill_init(hp_backend *b, float *dst, const hp_init *spec, uint64_t seed,
+                               const char *fqn, int64_t first, int64_t count, hp_err *err) {
+    return hp_param_init_fill_par(as_cpu(b)->pool, spec, seed, fqn, first, count, dst, err);
+}
+
+static hp_status cpu_memory_peak(hp_backend *b, uint64_t *bytes, hp_err *err) {
+    (void)b;
+    if (!bytes) return hp_errf(err, HP_INVALID, "cpu: memory_peak: bytes is NULL");
+    uint64_t total;
+    return hp_cpu_memory(bytes, &total, err);
 }
 
 hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err) {
@@ -438,6 +458,13 @@ static const hp_backend_vtable cpu_vtable = {
     .event_wait = cpu_event_wait,
     .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,
+    .adamw = cpu_adamw,
+    .sum_squares = cpu_sum_squares,
+    .scale = cpu_scale,
+    .fill_init = cpu_fill_init,
+    .memory_peak = cpu_memory_peak,
+    .comm_busy = cpu_comm_busy,
+    .set_comm_trace = cpu_set_comm_trace,
 };
 
 hp_status hp_cpu_backend_new(int threads, hp_backend **out, hp_err *err) {

@@ -8,6 +8,8 @@
  * op allows them. Results do not depend on the thread count. Collectives of group_size 1 are
  * a copy; larger groups run through the communicator given by hp_cpu_backend_set_comm, on a
  * comm thread, so that communication overlaps compute (events order the two streams).
+ * Its info() reports the measured peak (hp_cpu_peak_flops with its thread count) and the
+ * machine's RAM; memory_peak is the process's peak RSS.
  */
 #ifndef HP_WORKER_CPU_BACKEND_H
 #define HP_WORKER_CPU_BACKEND_H
@@ -20,28 +22,20 @@ extern "C" {
 #endif
 
 /* Creates a cpu backend computing with `threads` threads (the caller's plus threads - 1 pool
- * workers; threads <= 0 means hp_default_threads()). It also sets OpenBLAS's thread count to
- * `threads` (a process-wide setting; the backend re-applies it before each GEMM if something
- * else changed it). *out is owned by the caller: hp_backend_free. Errors: more than
- * HP_POOL_MAX_THREADS threads (HP_INVALID), no memory or no thread (HP_NOMEM, HP_INTERNAL).
+ * workers; threads <= 0 means hp_default_threads()). It also makes OpenBLAS single-threaded
+ * (a process-wide setting, re-applied before each GEMM if something else changed it: GEMMs
+ * are tiled on the pool, k_matmul.c). *out is owned by the caller: hp_backend_free. Errors: more
+ * than HP_POOL_MAX_THREADS threads (HP_INVALID), no memory or no thread (HP_NOMEM, HP_INTERNAL).
  * One executor thread uses a backend at a time. */
 hp_status hp_cpu_backend_new(int threads, hp_backend **out, hp_err *err);
 
 /* Attaches a communicator (borrowed: it must outlive the backend) and starts the comm thread.
- * The caller may use the communicator directly only while the backend is synchronized. */
+ * The caller may use the communicator directly only while the backend is synchronized.
+ * (hp_backend_new(HP_DEVICE_CPU, ...) does both; the training loop goes through it.) */
 hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err);
 
-/* Seconds the comm thread has spent inside collectives since the communicator was attached. */
-double hp_cpu_backend_comm_busy(hp_backend *b);
-
-/* Called on the comm thread after each collective it ran, with the collective's node, the
- * bytes of its input on this rank, and its start and end (CLOCK_MONOTONIC seconds). */
-typedef void (*hp_cpu_comm_trace_fn)(void *ctx, const hp_node *node, int64_t bytes, double start_s,
-                                     double end_s);
-/* Sets (fn NULL: clears) the comm thread's per-collective hook; the change applies to the
- * collectives the thread starts afterwards. A no-op without a communicator. fn must be
- * thread-safe; ctx must outlive the hook (clear it, then synchronize, before freeing ctx). */
-void hp_cpu_backend_set_comm_trace(hp_backend *b, hp_cpu_comm_trace_fn fn, void *ctx);
+/* The comm stream's per-collective hook (backend.h's set_comm_trace). */
+typedef hp_comm_trace_fn hp_cpu_comm_trace_fn;
 
 #ifdef __cplusplus
 }

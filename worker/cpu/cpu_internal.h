@@ -54,6 +54,8 @@ typedef struct hp__cpu {
     hp__cpu_rope rope[HP__CPU_ROPE_SLOTS];
     uint64_t rope_clock;
     hp__cpu_comm *comm; /* the comm stream; NULL: no communicator */
+    double peak_flops;  /* hp_cpu_peak_flops(threads), measured at the first info(); 0: unknown */
+    bool peak_done;
 } hp__cpu;
 
 typedef hp_status (*hp__cpu_kernel)(hp__cpu *cpu, const hp_kernel_call *c, hp_err *err);
@@ -143,6 +145,15 @@ HP__CPU_KERNEL(hp__cpu_bmm);
 HP__CPU_KERNEL(hp__cpu_addmm);
 /* Makes OpenBLAS run single-threaded (GEMMs are tiled on the pool instead: k_matmul.c). */
 void hp__cpu_blas_single_threaded(void);
+/* The peak probe: a 1024^3 SGEMM cut into the kernels' tiles, enough copies that each of the
+ * pool's threads gets two tiles, run on the pool reps + 1 times (the first warms up; it stops
+ * after budget_s seconds once two have run). *rate: the best repetition's FLOPs per thread-CPU
+ * second (CLOCK_THREAD_CPUTIME_ID: time the scheduler gives other processes is not counted)
+ * times the pool's size (at most the CPUs this process may run on), in FLOP/s. Errors: HP_NOMEM,
+ * HP_INTERNAL (no time measured). */
+hp_status hp__cpu_gemm_probe(hp_pool *pool, int reps, double budget_s, double *rate, hp_err *err);
+/* "AMD EPYC 7B13" from /proc/cpuinfo, or "unknown CPU" (cpu_peak.c). */
+void hp__cpu_model(char *buf, size_t len);
 
 /* k_nn.c: embedding (+ dense backward), (log_)softmax (+ backward), nll_loss (+ backward) */
 HP__CPU_KERNEL(hp__cpu_embedding);

@@ -10,10 +10,17 @@
  * shapes are a function of (M, N) alone (tile_dims). Each tile is one single-threaded sgemm
  * over the whole K, run as one task of the backend's pool; which thread runs a tile changes
  * nothing in its bits. A bmm's tasks are (batch entry, tile) pairs.
+ *
+ * Also the CPU peak probe (hp__cpu_gemm_probe): the same tiles on the same pool, so the peak
+ * MFU is measured against is the rate of the path the kernels run.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "worker/cpu/cpu_internal.h"
 
 #include <cblas.h>
+#include <math.h>
+#include <sched.h>
+#include <time.h>
 
 void hp__cpu_blas_single_threaded(void) {
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
@@ -154,4 +161,98 @@ HP__CPU_KERNEL(hp__cpu_addmm) {
     }
     gemm_run(cpu, &g, c->in[1], c->in[2], c->out[0], alpha, beta);
     return HP_OK;
+}
+
+/* ---- the peak probe (cpu_peak.c) ------------------------------------------------------------ */
+
+/* Product dims of the probe: square, the size of the model's larger GEMMs. */
+#define PROBE_N 1024
+
+typedef struct probe_ctx {
+    gemm_task t;   /* one product's tiling */
+    int64_t tiles; /* tiles per product */
+    float *y;      /* [copies, N, N]: each copy of a tile writes its own output */
+    double *cpu_s; /* [threads] thread CPU seconds inside tiles */
+    double *flops; /* [threads] FLOPs of those tiles */
+} probe_ctx;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void probe_tile(void *ctx, int64_t task, int thread) {
+    probe_ctx *p = ctx;
+    gemm_task t = p->t;
+    const gemm_dims *g = t.g;
+    t.y = p->y + task / p->tiles * g->m * g->n;
+    int64_t r = task % p->tiles, m0 = r / t.tiles_n * t.tm, n0 = r % t.tiles_n * t.tn;
+    int64_t mt = g->m - m0 < t.tm ? g->m - m0 : t.tm, nt = g->n - n0 < t.tn ? g->n - n0 : t.tn;
+    double c0 = thread_cpu_s();
+    gemm_tile(&t, r, thread);
+    p->cpu_s[thread] += thread_cpu_s() - c0;
+    p->flops[thread] += 2.0 * (double)mt * (double)nt * (double)g->k;
+}
+
+hp_status hp__cpu_gemm_probe(hp_pool *pool, int reps, double budget_s, double *rate, hp_err *err) {
+    int threads = hp_pool_size(pool);
+    gemm_dims g = {.batch = 1, .m = PROBE_N, .n = PROBE_N, .k = PROBE_N};
+    probe_ctx p = {.t = {.g = &g, .alpha = 1.0f, .beta = 0.0f}};
+    p.t.tm = tile_len(g.m, 8, TILE_M_MIN, TILE_M_MAX);
+    p.t.tn = tile_len(g.n, 4, TILE_N_MIN, TILE_N_MAX);
+    p.t.tiles_m = (g.m + p.t.tm - 1) / p.t.tm;
+    p.t.tiles_n = (g.n + p.t.tn - 1) / p.t.tn;
+    p.tiles = p.t.tiles_m * p.t.tiles_n;
+    /* at least two tiles per thread, so that every thread computes while the others do */
+    int64_t copies = (2 * (int64_t)threads + p.tiles - 1) / p.tiles;
+    size_t nn = (size_t)PROBE_N * PROBE_N;
+    float *a = hp_malloc(nn * sizeof *a), *b = hp_malloc(nn * sizeof *b);
+    p.y = hp_malloc(nn * (size_t)copies * sizeof *p.y);
+    p.cpu_s = hp_calloc((size_t)threads, sizeof *p.cpu_s);
+    p.flops = hp_calloc((size_t)threads, sizeof *p.flops);
+    hp_status st = HP_OK;
+    if (!a || !b || !p.y || !p.cpu_s || !p.flops) {
+        st = hp_errf(err, HP_NOMEM, "cpu peak flops: no memory for a %dx%d SGEMM probe", PROBE_N,
+                     PROBE_N);
+        goto done;
+    }
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)((i * 7) % 13) * 0.01f;
+        b[i] = (float)((i * 5) % 11) * 0.01f;
+    }
+    p.t.a = a;
+    p.t.b = b;
+    hp__cpu_blas_single_threaded();
+    /* more threads than CPUs this process may run on share them: they add no FLOP/s */
+    int busy = threads;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 &&
+        CPU_COUNT(&set) < busy)
+        busy = CPU_COUNT(&set);
+    /* Each thread's rate is its FLOPs over its own CPU time, so time the scheduler gave to
+     * other processes does not count against it; the probe's figure is the best repetition's
+     * mean rate per busy thread times the threads that can run at once. Repetition 0 warms caches
+     * up. */
+    double best = 0, start = now_s();
+    for (int r = 0; r <= reps && (r < 2 || now_s() - start < budget_s); r++) {
+        memset(p.cpu_s, 0, (size_t)threads * sizeof *p.cpu_s);
+        memset(p.flops, 0, (size_t)threads * sizeof *p.flops);
+        hp_pool_run(pool, copies * p.tiles, probe_tile, &p);
+        double cpu = 0, flops = 0;
+        for (int i = 0; i < threads; i++) cpu += p.cpu_s[i], flops += p.flops[i];
+        double x = cpu > 0 ? (double)busy * flops / cpu : 0;
+        if (r > 0 && x > best && isfinite(x)) best = x;
+    }
+    if (!(best > 0)) st = hp_errf(err, HP_INTERNAL, "cpu peak flops: the SGEMM probe took no time");
+    *rate = best;
+done:
+    hp_free(a), hp_free(b), hp_free(p.y), hp_free(p.cpu_s), hp_free(p.flops);
+    return st;
 }

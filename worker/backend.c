@@ -1,0 +1,37 @@
+/* worker/backend.c — the backend factory (backend.h): the job's device picks the backend.
+ * A device this hp-worker has no backend for, or whose hardware is missing, is an error with
+ * one line; nothing ever falls back to the CPU. */
+#include "worker/backend.h"
+
+#include "hp/device.h"
+#include "worker/cpu/cpu_backend.h"
+
+hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_backend **out,
+                         hp_err *err) {
+    if (!out) return hp_errf(err, HP_INVALID, "backend: out is NULL");
+    *out = NULL;
+    hp_backend_opts none = {0};
+    if (!opts) opts = &none;
+    HP_TRY(hp_device_built(device, err));
+    switch (device) {
+    case HP_DEVICE_CPU: {
+        hp_backend *b = NULL;
+        HP_TRY(hp_cpu_backend_new(opts->threads, &b, err));
+        if (opts->comm) {
+            hp_status st = hp_cpu_backend_set_comm(b, opts->comm, err);
+            if (st != HP_OK) {
+                hp_backend_free(b);
+                return st;
+            }
+        }
+        *out = b;
+        return HP_OK;
+    }
+    case HP_DEVICE_CUDA:
+        /* hp_device_built passed: a CUDA backend is compiled in, and it goes here (the CUDA
+         * issue); until then this cannot be reached. */
+        break;
+    }
+    return hp_errf(err, HP_UNSUPPORTED, "device %s: no backend in this hp-worker",
+                   hp_device_name(device));
+}
