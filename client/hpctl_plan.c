@@ -65,6 +65,54 @@ static void comm_by_kind(const hp_graph *g, comm_kind *k) {
     }
 }
 
+/* A parameter's placement on each mesh dim of the plan, from the compiled graph: the value's
+ * own placements when the graph carries them; else (1-D FSDP) Shard(0) on the group its
+ * shard was made over, Replicate elsewhere. */
+static void param_placements(const hp_job *job, const hp_graph *g, int node, hp_placement *pl) {
+    const hp_node *n = &g->nodes[node];
+    const hp_placement *own = hp_value_placements(g, (hp_value){node, 0});
+    const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
+    bool sharded = hp_node_attr(n, HP_ATTR_GLOBAL_SHAPE) != NULL;
+    for (int d = 0; d < job->plan.n_mesh; d++) {
+        pl[d] = HP_REPLICATE;
+        if (own && d < g->mesh.ndim)
+            pl[d] = own[d];
+        else if (sharded && (job->plan.n_mesh == 1 ||
+                             (grp && grp->s && !strcmp(grp->s, job->plan.mesh[d].name))))
+            pl[d] = HP_SHARD(0);
+    }
+}
+
+static void placements_text(const hp_job *job, const hp_placement *pl, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int d = 0; d < job->plan.n_mesh && at < len; d++) {
+        char w[24];
+        at += (size_t)snprintf(buf + at, len - at, "%s%s:%s", d ? ", " : "", job->plan.mesh[d].name,
+                               hp_placement_short(&pl[d], w, sizeof w));
+    }
+}
+
+/* The collectives of the final graph per mesh dim (their group; a 1-D mesh's unnamed ones
+ * belong to its dim) and op. */
+typedef struct comm_dim {
+    comm_kind op[HP_OP_COUNT];
+} comm_dim;
+
+static void comm_by_dim(const hp_job *job, const hp_graph *g, comm_dim *out) {
+    memset(out, 0, sizeof(comm_dim) * HP_MESH_MAX_DIMS);
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        if (!(hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE)) continue;
+        const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
+        int d = 0;
+        for (int k = 0; grp && grp->s && k < job->plan.n_mesh; k++)
+            if (!strcmp(grp->s, job->plan.mesh[k].name)) d = k;
+        out[d].op[n->op].count++;
+        out[d].op[n->op].bytes += hp_collective_bytes(g, i);
+    }
+}
+
 /* "  - text", wrapped at 96 columns with a hanging indent. */
 static void print_wrapped(const char *text) {
     const char *p = text, *lead = "  - ";
@@ -120,9 +168,37 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
     printf("  comm         %12s\n", HUMAN(m->comm));
     printf("  total        %12s\n", HUMAN(m->total));
 
+    const hp_program *prog = c->program;
+    printf("\nparameters (%d): placements and local shape per rank\n", prog->n_params);
+    for (int i = 0; i < prog->n_params; i++) {
+        const hp_param_slot *ps = &prog->params[i];
+        hp_placement pl[HP_MESH_MAX_DIMS];
+        char where[96], gl[96], lo[96];
+        param_placements(job, c->graph, ps->node, pl);
+        placements_text(job, pl, where, sizeof where);
+        const hp_type *local = &prog->buffers[ps->buffer].type;
+        printf("  %-40s %-16s {%s} -> %-16s %10s\n", ps->fqn,
+               hp_type_str(&ps->global, gl, sizeof gl), where, hp_type_str(local, lo, sizeof lo),
+               HUMAN(hp_type_numel(local) * (int64_t)hp_dtype_size(local->dtype)));
+    }
+
     comm_kind k[HP_OP_COUNT];
     comm_by_kind(c->graph, k);
+    comm_dim dims[HP_MESH_MAX_DIMS];
+    comm_by_dim(job, c->graph, dims);
     const hp_pass_report *last = &c->passes[c->n_passes - 1];
+    for (int d = 0; d < job->plan.n_mesh; d++) {
+        printf("\ncommunication on mesh dim %s (%d ranks):", job->plan.mesh[d].name,
+               job->plan.mesh[d].size);
+        bool any = false;
+        for (int op = 0; op < HP_OP_COUNT; op++) {
+            if (!dims[d].op[op].count) continue;
+            printf("%s %s x%d %s", any ? "," : "", hp_op_get((hp_op)op)->name, dims[d].op[op].count,
+                   HUMAN(dims[d].op[op].bytes));
+            any = true;
+        }
+        printf("%s", any ? "\n" : " none\n");
+    }
     printf("\ncommunication per step per rank: %s in %d collectives", HUMAN(last->comm_bytes),
            last->collectives);
     const char *sep = " (";
@@ -171,6 +247,41 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                 json_pack("{s:i, s:I}", "count", k[op].count, "bytes", (json_int_t)k[op].bytes));
     for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++)
         json_array_append_new(assume, json_string(assumptions[i]));
+    json_t *params = json_array(), *by_dim = json_object();
+    for (int i = 0; i < c->program->n_params; i++) {
+        const hp_param_slot *ps = &c->program->params[i];
+        const hp_type *local = &c->program->buffers[ps->buffer].type;
+        hp_placement pl[HP_MESH_MAX_DIMS];
+        param_placements(job, c->graph, ps->node, pl);
+        json_t *gshape = json_array(), *lshape = json_array(), *where = json_object();
+        for (int d = 0; d < ps->global.rank; d++)
+            json_array_append_new(gshape, json_integer(ps->global.shape[d]));
+        for (int d = 0; d < local->rank; d++)
+            json_array_append_new(lshape, json_integer(local->shape[d]));
+        for (int d = 0; d < job->plan.n_mesh; d++) {
+            char w[24];
+            json_object_set_new(where, job->plan.mesh[d].name,
+                                json_string(hp_placement_short(&pl[d], w, sizeof w)));
+        }
+        int64_t esz = (int64_t)hp_dtype_size(local->dtype);
+        json_array_append_new(
+            params, json_pack("{s:s, s:o, s:o, s:o, s:I, s:I}", "fqn", ps->fqn, "global_shape",
+                              gshape, "local_shape", lshape, "placements", where, "global_bytes",
+                              (json_int_t)(hp_type_numel(&ps->global) * esz), "local_bytes",
+                              (json_int_t)(hp_type_numel(local) * esz)));
+    }
+    comm_dim dims[HP_MESH_MAX_DIMS];
+    comm_by_dim(job, c->graph, dims);
+    for (int d = 0; d < job->plan.n_mesh; d++) {
+        json_t *ops = json_object();
+        for (int op = 0; op < HP_OP_COUNT; op++)
+            if (dims[d].op[op].count)
+                json_object_set_new(ops, hp_op_get((hp_op)op)->name,
+                                    json_pack("{s:i, s:I}", "count", dims[d].op[op].count, "bytes",
+                                              (json_int_t)dims[d].op[op].bytes));
+        json_object_set_new(by_dim, job->plan.mesh[d].name, ops);
+    }
+    json_object_set_new(root, "parameters", params);
     const hp_memory_report *m = &c->memory;
     const hp_cost_estimate *e = &c->cost;
     const hp_pass_report *last = &c->passes[c->n_passes - 1];
@@ -193,8 +304,9 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                                   (json_int_t)m->activations, "comm", (json_int_t)m->comm, "total",
                                   (json_int_t)m->total));
     json_object_set_new(root, "communication",
-                        json_pack("{s:I, s:i, s:o}", "bytes_per_step", (json_int_t)last->comm_bytes,
-                                  "collectives", last->collectives, "by_op", kinds));
+                        json_pack("{s:I, s:i, s:o, s:o}", "bytes_per_step",
+                                  (json_int_t)last->comm_bytes, "collectives", last->collectives,
+                                  "by_op", kinds, "by_mesh_dim", by_dim));
     json_object_set_new(root, "estimate",
                         json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step_s",
                                   e->step_s, "compute_s", e->compute_s, "comm_s", e->comm_s,

@@ -92,6 +92,53 @@ Test(hpctl_plan, text_report) {
 /* The issue's memory claim: FSDP leaves 1/N of the parameter, gradient and optimizer bytes on
  * each rank (exactly, when every dim 0 divides; plus at most one padded row per parameter and
  * rank otherwise). */
+/* Per parameter: its placements and local shape; communication per mesh dim and op. */
+Test(hpctl_plan, json_parameters_and_comm_per_mesh_dim) {
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2 --fsdp layers "
+             "--fsdp tok_embeddings -o %s/p.pb",
+             tmpdir));
+    json_t *root = plan_json("p.pb", "");
+    json_t *params = json_object_get(root, "parameters");
+    cr_assert_eq(json_array_size(params), 57);
+    int sharded = 0, replicated = 0;
+    for (size_t i = 0; i < json_array_size(params); i++) {
+        json_t *p = json_array_get(params, i);
+        const char *fqn = json_string_value(json_object_get(p, "fqn"));
+        const char *dp = json_string_value(json_object_get(json_object_get(p, "placements"), "dp"));
+        int64_t gb = json_integer_value(json_object_get(p, "global_bytes"));
+        int64_t lb = json_integer_value(json_object_get(p, "local_bytes"));
+        bool marked = !strncmp(fqn, "layers.", 7) || !strncmp(fqn, "tok_embeddings.", 15);
+        cr_expect_str_eq(dp, marked ? "S(0)" : "R", "%s", fqn);
+        cr_expect_eq(lb * (marked ? 2 : 1), gb, "%s: local %lld of %lld", fqn, (long long)lb,
+                     (long long)gb);
+        json_t *ls = json_object_get(p, "local_shape"), *gs = json_object_get(p, "global_shape");
+        cr_expect_eq(json_integer_value(json_array_get(ls, 0)) * (marked ? 2 : 1),
+                     json_integer_value(json_array_get(gs, 0)), "%s", fqn);
+        marked ? sharded++ : replicated++;
+    }
+    cr_expect_eq(sharded, 55);
+    cr_expect_eq(replicated, 2, "norm.weight and output.weight");
+    json_t *comm = json_object_get(root, "communication");
+    json_t *dp = json_object_get(json_object_get(comm, "by_mesh_dim"), "dp");
+    cr_assert(json_is_object(dp));
+    int64_t sum = 0;
+    const char *op;
+    json_t *v;
+    json_object_foreach(dp, op, v) sum += json_integer_value(json_object_get(v, "bytes"));
+    cr_expect_eq(sum, json_integer_value(json_object_get(comm, "bytes_per_step")));
+    cr_expect(json_object_get(dp, "all_gather_into_tensor"));
+    cr_expect(json_object_get(dp, "reduce_scatter_tensor"));
+    json_decref(root);
+    hp_th_run r = hpctl("plan %s/p.pb", tmpdir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "layers.0.attention.wq.weight             f32[256,256]     {dp:S(0)} "
+                            "-> f32[128,256]"),
+              "%s", r.out);
+    cr_expect(strstr(r.out, "communication on mesh dim dp (2 ranks): all_gather_into_tensor x"),
+              "%s", r.out);
+    hp_th_run_free(&r);
+}
+
 Test(hpctl_plan, json_memory_is_one_nth) {
     ok(hpctl("new --model llama3:debugmodel --batch 6 --seq 32 --mesh dp=2 " ALL_FSDP " -o %s/j.pb",
              tmpdir));
