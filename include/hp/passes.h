@@ -60,6 +60,14 @@ hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 
+/* Placement propagation and redistribution (passes/spmd.c, docs/placements.md): the global
+ * joint graph `in` on `mesh`, placeholder p placed inputs[p * ndim + i] on mesh dim i; the
+ * graph outputs brought to outputs[k * ndim + i] (NULL: the loss Replicate, gradient k to
+ * parameter k's placements). *out is verified. Not in the pipeline yet: the runtime does not
+ * run N-D programs. HP_UNSUPPORTED naming what this version cannot place. */
+hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
+                       const hp_placement *outputs, hp_graph **out, hp_err *err);
+
 /* Bytes one rank moves per step through collective node `id` of g, the convention of every
  * comm_bytes in this header (N = the node's group_size; a ring, links full-duplex, so this
  * is what one direction of a rank's link carries): all_gather receives (N-1)/N of its output,

@@ -1,0 +1,373 @@
+/* passes/spmd.c — placement propagation and redistribution: turns a global joint graph and
+ * the placements of its placeholders on an N-D mesh into the per-rank (SPMD) graph, every
+ * value placed (docs/placements.md).
+ *
+ * Propagation. Nodes are visited in order. For each mesh dim, in mesh order, a node takes one
+ * of its op's sharding rules (graph/shard_rules.c, asked about the pieces the earlier mesh dims
+ * left) or all-Replicate: the one whose inputs are cheapest to bring into its placements from
+ * the placements they have (bytes a rank moves, a Partial output priced as the reduction it
+ * will likely need), rules before all-Replicate on a tie; a node
+ * whose inputs are all Replicate on a dim stays Replicate there (nothing is sharded that no
+ * input asked for). Its size attributes are localized and the shape rule on the local inputs
+ * must give the local types the placements say.
+ *
+ * Redistribution, per mesh dim on that dim's group: Shard(d) -> Replicate all-gather,
+ * Partial -> Replicate all-reduce, Partial -> Shard(d) reduce-scatter (a transpose either side
+ * when d is not 0; into compute only where a plan asks for it, as sequence parallelism does,
+ * so the greedy choice never takes it), each followed by its wait_tensor; one redistribution of a
+ * value to a placement serves all its consumers. What needs a rank's own coordinate (Replicate ->
+ * Shard, Replicate -> Partial) or an all-to-all (Shard(a) -> Shard(b)) is not offered yet: a rule
+ * that would need it is not taken. Graph outputs are brought to their targets: the loss to
+ * Replicate, each gradient to its parameter's placement.
+ *
+ * Limits of this first version, refused with a message: an uneven split of a placeholder
+ * (FSDP's padded storage stays with passes/fsdp.c), and a tensor dim sharded by two mesh dims
+ * being gathered. The pass is not in the pipeline yet: the runtime does not run N-D programs.
+ */
+#include "passes/passes_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct memo {
+    hp_value src; /* new value */
+    hp_placement tgt[HP_MESH_MAX_DIMS];
+    hp_value dst;
+} memo;
+
+typedef struct spmd {
+    const hp_graph *in;
+    const hp_graph_mesh *mesh;
+    hp__rewrite rw;
+    memo *memo;
+    int n_memo, cap_memo;
+    int collectives;
+} spmd;
+
+static bool pl_eq_all(const hp_placement *a, const hp_placement *b, int nd) {
+    for (int i = 0; i < nd; i++)
+        if (!hp_placement_eq(a[i], b[i])) return false;
+    return true;
+}
+
+static const hp_placement *placed(const spmd *s, hp_value v) {
+    return hp_value_placements(s->rw.out, v);
+}
+
+/* Appends op on new values and gives its outputs placements pl[n_out * nd]. */
+static hp_status emit(spmd *s, hp_op op, const hp_value *in, int n_in, const hp_attr *attrs,
+                      int n_attrs, const hp_placement *pl, hp_value *out, hp_err *err) {
+    hp_err e = {0};
+    hp_value v = hp__rewrite_build(&s->rw, op, in, n_in, attrs, n_attrs, &e);
+    if (!hp_value_ok(v)) return hp_errf(err, e.status ? e.status : HP_INTERNAL, "%s", e.msg);
+    HP_TRY(hp_node_set_placements(s->rw.out, v.node, pl, err));
+    *out = v;
+    return HP_OK;
+}
+
+/* What one collective costs beyond its bytes, in bytes: its latency times the bandwidth of
+ * an intra-node link (5 us x 200 GB/s), so that one all-reduce beats a reduce-scatter plus an
+ * all-gather of the same bytes. */
+#define COLLECTIVE_BYTES 1e6
+
+/* Bytes a rank moves to take a value of `bytes` local bytes from a to b on a dim of n ranks,
+ * plus each collective's latency; INFINITY when no redistribution is offered for it. */
+static double move_cost(hp_placement a, hp_placement b, double bytes, int64_t n) {
+    if (hp_placement_eq(a, b)) return 0;
+    if (b.kind == HP_PLACE_REPLICATE && a.kind == HP_PLACE_SHARD)
+        return COLLECTIVE_BYTES + bytes * (double)(n - 1);
+    if (b.kind == HP_PLACE_REPLICATE && a.kind == HP_PLACE_PARTIAL)
+        return COLLECTIVE_BYTES + 2 * bytes * (double)(n - 1) / (double)n;
+    if (b.kind == HP_PLACE_SHARD && a.kind == HP_PLACE_PARTIAL && a.reduce != HP_REDUCE_MAX)
+        return COLLECTIVE_BYTES + bytes * (double)(n - 1) / (double)n;
+    return INFINITY;
+}
+
+/* The placements after swapping tensor dims 0 and d (a transpose). */
+static void swap_dims(const hp_placement *a, int nd, int d, hp_placement *out) {
+    for (int i = 0; i < nd; i++) {
+        out[i] = a[i];
+        if (a[i].kind != HP_PLACE_SHARD) continue;
+        if (a[i].dim == 0)
+            out[i].dim = d;
+        else if (a[i].dim == d)
+            out[i].dim = 0;
+    }
+}
+
+/* One step on mesh dim i: v (placements cur) to `want` there. */
+static hp_status step(spmd *s, hp_value v, int i, hp_placement want, hp_value *out, hp_err *err) {
+    const hp_graph_mesh *m = s->mesh;
+    int nd = m->ndim;
+    hp_placement cur[HP_MESH_MAX_DIMS], t[HP_MESH_MAX_DIMS];
+    memcpy(cur, placed(s, v), sizeof(hp_placement) * (size_t)nd);
+    hp_placement have = cur[i];
+    bool gather = have.kind == HP_PLACE_SHARD && want.kind == HP_PLACE_REPLICATE;
+    bool reduce = have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_REPLICATE;
+    bool scatter = have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_SHARD;
+    char a[24], b[24];
+    if (!gather && !reduce && !scatter)
+        return hp_errf(err, HP_UNSUPPORTED, "spmd: no redistribution %s -> %s on mesh dim %s yet",
+                       hp_placement_short(&have, a, sizeof a),
+                       hp_placement_short(&want, b, sizeof b), m->name[i]);
+    int d = gather ? have.dim : scatter ? want.dim : 0;
+    for (int k = 0; k < nd; k++)
+        if (gather && k != i && cur[k].kind == HP_PLACE_SHARD && cur[k].dim == d)
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "spmd: tensor dim %d is split by mesh dims %s and %s; gathering one "
+                           "of them is not supported yet",
+                           d, m->name[k], m->name[i]);
+    hp_value x = v;
+    if (d != 0) {
+        hp_attr ta[2] = {hp_attr_int(HP_ATTR_DIM0, 0), hp_attr_int(HP_ATTR_DIM1, d)};
+        swap_dims(cur, nd, d, t);
+        HP_TRY(emit(s, HP_OP_TRANSPOSE, &x, 1, ta, 2, t, &x, err));
+        memcpy(cur, t, sizeof t);
+    }
+    hp_attr ca[3] = {hp_attr_int(HP_ATTR_GROUP_SIZE, m->size[i]),
+                     hp_attr_str(HP_ATTR_GROUP, m->name[i]),
+                     hp_attr_int(HP_ATTR_REDUCE_OP, have.reduce)};
+    hp_op op = gather ? HP_OP_ALL_GATHER : reduce ? HP_OP_ALL_REDUCE : HP_OP_REDUCE_SCATTER;
+    cur[i] = gather || reduce ? HP_REPLICATE : HP_SHARD(0);
+    HP_TRY(emit(s, op, &x, 1, ca, gather ? 2 : 3, cur, &x, err));
+    HP_TRY(emit(s, HP_OP_WAIT_TENSOR, &x, 1, NULL, 0, cur, &x, err));
+    s->collectives++;
+    if (d != 0) {
+        hp_attr ta[2] = {hp_attr_int(HP_ATTR_DIM0, 0), hp_attr_int(HP_ATTR_DIM1, d)};
+        swap_dims(cur, nd, d, t);
+        HP_TRY(emit(s, HP_OP_TRANSPOSE, &x, 1, ta, 2, t, &x, err));
+    }
+    *out = x;
+    return HP_OK;
+}
+
+/* v brought to placements tgt (memoized: one redistribution serves every consumer). Dims are
+ * taken last to first, so an inner split is undone before an outer one. */
+static hp_status redistribute(spmd *s, hp_value v, const hp_placement *tgt, hp_value *out,
+                              hp_err *err) {
+    int nd = s->mesh->ndim;
+    if (pl_eq_all(placed(s, v), tgt, nd)) {
+        *out = v;
+        return HP_OK;
+    }
+    for (int k = 0; k < s->n_memo; k++) {
+        const memo *e = &s->memo[k];
+        if (e->src.node == v.node && e->src.out == v.out && pl_eq_all(e->tgt, tgt, nd)) {
+            *out = e->dst;
+            return HP_OK;
+        }
+    }
+    hp_value x = v;
+    for (int i = nd - 1; i >= 0; i--)
+        if (!hp_placement_eq(placed(s, x)[i], tgt[i])) HP_TRY(step(s, x, i, tgt[i], &x, err));
+    if (s->n_memo == s->cap_memo) {
+        int cap = s->cap_memo ? 2 * s->cap_memo : 64;
+        memo *m = hp_realloc(s->memo, (size_t)cap * sizeof *m);
+        if (!m) return hp_errf(err, HP_NOMEM, "spmd: out of memory");
+        s->memo = m;
+        s->cap_memo = cap;
+    }
+    memo *e = &s->memo[s->n_memo++];
+    e->src = v;
+    memcpy(e->tgt, tgt, sizeof(hp_placement) * (size_t)nd);
+    e->dst = x;
+    *out = x;
+    return HP_OK;
+}
+
+/* t split by placements pl on mesh dims [0, upto). */
+static hp_type split_upto(const spmd *s, const hp_type *t, const hp_placement *pl, int upto) {
+    hp_type r = *t;
+    for (int i = 0; i < upto; i++)
+        if (pl[i].kind == HP_PLACE_SHARD && pl[i].dim < r.rank)
+            r.shape[pl[i].dim] /= s->mesh->size[i];
+    return r;
+}
+
+static double local_bytes(const spmd *s, hp_value v) {
+    const hp_type *t = hp_graph_type(s->rw.out, v);
+    return (double)hp_type_numel(t) * (double)hp_dtype_size(t->dtype);
+}
+
+/* Chooses, mesh dim by mesh dim, the placements node id's inputs must have (tgt[j * nd + i])
+ * and its outputs get (opl[k * nd + i]). */
+static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt, hp_placement *opl,
+                        hp_err *err) {
+    const hp_node *n = &s->in->nodes[id];
+    const hp_op_info *info = hp_op_get(n->op);
+    int nd = s->mesh->ndim, ni = n->n_in;
+    bool variadic = info->n_in == HP_VARIADIC;
+    hp_type *it = hp_malloc((size_t)(ni ? ni : 1) * sizeof *it);
+    hp_shard_rule *rules = hp_malloc((HP_SHARD_MAX_RULES + 1) * sizeof *rules);
+    if (!it || !rules) {
+        hp_free(it);
+        hp_free(rules);
+        return hp_errf(err, HP_NOMEM, "spmd: out of memory");
+    }
+    hp_status st = HP_OK;
+    for (int i = 0; i < nd && st == HP_OK; i++) {
+        bool all_r = true;
+        for (int j = 0; j < ni; j++) {
+            it[j] = split_upto(s, hp_graph_type(s->in, n->in[j]), tgt + j * nd, i);
+            all_r &= placed(s, ins[j])[i].kind == HP_PLACE_REPLICATE;
+        }
+        hp_type ot[HP_MAX_OUTS];
+        for (int k = 0; k < n->n_out; k++) ot[k] = split_upto(s, &n->out[k], opl + k * nd, i);
+        int nr = 0;
+        if (!all_r && s->mesh->size[i] > 1) {
+            hp_shard_query q = {.node = n,
+                                .in = it,
+                                .out = ot,
+                                .mesh_size = s->mesh->size[i],
+                                .mesh_dim = s->mesh->name[i]};
+            nr = info->shard(&q, rules, HP_SHARD_MAX_RULES);
+            if (nr > HP_SHARD_MAX_RULES) nr = HP_SHARD_MAX_RULES;
+        }
+        rules[nr++] = (hp_shard_rule){0}; /* all Replicate, last: rules win ties */
+        double best = INFINITY;
+        int pick = nr - 1;
+        for (int r = 0; r < nr; r++) {
+            double c = 0;
+            for (int j = 0; j < ni && c < best; j++) {
+                hp_placement want =
+                    variadic || j >= HP_SHARD_MAX_IN ? rules[r].in[0] : rules[r].in[j];
+                hp_placement have = placed(s, ins[j])[i];
+                /* no reduce-scatter into compute: that is sequence parallelism, a plan's
+                 * choice, not a greedy one (graph outputs still scatter to their targets) */
+                if (have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_SHARD)
+                    c = INFINITY;
+                else
+                    c += move_cost(have, want, local_bytes(s, ins[j]), s->mesh->size[i]);
+            }
+            /* a Partial output is priced as if reduced: most consumers need it whole, and a
+             * deferred reduction must not look free next to reducing the input now */
+            for (int k = 0; k < n->n_out && c < best; k++)
+                if (rules[r].out[k].kind == HP_PLACE_PARTIAL)
+                    c += move_cost(rules[r].out[k], HP_REPLICATE,
+                                   (double)hp_type_numel(&ot[k]) *
+                                       (double)hp_dtype_size(ot[k].dtype),
+                                   s->mesh->size[i]);
+            if (c < best) {
+                best = c;
+                pick = r;
+            }
+        }
+        if (!isfinite(best))
+            st = hp_errf(err, HP_UNSUPPORTED,
+                         "spmd: node %d (%s): no placement its inputs can be redistributed to on "
+                         "mesh dim %s",
+                         id, info->name, s->mesh->name[i]);
+        for (int j = 0; j < ni; j++)
+            tgt[j * nd + i] =
+                variadic || j >= HP_SHARD_MAX_IN ? rules[pick].in[0] : rules[pick].in[j];
+        for (int k = 0; k < n->n_out; k++) opl[k * nd + i] = rules[pick].out[k];
+    }
+    hp_free(it);
+    hp_free(rules);
+    return st;
+}
+
+/* A compute node: redistribute its inputs, append it with localized attributes, check the
+ * shape rule gives the local types its placements say. */
+static hp_status place_node(spmd *s, int id, hp_err *err) {
+    const hp_node *n = &s->in->nodes[id];
+    const char *op = hp_op_get(n->op)->name;
+    int nd = s->mesh->ndim, ni = n->n_in;
+    hp_value *ins = hp_malloc((size_t)(ni ? ni : 1) * sizeof *ins);
+    hp_placement *tgt = hp_malloc((size_t)(ni ? ni : 1) * HP_MESH_MAX_DIMS * sizeof *tgt);
+    hp_placement opl[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
+    hp_attr attrs[HP_ATTR_COUNT];
+    hp_status st = ins && tgt ? HP_OK : hp_errf(err, HP_NOMEM, "spmd: out of memory");
+    for (int j = 0; j < ni && st == HP_OK; j++) ins[j] = hp__rewrite_get(&s->rw, n->in[j]);
+    if (st == HP_OK) st = choose(s, id, ins, tgt, opl, err);
+    for (int j = 0; j < ni && st == HP_OK; j++)
+        st = redistribute(s, ins[j], tgt + j * nd, &ins[j], err);
+    hp_type local[HP_MAX_OUTS];
+    for (int k = 0; k < n->n_out && st == HP_OK; k++) {
+        hp_err e;
+        if (hp_local_type(&n->out[k], opl + k * nd, s->mesh->size, nd, true, &local[k], &e) !=
+            HP_OK)
+            st = hp_errf(err, HP_INTERNAL, "spmd: node %d (%s): output %d: %s", id, op, k, e.msg);
+    }
+    hp_value v = HP_NO_VALUE;
+    if (st == HP_OK) {
+        hp_localize_attrs(n, local, attrs);
+        st = emit(s, n->op, ins, ni, attrs, n->n_attrs, opl, &v, err);
+    }
+    for (int k = 0; k < n->n_out && st == HP_OK; k++) {
+        const hp_type *got = hp_graph_type(s->rw.out, hp_out(v, k));
+        if (!hp_type_eq(got, &local[k])) {
+            char a[96], b[96];
+            st = hp_errf(err, HP_INTERNAL,
+                         "spmd: node %d (%s): output %d is %s on a rank, its placements say %s", id,
+                         op, k, hp_type_str(got, a, sizeof a), hp_type_str(&local[k], b, sizeof b));
+        }
+        if (st == HP_OK) hp__rewrite_set(&s->rw, (hp_value){id, k}, hp_out(v, k));
+    }
+    hp_free(ins);
+    hp_free(tgt);
+    return st;
+}
+
+static hp_status place_placeholder(spmd *s, int id, const hp_placement *pl, hp_err *err) {
+    const hp_node *n = &s->in->nodes[id];
+    int nd = s->mesh->ndim;
+    const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN);
+    hp_type local;
+    hp_err e;
+    if (hp_local_type(&n->out[0], pl, s->mesh->size, nd, true, &local, &e) != HP_OK)
+        return hp_errf(err, HP_UNSUPPORTED, "spmd: '%s': %s (uneven splits are FSDP storage only)",
+                       fqn && fqn->s ? fqn->s : "?", e.msg);
+    hp_attr attrs[HP_ATTR_COUNT];
+    int na = 0;
+    bool split = !hp_type_eq(&local, &n->out[0]);
+    for (int k = 0; k < n->n_attrs; k++)
+        if (n->attrs[k].key != HP_ATTR_GLOBAL_SHAPE) attrs[na++] = n->attrs[k];
+    if (split) attrs[na++] = hp_attr_ints(HP_ATTR_GLOBAL_SHAPE, n->out[0].rank, n->out[0].shape);
+    int nid = hp__rewrite_append(&s->rw, HP_OP_PLACEHOLDER, NULL, 0, &local, 1, attrs, na, &e);
+    if (nid < 0) return hp_errf(err, e.status, "%s", e.msg);
+    HP_TRY(hp_node_set_placements(s->rw.out, nid, pl, err));
+    hp__rewrite_set(&s->rw, (hp_value){id, 0}, (hp_value){nid, 0});
+    return HP_OK;
+}
+
+hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
+                       const hp_placement *outputs, hp_graph **out, hp_err *err) {
+    *out = NULL;
+    if (in->mesh.ndim) return hp_errf(err, HP_INVALID, "spmd: the input graph is already placed");
+    spmd s = {.in = in, .mesh = mesh};
+    HP_TRY(hp__rewrite_start(&s.rw, in, err));
+    hp_status st = hp_graph_set_mesh(s.rw.out, mesh, err);
+    int nd = mesh->ndim, ph = 0;
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
+        if (in->nodes[i].op == HP_OP_PLACEHOLDER)
+            st = place_placeholder(&s, i, inputs + (size_t)(ph++) * (size_t)nd, err);
+        else
+            st = place_node(&s, i, err);
+    }
+    /* graph outputs to their targets: given, or loss Replicate and gradient k to parameter k's */
+    hp_graph_inputs gi = hp_graph_count_inputs(in);
+    for (int k = 0; k < in->n_outputs && st == HP_OK; k++) {
+        hp_placement tgt[HP_MESH_MAX_DIMS];
+        for (int i = 0; i < nd; i++) tgt[i] = HP_REPLICATE;
+        if (outputs)
+            memcpy(tgt, outputs + (size_t)k * (size_t)nd, sizeof(hp_placement) * (size_t)nd);
+        else if (k >= 1 && k - 1 < gi.n_params)
+            memcpy(tgt, inputs + (size_t)(k - 1) * (size_t)nd, sizeof(hp_placement) * (size_t)nd);
+        hp_value v = hp__rewrite_get(&s.rw, in->outputs[k]);
+        st = redistribute(&s, v, tgt, &v, err);
+        if (st == HP_OK) st = hp_graph_add_output(s.rw.out, v, err);
+    }
+    hp_free(s.memo);
+    hp_graph *g = st == HP_OK ? s.rw.out : NULL;
+    if (g) s.rw.out = NULL; /* outputs were set here: take the graph, drop the rewriter */
+    hp__rewrite_abort(&s.rw);
+    if (st == HP_OK && (st = hp_graph_verify(g, err)) != HP_OK) {
+        hp_err_prefix(err, "spmd: the placed graph does not verify");
+        hp_graph_free(g);
+        g = NULL;
+    }
+    *out = g;
+    return st;
+}
