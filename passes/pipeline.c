@@ -172,6 +172,18 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
         return hp_errf(err, HP_INVALID,
                        "world %d does not match the plan's mesh (%s), which has %lld ranks", world,
                        mesh, (long long)product);
+    /* what a plan may say that no pass reads yet is refused, never silently dropped */
+    if (job->plan.n_constraints > 0)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.constraints: %d placement constraint%s given, but no pass applies "
+                       "explicit placements yet (they come with the placement passes and "
+                       "auto-sharding); remove them",
+                       job->plan.n_constraints, job->plan.n_constraints == 1 ? " is" : "s are");
+    if (job->plan.mem_low != 0 || job->plan.mem_high != 1)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.param_memory_budget: (%g, %g) is only honoured by auto-sharding, "
+                       "which is not implemented yet; remove it",
+                       job->plan.mem_low, job->plan.mem_high);
     int split_dims = 0;
     for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
         split_dims += job->plan.mesh[d].size > 1;

@@ -337,6 +337,22 @@ Test(pipeline, world_must_match_the_mesh) {
     hp_job_free(job);
 }
 
+/* Plan fields no pass reads yet are refused, never silently dropped. */
+Test(pipeline, unapplied_plan_fields_are_refused) {
+    hp_job *job = make_job(&MLP, 2, false);
+    hp_err err = {0};
+    hp_placement p = HP_SHARD(0);
+    cr_assert_eq(hp_job_add_constraint(job, "x", 0, &p, 1, &err), HP_OK, "%s", err.msg);
+    expect_compile_error(job, 2, "plan.constraints: 1 placement constraint is given",
+                         "no pass applies explicit placements yet");
+    hp_job_free(job);
+    job = make_job(&MLP, 2, false);
+    job->plan.mem_low = 0.1, job->plan.mem_high = 0.5;
+    expect_compile_error(job, 2, "plan.param_memory_budget: (0.1, 0.5)",
+                         "only honoured by auto-sharding");
+    hp_job_free(job);
+}
+
 Test(pipeline, batch_must_divide_by_the_world) {
     model_case m = TINY;
     m.batch = 2;
