@@ -1,4 +1,5 @@
-/* graph/text.c — the .hpir text form: printer, hand-written lexer and parser, file helpers.
+/* graph/text.c — the .hpir text form's hand-written lexer and parser, and the file reader
+ * (the printer is text_print.c).
  *
  * The printer writes one node per line (grammar in docs/hpir.md); the parser reads it back
  * token by token, checks what it can name a line and column for (syntax, names, references,
@@ -6,7 +7,7 @@
  * runs hp_graph_verify, so a parsed graph is always a valid one. What this file does not do:
  * shape inference (the verifier runs the shape rules) or any I/O beyond the file helpers.
  */
-#include "hp/text.h"
+#include "graph/text_internal.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -14,295 +15,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ==== output buffer ========================================================================= */
-
-/* A growable string, or the caller's fixed buffer (truncating). Always NUL-terminated once
- * anything was written; `oom` is sticky. */
-typedef struct strbuf {
-    char *p;
-    size_t len, cap;
-    bool fixed;
-    bool oom;
-} strbuf;
-
-static bool sb_reserve(strbuf *b, size_t extra) {
-    if (b->oom) return false;
-    if (b->len + extra + 1 <= b->cap) return true;
-    if (b->fixed) return false;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + extra + 1) cap *= 2;
-    char *p = hp_realloc(b->p, cap);
-    if (!p) {
-        b->oom = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-static void sb_putn(strbuf *b, const char *s, size_t n) {
-    if (!sb_reserve(b, n)) {
-        if (!b->fixed || b->cap == 0) return;
-        n = b->cap - 1 - b->len; /* truncate into the fixed buffer */
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void sb_puts(strbuf *b, const char *s) {
-    sb_putn(b, s, strlen(s));
-}
-
-static void sb_printf(strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(strbuf *b, const char *fmt, ...) {
-    char tmp[128];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n < sizeof tmp) {
-        sb_putn(b, tmp, (size_t)n);
-        return;
-    }
-    char *big = hp_malloc((size_t)n + 1); /* rare: items here are numbers and names */
-    if (!big) {
-        b->oom = !b->fixed;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    sb_putn(b, big, (size_t)n);
-    hp_free(big);
-}
-
-/* ==== printer =============================================================================== */
-
-static const char *const input_kind_names[] = {"param", "buffer", "data"};
-static const char *const reduce_op_names[] = {"sum", "avg", "max"};
-
-/* The shortest form that reads back as exactly v: integers in full below 1e15, else the
- * shortest %g; inf, -inf, nan, -nan spelled out. */
-static void fmt_double(double v, char buf[40]) {
-    if (isnan(v)) {
-        strcpy(buf, signbit(v) ? "-nan" : "nan");
-        return;
-    }
-    if (isinf(v)) {
-        strcpy(buf, v < 0 ? "-inf" : "inf");
-        return;
-    }
-    if (v == floor(v) && fabs(v) < 1e15) {
-        snprintf(buf, 40, "%.0f", v); /* 500000, not 5e+05; "-0" keeps the sign */
-        return;
-    }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, 40, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) return;
-    }
-}
-
-static void put_double(strbuf *b, double v) {
-    char buf[40];
-    fmt_double(v, buf);
-    sb_puts(b, buf);
-}
-
-static void put_type(strbuf *b, const hp_type *t) {
-    if ((int)t->dtype >= 0 && t->dtype < HP_DTYPE_COUNT)
-        sb_puts(b, hp_dtype_name(t->dtype));
-    else
-        sb_printf(b, "?dtype%d", (int)t->dtype);
-    sb_puts(b, "[");
-    int rank = t->rank < 0 ? 0 : t->rank > HP_MAX_RANK ? HP_MAX_RANK : t->rank;
-    for (int d = 0; d < rank; d++) sb_printf(b, d ? ",%" PRId64 : "%" PRId64, t->shape[d]);
-    sb_puts(b, "]");
-}
-
-static void put_value(strbuf *b, hp_value v) {
-    if (v.node < 0)
-        sb_puts(b, "none");
-    else if (v.out == 0)
-        sb_printf(b, "%%%" PRId32, v.node);
-    else
-        sb_printf(b, "%%%" PRId32 ".%" PRId32, v.node, v.out);
-}
-
-static void put_string(strbuf *b, const char *s) {
-    sb_puts(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        if (*p == '"' || *p == '\\')
-            sb_printf(b, "\\%c", *p);
-        else if (*p == '\n')
-            sb_puts(b, "\\n");
-        else if (*p < 0x20 || *p >= 0x7f)
-            sb_printf(b, "\\x%02x", *p);
-        else
-            sb_putn(b, (const char *)p, 1);
-    }
-    sb_puts(b, "\"");
-}
-
-static void put_attr(strbuf *b, const hp_attr *a) {
-    if ((int)a->key >= 0 && a->key < HP_ATTR_COUNT)
-        sb_puts(b, hp_attr_key_name(a->key));
-    else
-        sb_printf(b, "?attr%d", (int)a->key);
-    sb_puts(b, "=");
-    switch (a->kind) {
-    case HP_ATTR_KIND_INT:
-        if (a->key == HP_ATTR_KIND && a->i >= 0 && a->i < (int64_t)HP_ARRAY_LEN(input_kind_names))
-            sb_puts(b, input_kind_names[a->i]);
-        else if (a->key == HP_ATTR_REDUCE_OP && a->i >= 0 &&
-                 a->i < (int64_t)HP_ARRAY_LEN(reduce_op_names))
-            sb_puts(b, reduce_op_names[a->i]);
-        else
-            sb_printf(b, "%" PRId64, a->i);
-        return;
-    case HP_ATTR_KIND_FLOAT:
-        put_double(b, a->f);
-        return;
-    case HP_ATTR_KIND_INTS: {
-        int n = a->ints.n < 0 ? 0 : a->ints.n > HP_MAX_ATTR_INTS ? HP_MAX_ATTR_INTS : a->ints.n;
-        sb_puts(b, "[");
-        for (int i = 0; i < n; i++) sb_printf(b, i ? ",%" PRId64 : "%" PRId64, a->ints.v[i]);
-        sb_puts(b, "]");
-        return;
-    }
-    case HP_ATTR_KIND_DTYPE:
-        if ((int)a->dtype >= 0 && a->dtype < HP_DTYPE_COUNT)
-            sb_puts(b, hp_dtype_name(a->dtype));
-        else
-            sb_printf(b, "?dtype%d", (int)a->dtype);
-        return;
-    case HP_ATTR_KIND_STR:
-        put_string(b, a->s);
-        return;
-    case HP_ATTR_KIND_INIT: {
-        char buf[256];
-        sb_puts(b, hp_init_str(&a->init, buf, sizeof buf));
-        return;
-    }
-    }
-    sb_printf(b, "?kind%d", (int)a->kind);
-}
-
-/* " {dp:S(0), tp:R}" after output k's type, when the node carries placements. */
-static void put_placements(strbuf *b, const hp_graph *g, const hp_node *n, int k) {
-    if (!n->pl) return;
-    sb_puts(b, " {");
-    for (int i = 0; i < g->mesh.ndim; i++) {
-        char w[32];
-        sb_printf(b, "%s%s:%s", i ? ", " : "", g->mesh.name[i],
-                  hp_placement_short(&n->pl[k * g->mesh.ndim + i], w, sizeof w));
-    }
-    sb_puts(b, "}");
-}
-
-static void put_node(strbuf *b, const hp_graph *g, int id) {
-    const hp_node *n = &g->nodes[id];
-    sb_printf(b, "%%%d: ", id);
-    if (n->n_out == 1) {
-        put_type(b, &n->out[0]);
-        put_placements(b, g, n, 0);
-    } else {
-        sb_puts(b, "(");
-        for (int k = 0; k < n->n_out; k++) {
-            if (k) sb_puts(b, ", ");
-            put_type(b, &n->out[k]);
-            put_placements(b, g, n, k);
-        }
-        sb_puts(b, ")");
-    }
-    sb_puts(b, " = ");
-    if ((int)n->op >= 0 && n->op < HP_OP_COUNT)
-        sb_puts(b, hp_op_get(n->op)->name);
-    else
-        sb_printf(b, "?op%d", (int)n->op);
-    sb_puts(b, "(");
-    for (int i = 0; i < n->n_in; i++) {
-        if (i) sb_puts(b, ", ");
-        put_value(b, n->in[i]);
-    }
-    sb_puts(b, ")");
-    if (n->n_attrs > 0) {
-        sb_puts(b, " {");
-        for (int i = 0; i < n->n_attrs; i++) {
-            if (i) sb_puts(b, ", ");
-            put_attr(b, &n->attrs[i]);
-        }
-        sb_puts(b, "}");
-    }
-}
-
-static void put_graph(strbuf *b, const hp_graph *g) {
-    sb_printf(b, "hpir %d\n", HP_TEXT_VERSION);
-    if (g->mesh.ndim > 0) {
-        sb_puts(b, "mesh");
-        for (int i = 0; i < g->mesh.ndim; i++)
-            sb_printf(b, " %s=%" PRId64, g->mesh.name[i], g->mesh.size[i]);
-        sb_puts(b, "\n");
-    }
-    for (int id = 0; id < g->n_nodes && !b->oom; id++) {
-        put_node(b, g, id);
-        sb_puts(b, "\n");
-    }
-    sb_puts(b, "return");
-    for (int i = 0; i < g->n_outputs; i++) {
-        sb_puts(b, i ? ", " : " ");
-        put_value(b, g->outputs[i]);
-    }
-    sb_puts(b, "\n");
-}
-
-hp_status hp_graph_print(const hp_graph *g, char **text, size_t *len, hp_err *err) {
-    strbuf b = {0};
-    put_graph(&b, g);
-    if (b.oom) {
-        hp_free(b.p);
-        *text = NULL;
-        if (len) *len = 0;
-        return hp_errf(err, HP_NOMEM, "out of memory printing a graph of %d nodes", g->n_nodes);
-    }
-    *text = b.p;
-    if (len) *len = b.len;
-    return HP_OK;
-}
-
-hp_status hp_graph_fprint(const hp_graph *g, FILE *f, hp_err *err) {
-    char *text;
-    size_t len;
-    HP_TRY(hp_graph_print(g, &text, &len, err));
-    size_t wrote = fwrite(text, 1, len, f);
-    hp_free(text);
-    if (wrote != len || ferror(f))
-        return hp_errf(err, HP_IO, "writing graph text: %s", strerror(errno));
-    return HP_OK;
-}
-
-char *hp_node_str(const hp_graph *g, int id, char *buf, size_t len) {
-    if (len == 0) return buf;
-    buf[0] = 0;
-    strbuf b = {.p = buf, .cap = len, .fixed = true};
-    if (id < 0 || id >= g->n_nodes)
-        sb_printf(&b, "%%%d: <no such node>", id);
-    else
-        put_node(&b, g, id);
-    return buf;
-}
-
-hp_status hp_graph_write_file(const hp_graph *g, const char *path, hp_err *err) {
-    char *text;
-    size_t len;
-    HP_TRY(hp_graph_print(g, &text, &len, err));
-    hp_status s = hp_file_write_atomic(path, text, len, err);
-    hp_free(text);
-    return s;
-}
 
 /* ==== lexer ================================================================================= */
 
@@ -619,8 +331,8 @@ static void list_dtypes(char *buf, size_t len) {
     strbuf b = {.p = buf, .cap = len, .fixed = true};
     buf[0] = 0;
     for (int d = 0; d < HP_DTYPE_COUNT; d++) {
-        if (d) sb_puts(&b, ", ");
-        sb_puts(&b, hp_dtype_name((hp_dtype)d));
+        if (d) hp__sb_puts(&b, ", ");
+        hp__sb_puts(&b, hp_dtype_name((hp_dtype)d));
     }
 }
 
@@ -738,7 +450,7 @@ static hp_status parse_named_int(parser *ps, const char *const *names, int n_nam
     }
     char desc[40], known[64];
     strbuf b = {.p = known, .cap = sizeof known, .fixed = true};
-    for (int i = 0; i < n_names; i++) sb_printf(&b, "%s%s", i ? ", " : "", names[i]);
+    for (int i = 0; i < n_names; i++) hp__sb_printf(&b, "%s%s", i ? ", " : "", names[i]);
     return err_at(ps, t->line, t->col, HP_PARSE, "expected %s (%s), got %s", what, known,
                   tok_desc(t, desc, sizeof desc));
 }
@@ -750,23 +462,23 @@ static hp_status parse_init(parser *ps, hp_init *init) {
     strbuf b = {.p = text, .cap = sizeof text, .fixed = true};
     text[0] = 0;
     if (start.kind != T_IDENT) return expected(ps, "an init spec such as normal(0,0.02)");
-    sb_putn(&b, start.p, start.n);
+    hp__sb_putn(&b, start.p, start.n);
     HP_TRY(lex(ps));
     if (is_punct(&ps->tok, '(')) {
-        sb_puts(&b, "(");
+        hp__sb_puts(&b, "(");
         HP_TRY(lex(ps));
         while (!is_punct(&ps->tok, ')')) {
             const token *t = &ps->tok;
             if (t->kind != T_NUM && !(is_word(t, "inf") || is_word(t, "nan")))
                 return expected(ps, "a number in the init spec");
-            sb_putn(&b, t->p, t->n);
+            hp__sb_putn(&b, t->p, t->n);
             HP_TRY(lex(ps));
             if (!is_punct(&ps->tok, ',')) break;
-            sb_puts(&b, ",");
+            hp__sb_puts(&b, ",");
             HP_TRY(lex(ps));
         }
         HP_TRY(expect_punct(ps, ')', "after the init arguments"));
-        sb_puts(&b, ")");
+        hp__sb_puts(&b, ")");
     }
     if (b.len + 1 >= b.cap)
         return err_at(ps, start.line, start.col, HP_LIMIT, "init spec too long");
@@ -786,10 +498,10 @@ static hp_status parse_attr_value(parser *ps, hp_attr_key key, hp_attr *a, char 
     case HP_ATTR_KIND_INT:
         snprintf(what, sizeof what, "an integer for '%s'", name);
         if (key == HP_ATTR_KIND)
-            return parse_named_int(ps, input_kind_names, (int)HP_ARRAY_LEN(input_kind_names),
-                                   "an input kind", &a->i);
+            return parse_named_int(ps, hp__input_kind_names,
+                                   (int)HP_ARRAY_LEN(hp__input_kind_names), "an input kind", &a->i);
         if (key == HP_ATTR_REDUCE_OP)
-            return parse_named_int(ps, reduce_op_names, (int)HP_ARRAY_LEN(reduce_op_names),
+            return parse_named_int(ps, hp__reduce_op_names, (int)HP_ARRAY_LEN(hp__reduce_op_names),
                                    "a reduce op", &a->i);
         return parse_int(ps, what, &a->i);
     case HP_ATTR_KIND_FLOAT:
@@ -826,8 +538,8 @@ static void list_attrs(uint64_t mask, char *buf, size_t len) {
     buf[0] = 0;
     for (int k = 0; k < HP_ATTR_COUNT; k++)
         if (mask & (UINT64_C(1) << k))
-            sb_printf(&b, "%s%s", b.len ? ", " : "", hp_attr_key_name(k));
-    if (!b.len) sb_puts(&b, "none");
+            hp__sb_printf(&b, "%s%s", b.len ? ", " : "", hp_attr_key_name(k));
+    if (!b.len) hp__sb_puts(&b, "none");
 }
 
 /* ==== nodes and the file ==================================================================== */
