@@ -37,6 +37,9 @@ typedef struct hpd_job_view {
     char error[HP_ERR_MSG_MAX];
     bool has_metrics;
     double loss, tokens_per_s, mfu_pct, step_time_s; /* of the last metrics record */
+    char launcher[16];     /* the launcher of the current attempt ("local", "slurm", ...) */
+    char launch_ref[64];   /* the scheduler's id of the current attempt (a Slurm job id; "") */
+    char launch_state[32]; /* the scheduler's state of it ("PENDING", "RUNNING"; "") */
 } hpd_job_view;
 
 /* Submits a job given as packed hp.v1.Job bytes (validated: hp_job_unpack + a compile check
