@@ -97,6 +97,11 @@ hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err)
 hp_status hpd_trace(hpd *d, const char *id, int64_t step, const int32_t *ranks, int n_ranks,
                     char **json, size_t *len, int64_t **steps, int *n_steps, hp_err *err);
 
+/* The exact command that starts each rank of job id's current attempt by hand (the external
+ * launcher's workers): *cmds[world] (each and the array hp_malloc'd; the caller frees), with
+ * the attempt's token. HP_NOT_FOUND: unknown id; HP_INVALID: no attempt accepts workers now. */
+hp_status hpd_worker_commands(hpd *d, const char *id, char ***cmds, int *n, hp_err *err);
+
 /* The bearer token mutating RPCs need (the content of STATE_DIR/token). */
 const char *hpd_token(const hpd *d);
 uv_loop_t *hpd_loop(hpd *d);

@@ -12,8 +12,9 @@
  * HPD_LEV_STATE; NODE_FAIL, PREEMPTED, BOOT_FAIL, TIMEOUT, DEADLINE, OUT_OF_MEMORY or a requeue
  * → HPD_LEV_LOST (and scancel); a terminal state or the job's absence from squeue on two polls
  * → the ranks not yet reported end with HPD_EXIT_UNKNOWN and the attempt is forgotten.
- * stop(SIGTERM) is `scancel --signal=TERM` (Slurm's KillWait then SIGKILLs), stop(SIGKILL) is
- * `scancel`. The state dir must be on a filesystem the nodes share (logs, exits, token).
+ * stop(SIGTERM) is `scancel --signal=TERM` (the steps only), stop(SIGKILL) is `scancel` (Slurm
+ * signals, waits KillWait, kills). The state dir must be on a filesystem the nodes share (logs,
+ * exits, token).
  *
  * Lifetimes: an sjob lives from start (or adopt) until its last rank is reported and no
  * command of its is in flight. Commands hold the loop alive (their handles are referenced;
@@ -181,14 +182,15 @@ static void on_scancel(void *ctx, const hpd_cmd_result *r) {
 
 static void scancel(slurm *s, sjob *j, int sig) {
     if (!j->ref[0]) return;
-    /* SIGTERM: signal the steps and the batch shell; the workers stop on their own (and the
-     * job ends). SIGKILL: cancel the job (Slurm signals, waits KillWait, kills). */
+    /* SIGTERM: signal the steps only (not the batch shell: srun would take it as a reason to
+     * SIGKILL the step before the wrappers record the ranks' statuses); the workers stop on
+     * their own and the job ends. SIGKILL: cancel the job (Slurm signals, waits KillWait,
+     * kills). */
     char *argv[6];
     int n = 0;
     argv[n++] = s->scancel;
     if (sig != SIGKILL) {
         argv[n++] = "--signal=TERM";
-        argv[n++] = "--full";
     }
     argv[n++] = j->ref;
     argv[n] = NULL;
@@ -373,10 +375,11 @@ static hp_status slurm_start(hpd_launcher *base, const hpd_attempt_spec *a, hp_e
         emit(s, j, HPD_LEV_STATE, -1, 0, st);
         return HP_OK;
     }
-    char *argv[24];
+    char *argv[28];
     int n = 0;
     char ntasks[32], nodes[32], name[128], output[PATH_MAX + 32], per_node[48];
-    char part[160], acct[160], qos[160], tl[64];
+    char part[160], acct[160], qos[160], tl[64], chdir_arg[PATH_MAX + 16];
+    snprintf(chdir_arg, sizeof chdir_arg, "--chdir=%s", a->attempt_dir);
     snprintf(ntasks, sizeof ntasks, "--ntasks=%d", a->world);
     int gpn = a->gpus_per_node > 0 ? a->gpus_per_node : 1;
     /* CPU ranks talk over shared memory: one node. GPU ranks: gpus_per_node per node. */
@@ -391,6 +394,7 @@ static hp_status slurm_start(hpd_launcher *base, const hpd_attempt_spec *a, hp_e
     argv[n++] = "--no-requeue"; /* hpd restarts the attempt itself, from its checkpoint */
     argv[n++] = output;
     argv[n++] = "--open-mode=append";
+    argv[n++] = chdir_arg; /* not hpd's cwd, which the nodes may not have */
     if (a->cuda) {
         argv[n++] = "--gpus-per-task=1";
         snprintf(per_node, sizeof per_node, "--ntasks-per-node=%d", gpn);

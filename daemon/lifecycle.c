@@ -168,7 +168,7 @@ static void launch(hpd *d, hpd_job *j) {
     hex_token(j->token);
     snprintf(j->v.launcher, sizeof j->v.launcher, "%s", d->launcher->vt->name);
     j->v.launch_ref[0] = j->v.launch_state[0] = 0;
-    j->obs_dirty = true;
+    hp__obs_job_changed(j);
     hp_free(j->ranks);
     j->ranks = hp_calloc((size_t)j->v.world_size, sizeof *j->ranks);
     char dir[HPD_STORE_PATH_MAX - 24], job_dir[HPD_STORE_PATH_MAX - 24],
@@ -588,7 +588,7 @@ void hp__on_launch_event(void *ctx, const hpd_launch_event *ev) {
                 ev->attempt, d->launcher->vt->name, ev->text);
         if (current) {
             snprintf(j->v.launch_ref, sizeof j->v.launch_ref, "%s", ev->text);
-            j->obs_dirty = true;
+            hp__obs_job_changed(j);
         }
         break;
     }
@@ -597,7 +597,7 @@ void hp__on_launch_event(void *ctx, const hpd_launch_event *ev) {
                 ev->text);
         if (current) {
             snprintf(j->v.launch_state, sizeof j->v.launch_state, "%s", ev->text);
-            j->obs_dirty = true;
+            hp__obs_job_changed(j);
         }
         break;
     case HPD_LEV_LOST:
@@ -622,5 +622,28 @@ hp_status hp__worker_cmd(hpd *d, hpd_job *j, int rank, char *buf, size_t len, hp
     /* The token in the environment, not on hp-worker's command line (ps shows that). */
     snprintf(buf, len, "HP_TOKEN=%s hp-worker --coordinator %s --job %s --rank %d", j->token,
              d->worker_addr, j->v.id, rank);
+    return HP_OK;
+}
+
+hp_status hpd_worker_commands(hpd *d, const char *id, char ***cmds, int *n, hp_err *err) {
+    *cmds = NULL;
+    *n = 0;
+    hpd_job *j = hp__job_find(d, id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    char one[1024];
+    HP_TRY(hp__worker_cmd(d, j, 0, one, sizeof one, err));
+    char **v = hp_calloc((size_t)j->v.world_size, sizeof *v);
+    if (!v) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int r = 0; r < j->v.world_size; r++) {
+        hp_status st = hp__worker_cmd(d, j, r, one, sizeof one, err);
+        if (st == HP_OK && !(v[r] = hp_strdup(one))) st = hp_errf(err, HP_NOMEM, "out of memory");
+        if (st != HP_OK) {
+            for (int k = 0; k < r; k++) hp_free(v[k]);
+            hp_free(v);
+            return st;
+        }
+    }
+    *cmds = v;
+    *n = j->v.world_size;
     return HP_OK;
 }

@@ -404,6 +404,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hpd: %s\n", err.msg);
         return 1;
     }
+    /* Absolute: the launchers hand its paths to processes in other dirs (Slurm jobs). */
+    char abs_state[PATH_MAX];
+    if (!realpath(state, abs_state)) {
+        fprintf(stderr, "hpd: %s: %s\n", state, strerror(errno));
+        return 1;
+    }
+    snprintf(state, sizeof state, "%s", abs_state);
     /* One daemon per state dir: the lock lives as long as the process (kill -9 releases it). */
     char lock[PATH_MAX + 16];
     snprintf(lock, sizeof lock, "%s/hpd.lock", state);
