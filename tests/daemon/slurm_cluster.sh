@@ -101,16 +101,23 @@ stop)
             sleep 0.1
         done
     fi
+    pids=()
     for p in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
         if [ -f "$p" ]; then
             pid=$(cat "$p")
-            kill "$pid" 2>/dev/null || true
-            for _ in $(seq 1 50); do
-                kill -0 "$pid" 2>/dev/null || break
-                sleep 0.1
-            done
-            kill -9 "$pid" 2>/dev/null || true
+            kill "$pid" 2>/dev/null && pids+=("$pid")
         fi
+    done
+    for _ in $(seq 1 50); do
+        alive=0
+        for pid in "${pids[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+        done
+        [ "$alive" -eq 0 ] && break
+        sleep 0.1
+    done
+    for pid in "${pids[@]}"; do
+        kill -9 "$pid" 2>/dev/null || true
     done
     ;;
 *)

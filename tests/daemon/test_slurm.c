@@ -406,3 +406,37 @@ Test(slurm, train_sbatch_runs_to_completion) {
     free(jobid);
     free(out);
 }
+
+/* hpd inside an allocation (deploy/slurm/hpd.sbatch): it launches the ranks as srun steps of
+ * that allocation and the script ends when the job SUCCEEDED. */
+Test(slurm, hpd_sbatch_runs_the_ranks_as_steps_of_its_allocation) {
+    NEED_SLURM();
+    new_job("h.pb", 8, "");
+    int code;
+    char *out = sh(&code,
+                   "cd %s && HPD=%s/daemon/hpd HPCTL=%s/client/hpctl HP_WORKER=%s/worker/hp-worker "
+                   "HP_ADVERTISE=127.0.0.1 HP_STATE_DIR=%s/hstate sbatch --parsable --wait "
+                   "--ntasks=2 --output=%s/hpd-%%j.log %s/deploy/slurm/hpd.sbatch %s/h.pb 2>&1",
+                   g_dir, hp_th_binary_dir(), hp_th_binary_dir(), hp_th_binary_dir(), g_dir, g_dir,
+                   hp_th_source_dir(), g_dir);
+    cr_expect_eq(code, 0, "sbatch --wait hpd.sbatch: %s", out);
+    char *jobid = strdup(out);
+    jobid[strcspn(jobid, "\n;")] = 0;
+    char path[600];
+    snprintf(path, sizeof path, "%s/hpd-%s.log", g_dir, jobid);
+    char *text = hp_th_slurp_or_empty(path);
+    cr_expect(strstr(text, "SUCCEEDED"), "hpd.sbatch's output: %s", text);
+    free(text);
+    snprintf(path, sizeof path, "%s/hstate/hpd.log", g_dir);
+    text = hp_th_slurp_or_empty(path);
+    char want[80];
+    snprintf(want, sizeof want, "RUNNING (srun in allocation %s)", jobid);
+    cr_expect(strstr(text, want), "no '%s' in hpd's log: %s", want, text);
+    free(text);
+    /* One Slurm job only: the ranks ran as a step of the allocation, not as a new job. */
+    char *q = sh(&code, "squeue -h -t all -o %%i | wc -l");
+    cr_expect_eq(atoi(q), 1, "Slurm jobs: %s", q);
+    free(q);
+    free(jobid);
+    free(out);
+}
