@@ -232,3 +232,27 @@ Test(config, keys_live_and_compare) {
     for (size_t i = 0; i < sizeof adv / sizeof *adv; i++)
         cr_expect_eq(hpd_settings_set(&b, HPD_KEY_ADVERTISE, adv[i], NULL), HP_OK, "%s", adv[i]);
 }
+
+/* deploy/hpd.conf.example loads as it is, and documents every key (set, or as "#key = "). */
+Test(config, example_file_loads_and_documents_every_key) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/deploy/hpd.conf.example", HP_SOURCE_DIR);
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    bool given[HPD_KEY_COUNT] = {0};
+    hp_err e = {0};
+    cr_assert_eq(hpd_settings_load(&s, path, given, &e), HP_OK, "%s", e.msg);
+    FILE *f = fopen(path, "r");
+    cr_assert(f);
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    for (int k = 0; k < HPD_KEY_COUNT; k++) {
+        if (given[k]) continue;
+        char want[96];
+        snprintf(want, sizeof want, "\n#%s = ", hpd_settings_key_name((hpd_key)k));
+        cr_expect(strstr(text, want), "%s is not in the example",
+                  hpd_settings_key_name((hpd_key)k));
+    }
+}
