@@ -318,7 +318,10 @@ void hp__core_tick(hpd *d) {
         } else if (hpd_sm_is_final(j->v.state)) {
             if (gone) release_attempt(d, j);
         } else if (j->v.state == ST_LAUNCHING && !j->stop_ms &&
+                   strncmp(j->v.launch_state, "PENDING", 7) != 0 &&
                    now - j->launched_ms > (uint64_t)d->launch_timeout_ms) {
+            /* (a job waiting in the scheduler's queue is not late: its clock starts when the
+             * scheduler starts it) */
             for (int r = 0; r < j->v.world_size; r++)
                 if (!j->ranks[r].hello) {
                     char why[200];
@@ -596,6 +599,8 @@ void hp__on_launch_event(void *ctx, const hpd_launch_event *ev) {
         hp__log("info", "event=launch_state job=%s attempt=%d state=%s", ev->job_id, ev->attempt,
                 ev->text);
         if (current) {
+            if (!strncmp(j->v.launch_state, "PENDING", 7) && strncmp(ev->text, "PENDING", 7))
+                j->launched_ms = hp__now_ms(); /* out of the queue: the launch clock starts */
             snprintf(j->v.launch_state, sizeof j->v.launch_state, "%s", ev->text);
             hp__obs_job_changed(j);
         }

@@ -57,6 +57,14 @@ static char *sh(int *code, const char *fmt, ...) {
     return out;
 }
 
+static void start_hpd_with(const char *const *args) {
+    char state[300];
+    snprintf(state, sizeof state, "%s/state", g_dir);
+    hp_th_hpd_start(&g_h, state, g_log, args);
+    setenv("HP_SERVER", g_h.grpc, 1);
+    setenv("HP_STATE_DIR", state, 1);
+}
+
 static void start_hpd(void) {
     char state[300];
     snprintf(state, sizeof state, "%s/state", g_dir);
@@ -435,4 +443,74 @@ Test(slurm, hpd_sbatch_runs_the_ranks_as_steps_of_its_allocation) {
     free(q);
     free(jobid);
     free(out);
+}
+
+/* sbatch refusing the job (an unknown partition) is the attempt's failure, with sbatch's own
+ * words. */
+Test(slurm, sbatch_refusal_fails_the_job_with_its_message) {
+    NEED_SLURM();
+    cr_assert_eq(hp_th_hpd_stop(&g_h), 0);
+    const char *args[] = {
+        "--http",          "off", "--launcher", "slurm", "--slurm-partition", "nope",
+        "--slurm-poll-ms", "200", NULL};
+    start_hpd_with(args);
+    new_job("p.pb", 3, "");
+    char *id = submit("p.pb");
+    char *st = wait_state(id, "FAILED", 30);
+    cr_expect_str_eq(st, "FAILED");
+    free(st);
+    run r = hpctl("status %s --json", id);
+    cr_expect(strstr(r.out, "sbatch failed: sbatch: error:") && strstr(r.out, "nope"),
+              "the error names sbatch's complaint: %s", r.out);
+    hp_th_run_free(&r);
+    free(id);
+}
+
+/* Time in the queue does not count against launch-timeout-s; a node failure under a running
+ * job (the node set DOWN) is a restart from the last checkpoint once the node is back. */
+Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
+    NEED_SLURM();
+    cr_assert_eq(hp_th_hpd_stop(&g_h), 0);
+    const char *args[] = {
+        "--http",          "off", "--launcher", "slurm", "--launch-timeout-s", "2",
+        "--slurm-poll-ms", "200", NULL};
+    start_hpd_with(args);
+    int code;
+    free(sh(&code, "scontrol update nodename=localhost state=drain reason=hp-test"));
+    cr_assert_eq(code, 0, "drain");
+    new_job("n.pb", 2000, "--checkpoint-interval 25 --max-restarts 2");
+    char *id = submit("n.pb");
+    sleep(4); /* twice the launch timeout, pending all along */
+    char *st = field(id, "state"), *ls = field(id, "launch_state");
+    cr_expect_str_eq(st, "LAUNCHING", "a job waiting in Slurm's queue timed out");
+    cr_expect(!strncmp(ls, "PENDING", 7), "launch_state '%s'", ls);
+    free(st);
+    free(ls);
+    free(sh(&code, "scontrol update nodename=localhost state=resume"));
+    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
+    cr_assert_geq(step(id), 30, "no progress after the node came back");
+    char *ref = field(id, "launch_ref");
+    free(sh(&code, "scontrol update nodename=localhost state=down reason=hp-node-fail"));
+    cr_assert_eq(code, 0, "down");
+    for (int i = 0; i < 100; i++) { /* the job ends NODE_FAIL; the restart pends */
+        char *r2 = field(id, "launch_ref");
+        bool moved = strcmp(r2, ref) != 0;
+        free(r2);
+        if (moved) break;
+        usleep(100000);
+    }
+    free(sh(&code, "scontrol update nodename=localhost state=resume"));
+    st = wait_state(id, "SUCCEEDED", 120);
+    cr_expect_str_eq(st, "SUCCEEDED");
+    free(st);
+    char *log = hp_th_slurp(g_log);
+    char want[160];
+    snprintf(want, sizeof want, "why=\"slurm job %s: NODE_FAIL", ref);
+    cr_expect(strstr(log, want), "no '%s' in hpd's log", want);
+    free(log);
+    json_t *j = status(id);
+    cr_expect_geq(json_integer_value(json_object_get(j, "restarts")), 1);
+    json_decref(j);
+    free(ref);
+    free(id);
 }
