@@ -1,8 +1,8 @@
-/* daemon/launch.h — launchers: how a job's rank processes start and stop. One vtable, four
+/* daemon/launch.h — launchers: how a job's rank processes start and stop. One vtable, three
  * launchers: `local` (uv_spawn of hp-worker per rank, the default), `slurm` (one sbatch job
- * per attempt, or srun inside hpd's own allocation), `systemd` (one transient hp-worker unit per
- * rank through systemd-run) and `external` (the operator starts the workers; they register
- * with the job token over the worker protocol).
+ * per attempt, or srun inside hpd's own allocation) and `external` (the operator starts the
+ * workers; they register with the job token over the worker protocol). A `systemd` launcher
+ * (hp-worker@ units per rank) would be a fourth behind the same vtable; it is not written.
  *
  * The launcher takes a whole attempt at once (Slurm wants one gang submission) and reports
  * what happens to it later through one event callback, always on the loop: a rank's exit

@@ -67,6 +67,7 @@ char **hpd_cmd_env(const char *const *add) {
         if (ok) memcpy(env[m++], environ[i], len);
     }
     for (size_t a = 0; a < k && ok; a++) {
+        if (!add[2 * a + 1]) continue; /* NULL: unset */
         size_t len = strlen(add[2 * a]) + strlen(add[2 * a + 1]) + 2;
         env[m] = hp_malloc(len);
         ok = env[m] != NULL;

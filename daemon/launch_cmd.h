@@ -12,7 +12,7 @@
 #include <uv.h>
 
 /* A copy of this process's environment with add's NAME, VALUE pairs (NULL-terminated list)
- * set or replaced; NULL on out of memory. Free with hpd_cmd_env_free. */
+ * set or replaced (VALUE NULL: removed); NULL on out of memory. Free with hpd_cmd_env_free. */
 char **hpd_cmd_env(const char *const *add);
 void hpd_cmd_env_free(char **env);
 

@@ -127,7 +127,8 @@ static void local_stop(hpd_launcher *base, const char *job_id, int attempt, int 
 
 static hp_status local_start(hpd_launcher *base, const hpd_attempt_spec *s, hp_err *err) {
     local *l = (local *)base;
-    const char *add[] = {"HP_TOKEN_FILE", s->token_file, NULL};
+    /* $HP_TOKEN (hpctl's bearer token, say) would win over the file in hp-worker */
+    const char *add[] = {"HP_TOKEN_FILE", s->token_file, "HP_TOKEN", NULL, NULL};
     char **env = hpd_cmd_env(add);
     if (!env) return hp_errf(err, HP_NOMEM, "out of memory");
     hp_status st = HP_OK;
