@@ -105,6 +105,8 @@ static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
     hp_job *job = NULL;
     if (hp_job_unpack(j->packed, j->packed_len, &job, NULL) == HP_OK) {
         j->max_restarts = job->resources.max_restarts;
+        j->cuda = job->resources.device == HP_DEVICE_CUDA;
+        j->gpus_per_node = job->resources.gpus_per_node;
         hp_job_free(job);
     }
     return j;
@@ -413,6 +415,8 @@ static hp_status submit_commit(hpd *d, const uint8_t *bytes, size_t len, const c
     snprintf(j->run_dir, sizeof j->run_dir, "%.900s/jobs/%.40s/run", d->state_dir, r.id);
     job_link(d, j);
     j->max_restarts = job->resources.max_restarts;
+    j->cuda = job->resources.device == HP_DEVICE_CUDA;
+    j->gpus_per_node = job->resources.gpus_per_node;
     hp__log("info", "event=submitted job=%s name=\"%s\" world=%d steps=%lld", j->v.id, j->v.name,
             j->v.world_size, (long long)j->v.total_steps);
     hp__core_tick(d);

@@ -32,6 +32,8 @@ typedef struct hpd_job {
     struct hpd_job *next; /* d->jobs, oldest first */
     hpd_job_view v;
     int max_restarts;
+    bool cuda;         /* resources.device (read once: the launchers need it per attempt) */
+    int gpus_per_node; /* resources.gpus_per_node */
     char request_id[64];
     char run_dir[HPD_STORE_PATH_MAX];
     uint8_t *packed; /* the submitted hp.v1.Job */

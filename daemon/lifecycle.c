@@ -181,9 +181,12 @@ static void launch(hpd *d, hpd_job *j) {
     char token_file[HPD_STORE_PATH_MAX + 16];
     if (st == HP_OK) st = write_token(att_dir, j->token, token_file, sizeof token_file, &e);
     snprintf(j->run_dir, sizeof j->run_dir, "%s", dir);
-    hp_job *job = NULL;
-    if (st == HP_OK) st = hp_job_unpack(j->packed, j->packed_len, &job, &e);
-    if (st == HP_OK && !j->compiled) st = hp_compile(job, j->v.world_size, &j->compiled, &e);
+    if (st == HP_OK && !j->compiled) { /* recovery only: a restart reuses the program */
+        hp_job *job = NULL;
+        st = hp_job_unpack(j->packed, j->packed_len, &job, &e);
+        if (st == HP_OK) st = hp_compile(job, j->v.world_size, &j->compiled, &e);
+        hp_job_free(job);
+    }
     if (st == HP_OK) {
         hpd_attempt_spec s = {.job_id = j->v.id,
                               .attempt = j->attempt,
@@ -193,13 +196,12 @@ static void launch(hpd *d, hpd_job *j) {
                               .coordinator = d->worker_addr,
                               .job_dir = job_dir,
                               .attempt_dir = att_dir,
-                              .cuda = job->resources.device == HP_DEVICE_CUDA,
-                              .gpus_per_node = job->resources.gpus_per_node};
+                              .cuda = j->cuda,
+                              .gpus_per_node = j->gpus_per_node};
         st = d->launcher->vt->start(d->launcher, &s, &e);
         for (int r = 0; st == HP_OK && r < j->v.world_size; r++)
             j->ranks[r].proc = !d->launcher->vt->register_only;
     }
-    hp_job_free(job);
     hp_err e2 = {0};
     if (st != HP_OK) {
         log_err("launch_failed", j, &e);
