@@ -523,6 +523,16 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
             fail_rank(d, j, rank, f->done->error && *f->done->error ? f->done->error : "failed");
             break;
         }
+        if (j->v.total_steps > 0 && f->done->final_step < j->v.total_steps) {
+            /* Stopped early without being told to (SIGTERM from a scheduler ending its job:
+             * a node failure, a preemption): the job is not done, the attempt is over. */
+            char why[400];
+            snprintf(why, sizeof why, "stopped at step %lld of %lld (%.300s)",
+                     (long long)f->done->final_step, (long long)j->v.total_steps,
+                     f->done->error && *f->done->error ? f->done->error : "no reason given");
+            fail_rank(d, j, rank, why);
+            break;
+        }
         rk->done = true;
         if (f->done->final_step > rk->step) rk->step = f->done->final_step;
         {
