@@ -123,6 +123,11 @@ static json_t *job_json(const Hp__V1__JobInfo *j) {
                           j->world_size, "step", (json_int_t)j->step, "total_steps",
                           (json_int_t)j->total_steps, "restarts", j->restarts, "error", j->error);
     if (o && j->last_metrics) json_object_set_new(o, "last_metrics", metrics_json(j->last_metrics));
+    if (o) {
+        json_object_set_new(o, "launcher", json_string(j->launcher ? j->launcher : ""));
+        json_object_set_new(o, "launch_ref", json_string(j->launch_ref ? j->launch_ref : ""));
+        json_object_set_new(o, "launch_state", json_string(j->launch_state ? j->launch_state : ""));
+    }
     return o;
 }
 
@@ -143,6 +148,14 @@ static void print_job(const Hp__V1__JobInfo *j) {
     printf("world:     %d\n", j->world_size);
     printf("step:      %lld/%lld\n", (long long)j->step, (long long)j->total_steps);
     printf("restarts:  %d\n", j->restarts);
+    if (j->launcher && *j->launcher) {
+        bool slurm = !strcmp(j->launcher, "slurm");
+        printf("launcher:  %s", j->launcher);
+        if (j->launch_ref && *j->launch_ref)
+            printf("  %s %s", slurm ? "slurm job" : "ref", j->launch_ref);
+        if (j->launch_state && *j->launch_state) printf("  (%s)", j->launch_state);
+        printf("\n");
+    }
     if (j->last_metrics)
         printf("loss:      %.4f  tps %.0f  mfu %.2f%%\n", j->last_metrics->loss,
                j->last_metrics->tokens_per_s, j->last_metrics->mfu_pct);
@@ -414,13 +427,15 @@ int hpctl_submit(int argc, char **argv) {
 
 /* Parses "VERB ID [common flags]" for status and cancel. */
 static int parse_id_verb(const char *verb, int argc, char **argv, remote_opts *o, const char **id,
-                         const char **reason) {
+                         const char **reason, bool *worker_cmd) {
     for (int i = 1; i < argc; i++) {
         int cf = common_flag(verb, argc, argv, &i, o);
         if (cf > 100) return cf - 100;
         if (cf == 1) continue;
         if (reason && !strcmp(argv[i], "--reason") && i + 1 < argc) {
             *reason = argv[++i];
+        } else if (worker_cmd && !strcmp(argv[i], "--worker-cmd")) {
+            *worker_cmd = true;
         } else if (argv[i][0] == '-' || *id) {
             return hpctl_fail(HPCTL_USAGE, verb, "unexpected argument '%s'", argv[i]);
         } else {
@@ -434,12 +449,33 @@ static int parse_id_verb(const char *verb, int argc, char **argv, remote_opts *o
 int hpctl_status(int argc, char **argv) {
     const char *verb = "status", *id = NULL;
     remote_opts o = {0};
-    int rc = parse_id_verb(verb, argc, argv, &o, &id, NULL);
+    bool worker_cmd = false;
+    int rc = parse_id_verb(verb, argc, argv, &o, &id, NULL, &worker_cmd);
     if (rc) return rc;
     hp_rpc_client *c;
     if ((rc = open_client(verb, &o, &c))) return rc;
     hp_rpc_result r;
     Hp__V1__GetJobResponse *g = NULL;
+    if (worker_cmd) {
+        /* the commands carry the attempt's worker token: an authenticated call */
+        Hp__V1__GetJobRequest req = HP__V1__GET_JOB_REQUEST__INIT;
+        req.job_id = (char *)id;
+        req.worker_commands = true;
+        if (hp_rpc_unary(c, "/hp.v1.Coordinator/GetJob", &req.base, true,
+                         &hp__v1__get_job_response__descriptor, (ProtobufCMessage **)&g, &r) != 0) {
+            rc = rpc_fail(verb, &r);
+        } else if (o.json) {
+            json_t *a = json_array();
+            for (size_t i = 0; i < g->n_worker_commands; i++)
+                json_array_append_new(a, json_string(g->worker_commands[i]));
+            print_json(json_pack("{s:s, s:o}", "id", id, "worker_commands", a));
+        } else {
+            for (size_t i = 0; i < g->n_worker_commands; i++) printf("%s\n", g->worker_commands[i]);
+        }
+        if (g) protobuf_c_message_free_unpacked(&g->base, NULL);
+        hp_rpc_client_close(c);
+        return rc;
+    }
     if (get_job(c, id, &g, &r) != 0) {
         rc = rpc_fail(verb, &r);
     } else {
@@ -487,7 +523,7 @@ static int job_call(const char *verb, const remote_opts *o, const char *method,
 int hpctl_cancel(int argc, char **argv) {
     const char *verb = "cancel", *id = NULL, *reason = "cancelled with hpctl";
     remote_opts o = {0};
-    int rc = parse_id_verb(verb, argc, argv, &o, &id, &reason);
+    int rc = parse_id_verb(verb, argc, argv, &o, &id, &reason, NULL);
     if (rc) return rc;
     Hp__V1__CancelJobRequest req = HP__V1__CANCEL_JOB_REQUEST__INIT;
     req.job_id = (char *)id;
@@ -796,7 +832,7 @@ int hpctl_trace(int argc, char **argv) {
 int hpctl_checkpoint(int argc, char **argv) {
     const char *verb = "checkpoint", *id = NULL;
     remote_opts o = {0};
-    int rc = parse_id_verb(verb, argc, argv, &o, &id, NULL);
+    int rc = parse_id_verb(verb, argc, argv, &o, &id, NULL, NULL);
     if (rc) return rc;
     Hp__V1__CheckpointJobRequest req = HP__V1__CHECKPOINT_JOB_REQUEST__INIT;
     req.job_id = (char *)id;

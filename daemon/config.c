@@ -2,6 +2,7 @@
  * `key = value` file parser. No I/O beyond reading the file it is given. */
 #include "daemon/config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,12 @@ void hpd_settings_defaults(hpd_settings *s) {
     snprintf(s->log_level, sizeof s->log_level, "info");
     s->on_sigterm = HPD_ON_SIGTERM_CHECKPOINT;
     s->metrics_retention_s = 600;
+    s->launcher = HPD_LAUNCHER_LOCAL;
+    s->launch_timeout_s = 120;
+    s->slurm_poll_ms = 1000;
 }
+
+static const char *const LAUNCHERS[] = {"local", "slurm", "external"};
 
 bool hpd_settings_key(const char *name, hpd_key *out) {
     for (int k = 0; k < HPD_KEY_COUNT; k++)
@@ -68,6 +74,21 @@ static char *str_of(hpd_settings *s, hpd_key k, size_t *cap) {
     case HPD_KEY_WORKER:
         p = s->worker;
         break;
+    case HPD_KEY_ADVERTISE:
+        *cap = sizeof s->advertise;
+        return s->advertise;
+    case HPD_KEY_SLURM_PARTITION:
+        *cap = sizeof s->slurm_partition;
+        return s->slurm_partition;
+    case HPD_KEY_SLURM_ACCOUNT:
+        *cap = sizeof s->slurm_account;
+        return s->slurm_account;
+    case HPD_KEY_SLURM_QOS:
+        *cap = sizeof s->slurm_qos;
+        return s->slurm_qos;
+    case HPD_KEY_SLURM_TIME:
+        *cap = sizeof s->slurm_time;
+        return s->slurm_time;
     default:
         return NULL;
     }
@@ -92,6 +113,64 @@ static bool is_addr(const char *v) {
     return c && c != v && parse_int(c + 1, 0, 65535, &port);
 }
 
+/* --advertise: "HOST" or "HOST:PORT" (PORT in [1, 65535]) or "[V6]" / "[V6]:PORT"; HOST is a
+ * name or address, not a wildcard. */
+static const char *advertise_problem(const char *v) {
+    const char *host_end = v + strlen(v);
+    if (v[0] == '[') {
+        const char *rb = strchr(v, ']');
+        if (!rb || rb == v + 1) return "an IPv6 address goes in brackets: [::1]:7000";
+        host_end = rb + 1;
+    } else if (strchr(v, ':')) {
+        host_end = strrchr(v, ':');
+        if (strchr(v, ':') != host_end) return "an IPv6 address goes in brackets: [::1]:7000";
+    }
+    if (host_end == v) return "no host";
+    if (*host_end == ':') {
+        int port;
+        if (!parse_int(host_end + 1, 1, 65535, &port)) return "the port must be in [1, 65535]";
+    } else if (*host_end) {
+        return "junk after the host";
+    }
+    for (const char *p = v; p < host_end; p++)
+        if (!(isalnum((unsigned char)*p) || strchr(".-_[]:", *p))) return "not a host name";
+    size_t hl = (size_t)(host_end - v);
+    if ((hl == 7 && !strncmp(v, "0.0.0.0", 7)) || (hl == 4 && !strncmp(v, "[::]", 4)))
+        return "a wildcard is not an address workers can dial";
+    return NULL;
+}
+
+/* sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED. */
+static bool is_slurm_time(const char *v) {
+    if (!strcmp(v, "UNLIMITED") || !strcmp(v, "infinite")) return true;
+    const char *p = v;
+    int fields = 0, dash = 0;
+    if (!isdigit((unsigned char)*p)) return false;
+    while (*p) {
+        if (!isdigit((unsigned char)*p)) return false;
+        while (isdigit((unsigned char)*p)) p++;
+        fields++;
+        if (*p == '-') {
+            if (dash || fields != 1) return false;
+            dash = 1;
+            fields = 0;
+            p++;
+        } else if (*p == ':') {
+            p++;
+        } else if (*p) {
+            return false;
+        }
+    }
+    return fields >= 1 && fields <= 3 && p[-1] != ':' && p[-1] != '-';
+}
+
+/* A Slurm name (partition, account, qos): letters, digits, '_', '-', '.', ',' (a list). */
+static bool is_slurm_name(const char *v) {
+    for (const char *p = v; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("_-.,", *p))) return false;
+    return true;
+}
+
 hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *err) {
     const char *name = hpd_settings_key_name(k);
     size_t cap = 0;
@@ -105,6 +184,18 @@ hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *er
             !is_addr(v))
             return hp_errf(err, HP_INVALID, "%s: '%.200s' is not HOST:PORT (port in [0, 65535])",
                            name, v);
+        if (k == HPD_KEY_ADVERTISE && advertise_problem(v))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s': %s (want HOST or HOST:PORT)", name, v,
+                           advertise_problem(v));
+        if (k == HPD_KEY_SLURM_TIME && !is_slurm_time(v))
+            return hp_errf(err, HP_INVALID,
+                           "%s: '%.200s' is not a Slurm time limit (MM, HH:MM:SS, D-HH:MM, ...)",
+                           name, v);
+        if ((k == HPD_KEY_SLURM_PARTITION || k == HPD_KEY_SLURM_ACCOUNT ||
+             k == HPD_KEY_SLURM_QOS) &&
+            !is_slurm_name(v))
+            return hp_errf(err, HP_INVALID,
+                           "%s: '%.200s' is not a Slurm name (letters, digits, _ - . ,)", name, v);
         snprintf(str, cap, "%s", v);
         return HP_OK;
     }
@@ -124,6 +215,22 @@ hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *er
             return hp_errf(err, HP_INVALID, "%s: '%.200s' must be seconds in [0, 1000000000]", name,
                            v);
         return HP_OK;
+    case HPD_KEY_LAUNCH_TIMEOUT_S:
+        if (!parse_int(v, 1, 604800, &s->launch_timeout_s))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be seconds in [1, 604800]", name, v);
+        return HP_OK;
+    case HPD_KEY_SLURM_POLL_MS:
+        if (!parse_int(v, 50, 600000, &s->slurm_poll_ms))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [50, 600000]", name,
+                           v);
+        return HP_OK;
+    case HPD_KEY_LAUNCHER:
+        for (size_t i = 0; i < HP_ARRAY_LEN(LAUNCHERS); i++)
+            if (!strcmp(v, LAUNCHERS[i])) {
+                s->launcher = (hpd_launcher_kind)i;
+                return HP_OK;
+            }
+        return hp_errf(err, HP_INVALID, "%s: '%.200s' is not local|slurm|external", name, v);
     case HPD_KEY_LOG_LEVEL:
         if (strcmp(v, "debug") && strcmp(v, "info") && strcmp(v, "warn") && strcmp(v, "error"))
             return hp_errf(err, HP_INVALID, "%s: '%.200s' is not debug|info|warn|error", name, v);
@@ -248,6 +355,12 @@ void hpd_settings_format(const hpd_settings *s, hpd_key k, char *buf, size_t len
         snprintf(buf, len, "%d", s->slots);
     else if (k == HPD_KEY_HEARTBEAT_MS)
         snprintf(buf, len, "%d", s->heartbeat_ms);
+    else if (k == HPD_KEY_LAUNCH_TIMEOUT_S)
+        snprintf(buf, len, "%d", s->launch_timeout_s);
+    else if (k == HPD_KEY_SLURM_POLL_MS)
+        snprintf(buf, len, "%d", s->slurm_poll_ms);
+    else if (k == HPD_KEY_LAUNCHER)
+        snprintf(buf, len, "%s", LAUNCHERS[s->launcher]);
     else if (k == HPD_KEY_METRICS_RETENTION)
         snprintf(buf, len, "%d", s->metrics_retention_s);
     else if (k == HPD_KEY_LOG_LEVEL)

@@ -30,6 +30,13 @@ typedef enum {
     HPD_ON_SIGTERM_CANCEL,     /* cancel them (CANCELLED, "coordinator shut down") */
 } hpd_on_sigterm;
 
+/* How the ranks start (daemon/launch.h). */
+typedef enum {
+    HPD_LAUNCHER_LOCAL,    /* uv_spawn of hp-worker on this host (the default) */
+    HPD_LAUNCHER_SLURM,    /* one Slurm job per attempt (sbatch; srun inside an allocation) */
+    HPD_LAUNCHER_EXTERNAL, /* the operator starts the workers (hpctl status ID --worker-cmd) */
+} hpd_launcher_kind;
+
 #define HPD_VALUE_MAX 1024
 
 typedef struct hpd_settings {
@@ -43,10 +50,17 @@ typedef struct hpd_settings {
     int heartbeat_ms;        /* 0: 1000 */
     int metrics_retention_s; /* finished jobs stay in /metrics this long (default 600) */
     hpd_on_sigterm on_sigterm;
+    hpd_launcher_kind launcher;
+    char advertise[256];  /* HOST or HOST:PORT the workers dial ("": from worker-listen) */
+    int launch_timeout_s; /* LAUNCHING longer than this fails the attempt (default 120) */
+    char slurm_partition[128], slurm_account[128], slurm_qos[128];
+    char slurm_time[32]; /* sbatch --time ("": the partition's default) */
+    int slurm_poll_ms;   /* squeue interval (default 1000) */
 } hpd_settings;
 
 /* The defaults: listen 127.0.0.1:7070, worker-listen 127.0.0.1:0, http 127.0.0.1:7071,
- * log-level info, on-sigterm checkpoint, metrics-retention 600, the rest "" / 0. */
+ * log-level info, on-sigterm checkpoint, metrics-retention 600, launcher local,
+ * launch-timeout-s 120, slurm-poll-ms 1000, the rest "" / 0. */
 void hpd_settings_defaults(hpd_settings *s);
 
 /* The key named `name` ("slots"); false when there is none. */

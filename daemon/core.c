@@ -106,6 +106,8 @@ static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
     hp_job *job = NULL;
     if (hp_job_unpack(j->packed, j->packed_len, &job, NULL) == HP_OK) {
         j->max_restarts = job->resources.max_restarts;
+        j->cuda = job->resources.device == HP_DEVICE_CUDA;
+        j->gpus_per_node = job->resources.gpus_per_node;
         hp_job_free(job);
     }
     return j;
@@ -417,6 +419,8 @@ static hp_status submit_commit(hpd *d, const uint8_t *bytes, size_t len, const c
     snprintf(j->run_dir, sizeof j->run_dir, "%.900s/jobs/%.40s/run", d->state_dir, r.id);
     job_link(d, j);
     j->max_restarts = job->resources.max_restarts;
+    j->cuda = job->resources.device == HP_DEVICE_CUDA;
+    j->gpus_per_node = job->resources.gpus_per_node;
     hp__log("info", "event=submitted job=%s name=\"%s\" world=%d steps=%lld", j->v.id, j->v.name,
             j->v.world_size, (long long)j->v.total_steps);
     hp__core_tick(d);
@@ -656,6 +660,56 @@ static bool load_row(void *ctx, const hpd_store_row *r) {
     return true;
 }
 
+static hp_status launcher_new(hpd *d, const hpd_config *cfg, hp_err *err) {
+    switch (cfg->launcher) {
+    case HPD_LAUNCHER_SLURM: {
+        hpd_slurm_opts o = cfg->slurm;
+        o.worker_path = cfg->worker_path;
+        return hpd_launcher_slurm_new(d->loop, &o, hp__on_launch_event, d, &d->launcher, err);
+    }
+    case HPD_LAUNCHER_EXTERNAL:
+        return hpd_launcher_external_new(hp__on_launch_event, d, &d->launcher, err);
+    default:
+        return hpd_launcher_local_new(d->loop, cfg->worker_path, hp__on_launch_event, d,
+                                      &d->launcher, err);
+    }
+}
+
+/* Recovery of a job whose attempt a previous hpd started: a scheduler's job (Slurm) outlives
+ * its coordinator, so the launcher tracks it again, and the restart waits until it is gone
+ * (the old ranks lost their coordinator and stop on their own; stop() makes sure). */
+static void adopt(hpd *d, hpd_job *j) {
+    int attempt;
+    char launcher[16], ref[64];
+    hp_err e = {0};
+    if (hpd_store_get_launch(d->store, j->v.id, &attempt, launcher, sizeof launcher, ref,
+                             sizeof ref, &e) != HP_OK)
+        return;
+    snprintf(j->v.launcher, sizeof j->v.launcher, "%s", launcher);
+    snprintf(j->v.launch_ref, sizeof j->v.launch_ref, "%s", ref);
+    if (!d->launcher->vt->adopt || strcmp(launcher, d->launcher->vt->name) != 0) {
+        if (strcmp(launcher, d->launcher->vt->name) != 0)
+            hp__log("warn",
+                    "event=adopt_skipped job=%s attempt=%d launcher=%s ref=%s "
+                    "note=\"started by another launcher; stop it by hand if it still runs\"",
+                    j->v.id, attempt, launcher, ref);
+        return;
+    }
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.900s/jobs/%.40s/attempt-%d", d->state_dir, j->v.id, attempt);
+    if (d->launcher->vt->adopt(d->launcher, j->v.id, attempt, j->v.world_size, dir, ref, &e) !=
+        HP_OK) {
+        hp__log("error", "event=adopt_failed job=%s ref=%s error=\"%s\"", j->v.id, ref, e.msg);
+        return;
+    }
+    /* The tick waits for this attempt's ranks (the one being torn down when hpd died, too);
+     * launch() numbers the next one from v.restarts. */
+    j->attempt = attempt;
+    hp__log("info", "event=adopted job=%s attempt=%d launcher=%s ref=%s", j->v.id, attempt,
+            launcher, ref);
+    d->launcher->vt->stop(d->launcher, j->v.id, attempt, SIGTERM);
+}
+
 static void on_cron(uv_timer_t *t) {
     hp__core_tick(t->data);
 }
@@ -682,8 +736,8 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
     void *ctx[3] = {d, err, NULL};
     if (st == HP_OK) st = hpd_store_each_job(d->store, load_row, ctx, err);
     if (st == HP_OK && ctx[2]) st = HP_NOMEM;
-    if (st == HP_OK)
-        st = hpd_launcher_local_new(loop, cfg->worker_path, hp__on_exit, d, &d->launcher, err);
+    d->launch_timeout_ms = (cfg->launch_timeout_s > 0 ? cfg->launch_timeout_s : 120) * 1000;
+    if (st == HP_OK) st = launcher_new(d, cfg, err);
     if (st != HP_OK) {
         hpd_free(d);
         return st;
@@ -700,6 +754,7 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
         if (j->v.state == HP__V1__JOB_STATE__JOB_STATE_RESTARTING) {
             j->holds_slots = true;
             d->slots_used += j->v.world_size;
+            adopt(d, j);
         }
         hp__log("info", "event=recovered job=%s state=%s restarts=%d", j->v.id,
                 hpd_sm_state_str(j->v.state), j->v.restarts);
@@ -718,12 +773,12 @@ static void on_shutdown_cron(uv_timer_t *t) {
     uint64_t waited = hp__now_ms() - d->stop_started_ms;
     int alive = 0;
     for (hpd_job *j = d->jobs; j; j = j->next) {
-        if (!j->ranks) continue;
+        if (!j->ranks && j->v.state != HP__V1__JOB_STATE__JOB_STATE_RESTARTING) continue;
         int n = d->launcher->vt->alive(d->launcher, j->v.id, j->attempt);
         if (n && waited > 15000)
-            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGKILL);
+            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, SIGKILL);
         else if (n && waited > 10000)
-            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGTERM);
+            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, SIGTERM);
         alive += n;
     }
     if (alive && waited < 20000) return;

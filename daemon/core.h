@@ -32,12 +32,15 @@ typedef struct hpd_job {
     struct hpd_job *next; /* d->jobs, oldest first */
     hpd_job_view v;
     int max_restarts;
+    bool cuda;         /* resources.device (read once: the launchers need it per attempt) */
+    int gpus_per_node; /* resources.gpus_per_node */
     char request_id[64];
     char run_dir[HPD_STORE_PATH_MAX];
     uint8_t *packed; /* the submitted hp.v1.Job */
     size_t packed_len;
     hp_compiled *compiled; /* while active */
     char token[65];        /* per-job worker token (fresh per attempt) */
+    char prev_token[65];   /* the previous attempt's (a worker presenting it is stale) */
     int attempt;
     uint64_t launched_ms, stop_ms; /* stop_ms: when the attempt was told to stop (0: not) */
     bool holds_slots;
@@ -57,7 +60,8 @@ struct hpd {
     hpd_workers *workers;
     char state_dir[PATH_MAX];
     char token[65];
-    char worker_addr[64]; /* "127.0.0.1:PORT" the workers dial */
+    char worker_addr[300]; /* "HOST:PORT" the workers dial (--advertise) */
+    int launch_timeout_ms; /* LAUNCHING longer than this fails the attempt */
     int slots, slots_used;
     int heartbeat_ms;
     int on_sigterm; /* hpd_on_sigterm (config.h): what hpd_shutdown does with running jobs */
@@ -81,6 +85,9 @@ typedef struct hpd_config {
     const char *worker_path; /* NULL: the launcher's default */
     int heartbeat_ms;        /* 0: 1000 */
     int on_sigterm;          /* hpd_on_sigterm (config.h); 0: checkpoint */
+    int launcher;            /* hpd_launcher_kind (config.h); 0: local */
+    int launch_timeout_s;    /* 0: 120 */
+    hpd_slurm_opts slurm;    /* launcher slurm (worker_path is set from the above) */
 } hpd_config;
 
 /* Opens the store, recovers jobs in flight, starts the cron. The worker server is started
@@ -126,8 +133,11 @@ void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint);
 /* A rank wrote a checkpoint (CheckpointDone): logs it; once every rank has reported a step,
  * it is the job's ckpt_step (the Welcome's resume_step of the next attempt). */
 void hp__on_checkpoint_done(hpd *d, hpd_job *j, int rank, const Hp__V1__CheckpointDone *c);
-/* The launcher's exit callback (ctx is the hpd). */
-void hp__on_exit(void *ctx, const char *job_id, int attempt, int rank, int status);
+/* The launcher's event callback (ctx is the hpd). */
+void hp__on_launch_event(void *ctx, const hpd_launch_event *ev);
+/* The exact command that starts rank `rank` of job j's current attempt by hand (the
+ * external launcher): into buf. HP_INVALID when the job has no attempt accepting workers. */
+hp_status hp__worker_cmd(hpd *d, hpd_job *j, int rank, char *buf, size_t len, hp_err *err);
 hp_status hp__mkdir_p(const char *path, hp_err *err);
 double hp__unix_s(void);
 

@@ -37,6 +37,9 @@ typedef struct hpd_job_view {
     char error[HP_ERR_MSG_MAX];
     bool has_metrics;
     double loss, tokens_per_s, mfu_pct, step_time_s; /* of the last metrics record */
+    char launcher[16];     /* the launcher of the current attempt ("local", "slurm", ...) */
+    char launch_ref[64];   /* the scheduler's id of the current attempt (a Slurm job id; "") */
+    char launch_state[32]; /* the scheduler's state of it ("PENDING", "RUNNING"; "") */
 } hpd_job_view;
 
 /* Submits a job given as packed hp.v1.Job bytes (validated: hp_job_unpack + a compile check
@@ -93,6 +96,11 @@ hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err)
  * HP_NOT_FOUND: unknown id, or no trace for that step (the message lists the traced steps). */
 hp_status hpd_trace(hpd *d, const char *id, int64_t step, const int32_t *ranks, int n_ranks,
                     char **json, size_t *len, int64_t **steps, int *n_steps, hp_err *err);
+
+/* The exact command that starts each rank of job id's current attempt by hand (the external
+ * launcher's workers): *cmds[world] (each and the array hp_malloc'd; the caller frees), with
+ * the attempt's token. HP_NOT_FOUND: unknown id; HP_INVALID: no attempt accepts workers now. */
+hp_status hpd_worker_commands(hpd *d, const char *id, char ***cmds, int *n, hp_err *err);
 
 /* The bearer token mutating RPCs need (the content of STATE_DIR/token). */
 const char *hpd_token(const hpd *d);

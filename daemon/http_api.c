@@ -73,6 +73,9 @@ static json_t *job_json(const hpd_snap_job *e) {
         "progress", progress, "restarts", v->restarts, "error", http_jstr(v->error));
     if (!o) return NULL;
     int bad = json_object_set_new(o, "eta_s", e->eta_s >= 0 ? json_real(e->eta_s) : json_null());
+    bad |= json_object_set_new(o, "launcher", http_jstr(v->launcher));
+    bad |= json_object_set_new(o, "launch_ref", http_jstr(v->launch_ref));
+    bad |= json_object_set_new(o, "launch_state", http_jstr(v->launch_state));
     bad |= json_object_set_new(o, "last", e->has_last ? mrec_json(&e->last) : json_null());
     if (bad) {
         json_decref(o);

@@ -1,12 +1,22 @@
-/* daemon/launch.h — launchers: how a job's rank processes start and stop. One vtable; `local`
- * (uv_spawn of hp-worker) now; slurm, systemd and external later. A launcher with
- * register_only set starts nothing: the operator starts the workers, which register with the
- * job token over the worker protocol, and the launcher never reports exits (the coordinator
- * then learns of a rank's end from its connection and heartbeats alone).
+/* daemon/launch.h — launchers: how a job's rank processes start and stop. One vtable, three
+ * launchers: `local` (uv_spawn of hp-worker per rank, the default), `slurm` (one sbatch job
+ * per attempt, or srun inside hpd's own allocation) and `external` (the operator starts the
+ * workers; they register with the job token over the worker protocol). A `systemd` launcher
+ * (hp-worker@ units per rank) would be a fourth behind the same vtable; it is not written.
  *
- * Lifetime: a launcher lives from hpd_launcher_*_new to free; free sends SIGKILL to nothing —
- * the coordinator stops its jobs first — but closes its handles (the loop must run after it
- * until they are closed). Loop thread only.
+ * The launcher takes a whole attempt at once (Slurm wants one gang submission) and reports
+ * what happens to it later through one event callback, always on the loop: a rank's exit
+ * status, the scheduler's id for the attempt once it has one (a Slurm job id), the
+ * scheduler's state as it changes (PENDING, RUNNING), and the loss of the attempt (sbatch
+ * refused it, NODE_FAIL, PREEMPTED, a requeue). Nothing here blocks the loop: scheduler
+ * commands run as child processes whose output is read through pipes.
+ *
+ * A launcher with register_only set starts nothing and reports no exits (the coordinator then
+ * learns of a rank's end from its connection and heartbeats alone).
+ *
+ * Lifetime: a launcher lives from hpd_launcher_*_new to free; free kills nothing — the
+ * coordinator stops its jobs first — but closes its handles (the loop must run after it until
+ * they are closed). Loop thread only.
  */
 #ifndef HP_DAEMON_LAUNCH_H
 #define HP_DAEMON_LAUNCH_H
@@ -16,43 +26,93 @@
 #include <stdbool.h>
 #include <uv.h>
 
-typedef struct hpd_launch_spec {
+/* An attempt: every rank of one launch of a job. */
+typedef struct hpd_attempt_spec {
     const char *job_id;
     int attempt; /* 0 for the first launch, +1 per restart */
-    int rank, world;
-    const char *token;       /* the per-job worker token */
-    const char *coordinator; /* "HOST:PORT" of the worker protocol */
-    const char *log_path;    /* where stdout and stderr go */
-} hpd_launch_spec;
+    int world;
+    const char *token;       /* this attempt's worker token */
+    const char *token_file;  /* the same token in a 0600 file (never put it on a command line) */
+    const char *coordinator; /* "HOST:PORT" the workers dial (hpd's --advertise) */
+    const char *job_dir;     /* STATE/jobs/ID: rank R logs to job_dir/rank-R.log */
+    const char *attempt_dir; /* job_dir/attempt-N: the launcher's own files (scripts, exits) */
+    bool cuda;               /* the job runs on GPUs: one GPU per rank */
+    int gpus_per_node;       /* cuda: ranks per node */
+} hpd_attempt_spec;
 
-/* A rank process of (job_id, attempt) ended: status is its exit code, or 128 + the signal
- * that killed it. */
-typedef void (*hpd_exit_fn)(void *ctx, const char *job_id, int attempt, int rank, int status);
+/* Status of a rank whose end the launcher saw but whose own exit code it could not learn
+ * (Slurm killed its task before the wrapper recorded it). */
+#define HPD_EXIT_UNKNOWN (-1)
+
+typedef enum {
+    HPD_LEV_EXIT,  /* rank ended with status: its exit code, or 128 + the signal */
+    HPD_LEV_REF,   /* the scheduler's id for the attempt is text ("1234") */
+    HPD_LEV_STATE, /* the scheduler's state of the attempt is now text ("PENDING") */
+    HPD_LEV_LOST,  /* the attempt is lost (text says why); the ranks' exits follow */
+} hpd_launch_event_kind;
+
+typedef struct hpd_launch_event {
+    hpd_launch_event_kind kind;
+    const char *job_id;
+    int attempt;
+    int rank, status; /* HPD_LEV_EXIT */
+    const char *text; /* HPD_LEV_REF, _STATE, _LOST */
+} hpd_launch_event;
+
+typedef void (*hpd_launch_event_fn)(void *ctx, const hpd_launch_event *ev);
 
 typedef struct hpd_launcher hpd_launcher;
 typedef struct hpd_launcher_vt {
     const char *name;
     bool register_only;
-    /* Starts one rank. On failure nothing was started and on_exit will not be called for it. */
-    hp_status (*start)(hpd_launcher *l, const hpd_launch_spec *spec, hp_err *err);
-    /* Sends signum to the rank's process group (no-op when it already exited). */
-    void (*stop)(hpd_launcher *l, const char *job_id, int attempt, int rank, int signum);
-    /* Ranks of this launcher still running for (job_id, attempt). */
+    /* Starts every rank of the attempt. On failure nothing was started and no event will come
+     * for it; a failure found later (sbatch exits 1) comes as HPD_LEV_LOST. */
+    hp_status (*start)(hpd_launcher *l, const hpd_attempt_spec *spec, hp_err *err);
+    /* Sends signum to the attempt's ranks (SIGTERM: stop; SIGKILL: kill; Slurm: scancel).
+     * No-op when they already exited. */
+    void (*stop)(hpd_launcher *l, const char *job_id, int attempt, int signum);
+    /* Ranks of the attempt the launcher has not yet reported as ended. */
     int (*alive)(hpd_launcher *l, const char *job_id, int attempt);
+    /* Recovery after a coordinator restart: the previous hpd had started (job_id, attempt)
+     * as ref (the scheduler's id): track it, so that alive() counts it until it is gone and
+     * stop() reaches it. NULL when the launcher cannot (local: its ranks died with hpd). */
+    hp_status (*adopt)(hpd_launcher *l, const char *job_id, int attempt, int world,
+                       const char *attempt_dir, const char *ref, hp_err *err);
     void (*free)(hpd_launcher *l);
 } hpd_launcher_vt;
 
 struct hpd_launcher {
     const hpd_launcher_vt *vt;
-    hpd_exit_fn on_exit;
+    hpd_launch_event_fn on_event;
     void *ctx;
 };
 
-/* The local launcher: spawns `worker_path --coordinator C --job ID --rank R --token T` in its
- * own process group (UV_PROCESS_DETACHED), stdout and stderr appended to spec->log_path.
- * worker_path NULL: $HP_WORKER, else hp-worker beside the daemon's binary (build tree:
- * ../worker/hp-worker; installed: same dir), else "hp-worker" from PATH. */
-hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path, hpd_exit_fn on_exit,
-                                 void *ctx, hpd_launcher **out, hp_err *err);
+/* The hp-worker binary: worker_path, else $HP_WORKER, else hp-worker beside the daemon's
+ * binary (build tree: ../worker/hp-worker; installed: same dir), else "hp-worker" (PATH). */
+void hpd_launcher_worker_path(const char *worker_path, char *out, size_t len);
+
+/* The local launcher: spawns `worker --coordinator C --job ID --rank R` (the token in
+ * $HP_TOKEN_FILE) in its own process group (UV_PROCESS_DETACHED), stdout and stderr appended
+ * to job_dir/rank-R.log. */
+hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path,
+                                 hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
+                                 hp_err *err);
+
+/* The external launcher: starts nothing (register_only). */
+hp_status hpd_launcher_external_new(hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
+                                    hp_err *err);
+
+/* What the Slurm launcher passes to sbatch besides the attempt's shape ("" / 0: not passed). */
+typedef struct hpd_slurm_opts {
+    const char *worker_path;
+    const char *partition, *account, *qos, *time_limit; /* --time: "MM", "HH:MM:SS", "D-HH" */
+    int poll_ms;                                        /* squeue interval (0: 1000) */
+    const char *bin_dir; /* where sbatch/squeue/scancel/srun are ("" : PATH) */
+    bool in_allocation;  /* hpd runs inside a Slurm allocation: srun, not sbatch */
+} hpd_slurm_opts;
+
+hp_status hpd_launcher_slurm_new(uv_loop_t *loop, const hpd_slurm_opts *o,
+                                 hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
+                                 hp_err *err);
 
 #endif

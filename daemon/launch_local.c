@@ -1,12 +1,14 @@
 /* daemon/launch_local.c — the local launcher: one hp-worker process per rank, started with
  * uv_spawn (fork+exec: the only safe way next to the gRPC library's threads), detached into its
  * own process group so a stop signal reaches everything it started, stdout and stderr appended
- * to the rank's log file. Exit statuses go to the launcher's on_exit.
+ * to the rank's log file, the token passed in a 0600 file ($HP_TOKEN_FILE) rather than on the
+ * command line. Exit statuses come back as HPD_LEV_EXIT events.
  *
  * Lifetimes: a proc lives from a successful spawn to its handle's close callback (after the
  * exit callback); free closes the handles of procs still running without killing them.
  */
 #include "daemon/launch.h"
+#include "daemon/launch_cmd.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +25,7 @@ typedef struct proc {
     uv_process_t h;
     char job_id[64];
     int attempt, rank;
-    bool exited;
+    bool exited, muted; /* muted: part of a start that failed (no events) */
 } proc;
 
 typedef struct local {
@@ -53,32 +55,39 @@ static void on_exit_cb(uv_process_t *h, int64_t code, int sig) {
     local *l = p->l;
     p->exited = true;
     unlink_proc(l, p);
-    int status = sig ? 128 + sig : (int)code;
-    char job[64];
-    snprintf(job, sizeof job, "%s", p->job_id);
-    int attempt = p->attempt, rank = p->rank;
+    hpd_launch_event ev = {.kind = HPD_LEV_EXIT,
+                           .job_id = p->job_id,
+                           .attempt = p->attempt,
+                           .rank = p->rank,
+                           .status = sig ? 128 + sig : (int)code};
+    if (l->base.on_event && !l->freeing && !p->muted) l->base.on_event(l->base.ctx, &ev);
     uv_close((uv_handle_t *)h, on_closed);
-    if (l->base.on_exit && !l->freeing) l->base.on_exit(l->base.ctx, job, attempt, rank, status);
 }
 
-static hp_status local_start(hpd_launcher *base, const hpd_launch_spec *s, hp_err *err) {
-    local *l = (local *)base;
+static hp_status start_rank(local *l, const hpd_attempt_spec *s, int r, char **env, hp_err *err) {
     proc *p = hp_calloc(1, sizeof *p);
     if (!p) return hp_errf(err, HP_NOMEM, "out of memory");
     p->l = l;
     snprintf(p->job_id, sizeof p->job_id, "%s", s->job_id);
     p->attempt = s->attempt;
-    p->rank = s->rank;
-    int fd = open(s->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    p->rank = r;
+    char log[PATH_MAX];
+    snprintf(log, sizeof log, "%.3900s/rank-%d.log", s->job_dir, r);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         hp_free(p);
-        return hp_errf(err, HP_IO, "open %s: %s", s->log_path, strerror(errno));
+        return hp_errf(err, HP_IO, "open %s: %s", log, strerror(errno));
     }
     char rank[16];
-    snprintf(rank, sizeof rank, "%d", s->rank);
-    char *args[] = {
-        l->worker, "--coordinator", (char *)s->coordinator, "--job", (char *)s->job_id, "--rank",
-        rank,      "--token",       (char *)s->token,       NULL};
+    snprintf(rank, sizeof rank, "%d", r);
+    char *args[] = {l->worker,
+                    "--coordinator",
+                    (char *)s->coordinator,
+                    "--job",
+                    (char *)s->job_id,
+                    "--rank",
+                    rank,
+                    NULL};
     uv_stdio_container_t stdio[3];
     stdio[0].flags = UV_IGNORE;
     stdio[1].flags = UV_INHERIT_FD;
@@ -89,6 +98,7 @@ static hp_status local_start(hpd_launcher *base, const hpd_launch_spec *s, hp_er
     memset(&o, 0, sizeof o);
     o.file = l->worker;
     o.args = args;
+    o.env = env;
     o.exit_cb = on_exit_cb;
     o.flags = UV_PROCESS_DETACHED;
     o.stdio = stdio;
@@ -99,7 +109,7 @@ static hp_status local_start(hpd_launcher *base, const hpd_launch_spec *s, hp_er
     if (rc < 0) {
         /* uv_spawn's handle must still be closed */
         uv_close((uv_handle_t *)&p->h, on_closed);
-        return hp_errf(err, HP_IO, "spawn %s (job %s rank %d): %s", l->worker, s->job_id, s->rank,
+        return hp_errf(err, HP_IO, "spawn %s (job %s rank %d): %s", l->worker, s->job_id, r,
                        uv_strerror(rc));
     }
     p->next = l->procs;
@@ -108,19 +118,35 @@ static hp_status local_start(hpd_launcher *base, const hpd_launch_spec *s, hp_er
     return HP_OK;
 }
 
-static void local_stop(hpd_launcher *base, const char *job_id, int attempt, int rank, int signum) {
+static void local_stop(hpd_launcher *base, const char *job_id, int attempt, int signum) {
     local *l = (local *)base;
     for (proc *p = l->procs; p; p = p->next)
-        if (!p->exited && p->attempt == attempt && (rank < 0 || p->rank == rank) &&
-            strcmp(p->job_id, job_id) == 0)
+        if (!p->exited && p->attempt == attempt && strcmp(p->job_id, job_id) == 0)
             uv_kill(-p->h.pid, signum); /* the whole group (detached: pgid == pid) */
+}
+
+static hp_status local_start(hpd_launcher *base, const hpd_attempt_spec *s, hp_err *err) {
+    local *l = (local *)base;
+    /* $HP_TOKEN (hpctl's bearer token, say) would win over the file in hp-worker */
+    const char *add[] = {"HP_TOKEN_FILE", s->token_file, "HP_TOKEN", NULL, NULL};
+    char **env = hpd_cmd_env(add);
+    if (!env) return hp_errf(err, HP_NOMEM, "out of memory");
+    hp_status st = HP_OK;
+    for (int r = 0; r < s->world && st == HP_OK; r++) st = start_rank(l, s, r, env, err);
+    hpd_cmd_env_free(env);
+    if (st != HP_OK) { /* nothing of a failed start stays behind */
+        local_stop(base, s->job_id, s->attempt, SIGKILL);
+        for (proc *p = l->procs; p; p = p->next)
+            if (p->attempt == s->attempt && strcmp(p->job_id, s->job_id) == 0) p->muted = true;
+    }
+    return st;
 }
 
 static int local_alive(hpd_launcher *base, const char *job_id, int attempt) {
     local *l = (local *)base;
     int n = 0;
     for (proc *p = l->procs; p; p = p->next)
-        if (!p->exited && p->attempt == attempt && strcmp(p->job_id, job_id) == 0) n++;
+        if (!p->exited && !p->muted && p->attempt == attempt && strcmp(p->job_id, job_id) == 0) n++;
     return n;
 }
 
@@ -141,48 +167,58 @@ static const hpd_launcher_vt local_vt = {
     .start = local_start,
     .stop = local_stop,
     .alive = local_alive,
+    .adopt = NULL,
     .free = local_free,
 };
 
-static bool executable(const char *path) {
-    return access(path, X_OK) == 0;
-}
-
-hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path, hpd_exit_fn on_exit,
-                                 void *ctx, hpd_launcher **out, hp_err *err) {
+hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path,
+                                 hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
+                                 hp_err *err) {
     *out = NULL;
     local *l = hp_calloc(1, sizeof *l);
     if (!l) return hp_errf(err, HP_NOMEM, "out of memory");
     l->base.vt = &local_vt;
-    l->base.on_exit = on_exit;
+    l->base.on_event = on_event;
     l->base.ctx = ctx;
     l->loop = loop;
-    const char *env = getenv("HP_WORKER");
-    if (worker_path && *worker_path) {
-        snprintf(l->worker, sizeof l->worker, "%s", worker_path);
-    } else if (env && *env) {
-        snprintf(l->worker, sizeof l->worker, "%s", env);
-    } else {
-        char self[PATH_MAX];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        bool found = false;
-        if (n > 0) {
-            self[n] = 0;
-            char *slash = strrchr(self, '/');
-            if (slash) {
-                *slash = 0;
-                const char *cands[] = {"/../worker/hp-worker", "/hp-worker"};
-                for (size_t i = 0; i < HP_ARRAY_LEN(cands) && !found; i++) {
-                    size_t a = strlen(self), b = strlen(cands[i]);
-                    if (a + b >= sizeof l->worker) continue;
-                    memcpy(l->worker, self, a);
-                    memcpy(l->worker + a, cands[i], b + 1);
-                    found = executable(l->worker);
-                }
-            }
-        }
-        if (!found) snprintf(l->worker, sizeof l->worker, "hp-worker"); /* uv_spawn: PATH */
-    }
+    hpd_launcher_worker_path(worker_path, l->worker, sizeof l->worker);
     *out = &l->base;
+    return HP_OK;
+}
+
+/* ---- external: the operator starts the workers ---------------------------------------------- */
+static hp_status ext_start(hpd_launcher *l, const hpd_attempt_spec *s, hp_err *err) {
+    (void)l, (void)s, (void)err;
+    return HP_OK;
+}
+static void ext_stop(hpd_launcher *l, const char *job_id, int attempt, int signum) {
+    (void)l, (void)job_id, (void)attempt, (void)signum; /* Stop frames reach them; no pids */
+}
+static int ext_alive(hpd_launcher *l, const char *job_id, int attempt) {
+    (void)l, (void)job_id, (void)attempt;
+    return 0;
+}
+static void ext_free(hpd_launcher *l) {
+    hp_free(l);
+}
+
+static const hpd_launcher_vt external_vt = {
+    .name = "external",
+    .register_only = true,
+    .start = ext_start,
+    .stop = ext_stop,
+    .alive = ext_alive,
+    .adopt = NULL,
+    .free = ext_free,
+};
+
+hp_status hpd_launcher_external_new(hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
+                                    hp_err *err) {
+    hpd_launcher *l = hp_calloc(1, sizeof *l);
+    if (!l) return hp_errf(err, HP_NOMEM, "out of memory");
+    l->vt = &external_vt;
+    l->on_event = on_event;
+    l->ctx = ctx;
+    *out = l;
     return HP_OK;
 }

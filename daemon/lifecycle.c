@@ -11,13 +11,16 @@
 #include "hp/frame.h"
 #include "hp/program.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#define HELLO_TIMEOUT_MS  120000 /* processes started, no hello yet: the launch failed */
-#define STOP_GRACE_MS     10000  /* Stop/SIGTERM, then SIGKILL after this */
+#define STOP_GRACE_MS     10000 /* Stop/SIGTERM, then SIGKILL after this */
 #define MISSED_HEARTBEATS 3
 
 #define ST_QUEUED     HP__V1__JOB_STATE__JOB_STATE_QUEUED
@@ -37,16 +40,20 @@ static void log_err(const char *what, const hpd_job *j, const hp_err *e) {
 
 /* A rank failed: the attempt is over; RESTARTING (the tick relaunches once the old ranks are
  * gone) or FAILED. */
-static void fail_rank(hpd *d, hpd_job *j, int rank, const char *why) {
+static void fail_attempt(hpd *d, hpd_job *j, const char *reason) {
     if (d->stopping || j->stop_ms || !active(j)) return;
-    char reason[HP_ERR_MSG_MAX];
-    snprintf(reason, sizeof reason, "rank %d: %s", rank, why);
     hp_err e = {0};
     if (hp__transition(d, j, HPD_EV_RANK_FAILED, reason, reason, &e) != HP_OK) {
         log_err("transition_failed", j, &e);
         return;
     }
     hp__stop_attempt(d, j, reason, false);
+}
+
+static void fail_rank(hpd *d, hpd_job *j, int rank, const char *why) {
+    char reason[HP_ERR_MSG_MAX];
+    snprintf(reason, sizeof reason, "rank %d: %s", rank, why);
+    fail_attempt(d, j, reason);
 }
 
 void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint) {
@@ -64,7 +71,7 @@ void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint) {
     for (int r = 0; r < j->v.world_size; r++)
         if (j->ranks[r].conn) (void)hp__conn_send(j->ranks[r].conn, &f, NULL);
     /* With a checkpoint asked for, give the ranks the grace period before the signal. */
-    if (!checkpoint) d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGTERM);
+    if (!checkpoint) d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, SIGTERM);
 }
 
 /* ---- checkpoint now ------------------------------------------------------------------------ */
@@ -136,38 +143,64 @@ static void hex_token(char out[65]) {
     for (size_t i = 0; i < sizeof b; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
+/* STATE/jobs/ID/attempt-N/token, mode 0600: the launchers hand its path to the workers
+ * ($HP_TOKEN_FILE) so that the token never shows in ps. */
+static hp_status write_token(const char *dir, const char *token, char *path, size_t len,
+                             hp_err *err) {
+    snprintf(path, len, "%s/token", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) return hp_errf(err, HP_IO, "open %s: %s", path, strerror(errno));
+    size_t n = strlen(token);
+    bool ok = fchmod(fd, 0600) == 0 && write(fd, token, n) == (ssize_t)n && write(fd, "\n", 1) == 1;
+    int e = errno;
+    close(fd);
+    if (!ok) return hp_errf(err, HP_IO, "write %s: %s", path, strerror(e));
+    return HP_OK;
+}
+
 static void launch(hpd *d, hpd_job *j) {
     hp_err e = {0};
     j->attempt = j->v.restarts;
     j->stop_ms = 0;
     j->launched_ms = hp__now_ms();
     j->heartbeat_ms = d->heartbeat_ms; /* a SIGHUP'd new interval applies from this attempt */
+    memcpy(j->prev_token, j->token, sizeof j->token);
     hex_token(j->token);
+    snprintf(j->v.launcher, sizeof j->v.launcher, "%s", d->launcher->vt->name);
+    j->v.launch_ref[0] = j->v.launch_state[0] = 0;
+    hp__obs_job_changed(j);
     hp_free(j->ranks);
     j->ranks = hp_calloc((size_t)j->v.world_size, sizeof *j->ranks);
-    char dir[HPD_STORE_PATH_MAX - 24];
+    char dir[HPD_STORE_PATH_MAX - 24], job_dir[HPD_STORE_PATH_MAX - 24],
+        att_dir[HPD_STORE_PATH_MAX];
+    snprintf(job_dir, sizeof job_dir, "%.900s/jobs/%.40s", d->state_dir, j->v.id);
     snprintf(dir, sizeof dir, "%.900s/jobs/%.40s/run", d->state_dir, j->v.id);
+    snprintf(att_dir, sizeof att_dir, "%s/attempt-%d", job_dir, j->attempt);
     hp_status st = j->ranks ? hp__mkdir_p(dir, &e) : hp_errf(&e, HP_NOMEM, "out of memory");
+    if (st == HP_OK) st = hp__mkdir_p(att_dir, &e);
+    char token_file[HPD_STORE_PATH_MAX + 16];
+    if (st == HP_OK) st = write_token(att_dir, j->token, token_file, sizeof token_file, &e);
     snprintf(j->run_dir, sizeof j->run_dir, "%s", dir);
-    if (st == HP_OK && !j->compiled) {
+    if (st == HP_OK && !j->compiled) { /* recovery only: a restart reuses the program */
         hp_job *job = NULL;
         st = hp_job_unpack(j->packed, j->packed_len, &job, &e);
         if (st == HP_OK) st = hp_compile(job, j->v.world_size, &j->compiled, &e);
         hp_job_free(job);
     }
-    for (int r = 0; st == HP_OK && r < j->v.world_size; r++) {
-        if (d->launcher->vt->register_only) break;
-        char log[PATH_MAX + 64];
-        snprintf(log, sizeof log, "%.900s/jobs/%.40s/rank-%d.log", d->state_dir, j->v.id, r);
-        hpd_launch_spec s = {.job_id = j->v.id,
-                             .attempt = j->attempt,
-                             .rank = r,
-                             .world = j->v.world_size,
-                             .token = j->token,
-                             .coordinator = d->worker_addr,
-                             .log_path = log};
+    if (st == HP_OK) {
+        hpd_attempt_spec s = {.job_id = j->v.id,
+                              .attempt = j->attempt,
+                              .world = j->v.world_size,
+                              .token = j->token,
+                              .token_file = token_file,
+                              .coordinator = d->worker_addr,
+                              .job_dir = job_dir,
+                              .attempt_dir = att_dir,
+                              .cuda = j->cuda,
+                              .gpus_per_node = j->gpus_per_node};
         st = d->launcher->vt->start(d->launcher, &s, &e);
-        if (st == HP_OK) j->ranks[r].proc = true;
+        for (int r = 0; st == HP_OK && r < j->v.world_size; r++)
+            j->ranks[r].proc = !d->launcher->vt->register_only;
     }
     hp_err e2 = {0};
     if (st != HP_OK) {
@@ -269,7 +302,7 @@ void hp__core_tick(hpd *d) {
         int alive = d->launcher->vt->alive(d->launcher, j->v.id, j->attempt);
         bool over_grace = j->stop_ms && now - j->stop_ms > STOP_GRACE_MS;
         if (j->stop_ms && alive && over_grace)
-            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGKILL);
+            d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, SIGKILL);
         /* The attempt is gone when its processes are; with operator-started workers (no
          * processes of ours) when their connections closed or the grace ran out. */
         bool gone =
@@ -287,10 +320,18 @@ void hp__core_tick(hpd *d) {
         } else if (hpd_sm_is_final(j->v.state)) {
             if (gone) release_attempt(d, j);
         } else if (j->v.state == ST_LAUNCHING && !j->stop_ms &&
-                   now - j->launched_ms > HELLO_TIMEOUT_MS) {
+                   strncmp(j->v.launch_state, "PENDING", 7) != 0 &&
+                   now - j->launched_ms > (uint64_t)d->launch_timeout_ms) {
+            /* (a job waiting in the scheduler's queue is not late: its clock starts when the
+             * scheduler starts it) */
             for (int r = 0; r < j->v.world_size; r++)
                 if (!j->ranks[r].hello) {
-                    fail_rank(d, j, r, "never said hello");
+                    char why[200];
+                    snprintf(why, sizeof why, "never said hello within launch-timeout-s %d%s%s",
+                             d->launch_timeout_ms / 1000,
+                             j->v.launch_state[0] ? "; the scheduler says " : "",
+                             j->v.launch_state);
+                    fail_rank(d, j, r, why);
                     break;
                 }
         } else if (j->v.state == ST_RUNNING && !j->stop_ms) {
@@ -381,8 +422,14 @@ hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **
     if (!active(j) || !j->ranks || j->stop_ms)
         return hp_errf(err, HP_INVALID, "job %s is %s: not accepting workers", j->v.id,
                        hpd_sm_state_str(j->v.state));
-    if (!token_eq(h->token ? h->token : "", j->token))
-        return hp_errf(err, HP_INVALID, "bad token for job %s", j->v.id);
+    if (!token_eq(h->token ? h->token : "", j->token)) {
+        if (j->prev_token[0] && token_eq(h->token ? h->token : "", j->prev_token))
+            return hp_errf(err, HP_INVALID,
+                           "stale token for job %s: it belongs to attempt %d, which is over "
+                           "(attempt %d runs now)",
+                           j->v.id, j->attempt - 1, j->attempt);
+        return hp_errf(err, HP_INVALID, "bad token for job %s attempt %d", j->v.id, j->attempt);
+    }
     if (h->rank < 0 || h->rank >= j->v.world_size)
         return hp_errf(err, HP_INVALID, "rank %d out of range [0, %d)", h->rank, j->v.world_size);
     hpd_rank *rk = &j->ranks[h->rank];
@@ -476,6 +523,16 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
             fail_rank(d, j, rank, f->done->error && *f->done->error ? f->done->error : "failed");
             break;
         }
+        if (j->v.total_steps > 0 && f->done->final_step < j->v.total_steps) {
+            /* Stopped early without being told to (SIGTERM from a scheduler ending its job:
+             * a node failure, a preemption): the job is not done, the attempt is over. */
+            char why[400];
+            snprintf(why, sizeof why, "stopped at step %lld of %lld (%.300s)",
+                     (long long)f->done->final_step, (long long)j->v.total_steps,
+                     f->done->error && *f->done->error ? f->done->error : "no reason given");
+            fail_rank(d, j, rank, why);
+            break;
+        }
         rk->done = true;
         if (f->done->final_step > rk->step) rk->step = f->done->final_step;
         {
@@ -507,20 +564,103 @@ void hp__core_conn_lost(hpd *d, hpd_job *j, int attempt, int rank) {
     hp__core_tick(d);
 }
 
-void hp__on_exit(void *ctx, const char *job_id, int attempt, int rank, int status) {
-    hpd *d = ctx;
+static void on_rank_exit(hpd *d, const hpd_launch_event *ev) {
     hp_err e = {0};
+    const char *job_id = ev->job_id;
+    int attempt = ev->attempt, rank = ev->rank, status = ev->status;
     if (hpd_store_add_exit(d->store, job_id, attempt, rank, status, &e) != HP_OK)
         hp__log("error", "event=exit_store_failed job=%s error=\"%s\"", job_id, e.msg);
-    hp__log(status ? "warn" : "info", "event=worker_exit job=%s attempt=%d rank=%d status=%d",
-            job_id, attempt, rank, status);
+    hp__log(status ? "warn" : "info", "event=worker_exit job=%s attempt=%d rank=%d status=%d%s",
+            job_id, attempt, rank, status,
+            status == HPD_EXIT_UNKNOWN ? " note=\"ended without recording its exit status\"" : "");
     hpd_job *j = hp__job_find(d, job_id);
     if (!j || attempt != j->attempt || !j->ranks || rank < 0 || rank >= j->v.world_size) return;
     j->ranks[rank].proc = false;
     if (!(j->ranks[rank].done && status == 0)) {
-        char why[64];
-        snprintf(why, sizeof why, "exited with status %d", status);
+        char why[96];
+        if (status == HPD_EXIT_UNKNOWN)
+            snprintf(why, sizeof why, "ended; its exit status is unknown");
+        else
+            snprintf(why, sizeof why, "exited with status %d", status);
         fail_rank(d, j, rank, why);
     }
+}
+
+void hp__on_launch_event(void *ctx, const hpd_launch_event *ev) {
+    hpd *d = ctx;
+    hpd_job *j = hp__job_find(d, ev->job_id);
+    bool current = j && ev->attempt == j->attempt;
+    switch (ev->kind) {
+    case HPD_LEV_EXIT:
+        on_rank_exit(d, ev);
+        break;
+    case HPD_LEV_REF: {
+        hp_err e = {0};
+        if (hpd_store_set_launch(d->store, ev->job_id, ev->attempt, d->launcher->vt->name, ev->text,
+                                 &e) != HP_OK)
+            hp__log("error", "event=launch_store_failed job=%s error=\"%s\"", ev->job_id, e.msg);
+        hp__log("info", "event=launch_ref job=%s attempt=%d launcher=%s ref=%s", ev->job_id,
+                ev->attempt, d->launcher->vt->name, ev->text);
+        if (current) {
+            snprintf(j->v.launch_ref, sizeof j->v.launch_ref, "%s", ev->text);
+            hp__obs_job_changed(j);
+        }
+        break;
+    }
+    case HPD_LEV_STATE:
+        hp__log("info", "event=launch_state job=%s attempt=%d state=%s", ev->job_id, ev->attempt,
+                ev->text);
+        if (current) {
+            if (!strncmp(j->v.launch_state, "PENDING", 7) && strncmp(ev->text, "PENDING", 7))
+                j->launched_ms = hp__now_ms(); /* out of the queue: the launch clock starts */
+            snprintf(j->v.launch_state, sizeof j->v.launch_state, "%s", ev->text);
+            hp__obs_job_changed(j);
+        }
+        break;
+    case HPD_LEV_LOST:
+        hp__log("warn", "event=attempt_lost job=%s attempt=%d why=\"%s\"", ev->job_id, ev->attempt,
+                ev->text);
+        if (current && j->ranks) {
+            /* A node failure, a preemption, a requeue: the attempt's ranks are gone; restart
+             * from the last checkpoint (counts as a restart). */
+            fail_attempt(d, j, ev->text);
+        }
+        break;
+    }
     hp__core_tick(d);
+}
+
+hp_status hp__worker_cmd(hpd *d, hpd_job *j, int rank, char *buf, size_t len, hp_err *err) {
+    if (!active(j) || !j->ranks || j->stop_ms)
+        return hp_errf(err, HP_INVALID, "job %s is %s: no attempt is accepting workers", j->v.id,
+                       hpd_sm_state_str(j->v.state));
+    if (rank < 0 || rank >= j->v.world_size)
+        return hp_errf(err, HP_INVALID, "rank %d out of range [0, %d)", rank, j->v.world_size);
+    /* The token in the environment, not on hp-worker's command line (ps shows that). */
+    snprintf(buf, len, "HP_TOKEN=%s hp-worker --coordinator %s --job %s --rank %d", j->token,
+             d->worker_addr, j->v.id, rank);
+    return HP_OK;
+}
+
+hp_status hpd_worker_commands(hpd *d, const char *id, char ***cmds, int *n, hp_err *err) {
+    *cmds = NULL;
+    *n = 0;
+    hpd_job *j = hp__job_find(d, id);
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    char one[1024];
+    HP_TRY(hp__worker_cmd(d, j, 0, one, sizeof one, err));
+    char **v = hp_calloc((size_t)j->v.world_size, sizeof *v);
+    if (!v) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (int r = 0; r < j->v.world_size; r++) {
+        hp_status st = hp__worker_cmd(d, j, r, one, sizeof one, err);
+        if (st == HP_OK && !(v[r] = hp_strdup(one))) st = hp_errf(err, HP_NOMEM, "out of memory");
+        if (st != HP_OK) {
+            for (int k = 0; k < r; k++) hp_free(v[k]);
+            hp_free(v);
+            return st;
+        }
+    }
+    *cmds = v;
+    *n = j->v.world_size;
+    return HP_OK;
 }

@@ -11,6 +11,7 @@
 #include "daemon/core.h"
 #include "daemon/http.h"
 #include "daemon/rpc.h"
+#include "daemon/sdnotify.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,16 @@ static const char USAGE[] =
     "  --on-sigterm checkpoint|cancel  running jobs on SIGTERM: stop with a checkpoint and\n"
     "                             resume at the next start (default), or cancel them\n"
     "  --heartbeat-ms N           worker heartbeat interval (default 1000)\n"
+    "  --launcher local|slurm|external  how ranks start: hp-worker processes here (default),\n"
+    "                             one Slurm job per attempt, or workers an operator starts\n"
+    "                             (hpctl status ID --worker-cmd prints their commands)\n"
+    "  --advertise HOST[:PORT]    the address workers dial (default: the --worker-listen host,\n"
+    "                             unless that is a wildcard; PORT: the bound port)\n"
+    "  --launch-timeout-s N       LAUNCHING longer than this fails the attempt (default 120;\n"
+    "                             time in the Slurm queue does not count)\n"
+    "  --slurm-partition P  --slurm-account A  --slurm-qos Q  --slurm-time T\n"
+    "                             sbatch's --partition/--account/--qos/--time (default: none)\n"
+    "  --slurm-poll-ms N          squeue interval (default 1000)\n"
     "  --config FILE              'key = value' lines, keys named like these flags (default\n"
     "                             $HPD_CONFIG); flags win; SIGHUP re-reads it\n"
     "  --version, --help\n";
@@ -52,6 +63,7 @@ typedef struct opts {
 } opts;
 
 static uv_signal_t sig_term, sig_int, sig_hup;
+static uv_timer_t g_watchdog; /* WATCHDOG=1 (only when systemd set WatchdogSec) */
 static hpd *g_d;
 
 /* Settings: what the flags said (borrowed from argv), the config file, and the settings now. */
@@ -132,6 +144,10 @@ static void reload(void) {
             g_cur.metrics_retention_s = s.metrics_retention_s;
             hpd_http_set_retention(g_d, s.metrics_retention_s);
             break;
+        case HPD_KEY_LAUNCH_TIMEOUT_S:
+            g_cur.launch_timeout_s = s.launch_timeout_s;
+            g_d->launch_timeout_ms = s.launch_timeout_s * 1000; /* the next tick uses it */
+            break;
         case HPD_KEY_HEARTBEAT_MS:
             g_cur.heartbeat_ms = s.heartbeat_ms;
             g_d->heartbeat_ms = s.heartbeat_ms > 0 ? s.heartbeat_ms
@@ -158,6 +174,8 @@ static void on_signal(uv_signal_t *h, int signum) {
         return;
     }
     hp__log("info", "event=shutdown signal=%s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    hpd_sd_notify("STOPPING=1");
+    if (uv_is_active((uv_handle_t *)&g_watchdog)) uv_close((uv_handle_t *)&g_watchdog, NULL);
     hpd_rpc_stop(g_d);
     hpd_http_stop(g_d);
     hpd_shutdown(g_d);
@@ -192,7 +210,35 @@ static int load_token(const char *dir, char out[65]) {
     return 0;
 }
 
+static bool wildcard_host(const char *h) {
+    return !*h || !strcmp(h, "0.0.0.0") || !strcmp(h, "[::]") || !strcmp(h, "::") ||
+           !strcmp(h, "*");
+}
+
+/* The address workers dial: --advertise (its port, else the bound one), else the bind host
+ * unless it is a wildcard; a wildcard with the local launcher is loopback (the workers run
+ * here). Other launchers with a wildcard need --advertise (checked before starting). */
+static void advertised(char *out, size_t len, const char *bind_host, int port) {
+    const char *a = g_cur.advertise;
+    if (a[0]) {
+        const char *rb = a[0] == '[' ? strchr(a, ']') : NULL;
+        const char *colon = strrchr(rb ? rb : a, ':');
+        if (colon)
+            snprintf(out, len, "%s", a);
+        else
+            snprintf(out, len, "%s:%d", a, port);
+        return;
+    }
+    snprintf(out, len, "%.200s:%d", wildcard_host(bind_host) ? "127.0.0.1" : bind_host, port);
+}
+
+static void on_watchdog(uv_timer_t *t) {
+    (void)t;
+    hpd_sd_notify("WATCHDOG=1");
+}
+
 int main(int argc, char **argv) {
+    hpd_sd_init();
     opts o = {.listen = "127.0.0.1:7070",
               .worker_listen = "127.0.0.1:0",
               .log_level = "info",
@@ -213,7 +259,8 @@ int main(int argc, char **argv) {
         O_RETAIN,
         O_CONFIG,
         O_ONSIGTERM,
-        O_HBMS
+        O_HBMS,
+        O_KEYONLY /* a config key as a flag: build_settings checks it */
     };
     static const struct option longs[] = {
         {"listen", required_argument, 0, O_LISTEN},
@@ -229,6 +276,14 @@ int main(int argc, char **argv) {
         {"config", required_argument, 0, O_CONFIG},
         {"on-sigterm", required_argument, 0, O_ONSIGTERM},
         {"heartbeat-ms", required_argument, 0, O_HBMS},
+        {"launcher", required_argument, 0, O_KEYONLY},
+        {"advertise", required_argument, 0, O_KEYONLY},
+        {"launch-timeout-s", required_argument, 0, O_KEYONLY},
+        {"slurm-partition", required_argument, 0, O_KEYONLY},
+        {"slurm-account", required_argument, 0, O_KEYONLY},
+        {"slurm-qos", required_argument, 0, O_KEYONLY},
+        {"slurm-time", required_argument, 0, O_KEYONLY},
+        {"slurm-poll-ms", required_argument, 0, O_KEYONLY},
         {"version", no_argument, 0, O_VER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -245,6 +300,7 @@ int main(int argc, char **argv) {
             break;
         case O_ONSIGTERM: /* checked with the config below */
         case O_HBMS:
+        case O_KEYONLY:
             break;
         case O_LISTEN:
             o.listen = optarg;
@@ -323,6 +379,18 @@ int main(int argc, char **argv) {
         return 2;
     }
     hp__log_set_level(o.log_level);
+    {
+        const char *c = strrchr(o.worker_listen, ':');
+        char h[HPD_VALUE_MAX];
+        snprintf(h, sizeof h, "%.*s", (int)(c - o.worker_listen), o.worker_listen);
+        if (g_cur.launcher != HPD_LAUNCHER_LOCAL && wildcard_host(h) && !g_cur.advertise[0]) {
+            fprintf(stderr,
+                    "hpd: --worker-listen %s is a wildcard: with --launcher %s the workers run "
+                    "elsewhere, so give the address they dial with --advertise HOST[:PORT]\n",
+                    o.worker_listen, g_cur.launcher == HPD_LAUNCHER_SLURM ? "slurm" : "external");
+            return 2;
+        }
+    }
 
     char state[PATH_MAX];
     const char *env = getenv("HP_STATE_DIR"), *home = getenv("HOME");
@@ -337,6 +405,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hpd: %s\n", err.msg);
         return 1;
     }
+    /* Absolute: the launchers hand its paths to processes in other dirs (Slurm jobs). */
+    char abs_state[PATH_MAX];
+    if (!realpath(state, abs_state)) {
+        fprintf(stderr, "hpd: %s: %s\n", state, strerror(errno));
+        return 1;
+    }
+    snprintf(state, sizeof state, "%s", abs_state);
     /* One daemon per state dir: the lock lives as long as the process (kill -9 releases it). */
     char lock[PATH_MAX + 16];
     snprintf(lock, sizeof lock, "%s/hpd.lock", state);
@@ -350,11 +425,20 @@ int main(int argc, char **argv) {
     if (load_token(state, token) != 0) return 1;
 
     uv_loop_t *loop = uv_default_loop();
-    hpd_config cfg = {.state_dir = state,
-                      .slots = o.slots,
-                      .worker_path = o.worker,
-                      .heartbeat_ms = g_cur.heartbeat_ms > 0 ? g_cur.heartbeat_ms : g_hb_env,
-                      .on_sigterm = (int)g_cur.on_sigterm};
+    hpd_config cfg = {
+        .state_dir = state,
+        .slots = o.slots,
+        .worker_path = o.worker,
+        .heartbeat_ms = g_cur.heartbeat_ms > 0 ? g_cur.heartbeat_ms : g_hb_env,
+        .on_sigterm = (int)g_cur.on_sigterm,
+        .launcher = (int)g_cur.launcher,
+        .launch_timeout_s = g_cur.launch_timeout_s,
+        .slurm = {.partition = g_cur.slurm_partition,
+                  .account = g_cur.slurm_account,
+                  .qos = g_cur.slurm_qos,
+                  .time_limit = g_cur.slurm_time,
+                  .poll_ms = g_cur.slurm_poll_ms,
+                  .in_allocation = getenv("SLURM_JOB_ID") != NULL && *getenv("SLURM_JOB_ID") != 0}};
     hpd *d = NULL;
     if (hpd_new(loop, &cfg, &d, &err) != HP_OK) {
         fprintf(stderr, "hpd: %s\n", err.msg);
@@ -370,12 +454,10 @@ int main(int argc, char **argv) {
         hpd_free(d);
         return 1;
     }
-    char whost[48];
+    char whost[HPD_VALUE_MAX];
     snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
              o.worker_listen);
-    /* Workers dial this; a wildcard bind is reached on loopback by local workers. */
-    snprintf(d->worker_addr, sizeof d->worker_addr, "%s:%d",
-             strcmp(whost, "0.0.0.0") == 0 ? "127.0.0.1" : whost, wport);
+    advertised(d->worker_addr, sizeof d->worker_addr, whost, wport);
     if (hpd_rpc_start(d, o.listen, o.tls_cert, o.tls_key, &gport, &err) != HP_OK) {
         fprintf(stderr, "hpd: --listen %s: %s\n", o.listen, err.msg);
         hpd_shutdown(d);
@@ -414,11 +496,26 @@ int main(int argc, char **argv) {
     uv_signal_start(&sig_hup, on_signal, SIGHUP);
     char ghost[64];
     snprintf(ghost, sizeof ghost, "%.*s", (int)(strrchr(o.listen, ':') - o.listen), o.listen);
-    printf("hpd listening grpc=%s:%d workers=%s state=%s http=%s\n", ghost, gport, d->worker_addr,
-           state, http_addr);
+    printf("hpd listening grpc=%s:%d workers=%s state=%s http=%s launcher=%s\n", ghost, gport,
+           d->worker_addr, state, http_addr, d->launcher->vt->name);
     fflush(stdout);
-    hp__log("info", "event=ready grpc=%s:%d workers=%s state=%s slots=%d version=%s", ghost, gport,
-            d->worker_addr, state, d->slots, HPD_VERSION);
+    hp__log("info",
+            "event=ready grpc=%s:%d workers=%s worker_bind=%s:%d state=%s slots=%d launcher=%s "
+            "version=%s",
+            ghost, gport, d->worker_addr, whost, wport, state, d->slots, d->launcher->vt->name,
+            HPD_VERSION);
+    char ready[800];
+    snprintf(ready, sizeof ready, "READY=1\nSTATUS=listening grpc=%s:%d workers=%s\nMAINPID=%ld",
+             ghost, gport, d->worker_addr, (long)getpid());
+    int nr = hpd_sd_notify(ready);
+    if (nr < 0) hp__log("warn", "event=sd_notify_failed error=\"%s\"", strerror(-nr));
+    uint64_t wd = hpd_sd_watchdog_usec();
+    if (wd) {
+        uint64_t ms = wd / 2000 > 0 ? wd / 2000 : 1; /* half the interval, as systemd advises */
+        uv_timer_init(loop, &g_watchdog);
+        uv_timer_start(&g_watchdog, on_watchdog, 0, ms);
+        hp__log("info", "event=watchdog interval_ms=%llu", (unsigned long long)ms);
+    }
     hp__core_tick(d); /* recovered jobs restart now, not a second later */
     uv_run(loop, UV_RUN_DEFAULT);
     hpd_free(d);

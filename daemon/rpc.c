@@ -326,6 +326,9 @@ static void job_info(job_info_buf *b, const hpd_job_view *v) {
     b->info.total_steps = v->total_steps;
     b->info.restarts = v->restarts;
     b->info.error = (char *)v->error;
+    b->info.launcher = (char *)v->launcher;
+    b->info.launch_ref = (char *)v->launch_ref;
+    b->info.launch_state = (char *)v->launch_state;
     if (v->has_metrics) {
         b->metrics.step = v->step;
         b->metrics.rank = -1;
@@ -401,14 +404,30 @@ static void h_get(rpc_call *c) {
     }
     hpd_job_view v;
     hp_err err = {0};
+    if (req->worker_commands && !authorized(c)) {
+        protobuf_c_message_free_unpacked(&req->base, NULL);
+        hp__log("warn", "event=rpc_unauthenticated method=GetJob(worker_commands)");
+        hp__rpc_reply_status(c, GRPC_STATUS_UNAUTHENTICATED,
+                             "worker_commands carry the worker token: missing or wrong bearer "
+                             "token (authorization: Bearer <STATE_DIR/token>)");
+        return;
+    }
     hp_status st = hpd_get(c->s->d, req->job_id, &v, &err);
+    char **cmds = NULL;
+    int n_cmds = 0;
+    if (st == HP_OK && req->worker_commands)
+        st = hpd_worker_commands(c->s->d, req->job_id, &cmds, &n_cmds, &err);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
         reply_err(c, st, &err);
         return;
     }
     Hp__V1__GetJobResponse resp = HP__V1__GET_JOB_RESPONSE__INIT;
+    resp.worker_commands = cmds;
+    resp.n_worker_commands = (size_t)n_cmds;
     reply_job(c, &resp.base, &resp.job, &v);
+    for (int i = 0; i < n_cmds; i++) hp_free(cmds[i]);
+    hp_free(cmds);
 }
 
 static void h_list(rpc_call *c) {

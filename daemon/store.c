@@ -26,7 +26,10 @@ static const char SCHEMA[] =
     " PRIMARY KEY(job_id, step, rank));"
     "CREATE TABLE IF NOT EXISTS worker_exits("
     " job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,"
-    " status INTEGER NOT NULL, PRIMARY KEY(job_id, attempt, rank));";
+    " status INTEGER NOT NULL, PRIMARY KEY(job_id, attempt, rank));"
+    "CREATE TABLE IF NOT EXISTS launches("
+    " job_id TEXT NOT NULL, attempt INTEGER NOT NULL, launcher TEXT NOT NULL, ref TEXT NOT NULL,"
+    " PRIMARY KEY(job_id, attempt));";
 
 #define JOB_COLS                                                                                   \
     "id, name, state, job, created, updated, world, step, total_steps, restarts, error, "          \
@@ -56,7 +59,11 @@ static const char SCHEMA[] =
                     "ORDER BY step, rank")                                                         \
     X(ADD_EXIT, "INSERT OR REPLACE INTO worker_exits(job_id, attempt, rank, status) "              \
                 "VALUES(?,?,?,?)")                                                                 \
-    X(GET_EXIT, "SELECT status FROM worker_exits WHERE job_id = ? AND attempt = ? AND rank = ?")
+    X(GET_EXIT, "SELECT status FROM worker_exits WHERE job_id = ? AND attempt = ? AND rank = ?")   \
+    X(SET_LAUNCH, "INSERT OR REPLACE INTO launches(job_id, attempt, launcher, ref) "               \
+                  "VALUES(?,?,?,?)")                                                               \
+    X(GET_LAUNCH, "SELECT attempt, launcher, ref FROM launches WHERE job_id = ? "                  \
+                  "ORDER BY attempt DESC LIMIT 1")
 
 enum {
 #define X(name, sql) ST_##name,
@@ -445,6 +452,36 @@ hp_status hpd_store_get_exit(hpd_store *s, const char *id, int attempt, int rank
                      rank);
     else
         st = db_err(s, rc, "GET_EXIT", err);
+    done(q);
+    return st;
+}
+
+hp_status hpd_store_set_launch(hpd_store *s, const char *id, int attempt, const char *launcher,
+                               const char *ref, hp_err *err) {
+    sqlite3_stmt *q = s->st[ST_SET_LAUNCH];
+    sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(q, 2, attempt);
+    sqlite3_bind_text(q, 3, launcher, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 4, ref, -1, SQLITE_STATIC);
+    return step_done(s, ST_SET_LAUNCH, err);
+}
+
+hp_status hpd_store_get_launch(hpd_store *s, const char *id, int *attempt, char *launcher,
+                               size_t launcher_len, char *ref, size_t ref_len, hp_err *err) {
+    sqlite3_stmt *q = s->st[ST_GET_LAUNCH];
+    sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    hp_status st = HP_OK;
+    if (rc == SQLITE_ROW) {
+        *attempt = sqlite3_column_int(q, 0);
+        const unsigned char *l = sqlite3_column_text(q, 1), *r = sqlite3_column_text(q, 2);
+        snprintf(launcher, launcher_len, "%s", l ? (const char *)l : "");
+        snprintf(ref, ref_len, "%s", r ? (const char *)r : "");
+    } else if (rc == SQLITE_DONE) {
+        st = hp_errf(err, HP_NOT_FOUND, "no launch recorded for %s", id);
+    } else {
+        st = db_err(s, rc, "GET_LAUNCH", err);
+    }
     done(q);
     return st;
 }

@@ -3,7 +3,8 @@
  * Tables: jobs (one row per job, the packed hp.v1.Job included), transitions (the state
  * history: every change of jobs.state is written in the same transaction as a transitions
  * row), metrics (packed hp.v1.StepMetrics per job, step, rank) and worker_exits (how every
- * rank process ended, per attempt). Every write returns only after its transaction
+ * rank process ended, per attempt) and launches (the scheduler's id of an attempt: a Slurm job
+ * id). Every write returns only after its transaction
  * committed: the caller acts on a transition after hpd_store_transition returned HP_OK.
  *
  * Durability: journal_mode=WAL with synchronous=NORMAL. A commit is in the WAL (in the OS)
@@ -103,5 +104,13 @@ hp_status hpd_store_add_exit(hpd_store *s, const char *id, int attempt, int rank
 /* The exit status of (id, attempt, rank): HP_NOT_FOUND if none recorded. */
 hp_status hpd_store_get_exit(hpd_store *s, const char *id, int attempt, int rank, int *status,
                              hp_err *err);
+
+/* The scheduler's id of an attempt (launcher "slurm", ref its job id), kept so that a restarted
+ * coordinator finds and stops what its predecessor started. */
+hp_status hpd_store_set_launch(hpd_store *s, const char *id, int attempt, const char *launcher,
+                               const char *ref, hp_err *err);
+/* The newest attempt's launch of job id: HP_NOT_FOUND if none recorded. */
+hp_status hpd_store_get_launch(hpd_store *s, const char *id, int *attempt, char *launcher,
+                               size_t launcher_len, char *ref, size_t ref_len, hp_err *err);
 
 #endif

@@ -20,6 +20,7 @@ pkgs=(
     libmicrohttpd-dev
     python3 python3-numpy python3-torch python3-grpcio python3-protobuf
     prometheus chromium libjs-chart.js fonts-dejavu-core
+    slurmctld slurmd slurm-client munge systemd shellcheck curl
 )
 
 missing=()

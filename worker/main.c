@@ -15,7 +15,8 @@
  *             [--profile-steps S,S,...]
  *
  * Under Slurm the rank and world come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, and
- * --coordinator, --job and --token may come from HP_COORDINATOR, HP_JOB and HP_TOKEN.
+ * --coordinator, --job and --token may come from HP_COORDINATOR, HP_JOB and HP_TOKEN (or the
+ * token from the file --token-file / $HP_TOKEN_FILE names: hpd's launchers pass it so).
  *
  * The job's device picks the backend (worker/backend.h); one this hp-worker cannot run (cuda
  * without a CUDA backend or device) fails at start with one line, exit 1.
@@ -75,6 +76,7 @@ static void usage(void) {
          "  --coordinator HOST:PORT  take the job from hpd ($HP_COORDINATOR)\n"
          "  --job ID               the job's id ($HP_JOB)\n"
          "  --token T              the job's worker token ($HP_TOKEN)\n"
+         "  --token-file F         read the token from F ($HP_TOKEN_FILE; launchers use this)\n"
          "  --rank R               this rank (default: $SLURM_PROCID)\n"
          "\n"
          "Ctrl-C stops after the current step with a checkpoint (exit 130).");
@@ -269,13 +271,43 @@ static int env_int(const char *name, long long lo, long long hi, long long *out,
     return parse_int(name, v, lo, hi, out);
 }
 
-static int run_agent(hp_agent_opts *ao, bool rank_given) {
+/* A launcher's 0600 token file: the token stays off the command line (ps shows that). 2 (usage)
+ * when it cannot be read or is empty. */
+static int read_token_file(const char *path, char *out, size_t len) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "hp-worker: token file %s: %s\n", path, strerror(errno));
+        return 2;
+    }
+    char fmt[16];
+    snprintf(fmt, sizeof fmt, "%%%zus", len - 1);
+    int ok = fscanf(f, fmt, out) == 1;
+    fclose(f);
+    if (!ok) {
+        fprintf(stderr, "hp-worker: token file %s: empty\n", path);
+        return 2;
+    }
+    return 0;
+}
+
+static int run_agent(hp_agent_opts *ao, bool rank_given, const char *token_file) {
     long long n;
     bool set;
     if (!ao->job_id) ao->job_id = getenv("HP_JOB");
+    /* --token, then --token-file, then $HP_TOKEN, then $HP_TOKEN_FILE */
+    static char file_token[128];
+    if (!ao->token && token_file && read_token_file(token_file, file_token, sizeof file_token))
+        return 2;
+    if (!ao->token && token_file) ao->token = file_token;
     if (!ao->token) ao->token = getenv("HP_TOKEN");
-    if (!ao->job_id || !*ao->job_id) return usage_error("%s", "--job ID (or $HP_JOB) is required");
-    if (!ao->token) return usage_error("%s", "--token T (or $HP_TOKEN) is required");
+    const char *tf = getenv("HP_TOKEN_FILE");
+    if (!ao->token && tf && *tf) {
+        if (read_token_file(tf, file_token, sizeof file_token)) return 2;
+        ao->token = file_token;
+    }
+    if (!ao->token)
+        return usage_error("%s",
+                           "--token T, $HP_TOKEN, --token-file F or $HP_TOKEN_FILE is required");
     if (env_int("SLURM_PROCID", 0, 65535, &n, &set)) return 2;
     if (set && !rank_given) ao->rank = (int)n, rank_given = true;
     if (!rank_given) return usage_error("%s", "--rank R (or $SLURM_PROCID) is required");
@@ -311,6 +343,7 @@ int main(int argc, char **argv) {
     hp_train_opts o = {.stop = &stop_requested};
     hp_agent_opts ao = {.coordinator = NULL};
     bool rank_given = false;
+    const char *token_file = NULL;
     int64_t profile[HP_JOB_PROFILE_MAX];
     int n_profile = 0;
     for (int i = 1; i < argc; i++) {
@@ -334,6 +367,8 @@ int main(int argc, char **argv) {
             ao.job_id = v;
         else if (!strcmp(a, "--token"))
             ao.token = v;
+        else if (!strcmp(a, "--token-file"))
+            token_file = v;
         else if (!strcmp(a, "--out"))
             o.out_dir = v;
         else if (!strcmp(a, "--init-from"))
@@ -369,7 +404,7 @@ int main(int argc, char **argv) {
         if (job_path) return usage_error("%s", "--standalone and --coordinator exclude each other");
         ao.rank = o.rank;
         ao.threads = o.threads;
-        return run_agent(&ao, rank_given);
+        return run_agent(&ao, rank_given, token_file);
     }
     if (!job_path)
         return usage_error("%s", "--standalone JOB.pb or --coordinator HOST:PORT is required");

@@ -174,7 +174,7 @@ Test(checkpoint_now, ranks_checkpoint_one_step_and_a_restart_resumes_from_it) {
     int64_t resume = j->ckpt_step;
 
     /* both ranks die: the job restarts and resumes from the asked-for checkpoint */
-    d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, -1, SIGKILL);
+    d->launcher->vt->stop(d->launcher, j->v.id, j->attempt, SIGKILL);
     cr_assert(pump_until(restarted, j, 60000), "job is %s (restarts %d)",
               hpd_sm_state_str(j->v.state), j->v.restarts);
     snprintf(g_log, sizeof g_log, "%s/jobs/%s/rank-0.log", d->state_dir, j->v.id);

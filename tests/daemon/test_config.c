@@ -23,6 +23,10 @@ Test(config, defaults) {
     cr_expect_eq(s.slots, 0);
     cr_expect_eq(s.heartbeat_ms, 0);
     cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CHECKPOINT);
+    cr_expect_eq(s.launcher, HPD_LAUNCHER_LOCAL);
+    cr_expect_str_eq(s.advertise, "");
+    cr_expect_eq(s.launch_timeout_s, 120);
+    cr_expect_eq(s.slurm_poll_ms, 1000);
 }
 
 Test(config, good_file_every_key) {
@@ -40,6 +44,14 @@ Test(config, good_file_every_key) {
                        "worker = /opt/hp/bin/hp-worker\n"
                        "on-sigterm = cancel\n"
                        "metrics-retention = 30\n"
+                       "launcher = slurm\n"
+                       "advertise = node7.cluster:7100\n"
+                       "launch-timeout-s = 900\n"
+                       "slurm-partition = gpu-h100\n"
+                       "slurm-account = ml_team\n"
+                       "slurm-qos = normal\n"
+                       "slurm-time = 1-12:00:00\n"
+                       "slurm-poll-ms = 500\n"
                        "heartbeat-ms = 250"; /* no final newline */
     hpd_settings s;
     hpd_settings_defaults(&s);
@@ -59,6 +71,14 @@ Test(config, good_file_every_key) {
     cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CANCEL);
     cr_expect_eq(s.heartbeat_ms, 250);
     cr_expect_eq(s.metrics_retention_s, 30);
+    cr_expect_eq(s.launcher, HPD_LAUNCHER_SLURM);
+    cr_expect_str_eq(s.advertise, "node7.cluster:7100");
+    cr_expect_eq(s.launch_timeout_s, 900);
+    cr_expect_str_eq(s.slurm_partition, "gpu-h100");
+    cr_expect_str_eq(s.slurm_account, "ml_team");
+    cr_expect_str_eq(s.slurm_qos, "normal");
+    cr_expect_str_eq(s.slurm_time, "1-12:00:00");
+    cr_expect_eq(s.slurm_poll_ms, 500);
     for (int k = 0; k < HPD_KEY_COUNT; k++)
         cr_expect(given[k], "%s not marked given", hpd_settings_key_name((hpd_key)k));
 }
@@ -98,6 +118,22 @@ Test(config, errors_name_file_line_and_key) {
         {"slots = 2\nslots = 3\n", "hpd.conf:2: slots: given twice (first at line 1)"},
         {"Slots = 2\n", "hpd.conf:1: unknown key 'Slots'"},
         {"--slots = 2\n", "hpd.conf:1: unknown key '--slots'"},
+        {"launcher = kubernetes\n",
+         "hpd.conf:1: launcher: 'kubernetes' is not local|slurm|external"},
+        {"advertise = 0.0.0.0\n", "advertise: '0.0.0.0': a wildcard is not an address"},
+        {"advertise = [::]:7000\n", "advertise: '[::]:7000': a wildcard is not an address"},
+        {"advertise = h:0\n", "advertise: 'h:0': the port must be in [1, 65535]"},
+        {"advertise = ::1\n", "advertise: '::1': an IPv6 address goes in brackets"},
+        {"advertise = :7000\n", "advertise: ':7000': no host"},
+        {"advertise = a b\n", "advertise: 'a b': not a host name"},
+        {"advertise = [::1]x\n", "advertise: '[::1]x': junk after the host"},
+        {"launch-timeout-s = 0\n", "launch-timeout-s: '0' must be seconds in [1, 604800]"},
+        {"slurm-time = 2h\n", "slurm-time: '2h' is not a Slurm time limit"},
+        {"slurm-time = 1-2-3\n", "slurm-time: '1-2-3' is not a Slurm time limit"},
+        {"slurm-time = 10:\n", "slurm-time: '10:' is not a Slurm time limit"},
+        {"slurm-partition = gpu;rm\n", "slurm-partition: 'gpu;rm' is not a Slurm name"},
+        {"slurm-account = a b\n", "slurm-account: 'a b' is not a Slurm name"},
+        {"slurm-poll-ms = 10\n", "slurm-poll-ms: '10' must be an integer in [50, 600000]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         hpd_settings s;
@@ -172,6 +208,9 @@ Test(config, keys_live_and_compare) {
     cr_expect_not(hpd_settings_key_live(HPD_KEY_STATE_DIR));
     cr_expect_not(hpd_settings_key_live(HPD_KEY_TLS_CERT));
     cr_expect_not(hpd_settings_key_live(HPD_KEY_HTTP));
+    cr_expect_not(hpd_settings_key_live(HPD_KEY_LAUNCHER), "a launcher change needs a restart");
+    cr_expect_not(hpd_settings_key_live(HPD_KEY_ADVERTISE));
+    cr_expect(hpd_settings_key_live(HPD_KEY_LAUNCH_TIMEOUT_S));
     hpd_settings a, b;
     hpd_settings_defaults(&a);
     hpd_settings_defaults(&b);
@@ -181,4 +220,39 @@ Test(config, keys_live_and_compare) {
     char buf[32];
     hpd_settings_format(&b, HPD_KEY_ON_SIGTERM, buf, sizeof buf);
     cr_expect_str_eq(buf, "cancel");
+    b.launcher = HPD_LAUNCHER_EXTERNAL;
+    hpd_settings_format(&b, HPD_KEY_LAUNCHER, buf, sizeof buf);
+    cr_expect_str_eq(buf, "external");
+    /* Good Slurm time limits and advertise addresses. */
+    const char *times[] = {"30", "30:00", "2:00:00", "1-0", "1-12:30", "1-12:30:00", "UNLIMITED"};
+    for (size_t i = 0; i < sizeof times / sizeof *times; i++)
+        cr_expect_eq(hpd_settings_set(&b, HPD_KEY_SLURM_TIME, times[i], NULL), HP_OK, "%s",
+                     times[i]);
+    const char *adv[] = {"10.0.0.5", "node-1", "node-1:7001", "[fd00::1]", "[fd00::1]:7001"};
+    for (size_t i = 0; i < sizeof adv / sizeof *adv; i++)
+        cr_expect_eq(hpd_settings_set(&b, HPD_KEY_ADVERTISE, adv[i], NULL), HP_OK, "%s", adv[i]);
+}
+
+/* deploy/hpd.conf.example loads as it is, and documents every key (set, or as "#key = "). */
+Test(config, example_file_loads_and_documents_every_key) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/deploy/hpd.conf.example", HP_SOURCE_DIR);
+    hpd_settings s;
+    hpd_settings_defaults(&s);
+    bool given[HPD_KEY_COUNT] = {0};
+    hp_err e = {0};
+    cr_assert_eq(hpd_settings_load(&s, path, given, &e), HP_OK, "%s", e.msg);
+    FILE *f = fopen(path, "r");
+    cr_assert(f);
+    static char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    for (int k = 0; k < HPD_KEY_COUNT; k++) {
+        if (given[k]) continue;
+        char want[96];
+        snprintf(want, sizeof want, "\n#%s = ", hpd_settings_key_name((hpd_key)k));
+        cr_expect(strstr(text, want), "%s is not in the example",
+                  hpd_settings_key_name((hpd_key)k));
+    }
 }

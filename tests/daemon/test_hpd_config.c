@@ -254,7 +254,8 @@ Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
     free(st);
 
     write_file(g_conf, "log-level = info\nslots = 2\nhttp = off\nworker = /nonexistent/hp-worker\n"
-                       "on-sigterm = cancel\nheartbeat-ms = 3000\n");
+                       "on-sigterm = cancel\nheartbeat-ms = 3000\nlauncher = external\n"
+                       "launch-timeout-s = 30\n");
     kill(g_hpd, SIGHUP);
     cr_expect(wait_state(b, "RUNNING", 60000),
               "slots 2 after SIGHUP: the queued job did not start");
@@ -264,6 +265,9 @@ Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
     cr_expect(log_has("event=config_changed key=heartbeat-ms from=0 to=3000", 0));
     cr_expect(
         log_has("key=worker from=\"\" to=\"/nonexistent/hp-worker\" note=\"needs a restart\"", 0));
+    cr_expect(log_has("key=launcher from=\"local\" to=\"external\" note=\"needs a restart\"", 0),
+              "a launcher change is not applied live");
+    cr_expect(log_has("event=config_changed key=launch-timeout-s from=120 to=30", 0));
     cr_expect(log_has("event=reload signal=SIGHUP", 0), "info lines show after the reload");
 
     write_file(g_conf, "slots = 2\nslots = 3\n");

@@ -468,6 +468,10 @@
             summaryItem("Grad norm", isNum(last.grad_norm) ? last.grad_norm.toPrecision(4) : "—"),
             summaryItem("ETA", job.state === "RUNNING" ? fmtDuration(job.eta_s) : "—"),
             summaryItem("World size", str(job.world_size)),
+            summaryItem("Launcher", str(job.launcher || "—") +
+                        (job.launch_ref ? (job.launcher === "slurm" ? " · Slurm job " : " · ") +
+                         job.launch_ref : "") +
+                        (job.launch_state ? " (" + job.launch_state + ")" : "")),
             summaryItem("Created", fmtTime(job.created_unix_s)),
             summaryItem("Updated", fmtTime(job.updated_unix_s)));
         el("d-restarts").textContent = "· " + str(isNum(job.restarts) ? job.restarts : 0) +
