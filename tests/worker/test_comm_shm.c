@@ -610,6 +610,47 @@ Test(comm_shm, bad_argument_fails_peers_fast, .timeout = 30) {
     assert_shm_clean();
 }
 
+/* The race behind a flaky run of the test above: rank 1 registered, rank 0 saw the join
+ * complete, failed its all_reduce and published that, all before rank 1 left the join loop,
+ * which then reported "join aborted" for a join that had succeeded. Rank 1 is held right after
+ * registering until rank 0's failed call has returned, which makes that order certain. */
+static int race_pipe[2] = {-1, -1};
+
+static void hold_joiner(int rank) {
+    char b;
+    if (rank == 1 && read(race_pipe[0], &b, 1) != 1) _exit(3);
+}
+
+static int badarg_after_join_body(hp_comm *c, int rank, void *ctx, child_out *o) {
+    badarg_body(c, rank, ctx, o);
+    if (rank == 0 && write(race_pipe[1], "x", 1) != 1) return 1;
+    return 0;
+}
+
+static void race_child(int rank, void *ctx, child_out *o) {
+    hp__shm_join_hook = hold_joiner;
+    group_child(rank, ctx, o);
+}
+
+Test(comm_shm, failure_right_after_join_is_not_a_join_failure, .timeout = 30) {
+    cr_assert_eq(pipe(race_pipe), 0);
+    group g;
+    group_init(&g, 2, 20, 0, badarg_after_join_body, NULL);
+    pid_t pids[2];
+    int fds[2];
+    child_out outs[2];
+    for (int r = 0; r < 2; r++) pids[r] = spawn(race_child, r, &g, &fds[r]);
+    for (int r = 0; r < 2; r++) collect(pids[r], fds[r], &outs[r]);
+    close(race_pipe[0]);
+    close(race_pipe[1]);
+    cr_assert_eq(outs[0].status, HP_INVALID, "%s", outs[0].msg);
+    cr_assert_eq(outs[1].status, HP_IO, "%s", outs[1].msg);
+    cr_assert(strstr(outs[1].msg, "all_reduce #1 aborted: rank 0 failed: all_reduce #1: bad dtype"),
+              "%s", outs[1].msg);
+    cr_assert(!shm_exists(g.name));
+    assert_shm_clean();
+}
+
 /* ---- a hung peer: timeout -------------------------------------------------------------------- */
 
 static int hung_body(hp_comm *c, int rank, void *ctx, child_out *o) {

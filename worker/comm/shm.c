@@ -464,6 +464,8 @@ static hp_status open_segment(hp__shm_comm *c, const char *path, int64_t deadlin
     }
 }
 
+void (*hp__shm_join_hook)(int rank);
+
 /* Registers this rank and waits until all have. */
 static hp_status join(hp__shm_comm *c, int64_t deadline, hp_err *err) {
     hp__shm_hdr *h = c->hdr;
@@ -476,15 +478,23 @@ static hp_status join(hp__shm_comm *c, int64_t deadline, hp_err *err) {
         }
         atomic_fetch_add(&h->joined, 1);
         wake_all(h);
+        if (hp__shm_join_hook) hp__shm_join_hook(me);
     }
     for (;;) {
-        int32_t b = atomic_load_explicit(&h->broken, memory_order_acquire);
-        if (b != 0) return peer_failed(c, 0, b, err);
         atomic_fetch_add(&h->waiters, 1);
         uint32_t e = atomic_load(&h->epoch);
+        /* Completion first, as in hp__shm_wait: once all have joined, the join has succeeded
+         * even if a peer has already failed in collective #1 (or died after it), and that
+         * failure belongs to our collective #1, which reports it. Checking `broken` first made
+         * a joiner that was slow to leave this loop report "join aborted" for it. */
         if (atomic_load(&h->joined) >= (uint32_t)world) {
             atomic_fetch_sub(&h->waiters, 1);
             return HP_OK;
+        }
+        int32_t b = atomic_load_explicit(&h->broken, memory_order_acquire);
+        if (b != 0) {
+            atomic_fetch_sub(&h->waiters, 1);
+            return peer_failed(c, 0, b, err);
         }
         for (int j = 0; j < world; j++) {
             pid_t pid = atomic_load(&c->ranks[j].pid);

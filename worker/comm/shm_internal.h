@@ -135,4 +135,8 @@ hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double time
 hp_status hp__shm_comm_new_local(int world, double timeout_s, size_t slot_bytes, hp_comm **comms,
                                  hp_err *err);
 
+/* Test hook: when set, a rank > 0 calls it in hp__shm_comm_new_ex right after registering
+ * (before it waits for the others), so a test can hold a joiner there deterministically. */
+extern void (*hp__shm_join_hook)(int rank);
+
 #endif
