@@ -7,13 +7,15 @@
  * and the other group, and a tp-then-dp i64 sum equal to the parent's; a peer killed inside a
  * group reported at once by its group and by the parent; a group member that dies before
  * joining; bad arguments and mismatched calls; all_to_all on 1..4 ranks over odd sizes, many
- * slot steps and in place; the same splits in an in-process (threads) group; nothing left in
- * /dev/shm.
+ * slot steps and in place, and all_to_all_single through the cpu backend's comm stream; the
+ * same splits in an in-process (threads) group; nothing left in /dev/shm.
  */
 #define _GNU_SOURCE
+#include "hp/build.h"
 #include "hp/comm.h"
 #include "tests/util/shm_harness.h"
 #include "worker/comm/shm_internal.h"
+#include "worker/cpu/cpu_backend.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -456,4 +458,71 @@ Test(comm_shm_groups, local_threads_mesh, .timeout = 60) {
         cr_assert(a[r].o.ok, "rank %d: %s", r, a[r].o.msg);
         hp_comm_free(cs[r]);
     }
+}
+
+/* ---- all_to_all_single through the cpu backend's comm stream --------------------------------- */
+
+typedef struct cpu_arg {
+    hp_comm *c;
+    const hp_graph *g;
+    int node;
+    hp_status st;
+    hp_err err;
+    float out[12];
+    pthread_t t;
+} cpu_arg;
+
+/* Rank r's input element i is 100 r + i, f32[4, 3] in two chunks of 6 over 2 ranks. */
+static void *cpu_rank(void *p) {
+    cpu_arg *a = p;
+    hp_backend *be = NULL;
+    float in[12];
+    for (int i = 0; i < 12; i++) in[i] = (float)(100 * a->c->rank + i);
+    hp_type t = hp_graph_type(a->g, (hp_value){a->node, 0})[0];
+    const void *ins[1] = {in};
+    void *outs[1] = {a->out};
+    hp_kernel_call call = {.node = &a->g->nodes[a->node],
+                           .n_in = 1,
+                           .n_out = 1,
+                           .in = ins,
+                           .in_type = &t,
+                           .out = outs,
+                           .out_type = &t};
+    a->st = hp_cpu_backend_new(1, &be, &a->err);
+    if (a->st == HP_OK) a->st = hp_cpu_backend_set_comm(be, a->c, &a->err);
+    if (a->st == HP_OK) a->st = be->vt->collective(be, HP_STREAM_COMM, &call, &a->err);
+    if (a->st == HP_OK) a->st = be->vt->synchronize(be, &a->err);
+    hp_backend_free(be);
+    return NULL;
+}
+
+Test(comm_shm_groups, cpu_backend_all_to_all_single, .timeout = 30) {
+    hp_graph *g = hp_graph_new();
+    hp_type ty = {.dtype = HP_F32, .rank = 2, .shape = {4, 3}};
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, NULL, ty, NULL);
+    hp_value y =
+        hp_build(g, HP_OP_ALL_TO_ALL, &x, 1, (hp_attr[]){hp_attr_int(HP_ATTR_GROUP_SIZE, 2)}, 1);
+    cr_assert(!hp_graph_failed(g), "%s", g->err.msg);
+    hp_comm *cs[2];
+    hp_err e;
+    cr_assert_eq(hp__shm_comm_new_local(2, 10, 0, cs, &e), HP_OK, "%s", e.msg);
+    cpu_arg a[2];
+    memset(a, 0, sizeof a);
+    for (int r = 0; r < 2; r++) {
+        a[r] = (cpu_arg){.c = cs[r], .g = g, .node = y.node};
+        cr_assert_eq(pthread_create(&a[r].t, NULL, cpu_rank, &a[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(a[r].t, NULL);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(a[r].st, HP_OK, "rank %d: %s", r, a[r].err.msg);
+        /* out chunk j = rank j's input chunk r */
+        for (int j = 0; j < 2; j++) {
+            for (int k = 0; k < 6; k++) {
+                cr_assert_eq(a[r].out[j * 6 + k], (float)(100 * j + 6 * r + k), "rank %d out[%d]",
+                             r, j * 6 + k);
+            }
+        }
+        hp_comm_free(cs[r]);
+    }
+    hp_graph_free(g);
 }
