@@ -21,6 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -400,6 +402,55 @@ Test(comm_shm, killed_peer_detected, .timeout = 60) {
     run_kill(4, 2);
     run_kill(3, 0);
     hp_sh_assert_clean();
+}
+
+/* A process whose main thread has exited while another thread still runs is alive, though its
+ * leader shows as a zombie; it is dead once the last thread is gone, reaped or not. */
+static int gate[2] = {-1, -1};
+
+static void *gated_thread(void *arg) {
+    (void)arg;
+    char b;
+    ssize_t n = read(gate[0], &b, 1);
+    _exit(n == 1 ? 0 : 1); /* not exit(): no Criterion atexit handlers in the child */
+}
+
+static char proc_state(pid_t pid) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+Test(comm_shm, liveness_waits_for_every_thread, .timeout = 30) {
+    cr_assert_eq(pipe(gate), 0);
+    pid_t p = fork();
+    cr_assert(p >= 0);
+    if (p == 0) {
+        close(gate[1]); /* a test that fails early closes the gate: the thread reads EOF */
+        pthread_t t;
+        if (pthread_create(&t, NULL, gated_thread, NULL) != 0) _exit(2);
+        syscall(SYS_exit, 0); /* the main thread only */
+    }
+    /* Polls a condition, bounded; not a sleep standing in for synchronization. */
+    for (int i = 0; i < 5000 && proc_state(p) != 'Z'; i++) nap_ms(1);
+    cr_assert_eq(proc_state(p), 'Z', "the leader did not exit");
+    cr_assert(!hp__shm_pid_dead(p), "a process with a running thread reported dead");
+    cr_assert_eq(write(gate[1], "x", 1), 1);
+    siginfo_t si;
+    cr_assert_eq(waitid(P_PID, (id_t)p, &si, WEXITED | WNOWAIT), 0); /* reapable, not reaped */
+    cr_assert(hp__shm_pid_dead(p), "an exited, unreaped process reported alive");
+    int ws = 0;
+    cr_assert_eq(waitpid(p, &ws, 0), p);
+    cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "child status %#x", ws);
+    cr_assert(hp__shm_pid_dead(p));
+    close(gate[0]);
+    close(gate[1]);
 }
 
 /* ---- joining --------------------------------------------------------------------------------- */

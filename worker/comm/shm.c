@@ -40,6 +40,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -97,7 +98,28 @@ static void wake_all(hp__shm_hdr *h) {
     }
 }
 
-/* True if pid is gone or a zombie (dead but not yet reaped by its parent). */
+/* Threads left in pid's thread group (the "Threads:" line of /proc/<pid>/status), 0 when the
+ * process is gone, -1 when unknown. */
+static long threads_left(pid_t pid) {
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT || errno == ESRCH ? 0 : -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    const char *t = strstr(buf, "\nThreads:");
+    return t ? strtol(t + 9, NULL, 10) : -1;
+}
+
+/* True if pid is gone or a zombie (dead but not yet reaped by its parent). A thread-group
+ * leader that has exited shows as a zombie while its other threads still run, and after a
+ * SIGKILL while they are still being torn down; the process is dead (and its parent can reap
+ * it) only once the leader is the last thread left. Calling it dead earlier would report a
+ * live rank whose main thread ended, and let a peer that failed because of a killed rank
+ * exit and be reaped by the launcher before the killed rank could be, so that the launcher
+ * blamed the peer. */
 static int pid_dead(pid_t pid) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
@@ -111,7 +133,9 @@ static int pid_dead(pid_t pid) {
     buf[n] = '\0';
     const char *p = strrchr(buf, ')'); /* the command name may hold spaces and ')' */
     if (!p || p[1] != ' ') return 0;
-    return p[2] == 'Z' || p[2] == 'X';
+    if (p[2] != 'Z' && p[2] != 'X') return 0;
+    long left = threads_left(pid);
+    return left >= 0 && left <= 1;
 }
 
 static size_t round_up(size_t x, size_t to) {
@@ -703,4 +727,8 @@ hp_status hp__shm_comm_new_local(int world, double timeout_s, size_t slot_bytes,
 
 void hp__shm_destroy(hp_comm *c) {
     shm_destroy(c);
+}
+
+int hp__shm_pid_dead(pid_t pid) {
+    return pid_dead(pid);
 }

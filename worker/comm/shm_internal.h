@@ -147,6 +147,10 @@ hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double time
 hp_status hp__shm_comm_new_local(int world, double timeout_s, size_t slot_bytes, hp_comm **comms,
                                  hp_err *err);
 
+/* True if process pid is gone, or a zombie whose threads have all exited (shm.c's liveness
+ * check, exposed for its test). */
+int hp__shm_pid_dead(pid_t pid);
+
 /* Test hook: when set, a rank > 0 calls it in hp__shm_comm_new_ex right after registering
  * (before it waits for the others), so a test can hold a joiner there deterministically. */
 extern void (*hp__shm_join_hook)(int rank);
