@@ -7,10 +7,18 @@
  * thread, which is what makes them asynchronous to compute. Reductions combine ranks in rank
  * order (((x0 + x1) + x2) ...), so every rank gets bitwise the same result, run after run.
  *
+ * split makes sub-communicators (MPI_Comm_split semantics): on a (dp, tp) mesh each rank holds
+ * the world communicator, its dp group and its tp group. Each is a communicator of its own
+ * (the rules above hold per communicator); interleave them in the same program order on
+ * every rank, since the calls block and two ranks that order them differently can wait on
+ * each other until the timeout. Reductions in a group fold in the group's rank order, so
+ * they are deterministic too.
+ *
  * A peer that does not arrive within the communicator's timeout (dead, hung, or making a
  * different call) is an HP_IO error naming the collective, its sequence number and the
  * missing rank — never a hang. After an error the communicator is unusable (destroy it).
- * Threads: one thread calls into a communicator at a time.
+ * Threads: one thread calls into a communicator at a time (different communicators may be used
+ * from different threads).
  */
 #ifndef HP_COMM_H
 #define HP_COMM_H
@@ -40,6 +48,18 @@ typedef struct hp_comm_vtable {
     /* Every rank's buf (bytes) becomes root's. */
     hp_status (*broadcast)(hp_comm *c, void *buf, size_t bytes, int root, hp_err *err);
     hp_status (*barrier)(hp_comm *c, hp_err *err);
+    /* send holds world chunks of bytes_per_rank bytes; recv chunk r = rank r's send chunk
+     * [this rank] (all_to_all_single with equal splits). send may equal recv; otherwise the
+     * two must not overlap (HP_INVALID). */
+    hp_status (*all_to_all)(hp_comm *c, const void *send, void *recv, size_t bytes_per_rank,
+                            hp_err *err);
+    /* MPI_Comm_split / ncclCommSplit: every rank calls it; the ranks passing the same
+     * color >= 0 form a new communicator in which they are ranked by (key, rank here), and
+     * *out is this rank's handle on it (the caller frees it, before or after this one); a
+     * rank passing color < 0 joins no group and gets *out = NULL. The new communicator is
+     * independent of this one (its own calls, sequence numbers, failures and timeout, which
+     * it inherits), and this one stays usable, also when joining the group fails. */
+    hp_status (*split)(hp_comm *c, int color, int key, hp_comm **out, hp_err *err);
     void (*destroy)(hp_comm *c);
 } hp_comm_vtable;
 

@@ -21,6 +21,12 @@
  * Pids assume all ranks share one PID namespace (one host, no per-rank containers); a pid
  * reused within a run would hide a death until the timeout.
  *
+ * Groups. split (shm_coll.c) joins each group through a segment of its own, named from the
+ * parent's ("<name>.s<k>c<color>", at most HP__SHM_GROUP_NAME_MAX chars, hashed beyond), made
+ * and unlinked exactly like a top-level one. Its members' pids are known from the parent, so
+ * a member that dies before it has joined (or a rank 0 that dies before it has created the
+ * segment) is reported at once rather than at the timeout.
+ *
  * Not here: the collectives' data movement and the reduction kernels (shm_coll.c).
  */
 #define _GNU_SOURCE
@@ -34,6 +40,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -51,7 +58,7 @@ _Static_assert(sizeof(hp__shm_hdr) <= HP__SHM_PAGE, "the header fits its page");
 #define LIVENESS_NS  (10 * 1000 * 1000LL) /* how often waiters check peers' pids */
 #define SPIN_NS      (50 * 1000LL)
 #define SHM_DIR      "/dev/shm"
-#define PATH_MAX_LEN (HP__SHM_NAME_MAX + 8)
+#define PATH_MAX_LEN (HP__SHM_GROUP_NAME_MAX + 8)
 
 /* ---- small helpers --------------------------------------------------------------------------- */
 
@@ -91,7 +98,28 @@ static void wake_all(hp__shm_hdr *h) {
     }
 }
 
-/* True if pid is gone or a zombie (dead but not yet reaped by its parent). */
+/* Threads left in pid's thread group (the "Threads:" line of /proc/<pid>/status), 0 when the
+ * process is gone, -1 when unknown. */
+static long threads_left(pid_t pid) {
+    char path[64], buf[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT || errno == ESRCH ? 0 : -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    const char *t = strstr(buf, "\nThreads:");
+    return t ? strtol(t + 9, NULL, 10) : -1;
+}
+
+/* True if pid is gone or a zombie (dead but not yet reaped by its parent). A thread-group
+ * leader that has exited shows as a zombie while its other threads still run, and after a
+ * SIGKILL while they are still being torn down; the process is dead (and its parent can reap
+ * it) only once the leader is the last thread left. Calling it dead earlier would report a
+ * live rank whose main thread ended, and let a peer that failed because of a killed rank
+ * exit and be reaped by the launcher before the killed rank could be, so that the launcher
+ * blamed the peer. */
 static int pid_dead(pid_t pid) {
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
@@ -105,7 +133,9 @@ static int pid_dead(pid_t pid) {
     buf[n] = '\0';
     const char *p = strrchr(buf, ')'); /* the command name may hold spaces and ')' */
     if (!p || p[1] != ' ') return 0;
-    return p[2] == 'Z' || p[2] == 'X';
+    if (p[2] != 'Z' && p[2] != 'X') return 0;
+    long left = threads_left(pid);
+    return left >= 0 && left <= 1;
 }
 
 static size_t round_up(size_t x, size_t to) {
@@ -140,6 +170,10 @@ const char *hp__shm_kind_name(int kind) {
         return "broadcast";
     case HP__SHM_BARRIER:
         return "barrier";
+    case HP__SHM_ALL_TO_ALL:
+        return "all_to_all";
+    case HP__SHM_SPLIT:
+        return "split";
     default:
         return "join";
     }
@@ -281,9 +315,9 @@ hp_status hp__shm_peer_check(hp__shm_comm *c, int kind, hp_err *err) {
 
 /* ---- segment names --------------------------------------------------------------------------- */
 
-static int valid_name(const char *name) {
-    size_t n = name ? strlen(name) : 0;
-    if (n == 0 || n > HP__SHM_NAME_MAX) return 0;
+static int valid_name(const char *name, size_t max) {
+    size_t n = name ? strnlen(name, max + 1) : 0;
+    if (n == 0 || n > max) return 0;
     for (size_t i = 0; i < n; i++) {
         char ch = name[i];
         int ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
@@ -404,13 +438,17 @@ static hp_status create_segment(hp__shm_comm *c, const char *path, size_t slot_b
 
 /* Ranks > 0: open rank 0's segment, retrying until it exists and is complete, skipping (and
  * cleaning up) stale ones. On success *fd_out stays open until the join completes. */
-static hp_status open_segment(hp__shm_comm *c, const char *path, int64_t deadline, int *fd_out,
-                              hp_err *err) {
+static hp_status open_segment(hp__shm_comm *c, const char *path, int64_t deadline,
+                              const int32_t *pids, int *fd_out, hp_err *err) {
     int64_t nap = 100 * 1000;
     for (;; sleep_ns(nap), nap = nap < 5 * 1000 * 1000 ? nap * 2 : nap) {
         if (now_ns() >= deadline) {
             return hp_errf(err, HP_IO, "shm '%s': rank 0 did not create %s%s within %g s", c->name,
                            SHM_DIR, path, c->timeout_s);
+        }
+        if (pids && pid_dead(pids[0])) {
+            return hp_errf(err, HP_IO, "shm '%s': rank 0 (pid %d) died before creating %s%s",
+                           c->name, (int)pids[0], SHM_DIR, path);
         }
         int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
         if (fd < 0) {
@@ -464,8 +502,10 @@ static hp_status open_segment(hp__shm_comm *c, const char *path, int64_t deadlin
     }
 }
 
+void (*hp__shm_join_hook)(int rank);
+
 /* Registers this rank and waits until all have. */
-static hp_status join(hp__shm_comm *c, int64_t deadline, hp_err *err) {
+static hp_status join(hp__shm_comm *c, int64_t deadline, const int32_t *pids, hp_err *err) {
     hp__shm_hdr *h = c->hdr;
     int me = c->base.rank, world = c->base.world;
     if (me != 0) {
@@ -476,18 +516,27 @@ static hp_status join(hp__shm_comm *c, int64_t deadline, hp_err *err) {
         }
         atomic_fetch_add(&h->joined, 1);
         wake_all(h);
+        if (hp__shm_join_hook) hp__shm_join_hook(me);
     }
     for (;;) {
-        int32_t b = atomic_load_explicit(&h->broken, memory_order_acquire);
-        if (b != 0) return peer_failed(c, 0, b, err);
         atomic_fetch_add(&h->waiters, 1);
         uint32_t e = atomic_load(&h->epoch);
+        /* Completion first, as in hp__shm_wait: once all have joined, the join has succeeded
+         * even if a peer has already failed in collective #1 (or died after it), and that
+         * failure belongs to our collective #1, which reports it. Checking `broken` first made
+         * a joiner that was slow to leave this loop report "join aborted" for it. */
         if (atomic_load(&h->joined) >= (uint32_t)world) {
             atomic_fetch_sub(&h->waiters, 1);
             return HP_OK;
         }
+        int32_t b = atomic_load_explicit(&h->broken, memory_order_acquire);
+        if (b != 0) {
+            atomic_fetch_sub(&h->waiters, 1);
+            return peer_failed(c, 0, b, err);
+        }
         for (int j = 0; j < world; j++) {
             pid_t pid = atomic_load(&c->ranks[j].pid);
+            if (pid == 0 && pids) pid = pids[j]; /* not registered yet: its known process */
             if (j != me && pid_dead(pid)) {
                 atomic_fetch_sub(&h->waiters, 1);
                 return hp__shm_fail(c, err, HP_IO, "rank %d (pid %d) died while the ranks joined",
@@ -535,7 +584,7 @@ static hp_status check_args(const char *name, int rank, int world, double timeou
                             size_t slot_bytes, hp_comm **out, hp_err *err) {
     if (!out) return hp_errf(err, HP_INVALID, "shm: out is NULL");
     *out = NULL;
-    if (name && !valid_name(name)) {
+    if (name && !valid_name(name, HP__SHM_NAME_MAX)) {
         return hp_errf(err, HP_INVALID,
                        "shm: bad segment name '%.80s' (1-%d chars of [A-Za-z0-9._-])", name,
                        HP__SHM_NAME_MAX);
@@ -579,10 +628,9 @@ static hp__shm_comm *comm_alloc(const char *name, int rank, int world, double ti
     return c;
 }
 
-hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double timeout_s,
-                              size_t slot_bytes, hp_comm **out, hp_err *err) {
-    if (!name) return hp_errf(err, HP_INVALID, "shm: name is NULL");
-    HP_TRY(check_args(name, rank, world, timeout_s, slot_bytes, out, err));
+/* Creates (rank 0) or opens the segment `name`, then joins; name and arguments are checked. */
+static hp_status comm_new(const char *name, int rank, int world, double timeout_s,
+                          size_t slot_bytes, const int32_t *pids, hp_comm **out, hp_err *err) {
     hp__shm_comm *c = comm_alloc(name, rank, world, timeout_s);
     if (!c) return hp_errf(err, HP_NOMEM, "shm '%s': out of memory", name);
     char path[PATH_MAX_LEN];
@@ -593,10 +641,10 @@ hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double time
     if (rank == 0) {
         s = create_segment(c, path, slot_bytes ? slot_bytes : default_slot(world), err);
     } else {
-        s = open_segment(c, path, deadline, &fd, err);
+        s = open_segment(c, path, deadline, pids, &fd, err);
     }
     if (s == HP_OK) {
-        s = join(c, deadline, err);
+        s = join(c, deadline, pids, err);
         if (rank == 0) {
             shm_unlink(path); /* joined or failed: either way the name has served */
         } else if (s != HP_OK && fd >= 0) {
@@ -610,6 +658,22 @@ hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double time
     }
     *out = &c->base;
     return HP_OK;
+}
+
+hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double timeout_s,
+                              size_t slot_bytes, hp_comm **out, hp_err *err) {
+    if (!name) return hp_errf(err, HP_INVALID, "shm: name is NULL");
+    HP_TRY(check_args(name, rank, world, timeout_s, slot_bytes, out, err));
+    return comm_new(name, rank, world, timeout_s, slot_bytes, NULL, out, err);
+}
+
+hp_status hp__shm_group_new(const char *name, int rank, int world, double timeout_s,
+                            size_t slot_bytes, const int32_t *pids, hp_comm **out, hp_err *err) {
+    HP_TRY(check_args(NULL, rank, world, timeout_s, slot_bytes, out, err));
+    if (!valid_name(name, HP__SHM_GROUP_NAME_MAX)) {
+        return hp_errf(err, HP_INVALID, "shm: bad group name '%.80s'", name ? name : "(null)");
+    }
+    return comm_new(name, rank, world, timeout_s, slot_bytes, pids, out, err);
 }
 
 hp_status hp_shm_comm_new(const char *name, int rank, int world, double timeout_s, hp_comm **out,
@@ -630,8 +694,12 @@ hp_status hp__shm_comm_new_local(int world, double timeout_s, size_t slot_bytes,
     if (refs && cs)
         map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     int ok = map != MAP_FAILED;
+    /* Unique per process and group: split derives its groups' segment names from it. */
+    static _Atomic unsigned local_groups;
+    char name[64];
+    snprintf(name, sizeof name, "local-%d-%u", (int)getpid(), atomic_fetch_add(&local_groups, 1));
     for (int r = 0; ok && r < world; r++)
-        ok = (cs[r] = comm_alloc("local", r, world, timeout_s)) != NULL;
+        ok = (cs[r] = comm_alloc(name, r, world, timeout_s)) != NULL;
     if (!ok) {
         for (int r = 0; cs && r < world; r++) {
             if (cs[r]) hp_free(cs[r]->srcs);
@@ -659,4 +727,8 @@ hp_status hp__shm_comm_new_local(int world, double timeout_s, size_t slot_bytes,
 
 void hp__shm_destroy(hp_comm *c) {
     shm_destroy(c);
+}
+
+int hp__shm_pid_dead(pid_t pid) {
+    return pid_dead(pid);
 }

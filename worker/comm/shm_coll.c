@@ -16,6 +16,19 @@
  *                   most 16 KiB skip the second sync: every rank reduces the whole window.
  *   broadcast       the root copies in, the others copy out.
  *   barrier         one sync.
+ *   all_to_all      rank r copies in the step's piece of its chunk for every other rank
+ *                   (piece d for rank d), syncs, and copies piece r out of every peer's slot
+ *                   into recv chunk j; its own chunk never goes through the slot. In place
+ *                   works because a step's pieces are staged before any is overwritten.
+ *   split           all_gather of every rank's (color, key), posted as "split" so that a
+ *                   rank making another call is reported as such; then each rank sorts its
+ *                   color's members by (key, rank) and joins the group's own segment
+ *                   (hp__shm_group_new, shm.c), named "<name>.s<k>c<color>" for this
+ *                   communicator's k-th split, with this communicator's timeout and slot size
+ *                   and its members' pids (a member that dies before joining is reported at
+ *                   once). The group shares nothing with this communicator afterwards: it has
+ *                   its own sequence numbers, broken flag and dead-peer checks, and either
+ *                   may be freed first.
  *
  * The two halves of a slot alternate by step, so a rank fills step s+1 while slower peers
  * still read step s (one step of pipelining) and waits only when two steps ahead.
@@ -126,6 +139,9 @@ static void describe(char *buf, size_t cap, const hp__shm_desc *d) {
     case HP__SHM_BROADCAST:
         snprintf(buf, cap, "%s(%llu bytes, root %d)", k, n, d->root);
         break;
+    case HP__SHM_ALL_TO_ALL:
+        snprintf(buf, cap, "%s(%llu bytes per rank)", k, n);
+        break;
     default:
         snprintf(buf, cap, "%s", k);
         break;
@@ -224,15 +240,11 @@ static hp_status check_reduce(hp__shm_comm *c, int kind, const void *send, void 
 
 /* ---- the collectives ------------------------------------------------------------------------- */
 
-static hp_status shm_all_gather(hp_comm *base, const void *send, void *recv, size_t bytes,
-                                hp_err *err) {
-    hp__shm_comm *c = (hp__shm_comm *)base;
-    const int kind = HP__SHM_ALL_GATHER, me = base->rank, world = base->world;
-    HP_TRY(start(c, err));
-    if (bytes > 0 && (!send || !recv)) {
-        return bad_arg(c, kind, send ? "recv is NULL" : "send is NULL", err);
-    }
-    if (bytes > SIZE_MAX / (size_t)world) return bad_arg(c, kind, "size overflows", err);
+/* all_gather's data movement, posted as `kind` (all_gather, or split's exchange); the caller
+ * has started the collective and checked the arguments. */
+static hp_status gather(hp__shm_comm *c, int kind, const void *send, void *recv, size_t bytes,
+                        hp_err *err) {
+    const int me = c->base.rank, world = c->base.world;
     post(c, kind, bytes, 0, 0, 0);
     const uint8_t *src = send;
     uint8_t *dst = recv;
@@ -257,6 +269,18 @@ static hp_status shm_all_gather(hp_comm *base, const void *send, void *recv, siz
         c->step++;
     }
     return HP_OK;
+}
+
+static hp_status shm_all_gather(hp_comm *base, const void *send, void *recv, size_t bytes,
+                                hp_err *err) {
+    hp__shm_comm *c = (hp__shm_comm *)base;
+    const int kind = HP__SHM_ALL_GATHER;
+    HP_TRY(start(c, err));
+    if (bytes > 0 && (!send || !recv)) {
+        return bad_arg(c, kind, send ? "recv is NULL" : "send is NULL", err);
+    }
+    if (bytes > SIZE_MAX / (size_t)base->world) return bad_arg(c, kind, "size overflows", err);
+    return gather(c, kind, send, recv, bytes, err);
 }
 
 static hp_status shm_reduce_scatter(hp_comm *base, const void *send, void *recv, int64_t count,
@@ -359,6 +383,117 @@ static hp_status shm_barrier(hp_comm *base, hp_err *err) {
     return step_sync(c, HP__SHM_BARRIER, 0, err);
 }
 
+static hp_status shm_all_to_all(hp_comm *base, const void *send, void *recv, size_t bytes,
+                                hp_err *err) {
+    hp__shm_comm *c = (hp__shm_comm *)base;
+    const int kind = HP__SHM_ALL_TO_ALL, me = base->rank, world = base->world;
+    HP_TRY(start(c, err));
+    if (bytes > 0 && (!send || !recv)) {
+        return bad_arg(c, kind, send ? "recv is NULL" : "send is NULL", err);
+    }
+    if (bytes > SIZE_MAX / (size_t)world) return bad_arg(c, kind, "size overflows", err);
+    const size_t total = bytes * (size_t)world;
+    const uintptr_t s0 = (uintptr_t)send, r0 = (uintptr_t)recv;
+    if (total > 0 && s0 != r0 && s0 < r0 + total && r0 < s0 + total) {
+        return bad_arg(c, kind, "send and recv overlap (only send == recv is allowed)", err);
+    }
+    post(c, kind, bytes, 0, 0, 0);
+    const uint8_t *src = send;
+    uint8_t *dst = recv;
+    /* Our own chunk stays with us (a no-op in place). */
+    if (bytes && dst != src) memcpy(dst + (size_t)me * bytes, src + (size_t)me * bytes, bytes);
+    if (world == 1) return HP_OK;
+    size_t m = c->half / (size_t)world; /* bytes per destination per step (>= 8) */
+    if (m >= 64) m -= m % 64;
+    size_t steps = bytes ? (bytes + m - 1) / m : 1;
+    for (size_t s = 0; s < steps; s++) {
+        size_t off = s * m, len = bytes - off < m ? bytes - off : m;
+        /* Piece d of our slot: our chunk for rank d. In place this reads send[d][off, off+len)
+         * before the loop below overwrites it, and later steps only touch later offsets. */
+        uint8_t *mine = slot(c, me);
+        for (int d = 0; d < world && len; d++) {
+            if (d != me) memcpy(mine + (size_t)d * len, src + (size_t)d * bytes + off, len);
+        }
+        HP_TRY(step_sync(c, kind, s, err));
+        for (int k = 1; k < world && len; k++) {
+            int j = (me + k) % world;
+            memcpy(dst + (size_t)j * bytes + off, slot(c, j) + (size_t)me * len, len);
+        }
+        c->step++;
+    }
+    return HP_OK;
+}
+
+/* ---- split ----------------------------------------------------------------------------------- */
+
+/* What each rank tells the others in split's exchange. */
+typedef struct split_entry {
+    int32_t color, key;
+} split_entry;
+
+/* The group's segment name: "<parent>.s<k>c<color>" for the parent's k-th split (unique per
+ * parent and call, the same on every member); nested splits append again, and a name that
+ * would pass HP__SHM_GROUP_NAME_MAX keeps its first 100 characters and a hash of the rest. */
+static void group_name(char *out, size_t cap, const char *parent, uint64_t k, int color) {
+    char full[HP__SHM_GROUP_NAME_MAX + 64];
+    snprintf(full, sizeof full,
+             "%s.s%llu"
+             "c%d",
+             parent, (unsigned long long)k, color);
+    if (strlen(full) <= HP__SHM_GROUP_NAME_MAX) {
+        snprintf(out, cap, "%s", full);
+        return;
+    }
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const char *p = full; *p; p++) h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    snprintf(out, cap, "%.100s.h%016llx", full, (unsigned long long)h);
+}
+
+static hp_status shm_split(hp_comm *base, int color, int key, hp_comm **out, hp_err *err) {
+    hp__shm_comm *c = (hp__shm_comm *)base;
+    const int kind = HP__SHM_SPLIT, me = base->rank, world = base->world;
+    if (out) *out = NULL;
+    HP_TRY(start(c, err));
+    if (!out) return bad_arg(c, kind, "out is NULL", err);
+    split_entry mine = {color < 0 ? -1 : color, key};
+    split_entry *all = hp_calloc((size_t)world, sizeof *all);
+    int32_t *pids = hp_calloc((size_t)world, sizeof *pids);
+    if (!all || !pids) {
+        hp_free(all);
+        hp_free(pids);
+        return hp__shm_fail(c, err, HP_NOMEM, "split #%llu: out of memory for %d ranks",
+                            (unsigned long long)c->seq, world);
+    }
+    hp_status st = gather(c, kind, &mine, all, sizeof mine, err);
+    c->splits++;
+    if (st != HP_OK || mine.color < 0) goto done;
+    /* Members in (key, parent rank) order: an insertion into a sorted list of parent ranks. */
+    int n = 0, my_rank = -1;
+    for (int j = 0; j < world; j++) {
+        if (all[j].color != mine.color) continue;
+        int at = n++;
+        while (at > 0) {
+            const split_entry *prev = &all[pids[at - 1]];
+            if (prev->key < all[j].key || (prev->key == all[j].key && pids[at - 1] < j)) break;
+            pids[at] = pids[at - 1];
+            at--;
+        }
+        pids[at] = j;
+    }
+    for (int i = 0; i < n; i++) {
+        if (pids[i] == me) my_rank = i;
+        pids[i] = atomic_load_explicit(&c->ranks[pids[i]].pid, memory_order_relaxed);
+    }
+    char name[HP__SHM_GROUP_NAME_MAX + 1];
+    group_name(name, sizeof name, c->name, c->splits, mine.color);
+    /* A failed join leaves the parent usable: the exchange completed on every rank. */
+    st = hp__shm_group_new(name, my_rank, n, c->timeout_s, c->slot_bytes, pids, out, err);
+done:
+    hp_free(all);
+    hp_free(pids);
+    return st;
+}
+
 const hp_comm_vtable hp__shm_vtable = {
     .name = "shm",
     .all_gather = shm_all_gather,
@@ -366,5 +501,7 @@ const hp_comm_vtable hp__shm_vtable = {
     .all_reduce = shm_all_reduce,
     .broadcast = shm_broadcast,
     .barrier = shm_barrier,
+    .all_to_all = shm_all_to_all,
+    .split = shm_split,
     .destroy = hp__shm_destroy,
 };

@@ -27,7 +27,9 @@
 #define HP__SHM_MAGIC     0x31306d68732d7068ull /* "hp-shm01" little-endian */
 #define HP__SHM_VERSION   1u
 #define HP__SHM_MAX_WORLD 1024
-#define HP__SHM_NAME_MAX  64
+#define HP__SHM_NAME_MAX  64 /* names a caller passes */
+/* Names split derives ("<parent>.s<k>c<color>", nested), hashed beyond this (shm.c). */
+#define HP__SHM_GROUP_NAME_MAX 200
 /* Per-rank staging slot: two 1 MiB halves (double buffering) up to world 16, then smaller so
  * that the segment stays near 32 MiB (a Docker default /dev/shm is 64 MiB). Chosen with
  * bench_comm_shm: 1 MiB steps beat 4 MiB steps by 1.3-1.7x from 4 MB up (they stay in L2),
@@ -42,12 +44,14 @@ typedef enum {
     HP__SHM_ALL_REDUCE = 3,
     HP__SHM_BROADCAST = 4,
     HP__SHM_BARRIER = 5,
+    HP__SHM_ALL_TO_ALL = 6,
+    HP__SHM_SPLIT = 7,
 } hp__shm_kind;
 
 /* What a rank called: compared across ranks at the first sync of every collective. */
 typedef struct hp__shm_desc {
     uint64_t seq;  /* 1, 2, ... per communicator */
-    uint64_t size; /* bytes (all_gather, broadcast) or elements (reductions) */
+    uint64_t size; /* bytes (all_gather, broadcast, all_to_all per rank) or elements */
     int32_t kind, dtype, op, root;
 } hp__shm_desc;
 
@@ -72,7 +76,7 @@ typedef struct hp__shm_rank {
 
 typedef struct hp__shm_comm {
     hp_comm base;
-    char name[HP__SHM_NAME_MAX + 1];
+    char name[HP__SHM_GROUP_NAME_MAX + 1];
     double timeout_s;
     uint8_t *map;
     size_t map_bytes;
@@ -85,6 +89,7 @@ typedef struct hp__shm_comm {
     uint64_t phase;    /* this rank's phase (mirrors ranks[rank].phase) */
     uint64_t seq;      /* collectives started */
     uint64_t step;     /* data steps done: selects the slot half */
+    uint64_t splits;   /* split calls done: names the groups */
     const void **srcs; /* [world]: scratch for the reduction kernels */
     int64_t spin_ns;
     int broken;
@@ -118,6 +123,13 @@ hp_status hp__shm_peer_check(hp__shm_comm *c, int kind, hp_err *err);
 /* The vtable's destroy (lifetime code stays in shm.c). */
 void hp__shm_destroy(hp_comm *c);
 
+/* Joins the sub-communicator `name` (derived by split, not checked against the caller-name
+ * rules) as rank `rank` of `world`, with the parent's timeout and slot size. pids[r] is the
+ * process of the group's rank r (from the parent's rank table): a member that dies before it
+ * has joined is reported at once instead of after the timeout. */
+hp_status hp__shm_group_new(const char *name, int rank, int world, double timeout_s,
+                            size_t slot_bytes, const int32_t *pids, hp_comm **out, hp_err *err);
+
 /* ---- shm_coll.c ------------------------------------------------------------------------------ */
 
 extern const hp_comm_vtable hp__shm_vtable;
@@ -134,5 +146,13 @@ hp_status hp__shm_comm_new_ex(const char *name, int rank, int world, double time
  * Free each with hp_comm_free; the mapping goes with the last. */
 hp_status hp__shm_comm_new_local(int world, double timeout_s, size_t slot_bytes, hp_comm **comms,
                                  hp_err *err);
+
+/* True if process pid is gone, or a zombie whose threads have all exited (shm.c's liveness
+ * check, exposed for its test). */
+int hp__shm_pid_dead(pid_t pid);
+
+/* Test hook: when set, a rank > 0 calls it in hp__shm_comm_new_ex right after registering
+ * (before it waits for the others), so a test can hold a joiner there deterministically. */
+extern void (*hp__shm_join_hook)(int rank);
 
 #endif

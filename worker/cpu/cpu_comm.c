@@ -52,6 +52,8 @@ static hp_status run_op(hp_comm *c, const comm_op *o, hp_err *err) {
         return c->vt->reduce_scatter(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
     case HP_OP_ALL_REDUCE:
         return c->vt->all_reduce(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
+    case HP_OP_ALL_TO_ALL: /* equal splits: dim 0 divides by group_size (the shape rule) */
+        return c->vt->all_to_all(c, o->in, o->out, o->in_bytes / (size_t)c->world, err);
     default:
         return hp_errf(err, HP_UNSUPPORTED, "%s is not supported by the cpu comm stream",
                        hp_op_get(o->op)->name);
@@ -139,11 +141,10 @@ hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err 
                  .in_bytes = (size_t)hp_type_numel(&c->in_type[0]) * hp_dtype_size(dt),
                  .out_count = hp_type_numel(&c->out_type[0]),
                  .dt = HP_COMM_F32};
-    if (n->op != HP_OP_ALL_GATHER && dt != HP_F32)
+    bool moves_bytes = n->op == HP_OP_ALL_GATHER || n->op == HP_OP_ALL_TO_ALL;
+    if (!moves_bytes && dt != HP_F32)
         return hp_errf(err, HP_UNSUPPORTED, "%s of %s: the cpu comm stream reduces f32 only", name,
                        hp_dtype_name(dt));
-    if (n->op == HP_OP_ALL_TO_ALL)
-        return hp_errf(err, HP_UNSUPPORTED, "%s is not supported by the cpu comm stream", name);
     pthread_mutex_lock(&q->mu);
     while (!q->failed && q->issued - q->completed >= QUEUE_CAP) pthread_cond_wait(&q->done, &q->mu);
     hp_status st = HP_OK;
