@@ -69,6 +69,10 @@ static void new_usage(FILE *f) {
           "  --bucket-mb X         collective bucket size in MiB (0: no bucketing; default 25)\n"
           "  --prefetch N          all-gathers in flight ahead of their use (default 1)\n"
           "  --no-overlap          do not reorder communication behind compute\n"
+          "  --place PAT=DIM:PL[,..]  place the inputs a glob matches, e.g.\n"
+          "                        'layers.*.attention.wq.weight=tp:S(0)' (R, S(d), P(sum)); "
+          "repeatable\n"
+          "  --tp-plan llama       torchtitan's Llama TP plan on the mesh dim 'tp'\n"
           "\n"
           "model and training:\n",
           f);
@@ -147,6 +151,76 @@ static int parse_profile_steps(const char *verb, const char *v, hp_job *job) {
 }
 
 /* Parses `new`'s flags into job; returns an exit code. */
+/* --place and --tp-plan name mesh dims, which --mesh may set after them: kept until the
+ * flags are read, then resolved. */
+#define MAX_PLACES 256
+static const char *places[MAX_PLACES];
+static int n_places;
+static const char *tp_plan;
+
+/* "PATTERN=DIM:PL[,DIM:PL...]": a constraint on every graph input the glob matches, Replicate
+ * on the mesh dims it does not name. */
+static int add_place(const char *verb, const char *flag, const char *v, hp_job *job) {
+    const char *eq = strrchr(v, '=');
+    if (!eq || eq == v || !eq[1])
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is not PATTERN=DIM:PLACEMENT[,...]", flag,
+                          v);
+    char pattern[HP_MAX_STR], spec[256];
+    if ((size_t)(eq - v) >= sizeof pattern || strlen(eq + 1) >= sizeof spec)
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is too long", flag, v);
+    memcpy(pattern, v, (size_t)(eq - v));
+    pattern[eq - v] = 0;
+    snprintf(spec, sizeof spec, "%s", eq + 1);
+    hp_placement pl[HP_MESH_MAX_DIMS];
+    bool seen[HP_MESH_MAX_DIMS] = {0};
+    for (int d = 0; d < HP_MESH_MAX_DIMS; d++) pl[d] = HP_REPLICATE;
+    for (char *save = NULL, *item = strtok_r(spec, ",", &save); item;
+         item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        if (!colon)
+            return hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is not DIM:PLACEMENT (e.g. tp:S(0))",
+                              flag, item);
+        *colon = 0;
+        int d = -1;
+        for (int k = 0; k < job->plan.n_mesh; k++)
+            if (!strcmp(job->plan.mesh[k].name, item)) d = k;
+        if (d < 0)
+            return hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is not a dim of the mesh (--mesh)", flag,
+                              item);
+        if (seen[d]) return hpctl_fail(HPCTL_USAGE, verb, "%s: mesh dim '%s' twice", flag, item);
+        seen[d] = true;
+        hp_err err = {0};
+        if (hp_placement_parse(colon + 1, &pl[d], &err) != HP_OK)
+            return hpctl_fail(HPCTL_USAGE, verb, "%s: %s", flag, err.msg);
+    }
+    hp_err err = {0};
+    if (hp_job_add_place_pattern(job, pattern, pl, job->plan.n_mesh, &err) != HP_OK)
+        return hpctl_fail(HPCTL_USAGE, verb, "%s: %s", flag, err.msg);
+    return HPCTL_OK;
+}
+
+/* --tp-plan llama: torchtitan's Llama tensor-parallel plan on the mesh dim "tp" without
+ * sequence parallel: colwise (Shard(0) of [out, in]) wq, wk, wv, w1, w3; rowwise (Shard(1))
+ * wo, w2; embeddings, norms and the output projection replicated (their vocab-parallel forms
+ * and loss parallel need each rank's offset, which the compiler cannot express yet). */
+static int add_tp_plan(const char *verb, const char *v, hp_job *job) {
+    if (strcmp(v, "llama"))
+        return hpctl_fail(HPCTL_USAGE, verb, "--tp-plan: '%s' is not a known plan (llama)", v);
+    bool has_tp = false;
+    for (int k = 0; k < job->plan.n_mesh; k++) has_tp |= !strcmp(job->plan.mesh[k].name, "tp");
+    if (!has_tp) return hpctl_fail(HPCTL_USAGE, verb, "--tp-plan: the mesh has no 'tp' dim");
+    static const char *const plan[] = {
+        "layers.*.attention.wq.weight=tp:S(0)",    "layers.*.attention.wk.weight=tp:S(0)",
+        "layers.*.attention.wv.weight=tp:S(0)",    "layers.*.attention.wo.weight=tp:S(1)",
+        "layers.*.feed_forward.w1.weight=tp:S(0)", "layers.*.feed_forward.w3.weight=tp:S(0)",
+        "layers.*.feed_forward.w2.weight=tp:S(1)"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(plan); i++) {
+        int rc = add_place(verb, "--tp-plan", plan[i], job);
+        if (rc != HPCTL_OK) return rc;
+    }
+    return HPCTL_OK;
+}
+
 static int new_flags(int argc, char **argv, hp_job *job, const char **model, const char **out) {
     const char *verb = "new";
     for (int i = 1; i < argc; i++) {
@@ -198,6 +272,13 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             job->resources.gpus_per_node = job->resources.device == HP_DEVICE_CUDA ? 1 : 0;
         } else if (!strcmp(a, "--mesh")) {
             rc = parse_mesh(verb, v, job);
+        } else if (!strcmp(a, "--place")) {
+            if (n_places == MAX_PLACES)
+                rc = hpctl_fail(HPCTL_USAGE, verb, "--place: more than %d", MAX_PLACES);
+            else
+                places[n_places++] = v;
+        } else if (!strcmp(a, "--tp-plan")) {
+            tp_plan = v;
         } else if (!strcmp(a, "--bucket-mb")) {
             double mb;
             rc = hpctl_parse_f64(verb, a, v, 0, 1 << 20, &mb);
@@ -264,6 +345,11 @@ int hpctl_new(int argc, char **argv) {
         /* --batch is the global batch of a step; FSDP splits it over the ranks: say so here
          * rather than at compile time */
         int world = job->resources.world_size > 0 ? job->resources.world_size : 1;
+        if (job->plan.n_mesh > 1) { /* an N-D mesh splits the batch over its "dp" dim only */
+            world = 1;
+            for (int k = 0; k < job->plan.n_mesh; k++)
+                if (!strcmp(job->plan.mesh[k].name, "dp")) world = job->plan.mesh[k].size;
+        }
         if (t->rank >= 1 && t->shape[0] % world) {
             rc = hpctl_fail(HPCTL_USAGE, verb,
                             "--batch: %lld sequences do not split over the mesh's %d ranks",
@@ -275,6 +361,9 @@ int hpctl_new(int argc, char **argv) {
             job->train.local_batch = t->shape[0] / world;
         }
     }
+    if (tp_plan && (rc = add_tp_plan(verb, tp_plan, job)) != HPCTL_OK) goto done;
+    for (int i = 0; i < n_places; i++)
+        if ((rc = add_place(verb, "--place", places[i], job)) != HPCTL_OK) goto done;
     if (hp_job_validate(job, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "%s", err.msg);
         goto done;

@@ -153,6 +153,14 @@ hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
     return HP_OK;
 }
 
+hp_status hp_job_add_place_pattern(hp_job *job, const char *pattern, const hp_placement *placements,
+                                   int n, hp_err *err) {
+    if (!pattern) return hp_errf(err, HP_INVALID, "plan.constraints: no pattern");
+    HP_TRY(hp_job_add_constraint(job, pattern, -1, placements, n, err));
+    job->plan.constraints[job->plan.n_constraints - 1].pattern = true;
+    return HP_OK;
+}
+
 /* ---- FQN patterns ---------------------------------------------------------------------------- */
 
 /* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more
@@ -395,6 +403,23 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
         const hp_place_constraint *c = &p->constraints[i];
         const hp_type *t = NULL;
         snprintf(what, sizeof what, "plan.constraints[%d]", i);
+        if (c->input_fqn && c->pattern) {
+            HP_TRY(hp__check_str(c->input_fqn, HP_MAX_STR, what, err));
+            if (!c->input_fqn[0]) return hp_errf(err, HP_INVALID, "%s: empty pattern", what);
+            hp_graph_inputs gi = g ? hp_graph_count_inputs(g) : (hp_graph_inputs){0, 0, 0};
+            int hits = 0;
+            for (int k = 0; g && k < gi.n_params + gi.n_buffers + gi.n_data; k++) {
+                const hp_attr *f = hp_node_attr(&g->nodes[k], HP_ATTR_FQN);
+                if (!f || !f->s || !hp_fqn_match(c->input_fqn, f->s)) continue;
+                hits++;
+                HP_TRY(validate_placements(c, p->n_mesh, &g->nodes[k].out[0], what, err));
+            }
+            if (g && !hits)
+                return hp_errf(err, HP_INVALID, "%s: pattern '%s' matches no graph input", what,
+                               hp__quote(c->input_fqn, q));
+            if (!g) HP_TRY(validate_placements(c, p->n_mesh, NULL, what, err));
+            continue;
+        }
         if (c->input_fqn) {
             HP_TRY(hp__check_str(c->input_fqn, HP_MAX_STR, what, err));
             int id = g ? hp_graph_find_fqn(g, c->input_fqn) : 0;
@@ -465,11 +490,18 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     /* The graph's batch is the global batch of a step (all ranks together); each of the
      * data-parallel ranks reads local_batch of it. */
     int64_t world = job->resources.world_size > 0 ? job->resources.world_size : 1;
+    const char *over = "world_size";
+    if (job->plan.n_mesh > 1) { /* an N-D mesh splits the batch over its "dp" dim only */
+        world = 1;
+        over = "the mesh's dp size";
+        for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
+            if (!strcmp(job->plan.mesh[d].name, "dp")) world = job->plan.mesh[d].size;
+    }
     int64_t global = t->local_batch * world;
     if (t->global_batch && t->global_batch != global)
         return hp_errf(err, HP_INVALID,
-                       "train.global_batch: %lld must equal local_batch x world_size = %lld",
-                       (long long)t->global_batch, (long long)global);
+                       "train.global_batch: %lld must equal local_batch x %s = %lld",
+                       (long long)t->global_batch, over, (long long)global);
     if (job->model.batch && job->model.batch != global)
         return hp_errf(err, HP_INVALID,
                        "model.batch: %lld (the global batch) differs from train.local_batch x "
@@ -536,8 +568,8 @@ static bool plan_eq(const hp_plan *a, const hp_plan *b) {
         return false;
     for (int i = 0; i < a->n_constraints; i++) {
         const hp_place_constraint *x = &a->constraints[i], *y = &b->constraints[i];
-        if (!opt_str_eq(x->input_fqn, y->input_fqn) || (!x->input_fqn && x->output != y->output) ||
-            x->n_placements != y->n_placements)
+        if (!opt_str_eq(x->input_fqn, y->input_fqn) || x->pattern != y->pattern ||
+            (!x->input_fqn && x->output != y->output) || x->n_placements != y->n_placements)
             return false;
         for (int d = 0; d < x->n_placements; d++) {
             const hp_placement *p = &x->placements[d], *q = &y->placements[d];

@@ -129,7 +129,10 @@ static Hp__V1__PlacementConstraint *export_constraint(exporter *x, const hp_plac
             : c->n_placements > HP_MESH_MAX_DIMS ? HP_MESH_MAX_DIMS
                                                  : c->n_placements;
     if (!m) return NULL;
-    if (c->input_fqn) {
+    if (c->input_fqn && c->pattern) {
+        m->target_case = HP__V1__PLACEMENT_CONSTRAINT__TARGET_INPUT_PATTERN;
+        m->input_pattern = c->input_fqn;
+    } else if (c->input_fqn) {
         m->target_case = HP__V1__PLACEMENT_CONSTRAINT__TARGET_INPUT_FQN;
         m->input_fqn = c->input_fqn;
     } else {
@@ -352,8 +355,16 @@ static hp_status import_constraint(const Hp__V1__PlacementConstraint *m, hp_plac
     case HP__V1__PLACEMENT_CONSTRAINT__TARGET_OUTPUT_INDEX:
         c->output = m->output_index;
         break;
+    case HP__V1__PLACEMENT_CONSTRAINT__TARGET_INPUT_PATTERN:
+        snprintf(sub, sizeof sub, "%s.input_pattern", what);
+        HP_TRY(hp__check_str(m->input_pattern, HP_MAX_STR, sub, err));
+        if (!(c->input_fqn = hp_strdup(m->input_pattern ? m->input_pattern : "")))
+            return hp_errf(err, HP_NOMEM, "%s: out of memory", what);
+        c->pattern = true;
+        break;
     default:
-        return hp_errf(err, HP_INVALID, "%s: no target (input_fqn or output_index)", what);
+        return hp_errf(err, HP_INVALID, "%s: no target (input_fqn, input_pattern or output_index)",
+                       what);
     }
     snprintf(sub, sizeof sub, "%s.placements", what);
     HP_TRY(check_count(m->n_placements, HP_MESH_MAX_DIMS, sub, err));

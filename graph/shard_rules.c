@@ -618,10 +618,11 @@ int hp__shard_sdpa_backward(const hp_shard_query *q, hp_shard_rule *rules, int c
 /* ---- collectives ---------------------------------------------------------------------------- */
 
 /* On their own mesh dim a collective IS a redistribution: all_gather Shard(0) -> Replicate,
- * reduce_scatter Partial(op) -> Shard(0), all_reduce Partial(op) -> Replicate (op the node's
- * reduce_op); all_to_all_single is composed with views by the redistribution pass and has no
- * rule of its own there. On every other mesh dim the data passes through unchanged, except a
- * Shard(0) under a gather or scatter along dim 0 (that would interleave). */
+ * reduce_scatter Partial(op) -> Shard(0) (and, averaging, Replicate -> Shard(0): a rank's
+ * chunk of a replicated value), all_reduce Partial(op) -> Replicate (op the node's reduce_op);
+ * all_to_all_single is composed with views by the redistribution pass and has no rule of its own
+ * there. On every other mesh dim the data passes through unchanged, except a Shard(0) under a
+ * gather or scatter along dim 0 (that would interleave). */
 int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
     rb b = rb_init(q, rules, cap);
     const hp_attr *g = hp_node_attr(q->node, HP_ATTR_GROUP);
@@ -637,6 +638,10 @@ int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap)
             r = add(&b);
             r->in[0] = HP_PARTIAL(op);
             r->out[0] = HP_SHARD(0);
+            if (op == HP_REDUCE_AVG) { /* the average of identical replicas is the value */
+                r = add(&b);
+                r->out[0] = HP_SHARD(0);
+            }
         } else if (kind == HP_OP_ALL_REDUCE) {
             r = add(&b);
             r->in[0] = HP_PARTIAL(op);

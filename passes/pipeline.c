@@ -38,20 +38,79 @@ static bool always(const hp_pass_ctx *ctx) {
 /* With more than one rank FSDP always runs: marked parameters are sharded, the others stay
  * replicated with all-reduced gradients, data is split on the batch dim (plain data
  * parallelism when nothing is marked). */
+/* A plan the placement passes compile: more than one mesh dim splits, or explicit placements.
+ * Its graph carries placements, which fsdp, overlap and bucketing do not keep yet. */
+bool hp_plan_uses_placements(const hp_job *job, int world) {
+    const hp_plan *p = &job->plan;
+    int split = 0;
+    for (int d = 0; d < p->n_mesh && d < HP_MESH_MAX_DIMS; d++) split += p->mesh[d].size > 1;
+    return world > 1 && (split > 1 || p->n_constraints > 0);
+}
+static bool placed(const hp_pass_ctx *ctx) {
+    return hp_plan_uses_placements(ctx->job, ctx->world);
+}
 static bool multi_rank(const hp_pass_ctx *ctx) {
-    return ctx->world > 1;
+    return ctx->world > 1 && !placed(ctx);
 }
 static bool overlap_on(const hp_pass_ctx *ctx) {
-    return ctx->job->passes.enable_overlap;
+    return ctx->job->passes.enable_overlap && !placed(ctx);
 }
 static bool buckets_on(const hp_pass_ctx *ctx) {
-    return ctx->job->passes.bucket_bytes > 0;
+    return ctx->job->passes.bucket_bytes > 0 && !placed(ctx);
+}
+
+/* The placement passes on the plan: each parameter takes the last constraint naming it (an
+ * exact FQN or a glob), Replicate where none does; data inputs are split on dim 0 (the batch)
+ * over the mesh dim named "dp"; buffers are replicated. */
+static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
+    const hp_plan *p = &ctx->job->plan;
+    hp_graph_mesh mesh = {.ndim = p->n_mesh};
+    int dp = -1;
+    for (int d = 0; d < p->n_mesh; d++) {
+        snprintf(mesh.name[d], sizeof mesh.name[d], "%s", p->mesh[d].name);
+        mesh.size[d] = p->mesh[d].size;
+        if (!strcmp(p->mesh[d].name, "dp") && p->mesh[d].size > 1) dp = d;
+    }
+    hp_graph_inputs gi = hp_graph_count_inputs(in);
+    int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
+    hp_placement *pl = hp_calloc((size_t)(n_ph ? n_ph : 1) * (size_t)p->n_mesh, sizeof *pl);
+    if (!pl) return hp_errf(err, HP_NOMEM, "out of memory placing the inputs");
+    for (int i = 0; i < n_ph; i++) {
+        hp_placement *row = pl + (size_t)i * (size_t)p->n_mesh;
+        for (int d = 0; d < p->n_mesh; d++) row[d] = HP_REPLICATE;
+        const hp_attr *fqn = hp_node_attr(&in->nodes[i], HP_ATTR_FQN);
+        for (int k = 0; fqn && fqn->s && k < p->n_constraints; k++) {
+            const hp_place_constraint *c = &p->constraints[k];
+            if (!c->input_fqn) continue;
+            bool hit =
+                c->pattern ? hp_fqn_match(c->input_fqn, fqn->s) : !strcmp(c->input_fqn, fqn->s);
+            if (hit) memcpy(row, c->placements, sizeof *row * (size_t)p->n_mesh);
+        }
+        if (i >= gi.n_params + gi.n_buffers && dp >= 0 && in->nodes[i].out[0].rank >= 1)
+            row[dp] = HP_SHARD(0);
+        if (i < gi.n_params && dp >= 0 && row[dp].kind != HP_PLACE_REPLICATE) {
+            char w[24];
+            hp_placement_short(&row[dp], w, sizeof w);
+            hp_free(pl);
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "'%s' is placed %s on the data-parallel dim dp: parameters stored "
+                           "split over dp are FSDP's (--fsdp on a 1-D mesh); the placement "
+                           "passes do not gather them before use yet",
+                           fqn && fqn->s ? fqn->s : "?", w);
+        }
+    }
+    hp_status st = hp_pass_spmd(in, &mesh, pl, NULL, out, err);
+    hp_free(pl);
+    if (st != HP_OK && err && !strncmp(err->msg, "spmd: ", 6)) /* the manager names the pass */
+        memmove(err->msg, err->msg + 6, strlen(err->msg + 6) + 1);
+    return st;
 }
 
 static const hp__pass_entry pipeline[] = {
     /* name           pass                   runs by default when (passes.switches override) */
     {"dce", hp_pass_dce, always},
     {"canonicalize", hp_pass_canonicalize, always},
+    {"spmd", pass_spmd, placed},
     {"fsdp", hp_pass_fsdp, multi_rank},
     {"overlap", hp_pass_overlap, overlap_on},
     {"bucketing", hp_pass_bucketing, buckets_on},
@@ -149,6 +208,10 @@ static void count(const hp_graph *g, hp_pass_report *r) {
 /* Does pass `e` run? Its default, unless the job's switches name it. */
 static bool pass_on(const hp__pass_entry *e, const hp_pass_ctx *ctx) {
     const hp_pass_config *c = &ctx->job->passes;
+    /* a placed graph runs spmd, never fsdp, overlap or bucketing (they drop placements) */
+    if (placed(ctx) &&
+        (e->fn == hp_pass_fsdp || e->fn == hp_pass_overlap || e->fn == hp_pass_bucketing))
+        return false;
     for (int i = 0; i < c->n_switches; i++)
         if (!strcmp(c->switches[i].name, e->name)) return c->switches[i].enabled;
     return e->wanted(ctx);
@@ -173,26 +236,19 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
                        "world %d does not match the plan's mesh (%s), which has %lld ranks", world,
                        mesh, (long long)product);
     /* what a plan may say that no pass reads yet is refused, never silently dropped */
-    if (job->plan.n_constraints > 0)
-        return hp_errf(err, HP_UNSUPPORTED,
-                       "plan.constraints: %d placement constraint%s given, but no pass applies "
-                       "explicit placements yet (they come with the placement passes and "
-                       "auto-sharding); remove them",
-                       job->plan.n_constraints, job->plan.n_constraints == 1 ? " is" : "s are");
     if (job->plan.mem_low != 0 || job->plan.mem_high != 1)
         return hp_errf(err, HP_UNSUPPORTED,
                        "plan.param_memory_budget: (%g, %g) is only honoured by auto-sharding, "
                        "which is not implemented yet; remove it",
                        job->plan.mem_low, job->plan.mem_high);
-    int split_dims = 0;
-    for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
-        split_dims += job->plan.mesh[d].size > 1;
-    if (split_dims > 1)
+    hp_pass_ctx probe = {.job = job, .world = world};
+    if (placed(&probe) && (job->plan.n_fsdp_fqns || job->plan.n_fsdp_patterns))
         return hp_errf(err, HP_UNSUPPORTED,
-                       "plan.mesh (%s): more than one mesh dim of size > 1 is not supported yet "
-                       "(tensor parallelism and FSDP x TP need the placement passes); use a 1-D "
-                       "mesh such as dp=%d",
-                       mesh, world);
+                       "plan (mesh %s): FSDP marks together with tensor parallelism or explicit "
+                       "placements are not supported yet; drop --fsdp (data-parallel ranks then "
+                       "hold replicated parameters)",
+                       mesh);
+    if (placed(&probe)) return HP_OK; /* the placement pass checks every split */
     if (job->plan.mode == HP_PLAN_AUTO && world > 1)
         return hp_errf(err, HP_UNSUPPORTED,
                        "plan.mode auto: auto-sharding is not implemented yet (use fsdp)");

@@ -253,3 +253,18 @@ hp_status hp_program_print(const hp_program *p, char **text, hp_err *err) {
     *text = b.s;
     return HP_OK;
 }
+
+hp_status hp_program_runnable(const hp_program *p, hp_err *err) {
+    const hp_graph_mesh *m = p->graph ? &p->graph->mesh : NULL;
+    if (!m || m->ndim == 0) return HP_OK;
+    char mesh[160] = "";
+    size_t len = 0;
+    for (int d = 0; d < m->ndim && len < sizeof mesh; d++)
+        len += (size_t)snprintf(mesh + len, sizeof mesh - len, "%s%s=%lld", d ? "," : "",
+                                m->name[d], (long long)m->size[d]);
+    return hp_errf(err, HP_UNSUPPORTED,
+                   "the plan (mesh %s) is compiled by the placement passes (tensor parallelism, "
+                   "explicit placements), which hp-worker does not run yet: hpctl plan reports "
+                   "it, a run refuses it",
+                   mesh);
+}

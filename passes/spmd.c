@@ -106,16 +106,24 @@ static hp_status step(spmd *s, hp_value v, int i, hp_placement want, hp_value *o
     bool gather = have.kind == HP_PLACE_SHARD && want.kind == HP_PLACE_REPLICATE;
     bool reduce = have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_REPLICATE;
     bool scatter = have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_SHARD;
+    /* Replicate -> Shard: every rank holds the whole value; averaging identical terms and
+     * scattering the result leaves each rank its chunk (a local slice needs the rank's mesh
+     * coordinate, which the IR cannot name yet; this costs a reduce-scatter instead) */
+    bool chunk = have.kind == HP_PLACE_REPLICATE && want.kind == HP_PLACE_SHARD;
+    if (chunk) {
+        have = HP_PARTIAL(HP_REDUCE_AVG);
+        scatter = true;
+    }
     char a[24], b[24];
     if (!gather && !reduce && !scatter)
-        return hp_errf(err, HP_UNSUPPORTED, "spmd: no redistribution %s -> %s on mesh dim %s yet",
+        return hp_errf(err, HP_UNSUPPORTED, "no redistribution %s -> %s on mesh dim %s yet",
                        hp_placement_short(&have, a, sizeof a),
                        hp_placement_short(&want, b, sizeof b), m->name[i]);
     int d = gather ? have.dim : scatter ? want.dim : 0;
     for (int k = 0; k < nd; k++)
         if (gather && k != i && cur[k].kind == HP_PLACE_SHARD && cur[k].dim == d)
             return hp_errf(err, HP_UNSUPPORTED,
-                           "spmd: tensor dim %d is split by mesh dims %s and %s; gathering one "
+                           "tensor dim %d is split by mesh dims %s and %s; gathering one "
                            "of them is not supported yet",
                            d, m->name[k], m->name[i]);
     hp_value x = v;
@@ -255,7 +263,7 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
         }
         if (!isfinite(best))
             st = hp_errf(err, HP_UNSUPPORTED,
-                         "spmd: node %d (%s): no placement its inputs can be redistributed to on "
+                         "node %d (%s): no placement its inputs can be redistributed to on "
                          "mesh dim %s",
                          id, info->name, s->mesh->name[i]);
         for (int j = 0; j < ni; j++)
@@ -282,13 +290,14 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
     for (int j = 0; j < ni && st == HP_OK; j++) ins[j] = hp__rewrite_get(&s->rw, n->in[j]);
     if (st == HP_OK) st = choose(s, id, ins, tgt, opl, err);
     for (int j = 0; j < ni && st == HP_OK; j++)
-        st = redistribute(s, ins[j], tgt + j * nd, &ins[j], err);
+        if ((st = redistribute(s, ins[j], tgt + j * nd, &ins[j], err)) != HP_OK)
+            hp_err_prefix(err, "node %d (%s): input %d", id, op, j);
     hp_type local[HP_MAX_OUTS];
     for (int k = 0; k < n->n_out && st == HP_OK; k++) {
         hp_err e;
         if (hp_local_type(&n->out[k], opl + k * nd, s->mesh->size, nd, true, &local[k], &e) !=
             HP_OK)
-            st = hp_errf(err, HP_INTERNAL, "spmd: node %d (%s): output %d: %s", id, op, k, e.msg);
+            st = hp_errf(err, HP_INTERNAL, "node %d (%s): output %d: %s", id, op, k, e.msg);
     }
     hp_value v = HP_NO_VALUE;
     if (st == HP_OK) {
@@ -300,8 +309,8 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
         if (!hp_type_eq(got, &local[k])) {
             char a[96], b[96];
             st = hp_errf(err, HP_INTERNAL,
-                         "spmd: node %d (%s): output %d is %s on a rank, its placements say %s", id,
-                         op, k, hp_type_str(got, a, sizeof a), hp_type_str(&local[k], b, sizeof b));
+                         "node %d (%s): output %d is %s on a rank, its placements say %s", id, op,
+                         k, hp_type_str(got, a, sizeof a), hp_type_str(&local[k], b, sizeof b));
         }
         if (st == HP_OK) hp__rewrite_set(&s->rw, (hp_value){id, k}, hp_out(v, k));
     }
@@ -317,7 +326,7 @@ static hp_status place_placeholder(spmd *s, int id, const hp_placement *pl, hp_e
     hp_type local;
     hp_err e;
     if (hp_local_type(&n->out[0], pl, s->mesh->size, nd, true, &local, &e) != HP_OK)
-        return hp_errf(err, HP_UNSUPPORTED, "spmd: '%s': %s (uneven splits are FSDP storage only)",
+        return hp_errf(err, HP_UNSUPPORTED, "'%s': %s (uneven splits are FSDP storage only)",
                        fqn && fqn->s ? fqn->s : "?", e.msg);
     hp_attr attrs[HP_ATTR_COUNT];
     int na = 0;
@@ -356,10 +365,12 @@ hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_p
         else if (k >= 1 && k - 1 < gi.n_params)
             memcpy(tgt, inputs + (size_t)(k - 1) * (size_t)nd, sizeof(hp_placement) * (size_t)nd);
         hp_value v = hp__rewrite_get(&s.rw, in->outputs[k]);
-        st = redistribute(&s, v, tgt, &v, err);
+        if ((st = redistribute(&s, v, tgt, &v, err)) != HP_OK)
+            hp_err_prefix(err, "graph output %d", k);
         if (st == HP_OK) st = hp_graph_add_output(s.rw.out, v, err);
     }
     hp_free(s.memo);
+    if (st != HP_OK) hp_err_prefix(err, "spmd");
     hp_graph *g = st == HP_OK ? s.rw.out : NULL;
     if (g) s.rw.out = NULL; /* outputs were set here: take the graph, drop the rewriter */
     hp__rewrite_abort(&s.rw);

@@ -330,6 +330,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
         HP_TRY(hp_compile(job, t->world, &t->compiled, err));
         t->prog = t->compiled->program;
     }
+    HP_TRY(hp_program_runnable(t->prog, err));
     if (t->world > 1) {
         if (!o->comm_name)
             return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);

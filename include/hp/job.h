@@ -60,6 +60,7 @@ typedef struct hp_mesh_dim {
 /* A constraint on one graph input (by FQN) or output (by index): one placement per mesh dim. */
 typedef struct hp_place_constraint {
     char *input_fqn; /* hp_malloc'd; NULL: the constraint is on graph output `output` */
+    bool pattern;    /* input_fqn is an hp_fqn_match glob over the graph's inputs */
     int output;
     int n_placements; /* == the mesh's dims */
     hp_placement placements[HP_MESH_MAX_DIMS];
@@ -155,6 +156,9 @@ hp_status hp_job_add_fsdp_pattern(hp_job *job, const char *pattern, hp_err *err)
 /* input_fqn NULL: constrain graph output `output`. */
 hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
                                 const hp_placement *placements, int n, hp_err *err);
+/* A constraint on every graph input whose FQN matches the glob (hp_fqn_match). */
+hp_status hp_job_add_place_pattern(hp_job *job, const char *pattern, const hp_placement *placements,
+                                   int n, hp_err *err);
 
 /* Does an FSDP pattern match an FQN? '*' matches any run of characters (dots included:
  * "layers.*" matches "layers.3.attention.wq.weight"), '?' any one character, everything else

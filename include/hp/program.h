@@ -111,6 +111,11 @@ static inline int32_t hp_program_root(const hp_program *p, int32_t b) {
  * wire is untrusted). HP_INVALID naming the instruction or buffer. */
 hp_status hp_program_verify(const hp_program *p, hp_err *err);
 
+/* Can this build's hp-worker run p? Programs compiled by the placement passes (a graph with a
+ * mesh: tensor parallelism, explicit placements) are planned but not run yet: HP_UNSUPPORTED
+ * saying so. */
+hp_status hp_program_runnable(const hp_program *p, hp_err *err);
+
 /* Wire form (hp.v1.Program). pack: *data hp_malloc'd. unpack: untrusted bytes, verified. */
 hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_err *err);
 hp_status hp_program_unpack(const uint8_t *data, size_t len, hp_program **out, hp_err *err);

@@ -139,6 +139,61 @@ Test(hpctl_plan, json_parameters_and_comm_per_mesh_dim) {
     hp_th_run_free(&r);
 }
 
+/* torchtitan's Llama TP plan at tp=2: every TP'd weight holds half its bytes, and the
+ * communication is Megatron's: per block two all-reduces of B·T·d in the forward and two in
+ * the backward (no sequence parallel), 2(n-1)/n of the tensor each per rank — nothing else.
+ * hp-worker refuses to run it (planned, not run yet). */
+Test(hpctl_plan, tp2_llama_plan_is_megatron) {
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
+             "-o %s/tp.pb",
+             tmpdir));
+    json_t *root = plan_json("tp.pb", "");
+    json_t *params = json_object_get(root, "parameters");
+    int tp_weights = 0;
+    for (size_t i = 0; i < json_array_size(params); i++) {
+        json_t *p = json_array_get(params, i);
+        const char *fqn = json_string_value(json_object_get(p, "fqn"));
+        const char *tp = json_string_value(json_object_get(json_object_get(p, "placements"), "tp"));
+        int64_t gb = json_integer_value(json_object_get(p, "global_bytes"));
+        int64_t lb = json_integer_value(json_object_get(p, "local_bytes"));
+        bool col = strstr(fqn, ".wq.") || strstr(fqn, ".wk.") || strstr(fqn, ".wv.") ||
+                   strstr(fqn, ".w1.") || strstr(fqn, ".w3.");
+        bool row = strstr(fqn, ".wo.") || strstr(fqn, ".w2.");
+        cr_expect_str_eq(tp, col ? "S(0)" : row ? "S(1)" : "R", "%s", fqn);
+        cr_expect_eq(lb * (col || row ? 2 : 1), gb, "%s", fqn);
+        tp_weights += col || row;
+    }
+    cr_expect_eq(tp_weights, 6 * 7);
+    json_t *comm = json_object_get(root, "communication");
+    json_t *tp = json_object_get(json_object_get(comm, "by_mesh_dim"), "tp");
+    json_t *ar = json_object_get(tp, "all_reduce");
+    cr_assert(ar, "no all_reduce on tp");
+    int64_t btd = 4 * 16 * 256, per = btd * 4 * 2 * (2 - 1) / 2; /* f32, 2(n-1)/n */
+    cr_expect_eq(json_integer_value(json_object_get(ar, "count")), 4 * 6);
+    cr_expect_eq(json_integer_value(json_object_get(ar, "bytes")), 4 * 6 * per);
+    cr_expect_eq(json_object_size(tp), 1, "only all-reduces on tp");
+    cr_expect_eq(json_integer_value(json_object_get(comm, "bytes_per_step")), 4 * 6 * per);
+    json_decref(root);
+    hp_th_run r = hp_th_run_bin(tmpdir, "worker/hp-worker", "--standalone %s/tp.pb --out %s/run",
+                                tmpdir, tmpdir);
+    cr_expect_eq(r.code, 1);
+    cr_expect(strstr(r.err, "tensor parallelism and explicit placements are planned (hpctl plan) "
+                            "but not run by this hp-worker yet"),
+              "%s", r.err);
+    hp_th_run_free(&r);
+    /* dp x tp plans too: the batch over dp, Megatron's all-reduces at the local batch on tp */
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2,tp=2 --tp-plan llama "
+             "-o %s/dptp.pb",
+             tmpdir));
+    root = plan_json("dptp.pb", "");
+    ar = json_object_get(
+        json_object_get(json_object_get(json_object_get(root, "communication"), "by_mesh_dim"),
+                        "tp"),
+        "all_reduce");
+    cr_expect_eq(json_integer_value(json_object_get(ar, "bytes")), 4 * 6 * per / 2);
+    json_decref(root);
+}
+
 Test(hpctl_plan, json_memory_is_one_nth) {
     ok(hpctl("new --model llama3:debugmodel --batch 6 --seq 32 --mesh dp=2 " ALL_FSDP " -o %s/j.pb",
              tmpdir));
@@ -170,7 +225,7 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     json_t *e2 = json_object_get(w2, "estimate");
     cr_expect_gt(json_real_value(json_object_get(e2, "step_s")), 0);
     cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
-    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 6);
+    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 7);
     json_decref(w1);
     json_decref(w2);
     json_decref(w3);
@@ -229,11 +284,25 @@ Test(hpctl_plan, errors) {
     expect_error(hpctl("plan %s/missing.pb", tmpdir), 1, "missing.pb");
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 -o %s/j.pb", tmpdir));
     expect_error(hpctl("plan %s/j.pb --world 3", tmpdir), 1, "batch 4 is not divisible by world 3");
-    /* an N-D mesh is refused until the placement passes run it, never flattened */
-    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2,tp=2 -o %s/nd.pb",
+    /* FSDP marks with tensor parallelism: refused by name, never flattened or ignored */
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2,tp=2 --tp-plan llama "
+             "--fsdp layers -o %s/nd.pb",
              tmpdir));
     expect_error(hpctl("plan %s/nd.pb", tmpdir), 1,
-                 "plan.mesh (dp=2,tp=2): more than one mesh dim of size > 1 is not supported yet");
+                 "FSDP marks together with tensor parallelism or explicit placements are not "
+                 "supported yet");
+    expect_error(hpctl("new --model mlp --mesh dp=2 --place 'nope.*=dp:S(0)' -o x.pb"), 2,
+                 "plan.constraints[0]: pattern 'nope.*' matches no graph input");
+    expect_error(hpctl("new --model mlp --mesh dp=2 --place 'layers.0.weight=tp:S(0)' -o x.pb"), 2,
+                 "--place: 'tp' is not a dim of the mesh");
+    expect_error(hpctl("new --model mlp --mesh dp=2 --place 'layers.0.weight=dp:S(5)' -o x.pb"), 2,
+                 "Shard(5) outside rank 2");
+    expect_error(hpctl("new --model mlp --mesh dp=2 --place 'layers.0.weight' -o x.pb"), 2,
+                 "is not PATTERN=DIM:PLACEMENT");
+    expect_error(hpctl("new --model mlp --mesh dp=2 --tp-plan llama -o x.pb"), 2,
+                 "--tp-plan: the mesh has no 'tp' dim");
+    expect_error(hpctl("new --model mlp --mesh tp=2 --tp-plan gpt -o x.pb"), 2,
+                 "--tp-plan: 'gpt' is not a known plan");
 
     expect_error(hpctl("new --model mlp --mesh dp -o x.pb"), 2, "--mesh: 'dp' is not NAME=N");
     expect_error(hpctl("new --model mlp --mesh dp=0 -o x.pb"), 2, "--mesh: 0 is outside");

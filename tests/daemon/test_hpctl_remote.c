@@ -280,6 +280,28 @@ Test(hpctl_remote, cuda_job_refused_at_submit) {
     run_free(&r);
 }
 
+/* A tensor-parallel job is planned but not run yet: refused at submit, no job created. */
+Test(hpctl_remote, tensor_parallel_job_refused_at_submit) {
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 --mesh tp=2 "
+                  "--tp-plan llama -o %s/tp.pb",
+                  g_dir);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    run_free(&r);
+    r = hpctl("submit %s/tp.pb", g_dir);
+    cr_expect_eq(r.code, 1, "submit of a tp job: exit %d, out %s", r.code, r.out);
+    cr_expect(strstr(r.err, "hpctl: submit: ") &&
+                  strstr(r.err, "the plan (mesh tp=2) is compiled by the placement passes"),
+              "stderr: %s", r.err);
+    run_free(&r);
+    r = hpctl("list --json");
+    cr_assert_eq(r.code, 0, "list: %s", r.err);
+    json_t *j = parse_json(r.out);
+    cr_expect_eq(json_array_size(json_object_get(j, "jobs")), 0, "a job was created: %s", r.out);
+    json_decref(j);
+    run_free(&r);
+}
+
 /* The step of a job as the daemon reports it. */
 static long job_step(const char *id) {
     run r = hpctl("status %s --json", id);

@@ -84,7 +84,7 @@ static hp_job *full_job(void) {
     t->checkpoint_interval = 500;
     snprintf(t->data_path, sizeof t->data_path, "/data/fineweb edu/train_*.bin");
     snprintf(t->init_from, sizeof t->init_from, "ckpt/step-500");
-    t->local_batch = 2;
+    t->local_batch = 4; /* x dp 2: the tp ranks of a dp group share a batch */
     t->global_batch = 8;
     t->seq = 8;
 
@@ -235,7 +235,7 @@ static const bad_case bad_cases[] = {
     {"train.data_path: '/da\\x0aa/fineweb", e_path},
     {"train.local_batch: 0", e_local},
     {"train.seq: -1", e_seq},
-    {"train.global_batch: 3 must equal local_batch x world_size", e_global},
+    {"train.global_batch: 3 must equal local_batch x the mesh's dp size", e_global},
     {"model.seq: 8 differs from train.seq 16", e_model_seq},
 };
 
@@ -275,9 +275,10 @@ Test(job, fsdp_mode_global_batch) {
     hp_job *job = full_job();
     hp_err err = {0};
     job->plan.mode = HP_PLAN_FSDP;
-    job->train.global_batch = 4; /* local 2 x world 4 = 8 */
+    job->train.global_batch = 4; /* local 4 x dp 2 = 8 */
     cr_assert_eq(hp_job_validate(job, &err), HP_INVALID);
-    cr_assert(strstr(err.msg, "train.global_batch: 4 must equal local_batch x world_size = 8"),
+    cr_assert(strstr(err.msg, "train.global_batch: 4 must equal local_batch x the mesh's dp size "
+                              "= 8"),
               "%s", err.msg);
     job->train.global_batch = 8;
     cr_assert_eq(hp_job_validate(job, &err), HP_OK, "%s", err.msg);

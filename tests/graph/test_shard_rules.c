@@ -597,9 +597,12 @@ Test(shard_rules, collectives_redistribute_on_their_own_dim_and_pass_others) {
     cr_expect(s1 && !s0);
     q = (hp_shard_query){
         .node = &rs, .in = &in, .out = &scattered, .mesh_size = 2, .mesh_dim = "dp"};
-    cr_assert_eq(hp_op_get(HP_OP_REDUCE_SCATTER)->shard(&q, r, HP_SHARD_MAX_RULES), 1);
+    cr_assert_eq(hp_op_get(HP_OP_REDUCE_SCATTER)->shard(&q, r, HP_SHARD_MAX_RULES), 2);
     cr_expect(hp_placement_eq(r[0].in[0], HP_PARTIAL(HP_REDUCE_AVG)) &&
               hp_placement_eq(r[0].out[0], HP_SHARD(0)));
+    /* averaging identical replicas: a rank's chunk of a replicated value */
+    cr_expect(hp_placement_eq(r[1].in[0], HP_REPLICATE) &&
+              hp_placement_eq(r[1].out[0], HP_SHARD(0)));
 }
 
 /* ---- placement words ------------------------------------------------------------------------- */

@@ -69,20 +69,21 @@ static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
 
 /* The structural invariants of any compile. */
 static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
-    static const char *const names[] = {"dce",     "canonicalize", "fsdp",
+    static const char *const names[] = {"dce",     "canonicalize", "spmd", "fsdp",
                                         "overlap", "bucketing",    "lower"};
-    cr_assert_eq(c->n_passes, 6);
+    cr_assert_eq(c->n_passes, 7);
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         cr_expect_str_eq(r->name, names[i]);
         cr_expect_geq(r->seconds, 0);
-        if (i > 0 && i < 5) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
-        if (!r->ran && i < 5) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
+        if (i > 0 && i < 6) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
+        if (!r->ran && i < 6) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
     }
-    cr_expect(c->passes[0].ran && c->passes[1].ran && c->passes[5].ran);
-    cr_expect_eq(c->passes[2].ran, world > 1, "fsdp runs exactly when world > 1");
-    cr_expect_eq(c->passes[5].nodes_in, c->graph->n_nodes);
-    cr_expect_eq(c->passes[5].nodes_out, c->program->n_instrs);
+    cr_expect(c->passes[0].ran && c->passes[1].ran && c->passes[6].ran);
+    cr_expect(!c->passes[2].ran, "spmd runs only for placed plans");
+    cr_expect_eq(c->passes[3].ran, world > 1, "fsdp runs exactly when world > 1");
+    cr_expect_eq(c->passes[6].nodes_in, c->graph->n_nodes);
+    cr_expect_eq(c->passes[6].nodes_out, c->program->n_instrs);
     cr_expect_eq(c->world, world);
     hp_err err = {0};
     cr_expect_eq(hp_graph_verify(c->graph, &err), HP_OK, "%s", err.msg);
@@ -96,14 +97,14 @@ static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
               1e-12 * c->cost.step_s);
     cr_expect_leq(c->cost.exposed_comm_s, c->cost.comm_s + 1e-15);
     if (world == 1) {
-        cr_expect_eq(c->passes[5].collectives, 0);
+        cr_expect_eq(c->passes[6].collectives, 0);
         cr_expect_eq(c->cost.comm_s, 0);
     } else {
         /* FSDP has run: every gradient is reduced (reduce-scatter or all-reduce) and the loss
          * averaged, so a multi-rank graph always communicates */
-        cr_expect_gt(c->passes[2].collectives, 0, "%s: no collectives after fsdp at world %d",
+        cr_expect_gt(c->passes[3].collectives, 0, "%s: no collectives after fsdp at world %d",
                      job->model.flavor, world);
-        cr_expect_gt(c->passes[2].comm_bytes, 0);
+        cr_expect_gt(c->passes[3].comm_bytes, 0);
         cr_expect_gt(c->cost.comm_s, 0);
     }
 }
@@ -337,14 +338,30 @@ Test(pipeline, world_must_match_the_mesh) {
     hp_job_free(job);
 }
 
-/* Plan fields no pass reads yet are refused, never silently dropped. */
-Test(pipeline, unapplied_plan_fields_are_refused) {
+/* Explicit placements go through the placement passes (planned, not run yet); a memory budget,
+ * which only auto-sharding would honour, is refused, never silently dropped. */
+Test(pipeline, placements_are_planned_and_a_budget_refused) {
     hp_job *job = make_job(&MLP, 2, false);
+    snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "tp");
     hp_err err = {0};
-    hp_placement p = HP_SHARD(0);
-    cr_assert_eq(hp_job_add_constraint(job, "x", 0, &p, 1, &err), HP_OK, "%s", err.msg);
-    expect_compile_error(job, 2, "plan.constraints: 1 placement constraint is given",
-                         "no pass applies explicit placements yet");
+    hp_placement p = HP_SHARD(0); /* column-parallel first layer */
+    cr_assert_eq(hp_job_add_place_pattern(job, "layers.0.*", &p, 1, &err), HP_OK, "%s", err.msg);
+    hp_compiled *c = compile_ok(job, 2);
+    cr_expect(c->passes[2].ran && !c->passes[3].ran, "spmd instead of fsdp");
+    const hp_placement *w = hp_value_placements(c->graph, (hp_value){0, 0});
+    cr_assert(w && hp_placement_eq(w[0], HP_SHARD(0)), "layers.0.weight placed");
+    cr_expect_eq(hp_program_runnable(c->program, &err), HP_UNSUPPORTED);
+    cr_expect(strstr(err.msg, "the plan (mesh tp=2) is compiled by the placement passes"), "%s",
+              err.msg);
+    hp_compiled_free(c);
+    /* parameters stored split over the data-parallel dim (FSDP) are --fsdp's, not yet this */
+    snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "dp");
+    c = (hp_compiled *)1;
+    cr_expect_eq(hp_compile(job, 2, &c, &err), HP_UNSUPPORTED);
+    cr_expect(strstr(err.msg, "'layers.0.weight' is placed S(0) on the data-parallel dim dp"), "%s",
+              err.msg);
+    c = NULL;
+    hp_compiled_free(c);
     hp_job_free(job);
     job = make_job(&MLP, 2, false);
     job->plan.mem_low = 0.1, job->plan.mem_high = 0.5;
@@ -371,7 +388,7 @@ Test(pipeline, switches_and_warnings) {
     job->passes.enable_overlap = false;
     hp_compiled *c = compile_ok(job, 2);
     cr_expect(!c->passes[1].ran);
-    cr_expect(!c->passes[3].ran, "overlap honours enable_overlap");
+    cr_expect(!c->passes[4].ran, "overlap honours enable_overlap");
     bool warned = false;
     for (int i = 0; i < c->n_warnings; i++) warned |= strstr(c->warnings[i], "canonicalise") != 0;
     cr_expect(warned, "no warning for a switch naming no pass");
@@ -380,8 +397,8 @@ Test(pipeline, switches_and_warnings) {
     snprintf(job->passes.switches[0].name, HP_PASS_NAME_MAX, "fsdp");
     job->passes.n_switches = 1;
     c = compile_ok(job, 2);
-    cr_expect(!c->passes[2].ran);
-    cr_expect_eq(c->passes[5].collectives, 0);
+    cr_expect(!c->passes[3].ran);
+    cr_expect_eq(c->passes[6].collectives, 0);
     hp_compiled_free(c);
     hp_job_free(job);
 }
@@ -396,14 +413,14 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "06-lower.txt"};
+                                       "07-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
         struct stat st;
         cr_expect(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
     }
-    snprintf(path, sizeof path, "%s/03-fsdp.hpir", dir);
+    snprintf(path, sizeof path, "%s/04-fsdp.hpir", dir);
     cr_expect_neq(access(path, F_OK), 0, "fsdp did not run, yet it was dumped");
     /* the canonicalize dump is the graph that pass produced (lowering starts from it) */
     hp_graph *g = NULL;

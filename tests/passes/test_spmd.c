@@ -50,12 +50,21 @@ static hp_placement tp_plan(const char *fqn) {
     return HP_REPLICATE;
 }
 
-/* ---- simulated ranks ------------------------------------------------------------------------ */
+/* ---- simulated ranks ------------------------------------------------------------------------
+ * One thread per rank of the mesh (row-major coordinates, the last dim fastest). A collective
+ * on mesh dim i runs among the ranks that share every other coordinate: each posts its input
+ * in its slot of that group, waits on the group's barrier, computes, waits again. */
 
-typedef struct sim {
-    int n;
+typedef struct group {
     pthread_barrier_t bar;
     const hp_tensor *slot[MAX_RANKS];
+} group;
+
+typedef struct sim {
+    hp_graph_mesh mesh;
+    int world;
+    int64_t stride[HP_MESH_MAX_DIMS];
+    group g[HP_MESH_MAX_DIMS][MAX_RANKS]; /* [dim][the rank with that dim's coordinate 0] */
 } sim;
 
 typedef struct rank_ctx {
@@ -68,14 +77,39 @@ typedef struct rank_ctx {
     hp_err err;
 } rank_ctx;
 
-static void chunk_of(const hp_tensor *full, int d, int n, int r, hp_tensor *piece, bool to_piece) {
+static int coord(const sim *s, int rank, int i) {
+    return (int)((rank / s->stride[i]) % s->mesh.size[i]);
+}
+
+static void sim_init(sim *s, const hp_graph_mesh *m) {
+    memset(s, 0, sizeof *s);
+    s->mesh = *m;
+    s->world = 1;
+    for (int i = m->ndim - 1; i >= 0; i--) {
+        s->stride[i] = s->world;
+        s->world *= (int)m->size[i];
+    }
+    cr_assert(s->world <= MAX_RANKS);
+    for (int i = 0; i < m->ndim; i++)
+        for (int r = 0; r < s->world; r++)
+            if (coord(s, r, i) == 0)
+                pthread_barrier_init(&s->g[i][r].bar, NULL, (unsigned)m->size[i]);
+}
+
+static void sim_fini(sim *s) {
+    for (int i = 0; i < s->mesh.ndim; i++)
+        for (int r = 0; r < s->world; r++)
+            if (coord(s, r, i) == 0) pthread_barrier_destroy(&s->g[i][r].bar);
+}
+
+/* piece <-> chunk r of full along dim d (copy in either direction). */
+static void chunk_of(const hp_tensor *full, int d, int r, hp_tensor *piece, bool to_piece) {
     int64_t fst[HP_MAX_RANK], pst[HP_MAX_RANK];
     const hp_type *ft = &full->type, *pt = &piece->type;
     for (int k = ft->rank - 1, a = 1, b = 1; k >= 0; k--) {
         fst[k] = a, pst[k] = b;
         a *= (int)ft->shape[k], b *= (int)pt->shape[k];
     }
-    (void)n;
     int64_t numel = hp_type_numel(pt);
     for (int64_t e = 0; e < numel; e++) {
         int64_t rem = e, at = 0;
@@ -92,39 +126,67 @@ static void chunk_of(const hp_tensor *full, int d, int n, int r, hp_tensor *piec
     }
 }
 
-/* The collective of node n among the simulated ranks (one mesh dim: the whole world). */
+/* A rank's piece of full under placements pl (Shard or Replicate), mesh dims in order. */
+static hp_tensor piece_of(const sim *s, const hp_tensor *full, const hp_placement *pl, int rank) {
+    hp_err err = {0};
+    hp_tensor cur;
+    cr_assert_eq(hp_tensor_alloc(&cur, full->type, &err), HP_OK);
+    memcpy(cur.data, full->data, sizeof(double) * (size_t)hp_type_numel(&full->type));
+    for (int i = 0; i < s->mesh.ndim; i++) {
+        if (pl[i].kind != HP_PLACE_SHARD) continue;
+        hp_type t = cur.type;
+        t.shape[pl[i].dim] /= s->mesh.size[i];
+        hp_tensor next;
+        cr_assert_eq(hp_tensor_alloc(&next, t, &err), HP_OK);
+        chunk_of(&cur, pl[i].dim, coord(s, rank, i), &next, true);
+        hp_tensor_free(&cur);
+        cur = next;
+    }
+    return cur;
+}
+
+static int group_dim(const sim *s, const hp_node *n) {
+    const hp_attr *g = hp_node_attr(n, HP_ATTR_GROUP);
+    for (int i = 0; g && g->s && i < s->mesh.ndim; i++)
+        if (!strcmp(g->s, s->mesh.name[i])) return i;
+    cr_assert_fail("collective on no mesh dim");
+    return 0;
+}
+
 static hp_status sim_collective(void *ctx, const hp_node *n, const hp_tensor *in, hp_tensor *out,
                                 hp_err *err) {
     (void)err;
     rank_ctx *rc = ctx;
     sim *s = rc->s;
-    s->slot[rc->rank] = in;
-    pthread_barrier_wait(&s->bar);
+    int i = group_dim(s, n), me = coord(s, rc->rank, i), size = (int)s->mesh.size[i];
+    group *g = &s->g[i][rc->rank - me * s->stride[i]];
+    g->slot[me] = in;
+    pthread_barrier_wait(&g->bar);
     int64_t numel = hp_type_numel(&in->type);
     hp_reduce_op op = (hp_reduce_op)hp_node_int(n, HP_ATTR_REDUCE_OP, HP_REDUCE_SUM);
     if (n->op == HP_OP_ALL_GATHER) {
-        for (int r = 0; r < s->n; r++) {
-            hp_tensor piece = *s->slot[r];
-            chunk_of(out, 0, s->n, r, &piece, false);
+        for (int r = 0; r < size; r++) {
+            hp_tensor piece = *g->slot[r];
+            chunk_of(out, 0, r, &piece, false);
         }
     } else {
         double *acc = calloc((size_t)numel, sizeof *acc);
         for (int64_t e = 0; e < numel; e++) {
-            double v = s->slot[0]->data[e];
-            for (int r = 1; r < s->n; r++) {
-                double w = s->slot[r]->data[e];
+            double v = g->slot[0]->data[e];
+            for (int r = 1; r < size; r++) {
+                double w = g->slot[r]->data[e];
                 v = op == HP_REDUCE_MAX ? fmax(v, w) : v + w;
             }
-            acc[e] = op == HP_REDUCE_AVG ? v / s->n : v;
+            acc[e] = op == HP_REDUCE_AVG ? v / size : v;
         }
         hp_tensor full = {.type = in->type, .data = acc};
         if (n->op == HP_OP_ALL_REDUCE)
             memcpy(out->data, acc, sizeof(double) * (size_t)numel);
         else /* reduce_scatter */
-            chunk_of(&full, 0, s->n, rc->rank, out, true);
+            chunk_of(&full, 0, me, out, true);
         free(acc);
     }
-    pthread_barrier_wait(&s->bar);
+    pthread_barrier_wait(&g->bar);
     return HP_OK;
 }
 
@@ -137,44 +199,29 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
-/* ---- the test ------------------------------------------------------------------------------- */
+/* ---- the check ------------------------------------------------------------------------------ */
 
-static int count_all_reduces(const hp_graph *g, int64_t numel) {
+static int count_all_reduces(const hp_graph *g, int64_t numel, const char *group) {
     int k = 0;
-    for (int i = 0; i < g->n_nodes; i++)
-        if (g->nodes[i].op == HP_OP_ALL_REDUCE && hp_type_numel(&g->nodes[i].out[0]) == numel) k++;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_attr *a = hp_node_attr(&g->nodes[i], HP_ATTR_GROUP);
+        if (g->nodes[i].op == HP_OP_ALL_REDUCE && hp_type_numel(&g->nodes[i].out[0]) == numel &&
+            a && !strcmp(a->s, group))
+            k++;
+    }
     return k;
 }
 
-static void check_tp(int layers, int kv_heads, int n) {
-    hp_graph *g = tiny_llama_kv(layers, kv_heads);
+/* Places g on mesh with placeholder placements pl, runs it on every simulated rank, and checks
+ * each rank's loss and gradient pieces against the 1-rank graph. Returns the placed graph. */
+static hp_graph *check_plan(const hp_graph *g, const hp_graph_mesh *mesh, const hp_placement *pl) {
+    int nd = mesh->ndim;
     hp_graph_inputs gi = hp_graph_count_inputs(g);
     int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
-    hp_placement *pl = calloc((size_t)n_ph, sizeof *pl);
-    for (int i = 0; i < gi.n_params; i++)
-        pl[i] = tp_plan(hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s);
-    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {n}};
     hp_graph *spmd = NULL;
     hp_err err = {0};
-    cr_assert_eq(hp_pass_spmd(g, &mesh, pl, NULL, &spmd, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_pass_spmd(g, mesh, pl, NULL, &spmd, &err), HP_OK, "%s", err.msg);
 
-    /* Megatron: 2 all-reduces of B·T·d per block forward, 2 backward; and no other collective */
-    int64_t btd = BATCH * SEQ * DIM;
-    int collectives = 0;
-    for (int i = 0; i < spmd->n_nodes; i++)
-        collectives += (hp_op_get(spmd->nodes[i].op)->flags & HP_OPF_COLLECTIVE) != 0;
-    cr_expect_eq(count_all_reduces(spmd, btd), 4 * layers, "all-reduces of B*T*d");
-    if (getenv("HP_SPMD_DUMP")) hp_graph_write_file(spmd, getenv("HP_SPMD_DUMP"), NULL);
-    cr_expect_eq(collectives, 4 * layers, "collectives in all: %d", collectives);
-    /* every TP'd weight holds half its rows or columns */
-    for (int i = 0; i < gi.n_params; i++) {
-        const hp_type *gt = &g->nodes[i].out[0], *lt = &spmd->nodes[i].out[0];
-        bool tp = pl[i].kind == HP_PLACE_SHARD;
-        cr_expect_eq(hp_type_numel(lt) * (tp ? n : 1), hp_type_numel(gt), "%s",
-                     hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s);
-    }
-
-    /* full inputs; the 1-rank reference */
     hp_tensor *full = calloc((size_t)n_ph, sizeof *full);
     for (int i = 0; i < n_ph; i++) {
         const hp_type *t = &g->nodes[i].out[0];
@@ -182,57 +229,48 @@ static void check_tp(int layers, int kv_heads, int n) {
         bool idx = !hp_dtype_is_float(t->dtype);
         hp_th_rand(full[i].data, hp_type_numel(t), 100 + (uint64_t)i, idx ? 0 : -0.5,
                    idx ? VOCAB : 0.5);
-        if (idx)
-            for (int64_t e = 0; e < hp_type_numel(t); e++) full[i].data[e] = floor(full[i].data[e]);
-        if (t->rank == 1 && !idx) /* norm weights near 1 */
-            for (int64_t e = 0; e < hp_type_numel(t); e++) full[i].data[e] += 1;
+        for (int64_t e = 0; idx && e < hp_type_numel(t); e++)
+            full[i].data[e] = floor(full[i].data[e]);
+        for (int64_t e = 0; t->rank == 1 && !idx && e < hp_type_numel(t); e++)
+            full[i].data[e] += 1; /* norm weights near 1 */
     }
     hp_tensor *want = calloc((size_t)g->n_outputs, sizeof *want);
     hp_eval_opts o = {.precision = HP_EVAL_F64};
     cr_assert_eq(hp_eval(g, full, n_ph, &o, want, &err), HP_OK, "%s", err.msg);
 
-    /* n ranks, each fed its pieces */
-    sim s = {.n = n};
-    pthread_barrier_init(&s.bar, NULL, (unsigned)n);
+    static sim s;
+    sim_init(&s, mesh);
     rank_ctx rc[MAX_RANKS];
     pthread_t th[MAX_RANKS];
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < s.world; r++) {
         rc[r] = (rank_ctx){.s = &s, .rank = r, .g = spmd};
         rc[r].ins = calloc((size_t)n_ph, sizeof(hp_tensor));
         rc[r].outs = calloc((size_t)spmd->n_outputs, sizeof(hp_tensor));
-        for (int i = 0; i < n_ph; i++) {
-            cr_assert_eq(hp_tensor_alloc(&rc[r].ins[i], spmd->nodes[i].out[0], &err), HP_OK);
-            if (pl[i].kind == HP_PLACE_SHARD)
-                chunk_of(&full[i], pl[i].dim, n, r, &rc[r].ins[i], true);
-            else
-                memcpy(rc[r].ins[i].data, full[i].data,
-                       sizeof(double) * (size_t)hp_type_numel(&full[i].type));
-        }
+        for (int i = 0; i < n_ph; i++) rc[r].ins[i] = piece_of(&s, &full[i], pl + i * nd, r);
         pthread_create(&th[r], NULL, rank_main, &rc[r]);
     }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < n; r++) cr_assert_eq(rc[r].st, HP_OK, "rank %d: %s", r, rc[r].err.msg);
+    for (int r = 0; r < s.world; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < s.world; r++)
+        cr_assert_eq(rc[r].st, HP_OK, "rank %d: %s", r, rc[r].err.msg);
 
-    /* the loss on every rank; each gradient's pieces put together */
-    for (int r = 0; r < n; r++)
-        cr_expect(fabs(rc[r].outs[0].data[0] - want[0].data[0]) < 1e-10,
-                  "rank %d loss %.15g, want %.15g", r, rc[r].outs[0].data[0], want[0].data[0]);
-    for (int k = 1; k < g->n_outputs; k++) {
-        int p = k - 1;
-        hp_tensor got;
-        cr_assert_eq(hp_tensor_alloc(&got, want[k].type, &err), HP_OK);
-        for (int r = 0; r < n; r++) {
-            if (pl[p].kind == HP_PLACE_SHARD)
-                chunk_of(&got, pl[p].dim, n, r, &rc[r].outs[k], false);
-            else if (r == 0)
-                memcpy(got.data, rc[r].outs[k].data,
-                       sizeof(double) * (size_t)hp_type_numel(&got.type));
+    /* every rank's loss, and every rank's piece of every gradient */
+    hp_placement repl[HP_MESH_MAX_DIMS] = {0};
+    for (int r = 0; r < s.world; r++) {
+        hp_tensor w0 = piece_of(&s, &want[0], repl, r);
+        cr_expect(fabs(rc[r].outs[0].data[0] - w0.data[0]) < 1e-10,
+                  "rank %d loss %.15g, want %.15g", r, rc[r].outs[0].data[0], w0.data[0]);
+        hp_tensor_free(&w0);
+        for (int k = 1; k < g->n_outputs; k++) {
+            hp_tensor wk = piece_of(&s, &want[k], pl + (k - 1) * nd, r);
+            char what[128];
+            snprintf(what, sizeof what, "rank %d: %s", r,
+                     hp_node_attr(&g->nodes[k - 1], HP_ATTR_FQN)->s);
+            cr_assert(hp_type_eq(&wk.type, &rc[r].outs[k].type), "%s: shape", what);
+            hp_th_expect_close(rc[r].outs[k].data, wk.data, hp_type_numel(&wk.type), 1e-10, what);
+            hp_tensor_free(&wk);
         }
-        hp_th_expect_close(got.data, want[k].data, hp_type_numel(&got.type), 1e-10,
-                           hp_node_attr(&g->nodes[p], HP_ATTR_FQN)->s);
-        hp_tensor_free(&got);
     }
-    for (int r = 0; r < n; r++) {
+    for (int r = 0; r < s.world; r++) {
         for (int i = 0; i < n_ph; i++) hp_tensor_free(&rc[r].ins[i]);
         for (int k = 0; k < spmd->n_outputs; k++) hp_tensor_free(&rc[r].outs[k]);
         free(rc[r].ins);
@@ -240,9 +278,43 @@ static void check_tp(int layers, int kv_heads, int n) {
     }
     for (int i = 0; i < n_ph; i++) hp_tensor_free(&full[i]);
     for (int k = 0; k < g->n_outputs; k++) hp_tensor_free(&want[k]);
-    pthread_barrier_destroy(&s.bar);
+    sim_fini(&s);
     free(full);
     free(want);
+    return spmd;
+}
+
+/* torchtitan's TP plan on mesh dim `tp`, the batch split over `dp` (-1: none). */
+static hp_placement *plan_for(const hp_graph *g, const hp_graph_mesh *mesh, int tp, int dp) {
+    int nd = mesh->ndim;
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
+    hp_placement *pl = calloc((size_t)(n_ph * nd), sizeof *pl);
+    for (int i = 0; i < gi.n_params; i++)
+        pl[i * nd + tp] = tp_plan(hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s);
+    for (int i = gi.n_params + gi.n_buffers; dp >= 0 && i < n_ph; i++)
+        pl[i * nd + dp] = HP_SHARD(0);
+    return pl;
+}
+
+static void check_tp(int layers, int kv_heads, int n) {
+    hp_graph *g = tiny_llama_kv(layers, kv_heads);
+    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {n}};
+    hp_placement *pl = plan_for(g, &mesh, 0, -1);
+    hp_graph *spmd = check_plan(g, &mesh, pl);
+    /* Megatron: 2 all-reduces of B·T·d per block forward, 2 backward; and no other collective */
+    int collectives = 0;
+    for (int i = 0; i < spmd->n_nodes; i++)
+        collectives += (hp_op_get(spmd->nodes[i].op)->flags & HP_OPF_COLLECTIVE) != 0;
+    cr_expect_eq(count_all_reduces(spmd, BATCH * SEQ * DIM, "tp"), 4 * layers);
+    cr_expect_eq(collectives, 4 * layers, "collectives in all: %d", collectives);
+    /* every TP'd weight holds 1/n of its rows or columns */
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    for (int i = 0; i < gi.n_params; i++) {
+        const hp_type *gt = &g->nodes[i].out[0], *lt = &spmd->nodes[i].out[0];
+        cr_expect_eq(hp_type_numel(lt) * (pl[i].kind == HP_PLACE_SHARD ? n : 1), hp_type_numel(gt),
+                     "%s", hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s);
+    }
     free(pl);
     hp_graph_free(spmd);
     hp_graph_free(g);
@@ -260,24 +332,34 @@ Test(spmd, megatron_tp4_one_head_per_rank, .timeout = 120) {
     check_tp(1, 4, 4);
 }
 
-/* tp=4 with 2 kv heads: attention cannot split its heads 4 ways and runs replicated, so wk's
- * gradient comes out whole while wk is stored split: taking a rank's own chunk of a
- * replicated value needs its mesh coordinate, which this version does not have. Refused,
- * naming what is missing. */
-Test(spmd, tp4_with_fewer_kv_heads_than_ranks_is_refused) {
-    hp_graph *g = tiny_llama(1);
-    hp_graph_inputs gi = hp_graph_count_inputs(g);
-    hp_placement *pl = calloc((size_t)(gi.n_params + gi.n_buffers + gi.n_data), sizeof *pl);
-    for (int i = 0; i < gi.n_params; i++)
-        pl[i] = tp_plan(hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s);
-    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {4}};
-    hp_graph *out = NULL;
-    hp_err err = {0};
-    cr_assert_eq(hp_pass_spmd(g, &mesh, pl, NULL, &out, &err), HP_UNSUPPORTED);
-    cr_assert_null(out);
-    cr_expect(strstr(err.msg, "spmd: no redistribution R -> S(0) on mesh dim tp yet"), "%s",
-              err.msg);
+/* dp=2 x tp=2: the batch split over dp (each dp rank's loss a mean of its half, gradients
+ * summed over dp), the TP plan over tp; every rank's loss and gradient pieces equal the
+ * 1-rank graph's over the whole batch, and the tp all-reduces are Megatron's at the local
+ * batch. */
+Test(spmd, dp2_tp2_equals_one_rank, .timeout = 120) {
+    hp_graph *g = tiny_llama(2);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    hp_placement *pl = plan_for(g, &mesh, 1, 0);
+    hp_graph *spmd = check_plan(g, &mesh, pl);
+    cr_expect_eq(count_all_reduces(spmd, BATCH / 2 * SEQ * DIM, "tp"), 4 * 2);
     free(pl);
+    hp_graph_free(spmd);
+    hp_graph_free(g);
+}
+
+/* tp=4 with 2 kv heads: attention cannot split its heads 4 ways and runs replicated, so wk's
+ * gradient comes out whole while wk is stored split: it is brought to its shard by an
+ * averaging reduce-scatter. Still the 1-rank step. */
+Test(spmd, tp4_with_fewer_kv_heads_than_ranks, .timeout = 120) {
+    hp_graph *g = tiny_llama(1);
+    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {4}};
+    hp_placement *pl = plan_for(g, &mesh, 0, -1);
+    hp_graph *spmd = check_plan(g, &mesh, pl);
+    int scatters = 0;
+    for (int i = 0; i < spmd->n_nodes; i++) scatters += spmd->nodes[i].op == HP_OP_REDUCE_SCATTER;
+    cr_expect_gt(scatters, 0, "wk/wv gradients scattered to their shards");
+    free(pl);
+    hp_graph_free(spmd);
     hp_graph_free(g);
 }
 

@@ -54,7 +54,7 @@ void hp_th_hpd_start(hp_th_hpd *h, const char *state_dir, const char *log_path,
     size_t got = 0;
     h->grpc[0] = h->http[0] = h->workers[0] = 0;
     time_t t0 = time(NULL);
-    while (!h->grpc[0] && time(NULL) - t0 < 30 && got < sizeof buf - 1) {
+    while (!h->grpc[0] && time(NULL) - t0 < 90 && got < sizeof buf - 1) {
         struct pollfd pf = {fds[0], POLLIN, 0};
         if (poll(&pf, 1, 500) <= 0) continue;
         ssize_t k = read(fds[0], buf + got, sizeof buf - 1 - got);
