@@ -255,21 +255,18 @@ Test(hpctl_remote, errors) {
     run_free(&r);
 }
 
-/* A cuda job where hpd's workers (this build's hp-worker) have no CUDA: refused at submit
- * with one line naming the cause, and no job is created; a cpu job still runs after it. */
-Test(hpctl_remote, cuda_job_refused_at_submit) {
-    if (hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK) cr_skip_test("this build has CUDA");
+/* `hpctl new FLAGS` (a tiny GQA Llama) then `submit`: refused with one line holding `want`, and
+ * no job created. */
+static void expect_refused_at_submit(const char *flags, const char *want) {
     run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
-                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 --device cuda "
-                  "-o %s/cuda.pb",
-                  g_dir);
-    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 %s -o %s/refused.pb",
+                  flags, g_dir);
+    cr_assert_eq(r.code, 0, "hpctl new %s: %s", flags, r.err);
     run_free(&r);
-    r = hpctl("submit %s/cuda.pb", g_dir);
-    cr_expect_eq(r.code, 1, "submit of a cuda job: exit %d, out %s", r.code, r.out);
-    cr_expect(strstr(r.err, "hpctl: submit: INVALID_ARGUMENT") &&
-                  strstr(r.err, "device cuda: this hp-worker was built without CUDA"),
-              "stderr: %s", r.err);
+    r = hpctl("submit %s/refused.pb", g_dir);
+    cr_expect_eq(r.code, 1, "submit of a %s job: exit %d, out %s", flags, r.code, r.out);
+    cr_expect(strstr(r.err, "hpctl: submit: INVALID_ARGUMENT") && strstr(r.err, want), "stderr: %s",
+              r.err);
     cr_expect(strchr(r.err, '\n') && strchr(r.err, '\n')[1] == 0, "not one line: %s", r.err);
     run_free(&r);
     r = hpctl("list --json");
@@ -280,26 +277,17 @@ Test(hpctl_remote, cuda_job_refused_at_submit) {
     run_free(&r);
 }
 
-/* A tensor-parallel job is planned but not run yet: refused at submit, no job created. */
+/* A cuda job where hpd's workers (this build's hp-worker) have no CUDA: refused at submit
+ * with one line naming the cause, and no job is created. */
+Test(hpctl_remote, cuda_job_refused_at_submit) {
+    if (hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK) cr_skip_test("this build has CUDA");
+    expect_refused_at_submit("--device cuda", "device cuda: this hp-worker was built without CUDA");
+}
+
+/* A tensor-parallel job is planned (hpctl plan) but not run yet: refused at submit. */
 Test(hpctl_remote, tensor_parallel_job_refused_at_submit) {
-    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
-                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 --mesh tp=2 "
-                  "--tp-plan llama -o %s/tp.pb",
-                  g_dir);
-    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
-    run_free(&r);
-    r = hpctl("submit %s/tp.pb", g_dir);
-    cr_expect_eq(r.code, 1, "submit of a tp job: exit %d, out %s", r.code, r.out);
-    cr_expect(strstr(r.err, "hpctl: submit: ") &&
-                  strstr(r.err, "the plan (mesh tp=2) is compiled by the placement passes"),
-              "stderr: %s", r.err);
-    run_free(&r);
-    r = hpctl("list --json");
-    cr_assert_eq(r.code, 0, "list: %s", r.err);
-    json_t *j = parse_json(r.out);
-    cr_expect_eq(json_array_size(json_object_get(j, "jobs")), 0, "a job was created: %s", r.out);
-    json_decref(j);
-    run_free(&r);
+    expect_refused_at_submit("--mesh tp=2 --tp-plan llama",
+                             "the plan (mesh tp=2) is compiled by the placement passes");
 }
 
 /* The step of a job as the daemon reports it. */
