@@ -248,6 +248,13 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
                        "placements are not supported yet; drop --fsdp (data-parallel ranks then "
                        "hold replicated parameters)",
                        mesh);
+    for (int k = 0; k < job->plan.n_constraints; k++)
+        if (!job->plan.constraints[k].input_fqn)
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "plan.constraints[%d]: a constraint on graph output %d is not applied "
+                           "yet (outputs take the loss Replicate, each gradient its parameter's "
+                           "placements); remove it",
+                           k, job->plan.constraints[k].output);
     if (placed(&probe)) return HP_OK; /* the placement pass checks every split */
     if (job->plan.mode == HP_PLAN_AUTO && world > 1)
         return hp_errf(err, HP_UNSUPPORTED,

@@ -364,6 +364,11 @@ Test(pipeline, placements_are_planned_and_a_budget_refused) {
     hp_compiled_free(c);
     hp_job_free(job);
     job = make_job(&MLP, 2, false);
+    cr_assert_eq(hp_job_add_constraint(job, NULL, 0, &p, 1, &err), HP_OK, "%s", err.msg);
+    expect_compile_error(job, 2, "plan.constraints[0]: a constraint on graph output 0",
+                         "is not applied yet");
+    hp_job_free(job);
+    job = make_job(&MLP, 2, false);
     job->plan.mem_low = 0.1, job->plan.mem_high = 0.5;
     expect_compile_error(job, 2, "plan.param_memory_budget: (0.1, 0.5)",
                          "only honoured by auto-sharding");
