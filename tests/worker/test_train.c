@@ -234,6 +234,20 @@ static void read_file(const char *path, uint8_t **data, size_t *len) {
     cr_assert_eq(hp_file_read(path, 1 << 30, data, len, NULL), HP_OK, "%s", path);
 }
 
+/* The model.safetensors two runs exported are the same bytes. */
+static void expect_same_weights(const char *a, const char *b) {
+    char pa[600], pb[600];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
+    uint8_t *da, *db;
+    size_t na, nb;
+    read_file(pa, &da, &na);
+    read_file(pb, &db, &nb);
+    cr_expect(na == nb && memcmp(da, db, na) == 0, "final weights differ");
+    hp_free(da);
+    hp_free(db);
+}
+
 Test(train, resume_equals_uninterrupted_bit_for_bit) {
     hp_job *job = tiny_job(tiny_spec(), 20);
     job->train.checkpoint_interval = 10;
@@ -264,16 +278,7 @@ Test(train, resume_equals_uninterrupted_bit_for_bit) {
     for (int i = 10; i < 20; i++)
         cr_expect(memcmp(&la[i], &lb[i + 5], sizeof(double)) == 0,
                   "resumed step %d: %.17g vs uninterrupted %.17g", i + 1, lb[i + 5], la[i]);
-    char pa[600], pb[600];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
-    uint8_t *da, *db;
-    size_t na, nb;
-    read_file(pa, &da, &na);
-    read_file(pb, &db, &nb);
-    cr_expect(na == nb && memcmp(da, db, na) == 0, "final weights differ");
-    hp_free(da);
-    hp_free(db);
+    expect_same_weights(a, b);
     hp_job_free(job);
 }
 
@@ -443,16 +448,7 @@ Test(train, staged_backend_equals_cpu_bit_for_bit) {
     for (int i = 5; i < 10; i++)
         cr_expect(memcmp(&la[i], &lb[i + 2], sizeof(double)) == 0, "step %d: %.17g vs %.17g", i + 1,
                   lb[i + 2], la[i]);
-    char pa[600], pb[600];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
-    uint8_t *da, *db;
-    size_t na, nb;
-    read_file(pa, &da, &na);
-    read_file(pb, &db, &nb);
-    cr_expect(na == nb && memcmp(da, db, na) == 0, "final weights differ");
-    hp_free(da);
-    hp_free(db);
+    expect_same_weights(a, b);
     hp_job_free(job);
 }
 
