@@ -344,12 +344,7 @@ int hpctl_new(int argc, char **argv) {
         if (t->rank >= 2) job->train.seq = t->shape[1];
         /* --batch is the global batch of a step; FSDP splits it over the ranks: say so here
          * rather than at compile time */
-        int world = job->resources.world_size > 0 ? job->resources.world_size : 1;
-        if (job->plan.n_mesh > 1) { /* an N-D mesh splits the batch over its "dp" dim only */
-            world = 1;
-            for (int k = 0; k < job->plan.n_mesh; k++)
-                if (!strcmp(job->plan.mesh[k].name, "dp")) world = job->plan.mesh[k].size;
-        }
+        int world = hp_job_dp_size(job); /* tensor-parallel ranks share their batch */
         if (t->rank >= 1 && t->shape[0] % world) {
             rc = hpctl_fail(HPCTL_USAGE, verb,
                             "--batch: %lld sequences do not split over the mesh's %d ranks",
@@ -436,10 +431,11 @@ static void print_text(const hp_job *job, const job_summary *s) {
         printf("  dim %lld, layers %lld, heads %lld (kv %lld), ffn %lld, vocab %lld",
                (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
                (long long)c.n_kv_heads, (long long)c.ffn_hidden, (long long)c.vocab);
-    printf("\nbatch       %lld x seq %lld per step (%lld per rank over %d ranks) = %s tokens per "
-           "rank per step\n",
-           (long long)(job->train.local_batch * job->resources.world_size),
-           (long long)job->train.seq, (long long)job->train.local_batch, job->resources.world_size,
+    int dp = hp_job_dp_size(job);
+    printf("\nbatch       %lld x seq %lld per step (%lld per rank over %d data-parallel rank%s) = "
+           "%s tokens per rank per step\n",
+           (long long)(job->train.local_batch * dp), (long long)job->train.seq,
+           (long long)job->train.local_batch, dp, dp == 1 ? "" : "s",
            COMMAS(job->train.local_batch * job->train.seq));
     printf("parameters  %s (%.1f MiB)", COMMAS(s->params), (double)s->param_bytes / (1 << 20));
     if (s->embedding_params) printf(", %s in the embedding", COMMAS(s->embedding_params));
@@ -463,9 +459,9 @@ static void print_text(const hp_job *job, const job_summary *s) {
     printf("plan        mesh");
     for (int i = 0; i < job->plan.n_mesh; i++)
         printf("%s%s=%d", i ? "," : " ", job->plan.mesh[i].name, job->plan.mesh[i].size);
-    printf(", mode %s, %d FSDP marks, %d patterns\n",
+    printf(", mode %s, %d FSDP marks, %d patterns, %d placement constraints\n",
            job->plan.mode == HP_PLAN_FSDP ? "fsdp" : "auto", job->plan.n_fsdp_fqns,
-           job->plan.n_fsdp_patterns);
+           job->plan.n_fsdp_patterns, job->plan.n_constraints);
     printf("resources   world %d, device %s\n", job->resources.world_size,
            hp_device_name(job->resources.device));
 }

@@ -161,6 +161,13 @@ hp_status hp_job_add_place_pattern(hp_job *job, const char *pattern, const hp_pl
     return HP_OK;
 }
 
+int hp_job_dp_size(const hp_job *job) {
+    if (job->plan.n_mesh <= 1) return job->resources.world_size > 0 ? job->resources.world_size : 1;
+    for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
+        if (!strcmp(job->plan.mesh[d].name, "dp")) return job->plan.mesh[d].size;
+    return 1;
+}
+
 /* ---- FQN patterns ---------------------------------------------------------------------------- */
 
 /* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more
@@ -489,14 +496,8 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     HP_TRY(check_i64(t->global_batch, 0, HP_MAX_DIM, "train.global_batch", err));
     /* The graph's batch is the global batch of a step (all ranks together); each of the
      * data-parallel ranks reads local_batch of it. */
-    int64_t world = job->resources.world_size > 0 ? job->resources.world_size : 1;
-    const char *over = "world_size";
-    if (job->plan.n_mesh > 1) { /* an N-D mesh splits the batch over its "dp" dim only */
-        world = 1;
-        over = "the mesh's dp size";
-        for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
-            if (!strcmp(job->plan.mesh[d].name, "dp")) world = job->plan.mesh[d].size;
-    }
+    int64_t world = hp_job_dp_size(job);
+    const char *over = job->plan.n_mesh > 1 ? "the mesh's dp size" : "world_size";
     int64_t global = t->local_batch * world;
     if (t->global_batch && t->global_batch != global)
         return hp_errf(err, HP_INVALID,

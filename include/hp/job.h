@@ -160,6 +160,10 @@ hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
 hp_status hp_job_add_place_pattern(hp_job *job, const char *pattern, const hp_placement *placements,
                                    int n, hp_err *err);
 
+/* The ranks the batch is split over: the world for a 1-D mesh, the size of the mesh dim named
+ * "dp" for an N-D one (1 without one: tensor-parallel ranks share their batch). */
+int hp_job_dp_size(const hp_job *job);
+
 /* Does an FSDP pattern match an FQN? '*' matches any run of characters (dots included:
  * "layers.*" matches "layers.3.attention.wq.weight"), '?' any one character, everything else
  * itself. Linear-time in practice, quadratic at worst: safe on patterns from files. */
