@@ -341,6 +341,12 @@ static hp_status place_placeholder(spmd *s, int id, const hp_placement *pl, hp_e
     return HP_OK;
 }
 
+/* A mesh dim of one rank splits nothing: whatever is asked there is Replicate (no collectives
+ * of one rank). */
+static void normalize(const hp_graph_mesh *mesh, const hp_placement *pl, hp_placement *out) {
+    for (int i = 0; i < mesh->ndim; i++) out[i] = mesh->size[i] == 1 ? HP_REPLICATE : pl[i];
+}
+
 hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
                        const hp_placement *outputs, hp_graph **out, hp_err *err) {
     *out = NULL;
@@ -350,9 +356,11 @@ hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_p
     hp_status st = hp_graph_set_mesh(s.rw.out, mesh, err);
     int nd = mesh->ndim, ph = 0;
     for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
-        if (in->nodes[i].op == HP_OP_PLACEHOLDER)
-            st = place_placeholder(&s, i, inputs + (size_t)(ph++) * (size_t)nd, err);
-        else
+        if (in->nodes[i].op == HP_OP_PLACEHOLDER) {
+            hp_placement pl[HP_MESH_MAX_DIMS];
+            normalize(mesh, inputs + (size_t)(ph++) * (size_t)nd, pl);
+            st = place_placeholder(&s, i, pl, err);
+        } else
             st = place_node(&s, i, err);
     }
     /* graph outputs to their targets: given, or loss Replicate and gradient k to parameter k's */
@@ -361,9 +369,9 @@ hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_p
         hp_placement tgt[HP_MESH_MAX_DIMS];
         for (int i = 0; i < nd; i++) tgt[i] = HP_REPLICATE;
         if (outputs)
-            memcpy(tgt, outputs + (size_t)k * (size_t)nd, sizeof(hp_placement) * (size_t)nd);
+            normalize(mesh, outputs + (size_t)k * (size_t)nd, tgt);
         else if (k >= 1 && k - 1 < gi.n_params)
-            memcpy(tgt, inputs + (size_t)(k - 1) * (size_t)nd, sizeof(hp_placement) * (size_t)nd);
+            normalize(mesh, inputs + (size_t)(k - 1) * (size_t)nd, tgt);
         hp_value v = hp__rewrite_get(&s.rw, in->outputs[k]);
         if ((st = redistribute(&s, v, tgt, &v, err)) != HP_OK)
             hp_err_prefix(err, "graph output %d", k);

@@ -363,6 +363,24 @@ Test(spmd, tp4_with_fewer_kv_heads_than_ranks, .timeout = 120) {
     hp_graph_free(g);
 }
 
+/* A mesh dim of one rank splits nothing: placements asked there become Replicate, and no
+ * collective of one rank is inserted. */
+Test(spmd, a_size_one_dim_places_nothing) {
+    hp_graph *g = tiny_llama(1);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 1}};
+    hp_placement *pl = plan_for(g, &mesh, 1, 0); /* the TP plan on a tp of 1 */
+    hp_graph *spmd = check_plan(g, &mesh, pl);
+    for (int i = 0; i < spmd->n_nodes; i++) {
+        const hp_attr *grp = hp_node_attr(&spmd->nodes[i], HP_ATTR_GROUP);
+        cr_expect(!grp || strcmp(grp->s, "tp"), "node %d: a collective on tp (1 rank)", i);
+        const hp_placement *p = hp_value_placements(spmd, (hp_value){i, 0});
+        cr_expect(p && p[1].kind == HP_PLACE_REPLICATE, "node %d placed on tp", i);
+    }
+    free(pl);
+    hp_graph_free(spmd);
+    hp_graph_free(g);
+}
+
 /* An uneven split is refused naming the parameter, never padded into compute. */
 Test(spmd, uneven_split_is_refused) {
     hp_graph *g = tiny_llama(1);
