@@ -82,14 +82,7 @@ static json_t *parse_json(const char *s) {
 }
 
 static char *submit(const char *job) {
-    run r = hpctl("submit %s/%s", g_dir, job);
-    cr_assert_eq(r.code, 0, "submit: %s", r.err);
-    char *nl = strchr(r.out, '\n');
-    if (nl) *nl = 0;
-    char *id = strdup(r.out);
-    run_free(&r);
-    cr_assert(id[0], "submit printed no id");
-    return id;
+    return hp_th_hpctl_submit(g_dir, job);
 }
 
 static char *job_state(const char *id) {

@@ -77,12 +77,7 @@ static void new_job(const char *name, int world, int steps, const char *extra) {
 }
 
 static char *submit(const char *job) {
-    run r = hpctl("submit %s/%s", g_dir, job);
-    cr_assert_eq(r.code, 0, "submit: %s", r.err);
-    r.out[strcspn(r.out, "\n")] = 0;
-    char *id = strdup(r.out);
-    hp_th_run_free(&r);
-    return id;
+    return hp_th_hpctl_submit(g_dir, job);
 }
 
 static char *state_of(const char *id) {

@@ -107,6 +107,16 @@ hp_th_run hp_th_hpctl(const char *dir, int timeout_s, const char *fmt, ...) {
     return r;
 }
 
+char *hp_th_hpctl_submit(const char *dir, const char *job) {
+    hp_th_run r = hp_th_hpctl(dir, 300, "submit %s/%s", dir, job);
+    cr_assert_eq(r.code, 0, "submit: %s", r.err);
+    r.out[strcspn(r.out, "\n")] = 0;
+    char *id = strdup(r.out);
+    hp_th_run_free(&r);
+    cr_assert(id[0], "submit printed no id");
+    return id;
+}
+
 void hp_th_run_free(hp_th_run *r) {
     free(r->out);
     free(r->err);

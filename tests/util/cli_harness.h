@@ -30,6 +30,8 @@ char *hp_th_slurp_or_empty(const char *path);
  * stdout and stderr captured in dir/out and dir/err. */
 hp_th_run hp_th_hpctl(const char *dir, int timeout_s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* `hpctl submit dir/job` (run in dir), which must succeed: the job id it prints (free it). */
+char *hp_th_hpctl_submit(const char *dir, const char *job);
 
 /* The source and build dirs ($HP_SOURCE_DIR / $HP_BINARY_DIR, which ctest sets, else the
  * configured ones). */
