@@ -384,7 +384,6 @@ static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, hp
     HP_TRY(hp_device_built((*job)->resources.device, err));
     hp_compiled *c = NULL;
     hp_status st = hp_compile(*job, (*job)->resources.world_size, &c, err);
-    if (st == HP_OK) st = hp_program_runnable(c->program, err); /* planned, not run yet */
     hp_compiled_free(c);
     if (st != HP_OK) {
         if (st != HP_NOMEM) st = HP_INVALID; /* the job does not compile: the caller's fault */

@@ -371,6 +371,22 @@ static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err 
     hp_free(pp);
     if (!prog) return hp_errf(err, HP_NOMEM, "program of job %s: unpack failed", j->v.id);
     prog->rank = rank;
+    /* each rank's message carries its own boxes (the reader checks them against its rank) */
+    const hp_program *cp = j->compiled->program;
+    hp_status bst = HP_OK;
+    for (size_t i = 0; i < prog->n_params && i < (size_t)cp->n_params && bst == HP_OK; i++) {
+        Hp__V1__ParamShard *mp = prog->params[i];
+        int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
+        bst = hp_program_box(cp, (int)i, rank, off, len, err);
+        for (size_t d = 0; bst == HP_OK && d < mp->n_box_offset && d < mp->n_box_length; d++) {
+            mp->box_offset[d] = off[d];
+            mp->box_length[d] = len[d];
+        }
+    }
+    if (bst != HP_OK) {
+        hp__v1__program__free_unpacked(prog, NULL);
+        return bst;
+    }
     hp_job *job = NULL;
     hp_arena arena;
     hp_arena_init(&arena);

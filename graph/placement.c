@@ -128,6 +128,28 @@ hp_status hp_local_type(const hp_type *global, const hp_placement *pl, const int
     return HP_OK;
 }
 
+hp_status hp_local_box(const hp_type *global, const hp_placement *pl, const int64_t *sizes,
+                       const int64_t *coord, int ndim, int64_t *off, int64_t *len, hp_err *err) {
+    int64_t ext[HP_MAX_RANK]; /* the current piece's extent, padding included */
+    for (int d = 0; d < global->rank; d++) {
+        off[d] = 0;
+        len[d] = ext[d] = global->shape[d];
+    }
+    for (int i = 0; i < ndim; i++) {
+        if (pl[i].kind != HP_PLACE_SHARD) continue;
+        int d = pl[i].dim;
+        if (d < 0 || d >= global->rank || sizes[i] < 1 || coord[i] < 0 || coord[i] >= sizes[i])
+            return hp_errf(err, HP_INVALID, "mesh dim %d: coordinate %lld of %lld, shard dim %d", i,
+                           (long long)coord[i], (long long)sizes[i], d);
+        int64_t chunk = (ext[d] + sizes[i] - 1) / sizes[i], start = coord[i] * chunk;
+        int64_t real = len[d] - start;
+        off[d] += start;
+        len[d] = real < 0 ? 0 : real > chunk ? chunk : real;
+        ext[d] = chunk;
+    }
+    return HP_OK;
+}
+
 void hp_localize_attrs(const hp_node *n, const hp_type *local_out, hp_attr *attrs) {
     for (int i = 0; i < n->n_attrs; i++) {
         attrs[i] = n->attrs[i];

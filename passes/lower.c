@@ -236,9 +236,8 @@ static hp_status fill_tables(lower_state *s, hp_err *err) {
     p->data = hp_arena_alloc(&p->arena, (size_t)(in.n_data + 1) * sizeof *p->data);
     if (!p->params || !p->data) return hp_errf(err, HP_NOMEM, "out of memory lowering");
     for (int i = 0; i < in.n_params; i++) {
-        const hp_node *n = &g->nodes[i];
         hp_param_slot *ps = &p->params[i];
-        hp__param_slot_init(ps, n, i);
+        hp__param_slot_init(ps, g, i);
         ps->buffer = s->buf[s->slot0[i]];
         ps->grad = -1;
     }
@@ -279,11 +278,16 @@ hp_status hp_lower(const hp_graph *joint, hp_program **out, hp_err *err) {
     hp_program *p = hp_calloc(1, sizeof *p);
     if (!p) return hp_errf(err, HP_NOMEM, "out of memory lowering");
     hp_arena_init(&p->arena);
-    /* SPMD: one program for the whole group; the world is the widest group the graph uses */
+    /* SPMD: one program for every rank; the world is the mesh's ranks, or (FSDP) the widest
+     * group the graph uses */
     p->world = 1;
     for (int i = 0; i < joint->n_nodes; i++) {
         int64_t gs = hp_node_int(&joint->nodes[i], HP_ATTR_GROUP_SIZE, 1);
         if (gs > p->world) p->world = (int)gs;
+    }
+    if (joint->mesh.ndim > 0) {
+        p->world = 1;
+        for (int d = 0; d < joint->mesh.ndim; d++) p->world *= (int)joint->mesh.size[d];
     }
     lower_state s = {.p = p};
     hp_status st = HP_NOMEM;
@@ -305,6 +309,8 @@ hp_status hp_lower(const hp_graph *joint, hp_program **out, hp_err *err) {
     if ((st = place_grads(&s, err)) != HP_OK) goto fail;
     p->loss = s.buf[s.slot0[g->outputs[0].node] + g->outputs[0].out];
     if ((st = hp__memplan(p, err)) != HP_OK) goto fail;
+    hp__program_mesh_init(p);
+    if ((st = hp_program_set_rank(p, 0, err)) != HP_OK) goto fail;
     hp_free(s.slot0);
     hp_free(s.folded);
     hp_free(s.buf);

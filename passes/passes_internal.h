@@ -43,10 +43,13 @@
  * Fills p->arena_bytes and p->stats. */
 hp_status hp__memplan(hp_program *p, hp_err *err);
 
-/* Fills what a parameter slot takes from its placeholder node `id`: fqn, global type (its
- * global_shape when FSDP sharded it), init, shard count and padded dim 0. shard_index is 0:
- * the worker uses its own rank. Buffers are left to the caller. */
-void hp__param_slot_init(hp_param_slot *ps, const hp_node *n, int32_t id);
+/* Fills what a parameter slot takes from its placeholder node `id` of g: fqn, global type (its
+ * global_shape when its storage is split), init, storage placements (the node's on a graph
+ * mesh; FSDP's Shard(0) over the world otherwise). The box is the whole tensor until
+ * hp_program_set_rank; buffers are left to the caller. */
+void hp__param_slot_init(hp_param_slot *ps, const hp_graph *g, int32_t id);
+/* p->mesh from p->graph's mesh, or one dim "world" of p->world ranks. */
+void hp__program_mesh_init(hp_program *p);
 
 /* ---- the rewriter ------------------------------------------------------------------------- */
 typedef struct hp__rewrite {

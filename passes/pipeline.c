@@ -330,7 +330,10 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
     r->nodes_in = g->n_nodes;
     double t0 = now_s();
     hp_status st = hp_lower(g, &c->program, err);
-    if (st == HP_OK && c->program->world == 1) c->program->world = c->world;
+    if (st == HP_OK && c->program->world == 1 && c->world > 1) { /* replicated on every rank */
+        c->program->world = c->world;
+        hp__program_mesh_init(c->program);
+    }
     if (st == HP_OK) st = hp_program_verify(c->program, err);
     r->seconds = now_s() - t0;
     if (st != HP_OK) {

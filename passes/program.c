@@ -23,22 +23,96 @@ const char *hp_mem_class_name(hp_mem_class m) {
     }
 }
 
-void hp__param_slot_init(hp_param_slot *ps, const hp_node *n, int32_t id) {
+void hp__param_slot_init(hp_param_slot *ps, const hp_graph *g, int32_t id) {
+    const hp_node *n = &g->nodes[id];
     const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN), *init = hp_node_attr(n, HP_ATTR_INIT);
     const hp_attr *gs = hp_node_attr(n, HP_ATTR_GLOBAL_SHAPE);
     ps->fqn = fqn ? fqn->s : "";
     ps->node = id;
     ps->global = n->out[0];
     if (init) ps->init = init->init;
-    ps->shard_index = 0;
-    ps->shard_count = 1;
-    ps->padded_dim0 = n->out[0].rank ? n->out[0].shape[0] : 1;
-    if (gs) { /* an FSDP shard: dim 0 of the global tensor split over group_size ranks */
+    for (int i = 0; i < HP_MESH_MAX_DIMS; i++) ps->pl[i] = HP_REPLICATE;
+    if (gs) { /* split storage: its global shape */
         ps->global.rank = gs->ints.n;
         for (int d = 0; d < gs->ints.n; d++) ps->global.shape[d] = gs->ints.v[d];
-        ps->shard_count = (int32_t)hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
-        ps->padded_dim0 = n->out[0].shape[0] * ps->shard_count;
     }
+    const hp_placement *pl = hp_value_placements(g, (hp_value){id, 0});
+    if (g->mesh.ndim > 0 && pl)
+        memcpy(ps->pl, pl, sizeof *pl * (size_t)g->mesh.ndim);
+    else if (g->mesh.ndim == 0 && gs && hp_node_int(n, HP_ATTR_GROUP_SIZE, 1) > 1)
+        ps->pl[0] = HP_SHARD(0); /* FSDP: dim 0 over the world */
+    for (int d = 0; d < HP_MAX_RANK; d++) ps->off[d] = 0, ps->len[d] = ps->global.shape[d];
+}
+
+void hp__program_mesh_init(hp_program *p) {
+    const hp_graph_mesh *gm = &p->graph->mesh;
+    memset(&p->mesh, 0, sizeof p->mesh);
+    if (gm->ndim > 0) {
+        p->mesh = *gm;
+    } else {
+        p->mesh.ndim = 1;
+        snprintf(p->mesh.name[0], sizeof p->mesh.name[0], "world");
+        p->mesh.size[0] = p->world;
+    }
+}
+
+void hp_program_coords(const hp_program *p, int rank, int64_t *coord) {
+    int64_t r = rank;
+    for (int i = p->mesh.ndim - 1; i >= 0; i--) {
+        int64_t n = p->mesh.size[i] > 0 ? p->mesh.size[i] : 1;
+        coord[i] = r % n;
+        r /= n;
+    }
+}
+
+hp_status hp_program_box(const hp_program *p, int i, int rank, int64_t *off, int64_t *len,
+                         hp_err *err) {
+    if (i < 0 || i >= p->n_params || rank < 0 || rank >= p->world)
+        return hp_errf(err, HP_INVALID, "parameter %d at rank %d of %d", i, rank, p->world);
+    int64_t coord[HP_MESH_MAX_DIMS];
+    hp_program_coords(p, rank, coord);
+    const hp_param_slot *ps = &p->params[i];
+    hp_status st =
+        hp_local_box(&ps->global, ps->pl, p->mesh.size, coord, p->mesh.ndim, off, len, err);
+    if (st != HP_OK) hp_err_prefix(err, "parameter '%s'", ps->fqn);
+    return st;
+}
+
+hp_status hp_program_set_rank(hp_program *p, int rank, hp_err *err) {
+    if (rank < 0 || rank >= p->world)
+        return hp_errf(err, HP_INVALID, "rank %d of world %d", rank, p->world);
+    p->rank = rank;
+    hp_program_coords(p, rank, p->coord);
+    for (int i = 0; i < p->n_params; i++)
+        HP_TRY(hp_program_box(p, i, rank, p->params[i].off, p->params[i].len, err));
+    return HP_OK;
+}
+
+bool hp_program_owns(const hp_program *p, int i, int rank) {
+    int64_t coord[HP_MESH_MAX_DIMS];
+    hp_program_coords(p, rank, coord);
+    for (int d = 0; d < p->mesh.ndim; d++)
+        if (p->params[i].pl[d].kind != HP_PLACE_SHARD && coord[d] != 0) return false;
+    return true;
+}
+
+void hp_program_data_rank(const hp_program *p, int rank, int *index, int *count) {
+    *index = 0;
+    *count = 1;
+    if (p->graph->mesh.ndim == 0) { /* FSDP: the batch is split over the world */
+        *index = rank;
+        *count = p->world;
+        return;
+    }
+    int64_t coord[HP_MESH_MAX_DIMS];
+    hp_program_coords(p, rank, coord);
+    const hp_placement *pl =
+        p->n_data > 0 ? hp_value_placements(p->graph, (hp_value){p->data[0].node, 0}) : NULL;
+    for (int d = 0; pl && d < p->mesh.ndim; d++)
+        if (pl[d].kind == HP_PLACE_SHARD && pl[d].dim == 0) {
+            *index = *index * (int)p->mesh.size[d] + (int)coord[d];
+            *count *= (int)p->mesh.size[d];
+        }
 }
 
 void hp_program_free(hp_program *p) {
@@ -170,13 +244,27 @@ hp_status hp_program_verify(const hp_program *p, hp_err *err) {
         if (ps->node != i || p->buffers[ps->buffer].value_node != i ||
             p->buffers[ps->buffer].mem != HP_MEM_PARAM || p->buffers[ps->grad].mem != HP_MEM_GRAD)
             return hp_errf(err, HP_INVALID, "parameter %d: inconsistent buffers", i);
-        if (ps->shard_count < 1 || ps->shard_index < 0 || ps->shard_index >= ps->shard_count)
-            return hp_errf(err, HP_INVALID, "parameter %d: shard %d of %d", i, ps->shard_index,
-                           ps->shard_count);
-        if (ps->shard_count != 1 && ps->shard_count != p->world)
-            return hp_errf(err, HP_INVALID, "parameter %d: sharded %d ways in a world of %d", i,
-                           ps->shard_count, p->world);
+        /* the storage placements must give the local buffer's type (padding allowed) */
+        hp_type local;
+        hp_err e = {0};
+        if (hp_local_type(&ps->global, ps->pl, p->mesh.size, p->mesh.ndim, false, &local, &e) !=
+                HP_OK ||
+            !hp_type_eq(&local, &p->buffers[ps->buffer].type))
+            return hp_errf(err, HP_INVALID,
+                           "parameter %d ('%s'): its placements do not give its local type%s%s", i,
+                           ps->fqn, e.msg[0] ? ": " : "", e.msg);
+        int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
+        HP_TRY(hp_program_box(p, i, p->rank, off, len, err));
+        for (int d = 0; d < ps->global.rank; d++)
+            if (off[d] != ps->off[d] || len[d] != ps->len[d])
+                return hp_errf(err, HP_INVALID, "parameter %d ('%s'): box is not rank %d's", i,
+                               ps->fqn, p->rank);
     }
+    int64_t ranks = 1;
+    for (int d = 0; d < p->mesh.ndim; d++) ranks *= p->mesh.size[d];
+    if (ranks != p->world)
+        return hp_errf(err, HP_INVALID, "world %d, but the mesh has %lld ranks", p->world,
+                       (long long)ranks);
     for (int i = 0; i < p->n_data; i++) {
         HP_TRY(check_buffer(p, p->data[i].buffer, "data input", i, err));
         if (p->buffers[p->data[i].buffer].value_node != p->data[i].node)
@@ -252,19 +340,4 @@ hp_status hp_program_print(const hp_program *p, char **text, hp_err *err) {
     }
     *text = b.s;
     return HP_OK;
-}
-
-hp_status hp_program_runnable(const hp_program *p, hp_err *err) {
-    const hp_graph_mesh *m = p->graph ? &p->graph->mesh : NULL;
-    if (!m || m->ndim == 0) return HP_OK;
-    char mesh[160] = "";
-    size_t len = 0;
-    for (int d = 0; d < m->ndim && len < sizeof mesh; d++)
-        len += (size_t)snprintf(mesh + len, sizeof mesh - len, "%s%s=%lld", d ? "," : "",
-                                m->name[d], (long long)m->size[d]);
-    return hp_errf(err, HP_UNSUPPORTED,
-                   "the plan (mesh %s) is compiled by the placement passes (tensor parallelism, "
-                   "explicit placements), which hp-worker does not run yet: hpctl plan reports "
-                   "it, a run refuses it",
-                   mesh);
 }

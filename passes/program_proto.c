@@ -25,6 +25,16 @@ hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_e
     m.format_version = HP_PROGRAM_FORMAT_VERSION;
     m.rank = p->rank;
     m.world_size = p->world;
+    m.n_mesh = (size_t)p->mesh.ndim;
+    if (!(m.mesh = ARENA_ARR(&a, Hp__V1__MeshDim *, p->mesh.ndim))) goto nomem;
+    for (int d = 0; d < p->mesh.ndim; d++) {
+        Hp__V1__MeshDim *md = ARENA_NEW(&a, Hp__V1__MeshDim);
+        if (!md) goto nomem;
+        hp__v1__mesh_dim__init(md);
+        md->name = (char *)p->mesh.name[d];
+        md->size = (int32_t)p->mesh.size[d];
+        m.mesh[d] = md;
+    }
     if ((st = hp_graph_export(p->graph, &a, &m.graph, err)) != HP_OK) goto done;
     st = HP_NOMEM;
     m.n_arena_bytes = HP_MEM_COUNT;
@@ -74,9 +84,17 @@ hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_e
         if (!mp) goto nomem;
         hp__v1__param_shard__init(mp);
         mp->fqn = (char *)ps->fqn;
-        mp->index = ps->shard_index;
-        mp->count = ps->shard_count;
-        mp->padded_dim0 = ps->padded_dim0;
+        int r = ps->global.rank;
+        mp->count = 1;
+        for (int d = 0; d < p->mesh.ndim; d++) /* informational: a dim-0 split's count */
+            if (ps->pl[d].kind == HP_PLACE_SHARD && ps->pl[d].dim == 0) {
+                mp->index = mp->index * (int32_t)p->mesh.size[d] + (int32_t)p->coord[d];
+                mp->count *= (int32_t)p->mesh.size[d];
+            }
+        mp->padded_dim0 = r ? p->buffers[ps->buffer].type.shape[0] * mp->count : 1;
+        mp->n_box_offset = mp->n_box_length = (size_t)r;
+        mp->box_offset = (int64_t *)ps->off;
+        mp->box_length = (int64_t *)ps->len;
         mp->buffer = ps->buffer;
         mp->grad_buffer = ps->grad;
         mp->node = ps->node;
@@ -174,15 +192,31 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
         if (mp->node < 0 || mp->node >= g->n_nodes || g->nodes[mp->node].op != HP_OP_PLACEHOLDER)
             return hp_errf(err, HP_INVALID, "parameter %zu: node %d is not a placeholder", i,
                            mp->node);
-        hp__param_slot_init(ps, &g->nodes[mp->node], mp->node);
+        hp__param_slot_init(ps, g, mp->node);
         ps->buffer = mp->buffer;
         ps->grad = mp->grad_buffer;
-        ps->shard_index = mp->index;
-        if (mp->count != ps->shard_count || mp->padded_dim0 != ps->padded_dim0)
+    }
+    /* the mesh and the boxes follow from the graph and the rank; the message must agree */
+    hp__program_mesh_init(p);
+    if (m->n_mesh != (size_t)p->mesh.ndim)
+        return hp_errf(err, HP_INVALID, "mesh of %zu dims, the graph's has %d", m->n_mesh,
+                       p->mesh.ndim);
+    for (size_t d = 0; d < m->n_mesh; d++)
+        if (!m->mesh[d]->name || strcmp(m->mesh[d]->name, p->mesh.name[d]) ||
+            m->mesh[d]->size != p->mesh.size[d])
+            return hp_errf(err, HP_INVALID, "mesh dim %zu disagrees with the graph's", d);
+    HP_TRY(hp_program_set_rank(p, p->rank, err));
+    for (size_t i = 0; i < m->n_params; i++) {
+        const Hp__V1__ParamShard *mp = m->params[i];
+        const hp_param_slot *ps = &p->params[i];
+        bool same = mp->n_box_offset == (size_t)ps->global.rank &&
+                    mp->n_box_length == (size_t)ps->global.rank;
+        for (int d = 0; same && d < ps->global.rank; d++)
+            same = mp->box_offset[d] == ps->off[d] && mp->box_length[d] == ps->len[d];
+        if (!same)
             return hp_errf(err, HP_INVALID,
-                           "parameter %zu: shard %d-way, dim 0 %lld disagree "
-                           "with its placeholder",
-                           i, mp->count, (long long)mp->padded_dim0);
+                           "parameter %zu ('%s'): its box is not what its placements give rank %d",
+                           i, ps->fqn, p->rank);
     }
     for (size_t i = 0; i < m->n_data; i++) {
         const Hp__V1__DataInput *md = m->data[i];

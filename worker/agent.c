@@ -336,7 +336,8 @@ static hp_status take_welcome(agent *a, const Hp__V1__Welcome *w, int *world, hp
                      (*prog)->world, w->world_size);
         goto fail;
     }
-    (*prog)->rank = o->rank; /* one program serves every rank: they differ only in rank */
+    /* one program serves every rank: they differ only in rank (and so in their boxes) */
+    if ((st = hp_program_set_rank(*prog, o->rank, err)) != HP_OK) goto fail;
     if ((st = hp_job_import(w->job, job, err)) != HP_OK) {
         hp_err_prefix(err, "job");
         goto fail;

@@ -19,6 +19,8 @@ hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_
         HP_TRY(hp_cpu_backend_new(opts->threads, &b, err));
         if (opts->comm) {
             hp_status st = hp_cpu_backend_set_comm(b, opts->comm, err);
+            if (st == HP_OK && opts->n_groups > 0)
+                st = hp_cpu_backend_set_groups(b, opts->groups, opts->n_groups, err);
             if (st != HP_OK) {
                 hp_backend_free(b);
                 return st;

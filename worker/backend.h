@@ -88,7 +88,8 @@ typedef struct hp_backend_vtable {
     hp_status (*launch)(hp_backend *b, int stream, const hp_kernel_call *call, hp_err *err);
 
     /* Runs a collective node (all_gather_into_tensor, reduce_scatter_tensor, all_reduce,
-     * all_to_all_single) among the ranks of the communicator the backend was created with;
+     * all_to_all_single) among the ranks of its group: the mesh dim its HP_ATTR_GROUP names
+     * (hp_backend_opts.groups), else the world communicator when group_size is the world's;
      * usually on HP_STREAM_COMM. Without a communicator only group_size 1 is allowed (a copy). */
     hp_status (*collective)(hp_backend *b, int stream, const hp_kernel_call *call, hp_err *err);
 
@@ -142,11 +143,22 @@ static inline void hp_backend_free(hp_backend *b) {
     if (b) b->vt->destroy(b);
 }
 
+/* The communicator of one mesh dim: collectives whose group attribute names it run on it. */
+typedef struct hp_comm_group {
+    const char *name; /* the mesh dim ("dp", "tp") */
+    hp_comm *comm;    /* its ranks (borrowed) */
+} hp_comm_group;
+
 /* What the factory needs to build a backend. */
 typedef struct hp_backend_opts {
     int threads;   /* cpu: compute threads; <= 0: hp_default_threads() */
-    hp_comm *comm; /* the communicator collectives of group_size > 1 run on (borrowed: it must
-                      outlive the backend); NULL: single rank */
+    hp_comm *comm; /* the world communicator (borrowed: it must outlive the backend); NULL:
+                      single rank */
+    const hp_comm_group *groups; /* [n_groups]: one per mesh dim of more than one rank (copied;
+                                    the communicators borrowed). A collective runs on the group
+                                    its HP_ATTR_GROUP names, else on comm when its group_size is
+                                    the world's. */
+    int n_groups;
 } hp_backend_opts;
 
 /* The backend for the job's device (worker/backend.c): cpu now; cuda when a CUDA backend is

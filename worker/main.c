@@ -423,14 +423,6 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (o.world == 0) o.world = job->resources.world_size; /* the job's mesh, unless told */
-    if (hp_plan_uses_placements(job, o.world > 0 ? o.world : job->resources.world_size)) {
-        fprintf(stderr,
-                "hp-worker: %s: tensor parallelism and explicit placements are planned (hpctl "
-                "plan) but not run by this hp-worker yet\n",
-                job_path);
-        hp_job_free(job);
-        return 1;
-    }
     if (o.world != job->resources.world_size && job->plan.n_mesh == 1) {
         job->plan.mesh[0].size = o.world; /* the same 1-D plan on --world ranks */
         job->resources.world_size = o.world;

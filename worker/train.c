@@ -4,7 +4,7 @@
  *
  * Device-agnostic: the backend comes from the job's device (hp_backend_new), and every touch
  * of a parameter, gradient or moment goes through its vtable; this file never dereferences a
- * device pointer. Which rows of a parameter a rank holds is decided in hp__train_geo alone. */
+ * device pointer. Which part of a parameter a rank holds is its program slot's box. */
 #include "worker/train_internal.h"
 
 #include "hp/device.h"
@@ -34,23 +34,49 @@ int64_t hp__train_numel(const trainer *t, int i) {
     return hp_type_numel(&t->prog->buffers[t->prog->params[i].buffer].type);
 }
 
-/* ---- shard geometry: the one place that knows which part of a parameter a rank holds ------- */
+/* ---- which part of a parameter a rank holds: its slot's box ------------------------------- */
 
-hp__shard_geo hp__train_geo(const trainer *t, int i) {
-    const hp_param_slot *ps = &t->prog->params[i];
-    hp__shard_geo g;
-    g.rows = ps->global.rank ? ps->global.shape[0] : 1;
-    g.row = g.rows ? hp_type_numel(&ps->global) / g.rows : 0;
-    const hp_type *local = &t->prog->buffers[ps->buffer].type;
-    g.s = local->rank ? local->shape[0] : 1;
-    g.start = ps->shard_count > 1 ? (int64_t)t->rank * g.s : 0;
-    g.real = g.rows - g.start < g.s ? g.rows - g.start : g.s;
-    if (g.real < 0) g.real = 0;
-    return g;
+bool hp__train_owned(const trainer *t, int i) {
+    return hp_program_owns(t->prog, i, t->rank);
 }
 
-bool hp__train_sharded(const trainer *t, int i) {
-    return t->prog->params[i].shard_count > 1;
+hp_status hp__train_box_runs(const hp_type *global, const int64_t *off, const int64_t *len,
+                             const hp_type *held, hp__run_fn fn, void *ctx, hp_err *err) {
+    int r = global->rank;
+    for (int d = 0; d < r; d++)
+        if (len[d] <= 0) return HP_OK; /* this rank holds padding only */
+    /* dims k.. are whole on both sides: one run covers them */
+    int k = r;
+    while (k > 0 && off[k - 1] == 0 && len[k - 1] == global->shape[k - 1] &&
+           held->shape[k - 1] == global->shape[k - 1])
+        k--;
+    int outer = k > 0 ? k - 1 : 0; /* dims [0, outer) are iterated; dim outer starts each run */
+    int64_t count = 1, gstride[HP_MAX_RANK], lstride[HP_MAX_RANK], gs = 1, ls = 1;
+    for (int d = r - 1; d >= 0; d--) {
+        gstride[d] = gs, lstride[d] = ls;
+        gs *= global->shape[d], ls *= held->shape[d];
+    }
+    for (int d = k > 0 ? k - 1 : 0; d < r; d++) count *= d == k - 1 ? len[d] : global->shape[d];
+    int64_t idx[HP_MAX_RANK] = {0};
+    for (;;) {
+        int64_t g = 0, l = 0;
+        for (int d = 0; d < outer; d++)
+            g += (off[d] + idx[d]) * gstride[d], l += idx[d] * lstride[d];
+        if (k > 0) g += off[k - 1] * gstride[k - 1];
+        HP_TRY(fn(ctx, g, l, count, err));
+        int d = outer - 1;
+        while (d >= 0 && ++idx[d] == len[d]) idx[d--] = 0;
+        if (d < 0) return HP_OK;
+    }
+}
+
+hp_status hp__train_param_runs(const trainer *t, int i, int rank, hp__run_fn fn, void *ctx,
+                               hp_err *err) {
+    const hp_param_slot *ps = &t->prog->params[i];
+    int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
+    HP_TRY(hp_program_box(t->prog, i, rank, off, len, err));
+    return hp__train_box_runs(&ps->global, off, len, &t->prog->buffers[ps->buffer].type, fn, ctx,
+                              err);
 }
 
 bool hp__train_is_dir(const char *p) {
@@ -116,7 +142,7 @@ static hp_status open_data(trainer *t, hp_err *err) {
                          .vocab = t->prog->params[e].global.shape[0],
                          .batch = t->batch,
                          .seq = t->seq,
-                         .world = t->world,
+                         .world = t->data_world,
                          .seed = t->job->train.seed};
     HP_TRY(hp_data_open(&dc, &t->data, err));
     return HP_OK;
@@ -217,14 +243,14 @@ static hp_status finish_trace(trainer *t, int64_t step, hp_err *err) {
 
 /* ---- one step ------------------------------------------------------------------------------- */
 
-/* The norm of the whole gradient: the shards' sums of squares all-reduced over the ranks
- * (padding rows are zero), replicated gradients counted once (rank 0's). */
+/* The norm of the whole gradient: the pieces' sums of squares all-reduced over the ranks
+ * (padding is zero), each distinct piece counted once (by its owner). */
 static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
     int n = t->prog->n_params, k = 0;
     hp_fspan *mine = hp_calloc((size_t)n + 1, sizeof *mine);
     if (!mine) return hp_errf(err, HP_NOMEM, "out of memory");
     for (int i = 0; i < n; i++)
-        if (hp__train_sharded(t, i) || t->rank == 0) mine[k++] = t->grads[i];
+        if (hp__train_owned(t, i)) mine[k++] = t->grads[i];
     double sumsq = 0, t0 = hp_trace_now_s();
     hp_status st = t->be->vt->sum_squares(t->be, mine, k, &sumsq, err);
     hp_free(mine);
@@ -245,7 +271,7 @@ typedef struct step_out {
 
 static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) {
     double t0 = now_s();
-    HP_TRY(hp_data_next(t->data, t->rank, step - 1, t->tokens, t->labels, err));
+    HP_TRY(hp_data_next(t->data, t->data_rank, step - 1, t->tokens, t->labels, err));
     size_t bytes = (size_t)(t->batch * t->seq) * sizeof(int64_t);
     HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->tokens_buf), t->tokens, bytes, err));
     HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->labels_buf), t->labels, bytes, err));
@@ -308,6 +334,25 @@ static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err
 
 /* ---- the loop ------------------------------------------------------------------------------- */
 
+/* One communicator per mesh dim of more than one rank (every rank splits the world the same
+ * way, in mesh order): the ranks that share every other coordinate, ordered by this one. */
+static hp_status split_mesh(trainer *t, hp_err *err) {
+    const hp_program *p = t->prog;
+    if (p->graph->mesh.ndim == 0) return HP_OK; /* FSDP: the world is the one group */
+    int64_t stride = 1;
+    for (int d = p->mesh.ndim - 1; d >= 0; d--) {
+        int64_t size = p->mesh.size[d];
+        if (size > 1) {
+            int color = (int)(t->rank - p->coord[d] * stride), key = (int)p->coord[d];
+            hp_comm *c = NULL;
+            HP_TRY(t->comm->vt->split(t->comm, color, key, &c, err));
+            t->groups[t->n_groups++] = (hp_comm_group){p->mesh.name[d], c};
+        }
+        stride *= size;
+    }
+    return HP_OK;
+}
+
 static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     const hp_train_opts *o = t->opts;
     const hp_job *job = t->job;
@@ -330,23 +375,23 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
         HP_TRY(hp_compile(job, t->world, &t->compiled, err));
         t->prog = t->compiled->program;
     }
-    HP_TRY(hp_program_runnable(t->prog, err));
+    HP_TRY(hp_program_set_rank(t->prog, t->rank, err));
+    hp_program_data_rank(t->prog, t->rank, &t->data_rank, &t->data_world);
     if (t->world > 1) {
         if (!o->comm_name)
             return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);
         double timeout = o->comm_timeout_s > 0 ? o->comm_timeout_s : 60;
         HP_TRY(hp_shm_comm_new(o->comm_name, t->rank, t->world, timeout, &t->comm, err));
+        HP_TRY(split_mesh(t, err));
     }
-    t->prog->rank = t->rank;
-    for (int i = 0; i < t->prog->n_params; i++)
-        if (hp__train_sharded(t, i)) t->prog->params[i].shard_index = t->rank;
     if (o->backend) { /* the caller's (tests): borrowed */
         if (t->world > 1)
             return hp_errf(err, HP_INVALID, "a borrowed backend runs world 1 only (world %d)",
                            t->world);
         t->be = o->backend;
     } else {
-        hp_backend_opts bo = {.threads = o->threads, .comm = t->comm};
+        hp_backend_opts bo = {
+            .threads = o->threads, .comm = t->comm, .groups = t->groups, .n_groups = t->n_groups};
         HP_TRY(hp_backend_new(job->resources.device, &bo, &t->be, err));
         t->owns_be = true;
     }
@@ -396,6 +441,7 @@ static void teardown(trainer *t) {
     hp_free(t->tokens);
     hp_free(t->labels);
     hp_compiled_free(t->compiled);
+    for (int i = 0; i < t->n_groups; i++) hp_comm_free(t->groups[i].comm);
     hp_comm_free(t->comm);
 }
 
@@ -462,7 +508,11 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             w.comm_busy_s = busy - busy_mark;
             exposed_mark = exposed;
             busy_mark = busy;
-            if ((st = log_metrics(&t, &w, err)) != HP_OK) goto done;
+            /* torchtitan's tps: the tokens a rank processed over the ranks sharing them (its
+             * non-data-parallel degree: tp) */
+            hp_metrics_window lw = w;
+            lw.tokens = w.tokens / (t.world / t.data_world);
+            if ((st = log_metrics(&t, &lw, err)) != HP_OK) goto done;
             w.steps = w.tokens = 0;
             w.data_s = 0;
             window_start = now_s();

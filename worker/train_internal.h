@@ -29,8 +29,11 @@ typedef struct trainer {
     FILE *log, *metrics;
     hp_compiled *compiled; /* the pipeline's output: owns prog */
     hp_program *prog;
-    hp_comm *comm; /* world > 1 */
+    hp_comm *comm;                          /* world > 1 */
+    hp_comm_group groups[HP_MESH_MAX_DIMS]; /* the mesh dims of more than one rank */
+    int n_groups;
     int rank, world;
+    int data_rank, data_world; /* this rank's data-parallel position (hp_program_data_rank) */
     hp_backend *be;
     bool owns_be;      /* be came from the factory (else opts->backend, borrowed) */
     bool host_visible; /* the backend's info: device pointers are host pointers */
@@ -54,25 +57,29 @@ typedef struct trainer {
     int n_profile;
 } trainer;
 
-/* Which rows of parameter i this rank holds: local rows [0, real) are global rows
- * [start, start + real); local rows [real, s) are padding (zero). Unsharded: all rows. */
-typedef struct hp__shard_geo {
-    int64_t rows;  /* global dim 0 (1 for a scalar) */
-    int64_t s;     /* local dim 0 */
-    int64_t start; /* first global row held */
-    int64_t real;  /* real rows held */
-    int64_t row;   /* elements per row */
-} hp__shard_geo;
+/* ---- train.c: which part of a parameter a rank holds ----------------------------------------
+ * Parameter i's slot says it (hp_param_slot: storage placements and this rank's box, set by
+ * hp_program_set_rank); nothing else in the worker knows a rank's part. */
 
-/* ---- train.c: the shard geometry (the only place that knows it) ----------------------------- */
-
-hp__shard_geo hp__train_geo(const trainer *t, int i);
-/* Parameter i is split over the ranks (else every rank holds all of it). */
-bool hp__train_sharded(const trainer *t, int i);
-/* The device buffer of parameter i (this rank's shard, padding included) and its elements. */
+/* This rank is the one that counts parameter i's piece (hp_program_owns): in the gradient
+ * norm, in checkpoints. */
+bool hp__train_owned(const trainer *t, int i);
+/* The device buffer of parameter i (this rank's piece, padding included) and its elements. */
 float *hp__train_param(const trainer *t, int i);
 int64_t hp__train_numel(const trainer *t, int i);
 bool hp__train_is_dir(const char *p);
+
+/* One contiguous run of a box: `count` elements at flat index global_first of the global
+ * tensor and local_first of the local (held) buffer. */
+typedef hp_status (*hp__run_fn)(void *ctx, int64_t global_first, int64_t local_first, int64_t count,
+                                hp_err *err);
+/* Calls fn for every maximal run of the box [off, off + len) of a `global`-shaped tensor held
+ * at the corner of a `held`-shaped local buffer, in row-major order; stops at an error. */
+hp_status hp__train_box_runs(const hp_type *global, const int64_t *off, const int64_t *len,
+                             const hp_type *held, hp__run_fn fn, void *ctx, hp_err *err);
+/* hp__train_box_runs over parameter i's box at `rank`. */
+hp_status hp__train_param_runs(const trainer *t, int i, int rank, hp__run_fn fn, void *ctx,
+                               hp_err *err);
 
 /* ---- train_state.c -------------------------------------------------------------------------- */
 
@@ -87,7 +94,7 @@ void hp__train_free_optimizer(trainer *t);
 hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err);
 /* --resume DIR: a run's out dir (holding checkpoints/) or a checkpoint root. */
 void hp__train_resume_root(const char *dir, char *root, size_t len);
-/* This rank's rows of the newest checkpoint under dir, whatever world wrote it; *step. */
+/* This rank's box of the newest checkpoint under dir, whatever mesh wrote it; *step. */
 hp_status hp__train_load_checkpoint(trainer *t, const char *dir, int64_t *step, hp_err *err);
 /* The full parameters, gathered from the shards (every rank takes part; rank 0 writes). */
 hp_status hp__train_export_weights(trainer *t, const char *path, hp_err *err);

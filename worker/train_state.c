@@ -3,8 +3,8 @@
  *
  * Device buffers are never read or written here: init and math go through the backend's
  * vtable, and files stage through copy_in / copy_out. A host-visible backend (cpu) lends its
- * buffers directly, so the CPU pays no copy; which rows a rank holds comes from
- * hp__train_geo alone.
+ * buffers directly, so the CPU pays no copy; which part of a parameter a rank holds is its
+ * program slot's box (hp__train_param_runs walks it).
  */
 #include "worker/train_internal.h"
 
@@ -59,16 +59,45 @@ static hp_status land(trainer *t, void *dev, void *host, size_t bytes, hp_status
 
 /* ---- init and weights in ------------------------------------------------------------------ */
 
+/* Fresh parameters: each run of the box gets the init of its global elements. */
+typedef struct init_ctx {
+    trainer *t;
+    float *dst;
+    const hp_init *init;
+    const char *fqn;
+} init_ctx;
+
+static hp_status init_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err *err) {
+    init_ctx *c = ctx;
+    return c->t->be->vt->fill_init(c->t->be, c->dst + l, c->init, c->t->job->train.seed, c->fqn, g,
+                                   count, err);
+}
+
 hp_status hp__train_init_params(trainer *t, hp_err *err) {
     for (int i = 0; i < t->prog->n_params; i++) {
         const hp_param_slot *ps = &t->prog->params[i];
         hp_init init = ps->init;
         if (init.kind == HP_INIT_NONE) init.kind = HP_INIT_ZEROS;
-        hp__shard_geo g = hp__train_geo(t, i);
-        hp_status st = t->be->vt->fill_init(t->be, hp__train_param(t, i), &init, t->job->train.seed,
-                                            ps->fqn, g.start * g.row, g.real * g.row, err);
+        init_ctx c = {t, hp__train_param(t, i), &init, ps->fqn};
+        hp_status st = hp__train_param_runs(t, i, t->rank, init_run, &c, err);
         if (st != HP_OK) return hp_err_prefix(err, "init '%s'", ps->fqn);
     }
+    return HP_OK;
+}
+
+/* The box's runs from (to) a full host tensor into (out of) a device buffer. */
+typedef struct copy_ctx {
+    trainer *t;
+    float *dev;  /* the local buffer */
+    float *full; /* the global tensor on the host */
+    bool in;     /* full -> dev; else dev (a host view) -> full */
+} copy_ctx;
+
+static hp_status copy_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err *err) {
+    copy_ctx *c = ctx;
+    size_t bytes = (size_t)count * sizeof(float);
+    if (c->in) return c->t->be->vt->copy_in(c->t->be, c->dev + l, c->full + g, bytes, err);
+    memcpy(c->full + g, c->dev + l, bytes);
     return HP_OK;
 }
 
@@ -88,7 +117,6 @@ hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
                          ps->fqn, hp_type_str(&ps->global, want, sizeof want));
             break;
         }
-        hp__shard_geo g = hp__train_geo(t, i);
         int64_t n = hp_st_numel(w);
         float *full = hp_malloc((size_t)(n ? n : 1) * sizeof *full);
         if (!full) {
@@ -96,9 +124,8 @@ hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
             break;
         }
         st = hp_st_to_f32(w, full, n, err);
-        if (st == HP_OK)
-            st = t->be->vt->copy_in(t->be, hp__train_param(t, i), full + g.start * g.row,
-                                    (size_t)(g.real * g.row) * sizeof *full, err);
+        copy_ctx c = {t, hp__train_param(t, i), full, true};
+        if (st == HP_OK) st = hp__train_param_runs(t, i, t->rank, copy_run, &c, err);
         hp_free(full);
     }
     hp_st_close(f);
@@ -152,6 +179,20 @@ void hp__train_free_optimizer(trainer *t) {
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
 
+/* The dim-0 rows of parameter i's box (its other dims must be whole). */
+static hp_status dim0_rows(const trainer *t, int i, int64_t *a, int64_t *b, hp_err *err) {
+    const hp_param_slot *ps = &t->prog->params[i];
+    for (int d = 1; d < ps->global.rank; d++)
+        if (ps->off[d] != 0 || ps->len[d] != ps->global.shape[d])
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "'%s' is split on dim %d: checkpoints of such pieces are not "
+                           "supported yet",
+                           ps->fqn, d);
+    *a = ps->global.rank ? ps->off[0] : 0;
+    *b = ps->global.rank ? ps->off[0] + ps->len[0] : 1;
+    return HP_OK;
+}
+
 hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err) {
     int n = t->prog->n_params;
     hp_ckpt_shard *sh = hp_calloc((size_t)n + 1, sizeof *sh);
@@ -165,11 +206,10 @@ hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err) {
         s->dtype = HP_F32;
         s->rank = ps->global.rank;
         memcpy(s->shape, ps->global.shape, sizeof s->shape);
-        hp__shard_geo g = hp__train_geo(t, i);
-        /* replicated tensors are saved by rank 0 only */
-        bool mine = hp__train_sharded(t, i) || t->rank == 0;
-        s->start = mine ? g.start : 0;
-        s->end = mine ? g.start + g.real : 0;
+        /* each distinct piece is saved by its owner only */
+        bool mine = hp__train_owned(t, i);
+        if ((st = dim0_rows(t, i, &s->start, &s->end, err)) != HP_OK) break;
+        if (!mine) s->start = s->end = 0;
         s->state_dtype = HP_F32;
         size_t bytes = (size_t)hp__train_numel(t, i) * sizeof(float);
         void *p = NULL, *m = NULL, *v = NULL;
@@ -241,9 +281,10 @@ hp_status hp__train_load_checkpoint(trainer *t, const char *dir, int64_t *step, 
     for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
         /* this rank's rows, whatever world wrote the checkpoint; padding rows stay zero */
         const hp_param_slot *ps = &t->prog->params[i];
-        hp__shard_geo g = hp__train_geo(t, i);
-        int64_t a = g.start, b = g.start + g.real;
-        size_t bytes = (size_t)(g.real * g.row) * sizeof(float);
+        int64_t a, b;
+        if ((st = dim0_rows(t, i, &a, &b, err)) != HP_OK) break;
+        int64_t row = ps->global.rank ? hp_type_numel(&ps->global) / ps->global.shape[0] : 1;
+        size_t bytes = (size_t)((b - a) * row) * sizeof(float);
         st = read_rows(t, c, ps->fqn, HP_CKPT_PARAM, a, b, hp__train_param(t, i), bytes, err);
         if (st == HP_OK) st = read_rows(t, c, ps->fqn, HP_CKPT_EXP_AVG, a, b, t->m[i], bytes, err);
         if (st == HP_OK)
@@ -258,10 +299,42 @@ done:
 
 /* ---- weights out -------------------------------------------------------------------------- */
 
+/* Parameter i whole on rank 0 (*full, hp_malloc'd; NULL elsewhere): every rank's piece
+ * gathered over the world, each distinct piece placed at its box. */
+static hp_status gather_full(trainer *t, int i, float **full, hp_err *err) {
+    const hp_param_slot *ps = &t->prog->params[i];
+    float *dev = hp__train_param(t, i);
+    int64_t numel = hp__train_numel(t, i);
+    size_t bytes = (size_t)numel * sizeof(float);
+    void *local = NULL;
+    HP_TRY(view(t, dev, bytes, &local, err));
+    float *all = NULL;
+    hp_status st = HP_OK;
+    if (t->world > 1) {
+        if (!(all = hp_malloc(bytes * (size_t)t->world)))
+            st = hp_errf(err, HP_NOMEM, "out of memory gathering '%s'", ps->fqn);
+        else
+            st = t->comm->vt->all_gather(t->comm, local, all, bytes, err);
+    }
+    *full = NULL;
+    int64_t total = hp_type_numel(&ps->global);
+    if (st == HP_OK && t->rank == 0 &&
+        !(*full = hp_calloc((size_t)(total ? total : 1), sizeof **full)))
+        st = hp_errf(err, HP_NOMEM, "out of memory gathering '%s'", ps->fqn);
+    for (int r = 0; st == HP_OK && t->rank == 0 && r < t->world; r++) {
+        if (!hp_program_owns(t->prog, i, r)) continue;
+        copy_ctx c = {t, all ? all + (size_t)r * (size_t)numel : local, *full, false};
+        st = hp__train_param_runs(t, i, r, copy_run, &c, err);
+    }
+    hp_free(all);
+    view_done(local, dev);
+    return st;
+}
+
 hp_status hp__train_export_weights(trainer *t, const char *path, hp_err *err) {
     int n = t->prog->n_params;
     hp_st_tensor *ts = hp_calloc((size_t)n + 1, sizeof *ts);
-    float **full = hp_calloc((size_t)n + 1, sizeof *full); /* gathered, or a staged copy */
+    float **full = hp_calloc((size_t)n + 1, sizeof *full); /* whole, on rank 0 */
     hp_status st = HP_OK;
     if (!ts || !full) {
         st = hp_errf(err, HP_NOMEM, "out of memory");
@@ -269,28 +342,13 @@ hp_status hp__train_export_weights(trainer *t, const char *path, hp_err *err) {
     }
     for (int i = 0; i < n && st == HP_OK; i++) {
         const hp_param_slot *ps = &t->prog->params[i];
-        hp__shard_geo g = hp__train_geo(t, i);
-        float *dev = hp__train_param(t, i);
-        size_t bytes = (size_t)hp__train_numel(t, i) * sizeof(float);
-        void *local = NULL;
-        if ((st = view(t, dev, bytes, &local, err)) != HP_OK) break;
-        const float *data = local;
-        if (hp__train_sharded(t, i)) {
-            if (!(full[i] = hp_malloc(bytes * (size_t)t->world)))
-                st = hp_errf(err, HP_NOMEM, "out of memory gathering '%s'", ps->fqn);
-            else
-                st = t->comm->vt->all_gather(t->comm, local, full[i], bytes, err);
-            view_done(local, dev);
-            data = full[i]; /* padded: its first `rows` rows are the tensor */
-        } else if (local != dev) {
-            full[i] = local; /* the staged copy, freed below */
-        }
+        if ((st = gather_full(t, i, &full[i], err)) != HP_OK) break;
         ts[i].name = ps->fqn;
         ts[i].dtype = HP_ST_F32;
         ts[i].rank = ps->global.rank;
         memcpy(ts[i].shape, ps->global.shape, sizeof(int64_t) * (size_t)ps->global.rank);
-        ts[i].data = data;
-        ts[i].nbytes = (size_t)(g.rows * g.row) * sizeof(float);
+        ts[i].data = full[i];
+        ts[i].nbytes = (size_t)hp_type_numel(&ps->global) * sizeof(float);
     }
     hp_st_kv meta[2] = {{"format", "pt"}, {"producer", "hp"}};
     if (st == HP_OK && t->rank == 0) st = hp_st_write(path, ts, n, meta, 2, err);

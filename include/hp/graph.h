@@ -246,6 +246,14 @@ typedef int (*hp_shard_fn)(const hp_shard_query *q, hp_shard_rule *rules, int ca
 hp_status hp_local_type(const hp_type *global, const hp_placement *pl, const int64_t *sizes,
                         int ndim, bool even, hp_type *local, hp_err *err);
 
+/* The box of the global tensor the rank at mesh coordinates coord[ndim] holds under pl (the
+ * splits of hp_local_type): global elements [off[d], off[d] + len[d]) on each dim d sit at
+ * local [0, len[d]); the local piece's elements past len[d] are padding. len[d] may be 0 (a
+ * rank past the end of an uneven split holds only padding). Arguments as hp_local_type's, and
+ * coord[i] in [0, sizes[i]). */
+hp_status hp_local_box(const hp_type *global, const hp_placement *pl, const int64_t *sizes,
+                       const int64_t *coord, int ndim, int64_t *off, int64_t *len, hp_err *err);
+
 /* The attributes a rank runs node n with, given its local output types: a copy of n's
  * attributes (strings borrowed) where those that spell the output's size take the local one
  * (the shape of view, reshape, expand, full, zeros, ones, slice_backward; num_weights of

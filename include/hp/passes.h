@@ -62,7 +62,7 @@ hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out
 
 /* Does the job compile through the placement passes (spmd instead of fsdp, overlap and
  * bucketing) at `world`? When more than one mesh dim splits, or the plan has explicit
- * placements. Such programs are planned (hpctl plan) but not run yet (hp_program_runnable). */
+ * placements. */
 bool hp_plan_uses_placements(const hp_job *job, int world);
 
 /* Placement propagation and redistribution (passes/spmd.c, docs/placements.md): the global

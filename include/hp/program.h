@@ -58,15 +58,19 @@ typedef struct hp_instr {
     int32_t out[HP_MAX_OUTS];
 } hp_instr;
 
+/* A parameter as this rank holds it. Its storage placements on the program's mesh say how it
+ * is split; the box says which part is this rank's: global elements [off[d], off[d] + len[d])
+ * on each dim d sit at local [0, len[d]) of the local buffer, whose type (the placeholder's)
+ * may be larger: the rest is padding, zero (an uneven split). */
 typedef struct hp_param_slot {
     const char *fqn; /* graph arena */
     hp_type global;  /* the unsharded parameter */
     hp_init init;
-    int32_t node;                     /* its placeholder */
-    int32_t buffer;                   /* the local value (PARAM) */
-    int32_t grad;                     /* its gradient (GRAD) */
-    int32_t shard_index, shard_count; /* dim-0 shard of this rank; 0, 1 when unsharded */
-    int64_t padded_dim0;              /* dim 0 rounded up to a multiple of shard_count */
+    int32_t node;                               /* its placeholder */
+    int32_t buffer;                             /* the local value (PARAM) */
+    int32_t grad;                               /* its gradient (GRAD) */
+    hp_placement pl[HP_MESH_MAX_DIMS];          /* storage placements, one per mesh dim */
+    int64_t off[HP_MAX_RANK], len[HP_MAX_RANK]; /* this rank's box (hp_program_set_rank) */
 } hp_param_slot;
 
 typedef struct hp_data_slot {
@@ -85,6 +89,10 @@ typedef struct hp_program {
     hp_arena arena;
     hp_graph *graph; /* owned */
     int rank, world;
+    /* The mesh the ranks form: the graph's (placement passes), else one dim "world" of all the
+     * ranks (FSDP shards dim 0 over it). world is the product of its sizes. */
+    hp_graph_mesh mesh;
+    int64_t coord[HP_MESH_MAX_DIMS]; /* this rank's coordinates (row-major, last dim fastest) */
     int32_t n_buffers, n_instrs, n_params, n_data;
     hp_buffer *buffers;
     hp_instr *instrs;
@@ -111,10 +119,23 @@ static inline int32_t hp_program_root(const hp_program *p, int32_t b) {
  * wire is untrusted). HP_INVALID naming the instruction or buffer. */
 hp_status hp_program_verify(const hp_program *p, hp_err *err);
 
-/* Can this build's hp-worker run p? Programs compiled by the placement passes (a graph with a
- * mesh: tensor parallelism, explicit placements) are planned but not run yet: HP_UNSUPPORTED
- * saying so. */
-hp_status hp_program_runnable(const hp_program *p, hp_err *err);
+/* Makes p rank `rank`'s program: its mesh coordinates and every parameter's box. The compiler
+ * gives rank 0's; a worker calls this with its own rank. HP_INVALID for a rank outside the
+ * world. */
+hp_status hp_program_set_rank(hp_program *p, int rank, hp_err *err);
+/* The mesh coordinates of `rank`. */
+void hp_program_coords(const hp_program *p, int rank, int64_t *coord);
+/* Parameter i's box at `rank` (any rank, not only p's): as hp_param_slot's off and len. */
+hp_status hp_program_box(const hp_program *p, int i, int rank, int64_t *off, int64_t *len,
+                         hp_err *err);
+/* Does `rank` hold a piece of parameter i that no lower rank holds (its coordinate is 0 on
+ * every mesh dim the parameter is replicated over)? Each distinct piece has one owner: the
+ * one that counts it in a norm and writes it to a checkpoint. */
+bool hp_program_owns(const hp_program *p, int i, int rank);
+/* The data-parallel position of `rank`: the data inputs are split on the batch over the mesh
+ * dims where they are Shard(0) (flattened in mesh order); *index of *count. A program without
+ * such dims reads the whole batch: 0 of 1 (an FSDP program: its rank of the world). */
+void hp_program_data_rank(const hp_program *p, int rank, int *index, int *count);
 
 /* Wire form (hp.v1.Program). pack: *data hp_malloc'd. unpack: untrusted bytes, verified. */
 hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_err *err);

@@ -6,6 +6,7 @@
 #include "hp/device.h"
 #include "tests/util/cli_harness.h"
 #include "tests/util/hpd_harness.h"
+#include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -277,12 +278,6 @@ Test(hpctl_remote, cuda_job_refused_at_submit) {
     expect_refused_at_submit("--device cuda", "device cuda: this hp-worker was built without CUDA");
 }
 
-/* A tensor-parallel job is planned (hpctl plan) but not run yet: refused at submit. */
-Test(hpctl_remote, tensor_parallel_job_refused_at_submit) {
-    expect_refused_at_submit("--mesh tp=2 --tp-plan llama",
-                             "the plan (mesh tp=2) is compiled by the placement passes");
-}
-
 /* The step of a job as the daemon reports it. */
 static long job_step(const char *id) {
     run r = hpctl("status %s --json", id);
@@ -310,6 +305,29 @@ static char *read_weights(const char *id) {
     char path[600];
     snprintf(path, sizeof path, "%s/state/jobs/%s/run/model.safetensors", g_dir, id);
     return hp_th_slurp_or_empty(path);
+}
+
+/* A tensor-parallel job (torchtitan's Llama plan at tp=2) runs through hpd on two workers and
+ * ends with the weights of the same job at world 1. */
+Test(hpctl_remote, tensor_parallel_job_runs_like_world1) {
+    static const char *const plans[2] = {"", "--mesh tp=2 --tp-plan llama"};
+    char dirs[2][600];
+    for (int k = 0; k < 2; k++) {
+        run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                      "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 4 %s -o %s/tp%d.pb",
+                      plans[k], g_dir, k);
+        cr_assert_eq(r.code, 0, "hpctl new %s: %s", plans[k], r.err);
+        run_free(&r);
+        char job[32];
+        snprintf(job, sizeof job, "tp%d.pb", k);
+        char *id = submit(job);
+        char *st = wait_final(id);
+        cr_assert_str_eq(st, "SUCCEEDED", "job %s (%s)", id, plans[k]);
+        free(st);
+        snprintf(dirs[k], sizeof dirs[k], "%s/state/jobs/%s/run", g_dir, id);
+        free(id);
+    }
+    hp_th_expect_weights_close(dirs[0], dirs[1], 1e-5, "tp=2 through hpd");
 }
 
 /* A worker killed with SIGKILL mid-run: the job goes RESTARTING, resumes from its last

@@ -14,6 +14,8 @@
 #include "worker/executor.h"
 #include "worker/train.h"
 
+#include "tests/util/run_compare.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -135,21 +137,6 @@ Test(train, executor_matches_reference_evaluator) {
 /* ---- training against PyTorch --------------------------------------------------------------- */
 
 /* Reads DIR/metrics.jsonl's "loss" fields, in order. */
-static int read_losses(const char *dir, double *losses, int max) {
-    char path[512], line[8192];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "%s", path);
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        char *p = strstr(line, "\"loss\":");
-        cr_assert(p, "%s", line);
-        losses[n++] = strtod(p + 7, NULL);
-    }
-    fclose(f);
-    return n;
-}
-
 static int run_py(const char *mode, const char *cfg) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/tests/worker/train_ref.py %s %s %s",
@@ -190,7 +177,7 @@ Test(train, matches_pytorch_adamw_five_steps) {
     cr_assert_eq(hp_train(job, &o, &res, &e), HP_OK, "%s", e.msg);
 
     double got[16], want[16];
-    cr_assert_eq(read_losses(out, got, 16), steps);
+    cr_assert_eq(hp_th_read_losses(out, got, 16), steps);
     snprintf(path, sizeof path, "%s/ref_losses.txt", tmp);
     FILE *f = fopen(path, "r");
     for (int i = 0; i < steps; i++) cr_assert_eq(fscanf(f, "%lf", &want[i]), 1);
@@ -270,8 +257,8 @@ Test(train, resume_equals_uninterrupted_bit_for_bit) {
     cr_assert_eq(res.last_step, 20);
 
     double la[32], lb[32];
-    cr_assert_eq(read_losses(a, la, 32), 20);
-    cr_assert_eq(read_losses(b, lb, 32), 25); /* 1..15, then 11..20 */
+    cr_assert_eq(hp_th_read_losses(a, la, 32), 20);
+    cr_assert_eq(hp_th_read_losses(b, lb, 32), 25); /* 1..15, then 11..20 */
     for (int i = 0; i < 15; i++)
         cr_expect(memcmp(&la[i], &lb[i], sizeof(double)) == 0, "step %d: %.17g vs %.17g", i + 1,
                   la[i], lb[i]);
@@ -443,8 +430,8 @@ Test(train, staged_backend_equals_cpu_bit_for_bit) {
     hp_backend_free(&o->base);
 
     double la[16], lb[32];
-    cr_assert_eq(read_losses(a, la, 16), 10);
-    cr_assert_eq(read_losses(b, lb, 32), 12); /* 1..7, then 6..10 */
+    cr_assert_eq(hp_th_read_losses(a, la, 16), 10);
+    cr_assert_eq(hp_th_read_losses(b, lb, 32), 12); /* 1..7, then 6..10 */
     for (int i = 5; i < 10; i++)
         cr_expect(memcmp(&la[i], &lb[i + 2], sizeof(double)) == 0, "step %d: %.17g vs %.17g", i + 1,
                   lb[i + 2], la[i]);

@@ -434,6 +434,13 @@ hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err) {
     return hp__cpu_comm_start(comm, &cpu->comm, err);
 }
 
+hp_status hp_cpu_backend_set_groups(hp_backend *b, const hp_comm_group *groups, int n,
+                                    hp_err *err) {
+    hp__cpu *cpu = as_cpu(b);
+    if (!cpu->comm) return hp_errf(err, HP_INVALID, "cpu: mesh groups need a communicator first");
+    return hp__cpu_comm_set_groups(cpu->comm, groups, n, err);
+}
+
 static void cpu_destroy(hp_backend *b) {
     hp__cpu *cpu = as_cpu(b);
     hp__cpu_comm_stop(cpu->comm);

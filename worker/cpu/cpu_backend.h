@@ -34,6 +34,12 @@ hp_status hp_cpu_backend_new(int threads, hp_backend **out, hp_err *err);
  * (hp_backend_new(HP_DEVICE_CPU, ...) does both; the training loop goes through it.) */
 hp_status hp_cpu_backend_set_comm(hp_backend *b, hp_comm *comm, hp_err *err);
 
+/* After set_comm, before the first collective: the communicators of the mesh dims (copied;
+ * each communicator borrowed). A collective then runs on the group its HP_ATTR_GROUP names;
+ * one naming no group runs on the world communicator. HP_INVALID: no communicator yet, more
+ * than HP_MESH_MAX_DIMS groups, an empty or repeated name. */
+hp_status hp_cpu_backend_set_groups(hp_backend *b, const hp_comm_group *groups, int n, hp_err *err);
+
 /* The comm stream's per-collective hook (backend.h's set_comm_trace). */
 typedef hp_comm_trace_fn hp_cpu_comm_trace_fn;
 

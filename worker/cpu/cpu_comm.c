@@ -7,12 +7,14 @@
 #include "worker/cpu/cpu_comm.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #define QUEUE_CAP 4096
 
 typedef struct comm_op {
+    hp_comm *comm;       /* the group's communicator */
     const hp_node *node; /* for the trace hook */
     hp_op op;
     hp_reduce_op reduce;
@@ -24,7 +26,10 @@ typedef struct comm_op {
 } comm_op;
 
 struct hp__cpu_comm {
-    hp_comm *comm;
+    hp_comm *comm; /* the world */
+    hp_comm_group groups[HP_MESH_MAX_DIMS];
+    char group_names[HP_MESH_MAX_DIMS][HP_MESH_NAME_MAX];
+    int n_groups;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;   /* work arrived or stop */
@@ -73,7 +78,7 @@ static void *comm_main(void *arg) {
         pthread_mutex_unlock(&q->mu);
         hp_err e = {0};
         double t0 = now_s();
-        hp_status st = failed ? HP_OK : run_op(q->comm, &o, &e);
+        hp_status st = failed ? HP_OK : run_op(o.comm, &o, &e);
         double t1 = now_s(), dt = t1 - t0;
         if (trace && !failed) trace(trace_ctx, o.node, (int64_t)o.in_bytes, t0, t1);
         pthread_mutex_lock(&q->mu);
@@ -125,15 +130,53 @@ int hp__cpu_comm_world(const hp__cpu_comm *q) {
     return q->comm->world;
 }
 
+hp_status hp__cpu_comm_set_groups(hp__cpu_comm *q, const hp_comm_group *groups, int n,
+                                  hp_err *err) {
+    if (n < 0 || n > HP_MESH_MAX_DIMS)
+        return hp_errf(err, HP_INVALID, "cpu: %d mesh groups (at most %d)", n, HP_MESH_MAX_DIMS);
+    for (int i = 0; i < n; i++) {
+        const char *nm = groups[i].name;
+        if (!nm || !nm[0] || strlen(nm) >= HP_MESH_NAME_MAX || !groups[i].comm)
+            return hp_errf(err, HP_INVALID, "cpu: mesh group %d: no name or communicator", i);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(nm, groups[j].name))
+                return hp_errf(err, HP_INVALID, "cpu: mesh group '%s' given twice", nm);
+    }
+    pthread_mutex_lock(&q->mu);
+    for (int i = 0; i < n; i++) {
+        snprintf(q->group_names[i], sizeof q->group_names[i], "%s", groups[i].name);
+        q->groups[i] = (hp_comm_group){q->group_names[i], groups[i].comm};
+    }
+    q->n_groups = n;
+    pthread_mutex_unlock(&q->mu);
+    return HP_OK;
+}
+
+/* The communicator a collective runs on: its group's, else the world's. */
+static hp_status group_comm(const hp__cpu_comm *q, const hp_node *n, hp_comm **out, hp_err *err) {
+    const char *name = hp_op_get(n->op)->name;
+    const hp_attr *g = hp_node_attr(n, HP_ATTR_GROUP);
+    int64_t gs = hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
+    *out = q->comm;
+    for (int i = 0; g && g->s && i < q->n_groups; i++)
+        if (!strcmp(g->s, q->groups[i].name)) *out = q->groups[i].comm;
+    if (*out == q->comm && g && g->s && q->n_groups > 0 && gs != q->comm->world)
+        return hp_errf(err, HP_UNSUPPORTED, "%s on group '%s': not a mesh dim of this rank", name,
+                       g->s);
+    if (gs != (*out)->world)
+        return hp_errf(err, HP_UNSUPPORTED, "%s over %lld ranks, but the communicator has %d", name,
+                       (long long)gs, (*out)->world);
+    return HP_OK;
+}
+
 hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err *err) {
     const hp_node *n = c->node;
     const char *name = hp_op_get(n->op)->name;
-    int64_t gs = hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
-    if (gs != q->comm->world)
-        return hp_errf(err, HP_UNSUPPORTED, "%s over %lld ranks, but the communicator has %d", name,
-                       (long long)gs, q->comm->world);
+    hp_comm *comm = NULL;
+    HP_TRY(group_comm(q, n, &comm, err));
     hp_dtype dt = c->in_type[0].dtype;
-    comm_op o = {.node = n,
+    comm_op o = {.comm = comm,
+                 .node = n,
                  .op = n->op,
                  .reduce = (hp_reduce_op)hp_node_int(n, HP_ATTR_REDUCE_OP, HP_REDUCE_SUM),
                  .in = c->in[0],

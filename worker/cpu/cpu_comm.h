@@ -14,10 +14,12 @@ hp_status hp__cpu_comm_start(hp_comm *comm, hp__cpu_comm **out, hp_err *err);
 /* Finishes the queued collectives, then joins the thread. NULL is fine. */
 void hp__cpu_comm_stop(hp__cpu_comm *q);
 int hp__cpu_comm_world(const hp__cpu_comm *q);
+/* The mesh dims' communicators (hp_cpu_backend_set_groups); before the first enqueue. */
+hp_status hp__cpu_comm_set_groups(hp__cpu_comm *q, const hp_comm_group *groups, int n, hp_err *err);
 
 /* Queues a collective node's call (its buffers must stay valid until it completes). Errors:
- * an unsupported collective or dtype, a group size other than the communicator's, or the
- * stream's sticky error. */
+ * an unsupported collective or dtype, a group naming no mesh dim of this rank's groups, a
+ * group size other than its communicator's, or the stream's sticky error. */
 hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err *err);
 /* Sets the per-collective hook (hp_cpu_backend_set_comm_trace). */
 void hp__cpu_comm_set_trace(hp__cpu_comm *q, hp_cpu_comm_trace_fn fn, void *ctx);
