@@ -168,8 +168,14 @@ hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err) {
         hp__shard_geo g = hp__train_geo(t, i);
         /* replicated tensors are saved by rank 0 only */
         bool mine = hp__train_sharded(t, i) || t->rank == 0;
-        s->start = mine ? g.start : 0;
-        s->end = mine ? g.start + g.real : 0;
+        /* a dim-0 box: rows [start, start + real) x the other dims whole, in a local buffer
+         * of g.s rows (the rest padding) */
+        for (int d = 0; d < s->rank; d++) s->len[d] = s->held[d] = s->shape[d];
+        if (s->rank) {
+            s->off[0] = mine ? g.start : 0;
+            s->len[0] = mine ? g.real : 0;
+            s->held[0] = g.s;
+        }
         s->state_dtype = HP_F32;
         size_t bytes = (size_t)hp__train_numel(t, i) * sizeof(float);
         void *p = NULL, *m = NULL, *v = NULL;
@@ -222,7 +228,16 @@ static hp_status read_rows(trainer *t, hp_ckpt *c, const char *fqn, hp_ckpt_part
                            int64_t b, void *dev, size_t bytes, hp_err *err) {
     void *host;
     HP_TRY(stage(t, dev, bytes, &host, err));
-    hp_status st = hp_ckpt_read(c, fqn, kind, a, b, host, bytes, err);
+    /* the dim-0 box [a, b) x the other dims whole */
+    const hp_ckpt_entry *e = hp_ckpt_find(c, fqn);
+    int nd = e ? e->rank : 0;
+    int64_t off[HP_MAX_RANK] = {0}, len[HP_MAX_RANK] = {0};
+    for (int d = 0; d < nd; d++) len[d] = e->shape[d];
+    if (nd) {
+        off[0] = a;
+        len[0] = b - a;
+    }
+    hp_status st = hp_ckpt_read_box(c, fqn, kind, nd, off, len, NULL, host, bytes, err);
     return land(t, dev, host, bytes, st, err);
 }
 

@@ -98,8 +98,8 @@ static int shards_of(const model *md, int r, int world, hp_ckpt_shard *out) {
                                  .dtype = HP_F32,
                                  .rank = md->rank[i],
                                  .shape = {md->shape[i][0], md->shape[i][1]},
-                                 .start = s,
-                                 .end = e,
+                                 .off = {s},
+                                 .len = {e - s, row_len(md, i)},
                                  .param = md->p[i] + off,
                                  .state_dtype = HP_F32,
                                  .exp_avg = md->m[i] + off,
@@ -128,6 +128,16 @@ static void write_world(const char *dir, const model *md, int64_t step, int worl
     cr_assert_eq(hp_ckpt_commit(dir, step, world, keep, &err), HP_OK, "%s", err.msg);
 }
 
+/* Reads rows [s, e) of fqn (the dim-0 box, other dims whole) into buf. */
+static hp_status read_rows(const hp_ckpt *c, const char *fqn, hp_ckpt_part part, int64_t s,
+                           int64_t e, void *buf, size_t bytes, hp_err *err) {
+    const hp_ckpt_entry *en = hp_ckpt_find(c, fqn);
+    int nd = en ? en->rank : 0;
+    int64_t off[HP_MAX_RANK] = {s}, len[HP_MAX_RANK] = {e - s};
+    for (int d = 1; d < nd; d++) len[d] = en->shape[d];
+    return hp_ckpt_read_box(c, fqn, part, nd, off, len, NULL, buf, bytes, err);
+}
+
 /* Reads every tensor part back as `world` ranks would and compares with the full tensors. */
 static void check_read_as(const hp_ckpt *c, const model *md, int world) {
     hp_err err;
@@ -138,9 +148,10 @@ static void check_read_as(const hp_ckpt *c, const model *md, int world) {
             for (int r = 0; r < world; r++) {
                 int64_t s = r * chunk < rows ? r * chunk : rows;
                 int64_t e = s + chunk < rows ? s + chunk : rows;
+                if (md->rank[i] == 0) s = 0, e = 1; /* a scalar is one element on every rank */
                 float buf[64];
-                cr_assert_eq(hp_ckpt_read(c, md->fqn[i], (hp_ckpt_part)part, s, e, buf,
-                                          (size_t)((e - s) * rl) * 4, &err),
+                cr_assert_eq(read_rows(c, md->fqn[i], (hp_ckpt_part)part, s, e, buf,
+                                       (size_t)((e - s) * rl) * 4, &err),
                              HP_OK, "%s", err.msg);
                 cr_assert_eq(memcmp(buf, full + s * rl, (size_t)((e - s) * rl) * 4), 0,
                              "%s part %d rank %d of %d", md->fqn[i], part, r, world);
@@ -179,14 +190,13 @@ Test(checkpoint, round_trip) {
     cr_expect_eq(hp_ckpt_find(c, "temperature")->rank, 0);
     cr_expect_null(hp_ckpt_find(c, "nope"));
     float buf[64];
-    cr_expect_eq(hp_ckpt_read(c, "norm.weight", HP_CKPT_EXP_AVG, 0, 5, buf, 20, &err),
-                 HP_NOT_FOUND);
+    cr_expect_eq(read_rows(c, "norm.weight", HP_CKPT_EXP_AVG, 0, 5, buf, 20, &err), HP_NOT_FOUND);
     cr_expect(strstr(err.msg, "without optimizer state"), "%s", err.msg);
-    cr_expect_eq(hp_ckpt_read(c, "nope", HP_CKPT_PARAM, 0, 1, buf, 4, &err), HP_NOT_FOUND);
-    cr_expect_eq(hp_ckpt_read(c, "norm.weight", HP_CKPT_PARAM, 0, 6, buf, 24, &err), HP_INVALID);
-    cr_expect(strstr(err.msg, "rows [0, 6)"), "%s", err.msg);
-    cr_expect_eq(hp_ckpt_read(c, "norm.weight", HP_CKPT_PARAM, 0, 5, buf, 16, &err), HP_INVALID);
-    cr_assert_eq(hp_ckpt_read(c, "norm.weight", HP_CKPT_PARAM, 0, 5, buf, 20, &err), HP_OK);
+    cr_expect_eq(read_rows(c, "nope", HP_CKPT_PARAM, 0, 1, buf, 4, &err), HP_NOT_FOUND);
+    cr_expect_eq(read_rows(c, "norm.weight", HP_CKPT_PARAM, 0, 6, buf, 24, &err), HP_INVALID);
+    cr_expect(strstr(err.msg, "norm.weight") && strstr(err.msg, "box [0, 6)"), "%s", err.msg);
+    cr_expect_eq(read_rows(c, "norm.weight", HP_CKPT_PARAM, 0, 5, buf, 16, &err), HP_INVALID);
+    cr_assert_eq(read_rows(c, "norm.weight", HP_CKPT_PARAM, 0, 5, buf, 20, &err), HP_OK);
     cr_expect_eq(memcmp(buf, md.p[1], 20), 0);
     md.m[1][0] = md.m[1][0]; /* (norm.weight's moments were not saved) */
     for (int i = 0; i < N_T; i++) {
@@ -194,8 +204,8 @@ Test(checkpoint, round_trip) {
         int64_t n = rows_of(&md, i) * row_len(&md, i);
         for (int part = 0; part < 3; part++) {
             const float *want = part == 0 ? md.p[i] : part == 1 ? md.m[i] : md.v[i];
-            cr_assert_eq(hp_ckpt_read(c, md.fqn[i], (hp_ckpt_part)part, 0, rows_of(&md, i), buf,
-                                      (size_t)n * 4, &err),
+            cr_assert_eq(read_rows(c, md.fqn[i], (hp_ckpt_part)part, 0, rows_of(&md, i), buf,
+                                   (size_t)n * 4, &err),
                          HP_OK, "%s", err.msg);
             cr_expect_eq(memcmp(buf, want, (size_t)n * 4), 0, "%s part %d", md.fqn[i], part);
         }
@@ -234,8 +244,7 @@ Test(checkpoint, reshard_2_to_3) {
     check_read_as(c, &md, 5);
     /* an arbitrary range across the rank boundary (rows 2..6 of 7, ranks hold [0,4) [4,7)) */
     float buf[16];
-    cr_assert_eq(hp_ckpt_read(c, md.fqn[0], HP_CKPT_EXP_AVG_SQ, 2, 6, buf, sizeof buf, &err),
-                 HP_OK);
+    cr_assert_eq(read_rows(c, md.fqn[0], HP_CKPT_EXP_AVG_SQ, 2, 6, buf, sizeof buf, &err), HP_OK);
     cr_expect_eq(memcmp(buf, md.v[0] + 8, sizeof buf), 0);
     hp_ckpt_close(c);
 
@@ -387,7 +396,7 @@ Test(checkpoint, corrupt_files_rejected) {
     fclose(f);
     expect_open_fails(HP_PARSE, "index.json", NULL);
     copy_file(saved_idx, idx);
-    replace_in_file(idx, "\"version\":1", "\"version\":9");
+    replace_in_file(idx, "\"version\":2", "\"version\":9");
     expect_open_fails(HP_PARSE, "index.json", "version 9");
     copy_file(saved_idx, idx);
     replace_in_file(idx, "\"world\":2", "\"world\":3");
@@ -420,7 +429,8 @@ Test(checkpoint, bad_layouts_rejected) {
     shards_of(&md, 0, 2, sh);
     cr_assert_eq(hp_ckpt_write_rank(tmpdir, 0, 2, &sc, sh, N_T, &err), HP_OK, "%s", err.msg);
     shards_of(&md, 1, 2, sh);
-    sh[0].start = 2;
+    sh[0].off[0] = 2;
+    sh[0].len[0] = 5;
     sh[0].param = md.p[0] + 8;
     sh[0].exp_avg = md.m[0] + 8;
     sh[0].exp_avg_sq = md.v[0] + 8;
@@ -429,7 +439,8 @@ Test(checkpoint, bad_layouts_rejected) {
     cr_expect(strstr(err.msg, "layers.0.attention.wq.weight") && strstr(err.msg, "overlap"), "%s",
               err.msg);
     /* a gap: rank 1 holds [5, 7) */
-    sh[0].start = 5;
+    sh[0].off[0] = 5;
+    sh[0].len[0] = 2;
     sh[0].param = md.p[0] + 20;
     sh[0].exp_avg = md.m[0] + 20;
     sh[0].exp_avg_sq = md.v[0] + 20;
@@ -459,9 +470,9 @@ Test(checkpoint, bad_layouts_rejected) {
     cr_expect_eq(hp_ckpt_write_rank(tmpdir, 0, 1, &sc, sh, N_T, &err), HP_INVALID);
     cr_expect(strstr(err.msg, "'a/b'"), "%s", err.msg);
     shards_of(&md, 0, 1, sh);
-    sh[0].end = 8;
+    sh[0].len[0] = 8;
     cr_expect_eq(hp_ckpt_write_rank(tmpdir, 0, 1, &sc, sh, N_T, &err), HP_INVALID);
-    cr_expect(strstr(err.msg, "rows [0, 8)"), "%s", err.msg);
+    cr_expect(strstr(err.msg, "box [0, 8)"), "%s", err.msg);
     shards_of(&md, 0, 1, sh);
     sh[2].exp_avg_sq = NULL;
     cr_expect_eq(hp_ckpt_write_rank(tmpdir, 0, 1, &sc, sh, N_T, &err), HP_INVALID);
@@ -470,7 +481,12 @@ Test(checkpoint, bad_layouts_rejected) {
     sh[1].param = NULL;
     cr_expect_eq(hp_ckpt_write_rank(tmpdir, 0, 1, &sc, sh, N_T, &err), HP_INVALID);
     shards_of(&md, 0, 1, sh);
-    sh[3].end = 0;
+    sh[0].held[0] = 6; /* a buffer smaller than the box */
+    sh[0].held[1] = 4;
+    cr_expect_eq(hp_ckpt_write_rank(tmpdir, 0, 1, &sc, sh, N_T, &err), HP_INVALID);
+    cr_expect(strstr(err.msg, "held[0]"), "%s", err.msg);
+    shards_of(&md, 0, 1, sh);
+    sh[0].len[1] = -1;
     cr_expect_eq(hp_ckpt_write_rank(tmpdir, 0, 1, &sc, sh, N_T, &err), HP_INVALID);
     shards_of(&md, 0, 1, sh);
     sh[1].fqn = sh[0].fqn;
