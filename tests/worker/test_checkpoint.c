@@ -1,7 +1,9 @@
 /* tests/worker/test_checkpoint.c — sharded checkpoints: bit-exact round trip, resharding
- * 2 ranks -> 3 ranks (and arbitrary row ranges) equal to the unsharded tensors, interrupted
- * writes ignored by `latest`, keep-last-K pruning, corrupt and truncated files rejected with
- * errors naming the file, and the allocation fault loop.
+ * 2 ranks -> 3 ranks (and arbitrary row ranges) equal to the unsharded tensors, N-D boxes
+ * from a (2, 2) mesh with padded buffers and replicas read back as other layouts, overlapping,
+ * gapped and out-of-shape boxes and bad read arguments rejected, a hand-written version-1
+ * checkpoint read, interrupted writes ignored by `latest`, keep-last-K pruning, corrupt and
+ * truncated files rejected with errors naming the file, and the allocation fault loops.
  */
 #define _GNU_SOURCE /* memmem */
 #include "hp/checkpoint.h"
