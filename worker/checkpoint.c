@@ -36,17 +36,80 @@ char *hp__ckpt_rank_path(const char *sdir, int rank) {
     return hp__path_join(sdir, name);
 }
 
-/* Row count and elements per row of a global shape (a rank-0 tensor is one row of one). */
-int64_t hp__ckpt_row_elems(const int64_t *shape, int nd) {
+int64_t hp__ckpt_volume(const int64_t *len, int nd) {
     int64_t n = 1;
-    for (int i = 1; i < nd; i++) n *= shape[i];
+    for (int d = 0; d < nd; d++) n *= len[d];
     return n;
+}
+
+void hp__ckpt_copy_box(void *dst, const int64_t *ds, const int64_t *dorg, const void *src,
+                       const int64_t *ss, const int64_t *so, const int64_t *n, int nd, size_t esz) {
+    if (hp__ckpt_volume(n, nd) == 0) return;
+    /* Merge trailing dims that both layouts hold whole into one run: dims [inner, nd). */
+    int inner = nd;
+    size_t run = esz;
+    while (inner > 0) {
+        int d = inner - 1;
+        run *= (size_t)n[d];
+        inner = d;
+        if (n[d] != ss[d] || n[d] != ds[d]) break;
+    }
+    /* Byte strides of each dim in both layouts, and the origins' byte offsets. */
+    size_t sst[HP_MAX_RANK], dst_st[HP_MAX_RANK], sb = 0, db = 0, sz = esz, dz = esz;
+    for (int d = nd - 1; d >= 0; d--) {
+        sst[d] = sz;
+        dst_st[d] = dz;
+        sb += (size_t)so[d] * sz;
+        db += (size_t)dorg[d] * dz;
+        sz *= (size_t)ss[d];
+        dz *= (size_t)ds[d];
+    }
+    const uint8_t *s = (const uint8_t *)src + sb;
+    uint8_t *o = (uint8_t *)dst + db;
+    /* An odometer over the outer dims [0, inner). */
+    int64_t idx[HP_MAX_RANK] = {0};
+    for (;;) {
+        memcpy(o, s, run);
+        int d = inner - 1;
+        while (d >= 0 && ++idx[d] == n[d]) {
+            idx[d] = 0;
+            s -= (size_t)(n[d] - 1) * sst[d];
+            o -= (size_t)(n[d] - 1) * dst_st[d];
+            d--;
+        }
+        if (d < 0) return;
+        s += sst[d];
+        o += dst_st[d];
+    }
 }
 
 /* ---- writing a rank file -------------------------------------------------------------------- */
 
 static bool dtype_ok(hp_dtype dt) {
     return (unsigned)dt < HP_DTYPE_COUNT;
+}
+
+static bool shard_empty(const hp_ckpt_shard *t) {
+    return hp__ckpt_volume(t->len, t->rank) == 0;
+}
+
+static bool held_given(const hp_ckpt_shard *t) {
+    for (int d = 0; d < t->rank; d++)
+        if (t->held[d]) return true;
+    return false;
+}
+
+/* Whether the box (at the origin of the held layout) is one contiguous run of it: past the
+ * outermost dim where the box is narrower than the buffer, it must be whole, and before it
+ * one element wide. */
+static bool box_contiguous(const hp_ckpt_shard *t) {
+    if (!held_given(t) || shard_empty(t)) return true;
+    int k = -1;
+    for (int d = t->rank - 1; d >= 0 && k < 0; d--)
+        if (t->len[d] != t->held[d]) k = d;
+    for (int d = 0; d < k; d++)
+        if (t->len[d] != 1) return false;
+    return true;
 }
 
 static hp_status check_shard(const hp_ckpt_shard *t, int i, hp_err *err) {
@@ -63,17 +126,31 @@ static hp_status check_shard(const hp_ckpt_shard *t, int i, hp_err *err) {
     hp_err e2;
     if (hp_type_check(&ty, &e2) != HP_OK)
         return hp_errf(err, HP_INVALID, "checkpoint: '%s': %s", t->fqn, e2.msg);
-    int64_t rows = t->rank ? t->shape[0] : 1;
-    if (t->start < 0 || t->start > t->end || t->end > rows || (t->rank == 0 && t->start != 0))
-        return hp_errf(err, HP_INVALID,
-                       "checkpoint: '%s': rows [%lld, %lld) out of range for %lld rows%s", t->fqn,
-                       (long long)t->start, (long long)t->end, (long long)rows,
-                       t->rank == 0 ? " (a rank-0 tensor is saved as rows [0, 1))" : "");
-    if (t->rank == 0 && t->end != 1)
-        return hp_errf(err, HP_INVALID, "checkpoint: '%s': a rank-0 tensor is saved as rows [0, 1)",
-                       t->fqn);
-    bool held = t->end > t->start && hp__ckpt_row_elems(t->shape, t->rank) > 0;
-    if (held && !t->param)
+    bool empty = false;
+    for (int d = 0; d < t->rank; d++) {
+        if (t->len[d] < 0)
+            return hp_errf(err, HP_INVALID, "checkpoint: '%s': len[%d] = %lld is negative", t->fqn,
+                           d, (long long)t->len[d]);
+        empty = empty || t->len[d] == 0;
+    }
+    for (int d = 0; !empty && d < t->rank; d++)
+        if (t->off[d] < 0 || t->off[d] > t->shape[d] - t->len[d])
+            return hp_errf(err, HP_INVALID,
+                           "checkpoint: '%s': dim %d: box [%lld, %lld) out of range for size %lld",
+                           t->fqn, d, (long long)t->off[d], (long long)(t->off[d] + t->len[d]),
+                           (long long)t->shape[d]);
+    if (held_given(t)) {
+        for (int d = 0; d < t->rank; d++)
+            if (t->held[d] < t->len[d] || t->held[d] > HP_MAX_DIM)
+                return hp_errf(err, HP_INVALID,
+                               "checkpoint: '%s': held[%d] = %lld is smaller than the box's "
+                               "len %lld (or too large)",
+                               t->fqn, d, (long long)t->held[d], (long long)t->len[d]);
+        hp_type hy = hp_type_make(t->dtype, t->rank, t->held);
+        if (hp_type_check(&hy, &e2) != HP_OK)
+            return hp_errf(err, HP_INVALID, "checkpoint: '%s': held: %s", t->fqn, e2.msg);
+    }
+    if (!empty && !t->param)
         return hp_errf(err, HP_INVALID, "checkpoint: '%s': param is NULL", t->fqn);
     if (!t->exp_avg != !t->exp_avg_sq)
         return hp_errf(err, HP_INVALID,
@@ -85,25 +162,57 @@ static hp_status check_shard(const hp_ckpt_shard *t, int i, hp_err *err) {
     return HP_OK;
 }
 
-static void fill_st(hp_st_tensor *o, const char *name, hp_dtype dt, const hp_ckpt_shard *t,
-                    const void *data) {
+/* The box as saved: an empty one is all zeros (its offsets mean nothing). */
+static void saved_box(const hp_ckpt_shard *t, int64_t *off, int64_t *len) {
+    bool empty = shard_empty(t);
+    for (int d = 0; d < t->rank; d++) {
+        off[d] = empty ? 0 : t->off[d];
+        len[d] = empty ? 0 : t->len[d];
+    }
+}
+
+/* Describes one part of shard t as the safetensors tensor of its box. When the box is not
+ * contiguous in the held buffer, packs it into a fresh buffer stored in *packed (the caller
+ * frees it); HP_NOMEM then. */
+static hp_status fill_st(hp_st_tensor *o, const char *name, hp_dtype dt, const hp_ckpt_shard *t,
+                         const void *data, void **packed) {
+    int64_t off[HP_MAX_RANK], len[HP_MAX_RANK], zero[HP_MAX_RANK] = {0};
+    saved_box(t, off, len);
     o->name = name;
     o->dtype = hp_st_dtype_from_hp(dt);
     o->rank = t->rank;
-    for (int d = 0; d < t->rank; d++) o->shape[d] = t->shape[d];
-    if (t->rank) o->shape[0] = t->end - t->start;
+    for (int d = 0; d < t->rank; d++) o->shape[d] = len[d];
     o->nbytes = (size_t)(hp_st_numel(o) * (int64_t)hp_dtype_size(dt));
     o->data = data;
+    if (box_contiguous(t)) return HP_OK;
+    void *p = *packed = hp_malloc(o->nbytes);
+    if (!p) return HP_NOMEM;
+    hp__ckpt_copy_box(p, len, zero, data, t->held, zero, len, t->rank, hp_dtype_size(dt));
+    o->data = p;
+    return HP_OK;
 }
 
-/* The "hp.shards" metadata: {fqn: [start, end, rows]} as a fresh jansson-allocated string. */
+static json_t *dims_json(const int64_t *v, int nd) {
+    json_t *a = json_array();
+    for (int d = 0; a && d < nd; d++)
+        if (json_array_append_new(a, json_integer(v[d])) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
+/* The "hp.shards" metadata, {fqn: {"shape": [...], "off": [...], "len": [...]}}, as a fresh
+ * jansson-allocated string. */
 static char *shards_json(const hp_ckpt_shard *ts, int n) {
     json_t *o = json_object();
     if (!o) return NULL;
     for (int i = 0; i < n; i++) {
         const hp_ckpt_shard *t = &ts[i];
-        json_t *a = json_pack("[III]", (json_int_t)t->start, (json_int_t)t->end,
-                              (json_int_t)(t->rank ? t->shape[0] : 1));
+        int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
+        saved_box(t, off, len);
+        json_t *a = json_pack("{s:o, s:o, s:o}", "shape", dims_json(t->shape, t->rank), "off",
+                              dims_json(off, t->rank), "len", dims_json(len, t->rank));
         if (!a || json_object_set_new(o, t->fqn, a) != 0) {
             json_decref(o);
             return NULL;
@@ -130,7 +239,8 @@ hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt
     char *sdir = hp__ckpt_step_dir(dir, sc->step), *path = NULL, *idx = NULL, *shards = NULL;
     hp_st_tensor *st = hp_calloc((size_t)(3 * n + 1), sizeof *st);
     char **names = hp_calloc((size_t)(2 * n + 1), sizeof *names);
-    if (!sdir || !st || !names) goto nomem;
+    void **packed = hp_calloc((size_t)(3 * n + 1), sizeof *packed); /* boxes copied out */
+    if (!sdir || !st || !names || !packed) goto nomem;
     path = hp__ckpt_rank_path(sdir, rank);
     idx = hp__path_join(sdir, HP_CKPT_INDEX);
     shards = shards_json(ts, n);
@@ -138,14 +248,18 @@ hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt
     int k = 0;
     for (int i = 0; i < n; i++) {
         const hp_ckpt_shard *t = &ts[i];
-        fill_st(&st[k++], t->fqn, t->dtype, t, t->param);
+        if (fill_st(&st[k], t->fqn, t->dtype, t, t->param, &packed[k]) != HP_OK) goto nomem;
+        k++;
         if (!t->exp_avg) continue;
         for (int p = 1; p <= 2; p++) {
             size_t len = strlen(hp__ckpt_part_prefix[p]) + strlen(t->fqn) + 1;
             char *nm = names[2 * i + p - 1] = hp_malloc(len);
             if (!nm) goto nomem;
             snprintf(nm, len, "%s%s", hp__ckpt_part_prefix[p], t->fqn);
-            fill_st(&st[k++], nm, t->state_dtype, t, p == 1 ? t->exp_avg : t->exp_avg_sq);
+            if (fill_st(&st[k], nm, t->state_dtype, t, p == 1 ? t->exp_avg : t->exp_avg_sq,
+                        &packed[k]) != HP_OK)
+                goto nomem;
+            k++;
         }
     }
     char v[N_META][32];
@@ -190,6 +304,8 @@ nomem:
     s = hp_errf(err, HP_NOMEM, "checkpoint %s: out of memory", dir);
 out:
     for (int i = 0; names && i < 2 * n; i++) hp_free(names[i]);
+    for (int i = 0; packed && i < 3 * n; i++) hp_free(packed[i]);
+    hp_free(packed);
     hp_free(names);
     hp_free(st);
     hp_free(shards); /* jansson allocates through hp_malloc */
@@ -246,22 +362,22 @@ static void sb_json(sbuf *b, json_t *v, size_t flags) {
     json_decref(v);
 }
 
-/* One index entry: {"dtype", "shape", "state_dtype", "shards": [[rank, start, end], ...]}. */
+/* One index entry: {"dtype", "shape", "state_dtype",
+ * "shards": [{"rank": r, "off": [...], "len": [...]}, ...]}. */
 static json_t *entry_json(const hp_ckpt *c, int i) {
     const hp_ckpt_entry *e = &c->e[i];
-    json_t *shape = json_array(), *shards = json_array();
+    json_t *shards = json_array();
     json_t *t =
         json_pack("{s:s, s:o, s:o, s:o}", "dtype", hp_st_dtype_name(hp_st_dtype_from_hp(e->dtype)),
-                  "shape", shape, "state_dtype",
+                  "shape", dims_json(e->shape, e->rank), "state_dtype",
                   e->has_state ? json_string(hp_st_dtype_name(hp_st_dtype_from_hp(e->state_dtype)))
                                : json_null(),
                   "shards", shards);
     if (!t) return NULL; /* json_pack released the stolen references */
-    for (int d = 0; d < e->rank; d++)
-        if (json_array_append_new(shape, json_integer(e->shape[d])) != 0) goto fail;
     for (int j = c->first[i]; j < c->first[i] + c->count[i]; j++) {
         const rec *x = &c->recs[j];
-        json_t *a = json_pack("[iII]", x->owner, (json_int_t)x->start, (json_int_t)x->end);
+        json_t *a = json_pack("{s:i, s:o, s:o}", "rank", x->owner, "off", dims_json(x->off, x->nd),
+                              "len", dims_json(x->len, x->nd));
         if (!a || json_array_append_new(shards, a) != 0) goto fail;
     }
     return t;
@@ -272,9 +388,10 @@ fail:
 
 /* The index of a loaded (validated) checkpoint as a fresh hp_malloc'd string, one tensor a
  * line so that a person can read and diff it:
- *   {"format":"hp-checkpoint","version":1,"step":10,"world":2,"scalars":{...},
+ *   {"format":"hp-checkpoint","version":2,"step":10,"world":2,"scalars":{...},
  *   "tensors":{
- *   "FQN":{"dtype":"F32","shape":[7,4],"state_dtype":"F32","shards":[[0,0,4],[1,4,7]]},
+ *   "FQN":{"dtype":"F32","shape":[7,4],"state_dtype":"F32",
+ *          "shards":[{"rank":0,"off":[0,0],"len":[4,4]},{"rank":1,"off":[4,0],"len":[3,4]}]},
  *   ...}} */
 static char *index_text(const hp_ckpt *c) {
     sbuf b = {0};

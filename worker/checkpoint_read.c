@@ -1,7 +1,9 @@
 /* worker/checkpoint_read.c — reading sharded checkpoints: every rank file validated through
  * the safetensors reader and its "hp.shards" metadata, the index checked record for record
- * against the files, and the resharding read that assembles any dim-0 row range from
- * whichever ranks hold it. See include/hp/checkpoint.h.
+ * against the files, the box validation (inside the shape, replicas or disjoint, covering),
+ * and the resharding read that assembles any box from whichever ranks hold it. Version-1
+ * files (dim-0 row ranges) are turned into boxes as they are read. See
+ * include/hp/checkpoint.h.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -52,23 +54,100 @@ static bool scalars_eq(const hp_ckpt_scalars *a, const hp_ckpt_scalars *b) {
            (a->loss_scale == b->loss_scale);
 }
 
+static int cmp_i64(int64_t a, int64_t b) {
+    return (a > b) - (a < b);
+}
+
+/* Orders by fqn, then box (offsets, then extents), then owner: replicas end up adjacent and
+ * the boxes of a tensor in order of their dim-0 offset. */
 static int cmp_rec(const void *a, const void *b) {
     const rec *x = a, *y = b;
     int c = strcmp(x->fqn, y->fqn);
     if (c) return c;
-    if (x->start != y->start) return x->start < y->start ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
-    return (x->owner > y->owner) - (x->owner < y->owner);
+    int nd = x->nd < y->nd ? x->nd : y->nd;
+    for (int d = 0; d < nd; d++)
+        if ((c = cmp_i64(x->off[d], y->off[d]))) return c;
+    for (int d = 0; d < nd; d++)
+        if ((c = cmp_i64(x->len[d], y->len[d]))) return c;
+    if ((c = cmp_i64(x->nd, y->nd))) return c;
+    return cmp_i64(x->owner, y->owner);
 }
 
+static bool box_eq(const rec *x, const rec *y) {
+    if (x->nd != y->nd) return false;
+    for (int d = 0; d < x->nd; d++)
+        if (x->off[d] != y->off[d] || x->len[d] != y->len[d]) return false;
+    return true;
+}
+
+static bool box_empty(const rec *x) {
+    return hp__ckpt_volume(x->len, x->nd) == 0;
+}
+
+/* An empty box is saved as all zeros whatever its offsets were. */
+static void box_normalize(rec *x) {
+    if (!box_empty(x)) return;
+    for (int d = 0; d < x->nd; d++) x->off[d] = x->len[d] = 0;
+}
+
+/* Whether the box lies inside the shape. */
+static bool box_inside(const rec *x) {
+    for (int d = 0; d < x->nd; d++)
+        if (x->off[d] < 0 || x->len[d] < 0 || x->off[d] > x->shape[d] - x->len[d]) return false;
+    return true;
+}
+
+/* "[0,3)x[2,3)" ("[]" for a rank-0 tensor) into buf. */
+static const char *box_str(char *buf, size_t cap, int nd, const int64_t *off, const int64_t *len) {
+    size_t n = 0;
+    buf[0] = 0;
+    if (nd == 0) snprintf(buf, cap, "[]");
+    for (int d = 0; d < nd && n < cap; d++) {
+        int k = snprintf(buf + n, cap - n, "%s[%lld,%lld)", d ? "x" : "", (long long)off[d],
+                         (long long)(off[d] + len[d]));
+        if (k < 0) break;
+        n += (size_t)k;
+    }
+    return buf;
+}
+
+#define BOX_STR 320
+
 static bool rec_eq(const rec *x, const rec *y) {
-    if (strcmp(x->fqn, y->fqn) || x->owner != y->owner || x->start != y->start ||
-        x->end != y->end || x->dtype != y->dtype || x->nd != y->nd ||
+    if (strcmp(x->fqn, y->fqn) || x->owner != y->owner || !box_eq(x, y) || x->dtype != y->dtype ||
         x->has_state != y->has_state || (x->has_state && x->state_dtype != y->state_dtype))
         return false;
     for (int i = 0; i < x->nd; i++)
         if (x->shape[i] != y->shape[i]) return false;
     return true;
+}
+
+/* A JSON array of at most HP_MAX_RANK dims, each in [0, HP_MAX_DIM], into v (count in *nd). */
+static bool parse_dims(json_t *a, int64_t *v, int *nd) {
+    if (!json_is_array(a) || json_array_size(a) > HP_MAX_RANK) return false;
+    *nd = (int)json_array_size(a);
+    for (int d = 0; d < *nd; d++) {
+        json_t *x = json_array_get(a, (size_t)d);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > HP_MAX_DIM)
+            return false;
+        v[d] = json_integer_value(x);
+    }
+    return true;
+}
+
+/* Grows an arena-held record array by one; NULL when out of memory. */
+static rec *rec_push(hp_arena *a, rec **recs, int *n, int *cap) {
+    if (*n == *cap) {
+        int nc = *cap ? 2 * *cap : 64;
+        rec *nr = hp_arena_alloc(a, (size_t)nc * sizeof *nr);
+        if (!nr) return NULL;
+        if (*n) memcpy(nr, *recs, (size_t)*n * sizeof *nr);
+        *recs = nr;
+        *cap = nc;
+    }
+    rec *x = &(*recs)[(*n)++];
+    memset(x, 0, sizeof *x);
+    return x;
 }
 
 /* ---- reading a rank file -------------------------------------------------------------------- */
@@ -96,8 +175,8 @@ static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, hp_s
                     HP__CKPT_RANK_FORMAT);
         goto out;
     }
-    if (!parse_i64(hp_st_meta_get(f, "hp.version"), &ver) || ver != HP_CKPT_VERSION) {
-        s = hp_errf(err, HP_PARSE, "%s: metadata 'hp.version' is not %d", path, HP_CKPT_VERSION);
+    if (!parse_i64(hp_st_meta_get(f, "hp.version"), &ver) || ver < 1 || ver > HP_CKPT_VERSION) {
+        s = hp_errf(err, HP_PARSE, "%s: metadata 'hp.version' is not 1..%d", path, HP_CKPT_VERSION);
         goto out;
     }
     if (!parse_i64(hp_st_meta_get(f, "hp.rank"), &rank) || rank != r ||
@@ -155,36 +234,40 @@ static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, hp_s
     const char *fqn;
     json_t *v;
     json_object_foreach(sh, fqn, v) {
+        /* version 2: {"shape": [...], "off": [...], "len": [...]}; 1: [start, end, rows] */
+        int64_t shape[HP_MAX_RANK] = {0}, off[HP_MAX_RANK] = {0}, len[HP_MAX_RANK] = {0};
         json_int_t st = -1, en = -1, rows = -1;
-        if (json_unpack(v, "[III!]", &st, &en, &rows) != 0 || st < 0 || st > en || en > rows ||
-            rows > HP_MAX_DIM) {
+        int nd = 0, n_off = -1, n_len = -1;
+        bool ok;
+        if (ver == 1) {
+            ok = json_unpack(v, "[III!]", &st, &en, &rows) == 0 && st >= 0 && st <= en &&
+                 en <= rows && rows <= HP_MAX_DIM;
+        } else {
+            json_t *js = NULL, *jo = NULL, *jl = NULL;
+            ok = json_unpack(v, "{s:o, s:o, s:o!}", "shape", &js, "off", &jo, "len", &jl) == 0 &&
+                 parse_dims(js, shape, &nd) && parse_dims(jo, off, &n_off) &&
+                 parse_dims(jl, len, &n_len) && n_off == nd && n_len == nd;
+        }
+        if (!ok && hp__alloc_failing()) goto nomem; /* jansson's unpack allocates */
+        if (!ok) {
             s = hp_errf(err, HP_PARSE,
-                        "%s: 'hp.shards' entry '%s' is not [start, end, rows] "
-                        "with 0 <= start <= end <= rows",
+                        ver == 1 ? "%s: 'hp.shards' entry '%s' is not [start, end, rows] with 0 "
+                                   "<= start <= end <= rows"
+                                 : "%s: 'hp.shards' entry '%s' is not {\"shape\", \"off\", "
+                                   "\"len\"} arrays of one rank",
                         path, fqn);
             goto out;
         }
-        if (*n_rec == *cap) {
-            int nc = *cap ? 2 * *cap : 64;
-            rec *nr = hp_arena_alloc(a, (size_t)nc * sizeof *nr);
-            if (!nr) goto nomem;
-            if (*n_rec) memcpy(nr, *recs, (size_t)*n_rec * sizeof *nr);
-            *recs = nr;
-            *cap = nc;
-        }
-        rec *x = &(*recs)[*n_rec];
-        memset(x, 0, sizeof *x);
+        rec *x = rec_push(a, recs, n_rec, cap);
+        if (!x) goto nomem;
         x->fqn = hp_arena_strdup(a, fqn);
         if (!x->fqn) goto nomem;
         x->owner = r;
-        x->start = st;
-        x->end = en;
-        x->rows = rows;
         for (int p = 0; p < 3; p++) {
-            size_t len = strlen(hp__ckpt_part_prefix[p]) + strlen(fqn) + 1;
-            char *name = hp_malloc(len);
+            size_t plen = strlen(hp__ckpt_part_prefix[p]) + strlen(fqn) + 1;
+            char *name = hp_malloc(plen);
             if (!name) goto nomem;
-            snprintf(name, len, "%s%s", hp__ckpt_part_prefix[p], fqn);
+            snprintf(name, plen, "%s%s", hp__ckpt_part_prefix[p], fqn);
             x->t[p] = hp_st_find(f, name);
             hp_free(name);
         }
@@ -194,18 +277,39 @@ static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, hp_s
                         t ? "of a dtype the checkpoint format does not use" : "missing");
             goto out;
         }
-        x->nd = t->rank;
-        for (int d = 0; d < t->rank; d++) x->shape[d] = t->shape[d];
-        if (t->rank) x->shape[0] = rows;
-        bool shape_ok = t->rank ? t->shape[0] == en - st : (st == 0 && en == 1 && rows == 1);
-        if (!shape_ok) {
-            s = hp_errf(err, HP_PARSE,
-                        "%s: tensor '%s' has %lld rows, but 'hp.shards' says "
-                        "[%lld, %lld)",
-                        path, fqn, (long long)(t->rank ? t->shape[0] : 1), (long long)st,
-                        (long long)en);
-            goto out;
+        if (ver == 1) { /* rows [st, en) x every other dim whole */
+            x->nd = t->rank;
+            for (int d = 0; d < t->rank; d++) x->shape[d] = x->len[d] = t->shape[d];
+            if (t->rank) {
+                x->shape[0] = rows;
+                x->off[0] = st;
+                x->len[0] = en - st;
+            }
+            bool shape_ok = t->rank ? t->shape[0] == en - st : (st == 0 && en == 1 && rows == 1);
+            if (!shape_ok) {
+                s = hp_errf(err, HP_PARSE,
+                            "%s: tensor '%s' has %lld rows, but 'hp.shards' says [%lld, %lld)",
+                            path, fqn, (long long)(t->rank ? t->shape[0] : 1), (long long)st,
+                            (long long)en);
+                goto out;
+            }
+        } else {
+            x->nd = nd;
+            memcpy(x->shape, shape, sizeof shape);
+            memcpy(x->off, off, sizeof off);
+            memcpy(x->len, len, sizeof len);
+            bool shape_ok = t->rank == nd;
+            for (int d = 0; shape_ok && d < nd; d++) shape_ok = t->shape[d] == len[d];
+            char bs[BOX_STR];
+            if (!shape_ok || !box_inside(x)) {
+                s = hp_errf(err, HP_PARSE, "%s: tensor '%s': 'hp.shards' box %s %s", path, fqn,
+                            box_str(bs, sizeof bs, nd, off, len),
+                            shape_ok ? "is outside the tensor's shape"
+                                     : "does not match the stored tensor's shape");
+                goto out;
+            }
         }
+        box_normalize(x);
         x->has_state = x->t[1] || x->t[2];
         for (int p = 1; x->has_state && p < 3; p++) {
             const hp_st_tensor *m = x->t[p];
@@ -220,7 +324,6 @@ static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, hp_s
                 goto out;
             }
         }
-        (*n_rec)++;
     }
     goto out;
 nomem:
@@ -231,20 +334,27 @@ out:
     return s;
 }
 
-/* Sorts recs and checks, per FQN, that every record agrees on dtype/shape/state and that the
- * non-empty ranges tile [0, rows) (identical ranges are replicas). Reports the number of
- * FQNs in *n_fqn. */
+static bool boxes_overlap(const rec *x, const rec *y) {
+    for (int d = 0; d < x->nd; d++)
+        if (x->off[d] >= y->off[d] + y->len[d] || y->off[d] >= x->off[d] + x->len[d]) return false;
+    return true;
+}
+
+/* Sorts recs and checks, per FQN, that every record agrees on dtype/shape/state, that any two
+ * non-empty boxes are identical (replicas) or disjoint, and that the distinct boxes cover
+ * every element (disjoint boxes inside the shape cover it exactly when their volumes add up
+ * to its numel). Boxes are sorted by dim-0 offset, so each is compared only with those that
+ * start before it ends on dim 0. Reports the number of FQNs in *n_fqn. */
 static hp_status check_tiling(const char *what, rec *recs, int n, int *n_fqn, hp_err *err) {
     if (n > 1) qsort(recs, (size_t)n, sizeof *recs, cmp_rec);
     *n_fqn = 0;
     for (int i = 0; i < n;) {
         int j = i;
-        int64_t cur = 0;
-        const rec *prev = NULL;
-        for (; j < n && strcmp(recs[j].fqn, recs[i].fqn) == 0; j++) {
-            const rec *x = &recs[j], *f = &recs[i];
-            bool same = x->dtype == f->dtype && x->nd == f->nd && x->rows == f->rows &&
-                        x->has_state == f->has_state &&
+        const rec *f = &recs[i];
+        while (j < n && strcmp(recs[j].fqn, f->fqn) == 0) j++;
+        for (int k = i; k < j; k++) {
+            const rec *x = &recs[k];
+            bool same = x->dtype == f->dtype && x->nd == f->nd && x->has_state == f->has_state &&
                         (!x->has_state || x->state_dtype == f->state_dtype);
             for (int d = 0; same && d < x->nd; d++) same = x->shape[d] == f->shape[d];
             if (!same)
@@ -252,20 +362,34 @@ static hp_status check_tiling(const char *what, rec *recs, int n, int *n_fqn, hp
                                "%s: tensor '%s': ranks %d and %d disagree on its dtype, shape or "
                                "optimizer state",
                                what, x->fqn, f->owner, x->owner);
-            if (x->start == x->end) continue;
-            if (prev && x->start == prev->start && x->end == prev->end) continue; /* replica */
-            if (x->start != cur)
-                return hp_errf(err, HP_PARSE,
-                               "%s: tensor '%s': rank %d holds rows [%lld, %lld) but rows up to "
-                               "%lld are covered (%s)",
-                               what, x->fqn, x->owner, (long long)x->start, (long long)x->end,
-                               (long long)cur, x->start > cur ? "gap" : "partial overlap");
-            cur = x->end;
-            prev = x;
         }
-        if (cur != recs[i].rows)
-            return hp_errf(err, HP_PARSE, "%s: tensor '%s': rows [%lld, %lld) are in no rank file",
-                           what, recs[i].fqn, (long long)cur, (long long)recs[i].rows);
+        int64_t covered = 0;
+        const rec *prev = NULL;
+        for (int k = i; k < j; k++) {
+            const rec *x = &recs[k];
+            if (box_empty(x)) continue;
+            if (prev && box_eq(x, prev)) continue; /* a replica */
+            prev = x;
+            for (int l = k + 1; l < j; l++) {
+                const rec *y = &recs[l];
+                if (x->nd && y->off[0] >= x->off[0] + x->len[0]) break;
+                if (box_empty(y) || box_eq(x, y) || !boxes_overlap(x, y)) continue;
+                char bx[BOX_STR], by[BOX_STR];
+                return hp_errf(err, HP_PARSE,
+                               "%s: tensor '%s': rank-%05d.safetensors holds %s, which partially "
+                               "overlaps rank-%05d.safetensors's %s (overlap)",
+                               what, x->fqn, y->owner,
+                               box_str(by, sizeof by, y->nd, y->off, y->len), x->owner,
+                               box_str(bx, sizeof bx, x->nd, x->off, x->len));
+            }
+            covered += hp__ckpt_volume(x->len, x->nd);
+        }
+        int64_t numel = hp__ckpt_volume(f->shape, f->nd);
+        if (covered != numel)
+            return hp_errf(err, HP_PARSE,
+                           "%s: tensor '%s': the rank files' boxes cover %lld of its %lld "
+                           "elements (gap)",
+                           what, f->fqn, (long long)covered, (long long)numel);
         (*n_fqn)++;
         i = j;
     }
@@ -307,7 +431,7 @@ hp_status hp__ckpt_load_all(hp_ckpt *c, const char *sdir, hp_err *err) {
         e->dtype = x->dtype;
         e->rank = x->nd;
         memcpy(e->shape, x->shape, sizeof e->shape);
-        e->rows = x->rows;
+        e->rows = x->nd ? x->shape[0] : 1;
         e->has_state = x->has_state;
         e->state_dtype = x->state_dtype;
         c->first[k] = i;
@@ -365,9 +489,12 @@ static hp_status parse_scalars(const char *path, json_t *o, hp_ckpt_scalars *sc,
     return HP_OK;
 }
 
-/* Parses one index entry into records appended at recs[*n] (arena memory, grown). */
-static hp_status parse_index_tensor(hp_arena *a, const char *path, const char *fqn, json_t *v,
-                                    int world, rec **recs, int *n, int *cap, hp_err *err) {
+/* Parses one index entry of version ver into records appended at recs[*n] (arena memory,
+ * grown). Shards: version 2 [{"rank", "off", "len"}, ...], version 1 [[rank, start, end],
+ * ...] (rows of dim 0). */
+static hp_status parse_index_tensor(hp_arena *a, const char *path, int ver, const char *fqn,
+                                    json_t *v, int world, rec **recs, int *n, int *cap,
+                                    hp_err *err) {
     const char *dt = NULL, *sdt = NULL;
     json_t *shape = NULL, *shards = NULL, *sdtv = NULL;
     json_error_t je;
@@ -384,42 +511,49 @@ static hp_status parse_index_tensor(hp_arena *a, const char *path, const char *f
     sdt = json_string_value(sdtv);
     if (proto.has_state && !st_dtype_parse(sdt, &proto.state_dtype))
         return hp_errf(err, HP_PARSE, "%s: tensor '%s': bad 'state_dtype'", path, fqn);
-    if (!json_is_array(shape) || json_array_size(shape) > HP_MAX_RANK)
+    if (!parse_dims(shape, proto.shape, &proto.nd))
         return hp_errf(err, HP_PARSE,
-                       "%s: tensor '%s': 'shape' is not an array of at most %d "
-                       "dims",
-                       path, fqn, HP_MAX_RANK);
-    proto.nd = (int)json_array_size(shape);
-    for (int d = 0; d < proto.nd; d++) {
-        json_t *x = json_array_get(shape, (size_t)d);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > HP_MAX_DIM)
-            return hp_errf(err, HP_PARSE, "%s: tensor '%s': shape[%d] is not a valid dim", path,
-                           fqn, d);
-        proto.shape[d] = json_integer_value(x);
-    }
-    proto.rows = proto.nd ? proto.shape[0] : 1;
+                       "%s: tensor '%s': 'shape' is not an array of at most %d valid dims", path,
+                       fqn, HP_MAX_RANK);
+    int64_t rows = proto.nd ? proto.shape[0] : 1;
     if (!json_is_array(shards))
         return hp_errf(err, HP_PARSE, "%s: tensor '%s': 'shards' is not an array", path, fqn);
     for (size_t i = 0; i < json_array_size(shards); i++) {
-        json_int_t r = -1, st = -1, en = -1;
-        if (json_unpack(json_array_get(shards, i), "[III!]", &r, &st, &en) != 0 || r < 0 ||
-            r >= world || st < 0 || st > en || en > proto.rows)
-            return hp_errf(err, HP_PARSE,
-                           "%s: tensor '%s': shards[%zu] is not [rank < %d, start, end <= %lld]",
-                           path, fqn, i, world, (long long)proto.rows);
-        if (*n == *cap) {
-            int nc = *cap ? 2 * *cap : 64;
-            rec *nr = hp_arena_alloc(a, (size_t)nc * sizeof *nr);
-            if (!nr) return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
-            if (*n) memcpy(nr, *recs, (size_t)*n * sizeof *nr);
-            *recs = nr;
-            *cap = nc;
+        rec x = proto;
+        json_t *sv = json_array_get(shards, i);
+        bool ok;
+        if (ver == 1) {
+            json_int_t r = -1, st = -1, en = -1;
+            ok = json_unpack(sv, "[III!]", &r, &st, &en) == 0 && r >= 0 && r < world && st >= 0 &&
+                 st <= en && en <= rows && (proto.nd || (st == 0 && en == 1));
+            x.owner = (int)r;
+            for (int d = 0; d < x.nd; d++) x.len[d] = x.shape[d];
+            if (x.nd) {
+                x.off[0] = st;
+                x.len[0] = en - st;
+            }
+        } else {
+            json_int_t r = -1;
+            json_t *jo = NULL, *jl = NULL;
+            int n_off = -1, n_len = -1;
+            ok = json_unpack(sv, "{s:I, s:o, s:o!}", "rank", &r, "off", &jo, "len", &jl) == 0 &&
+                 r >= 0 && r < world && parse_dims(jo, x.off, &n_off) &&
+                 parse_dims(jl, x.len, &n_len) && n_off == x.nd && n_len == x.nd && box_inside(&x);
+            x.owner = (int)r;
         }
-        rec *x = &(*recs)[(*n)++];
-        *x = proto;
-        x->owner = (int)r;
-        x->start = st;
-        x->end = en;
+        if (!ok)
+            return json_fail(
+                hp_errf(err, HP_PARSE,
+                        ver == 1 ? "%s: tensor '%s': shards[%zu] is not [rank < %d, start, end "
+                                   "<= rows]"
+                                 : "%s: tensor '%s': shards[%zu] is not {\"rank\" < %d, "
+                                   "\"off\", \"len\"} with the box inside the shape",
+                        path, fqn, i, world),
+                path, err);
+        box_normalize(&x);
+        rec *y = rec_push(a, recs, n, cap);
+        if (!y) return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
+        *y = x;
     }
     return HP_OK;
 }
@@ -450,8 +584,8 @@ static hp_status open_index(hp_ckpt *c, const char *sdir, hp_err *err) {
         s = json_fail(hp_errf(err, HP_PARSE, "%s: %s", path, je.text), path, err);
         goto out;
     }
-    if (strcmp(fmt, HP__CKPT_INDEX_FORMAT) != 0 || ver != HP_CKPT_VERSION) {
-        s = hp_errf(err, HP_PARSE, "%s: format '%.40s' version %lld, expected '%s' version %d",
+    if (strcmp(fmt, HP__CKPT_INDEX_FORMAT) != 0 || ver < 1 || ver > HP_CKPT_VERSION) {
+        s = hp_errf(err, HP_PARSE, "%s: format '%.40s' version %lld, expected '%s' version 1..%d",
                     path, fmt, (long long)ver, HP__CKPT_INDEX_FORMAT, HP_CKPT_VERSION);
         goto out;
     }
@@ -474,7 +608,8 @@ static hp_status open_index(hp_ckpt *c, const char *sdir, hp_err *err) {
     const char *fqn;
     json_t *v;
     json_object_foreach(tensors, fqn, v) {
-        s = parse_index_tensor(&c->arena, path, fqn, v, c->world, &irecs, &n_irec, &cap, err);
+        s = parse_index_tensor(&c->arena, path, (int)ver, fqn, v, c->world, &irecs, &n_irec, &cap,
+                               err);
         if (s != HP_OK) goto out;
     }
     if ((s = hp__ckpt_load_all(c, sdir, err)) != HP_OK) goto out;
@@ -488,10 +623,10 @@ static hp_status open_index(hp_ckpt *c, const char *sdir, hp_err *err) {
         const rec *x = i < n_irec ? &irecs[i] : NULL, *y = i < c->n_rec ? &c->recs[i] : NULL;
         if (x && y && rec_eq(x, y)) continue;
         const rec *z = x ? x : y;
+        char bz[BOX_STR];
         s = hp_errf(err, HP_PARSE,
-                    "%s: disagrees with the rank files at tensor '%s' (rank %d rows [%lld, %lld)"
-                    "%s)",
-                    path, z->fqn, z->owner, (long long)z->start, (long long)z->end,
+                    "%s: disagrees with the rank files at tensor '%s' (rank %d box %s%s)", path,
+                    z->fqn, z->owner, box_str(bz, sizeof bz, z->nd, z->off, z->len),
                     !x   ? ": not in the index"
                     : !y ? ": in no rank file"
                          : "");
@@ -576,42 +711,81 @@ const hp_ckpt_entry *hp_ckpt_find(const hp_ckpt *c, const char *fqn) {
     return i < 0 ? NULL : &c->e[i];
 }
 
-hp_status hp_ckpt_read(const hp_ckpt *c, const char *fqn, hp_ckpt_part part, int64_t start,
-                       int64_t end, void *out, size_t out_bytes, hp_err *err) {
+hp_status hp_ckpt_read_box(const hp_ckpt *c, const char *fqn, hp_ckpt_part part, int rank,
+                           const int64_t *off, const int64_t *len, const int64_t *held, void *out,
+                           size_t out_bytes, hp_err *err) {
     int i = find_idx(c, fqn);
     if (i < 0)
         return hp_errf(err, HP_NOT_FOUND, "checkpoint step %lld: no tensor '%s'",
                        (long long)c->step, fqn);
     const hp_ckpt_entry *e = &c->e[i];
     if ((unsigned)part > HP_CKPT_EXP_AVG_SQ)
-        return hp_errf(err, HP_INVALID, "checkpoint: bad part %d", (int)part);
+        return hp_errf(err, HP_INVALID, "checkpoint: '%s': bad part %d", fqn, (int)part);
     if (part != HP_CKPT_PARAM && !e->has_state)
         return hp_errf(err, HP_NOT_FOUND,
                        "checkpoint step %lld: '%s' was saved without "
                        "optimizer state",
                        (long long)c->step, fqn);
-    if (start < 0 || start > end || end > e->rows)
+    int nd = e->rank;
+    if (rank != nd)
         return hp_errf(err, HP_INVALID,
-                       "checkpoint: '%s': rows [%lld, %lld) out of range [0, %lld)", fqn,
-                       (long long)start, (long long)end, (long long)e->rows);
+                       "checkpoint: '%s': a box of rank %d, the tensor has rank %d", fqn, rank, nd);
+    if (nd && (!off || !len))
+        return hp_errf(err, HP_INVALID, "checkpoint: '%s': off or len is NULL", fqn);
+    for (int d = 0; d < nd; d++)
+        if (len[d] < 0 || off[d] < 0 || off[d] > e->shape[d] - len[d])
+            return hp_errf(err, HP_INVALID,
+                           "checkpoint: '%s': dim %d: box [%lld, %lld) is outside the shape "
+                           "(size %lld)",
+                           fqn, d, (long long)off[d], (long long)(off[d] + len[d]),
+                           (long long)e->shape[d]);
     hp_dtype dt = part == HP_CKPT_PARAM ? e->dtype : e->state_dtype;
-    size_t row_bytes = (size_t)hp__ckpt_row_elems(e->shape, e->rank) * hp_dtype_size(dt);
-    if (out_bytes != (size_t)(end - start) * row_bytes)
+    size_t esz = hp_dtype_size(dt), need = esz;
+    int64_t h[HP_MAX_RANK];
+    bool overflow = false;
+    for (int d = 0; d < nd; d++) {
+        h[d] = held ? held[d] : len[d];
+        if (h[d] < len[d] || h[d] > HP_MAX_DIM)
+            return hp_errf(err, HP_INVALID,
+                           "checkpoint: '%s': held[%d] = %lld is smaller than the box's len %lld "
+                           "(or too large)",
+                           fqn, d, (long long)h[d], (long long)len[d]);
+        overflow = overflow || __builtin_mul_overflow(need, (size_t)h[d], &need);
+    }
+    if (overflow)
+        return hp_errf(err, HP_INVALID, "checkpoint: '%s': held is too large for a buffer", fqn);
+    if (out_bytes != need)
         return hp_errf(err, HP_INVALID,
-                       "checkpoint: '%s': rows [%lld, %lld) are %zu bytes, "
-                       "buffer has %zu",
-                       fqn, (long long)start, (long long)end, (size_t)(end - start) * row_bytes,
-                       out_bytes);
-    int64_t covered = 0;
-    for (int j = c->first[i]; j < c->first[i] + c->count[i]; j++) {
+                       "checkpoint: '%s': a buffer of shape held is %zu bytes, out_bytes is %zu",
+                       fqn, need, out_bytes);
+    int64_t want = hp__ckpt_volume(len, nd), got = 0;
+    const rec *prev = NULL;
+    for (int j = c->first[i]; want && j < c->first[i] + c->count[i]; j++) {
         const rec *x = &c->recs[j];
-        if (x->start == x->end || x->start < covered) continue; /* empty, or a replica */
-        covered = x->end;
-        int64_t lo = start > x->start ? start : x->start, hi = end < x->end ? end : x->end;
-        if (lo >= hi) continue;
-        const uint8_t *src = x->t[part]->data;
-        memcpy((uint8_t *)out + (size_t)(lo - start) * row_bytes,
-               src + (size_t)(lo - x->start) * row_bytes, (size_t)(hi - lo) * row_bytes);
+        if (box_empty(x) || (prev && box_eq(x, prev))) continue; /* empty, or a replica */
+        prev = x;
+        int64_t n[HP_MAX_RANK], so[HP_MAX_RANK], dorg[HP_MAX_RANK];
+        bool meets = true;
+        for (int d = 0; meets && d < nd; d++) {
+            int64_t lo = off[d] > x->off[d] ? off[d] : x->off[d];
+            int64_t hi =
+                off[d] + len[d] < x->off[d] + x->len[d] ? off[d] + len[d] : x->off[d] + x->len[d];
+            meets = lo < hi;
+            n[d] = hi - lo;
+            so[d] = lo - x->off[d];
+            dorg[d] = lo - off[d];
+        }
+        if (!meets) continue;
+        hp__ckpt_copy_box(out, h, dorg, x->t[part]->data, x->len, so, n, nd, esz);
+        got += hp__ckpt_volume(n, nd);
+    }
+    if (got != want) {
+        char b[BOX_STR];
+        return hp_errf(err, HP_PARSE,
+                       "checkpoint step %lld: '%s': %lld of the %lld elements of box %s are in "
+                       "no rank file",
+                       (long long)c->step, fqn, (long long)(want - got), (long long)want,
+                       box_str(b, sizeof b, nd, off, len));
     }
     return HP_OK;
 }
@@ -627,14 +801,14 @@ hp_status hp_ckpt_export(const hp_ckpt *c, const char *path, hp_err *err) {
         t->dtype = hp_st_dtype_from_hp(e->dtype);
         t->rank = e->rank;
         memcpy(t->shape, e->shape, sizeof(int64_t) * (size_t)e->rank);
-        t->nbytes = (size_t)e->rows * (size_t)hp__ckpt_row_elems(e->shape, e->rank) *
-                    hp_dtype_size(e->dtype);
+        t->nbytes = (size_t)hp__ckpt_volume(e->shape, e->rank) * hp_dtype_size(e->dtype);
         void *buf = hp_malloc(t->nbytes ? t->nbytes : 1);
         t->data = buf;
         if (!buf)
             s = hp_errf(err, HP_NOMEM, "%s: out of memory for '%s'", path, e->fqn);
         else
-            s = hp_ckpt_read(c, e->fqn, HP_CKPT_PARAM, 0, e->rows, buf, t->nbytes, err);
+            s = hp_ckpt_read_box(c, e->fqn, HP_CKPT_PARAM, e->rank, (const int64_t[HP_MAX_RANK]){0},
+                                 e->shape, NULL, buf, t->nbytes, err);
     }
     if (s == HP_OK) s = hp_st_write(path, ts, c->n, NULL, 0, err);
     for (int i = 0; i < c->n; i++) hp_free((void *)ts[i].data);

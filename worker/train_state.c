@@ -37,14 +37,14 @@ static void view_done(void *host, const void *dev) {
     if (host != dev) hp_free(host);
 }
 
-/* *host: a host buffer of `bytes` to fill, then land at dev with land (dev itself when
- * host-visible). */
+/* *host: a zeroed host buffer of `bytes` to fill, then land at dev with land (dev itself
+ * when host-visible). */
 static hp_status stage(trainer *t, void *dev, size_t bytes, void **host, hp_err *err) {
     if (t->host_visible) {
         *host = dev;
         return HP_OK;
     }
-    if (!(*host = hp_malloc(bytes ? bytes : 1)))
+    if (!(*host = hp_calloc(1, bytes ? bytes : 1)))
         return hp_errf(err, HP_NOMEM, "out of memory staging %zu bytes", bytes);
     return HP_OK;
 }
@@ -179,20 +179,6 @@ void hp__train_free_optimizer(trainer *t) {
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
 
-/* The dim-0 rows of parameter i's box (its other dims must be whole). */
-static hp_status dim0_rows(const trainer *t, int i, int64_t *a, int64_t *b, hp_err *err) {
-    const hp_param_slot *ps = &t->prog->params[i];
-    for (int d = 1; d < ps->global.rank; d++)
-        if (ps->off[d] != 0 || ps->len[d] != ps->global.shape[d])
-            return hp_errf(err, HP_UNSUPPORTED,
-                           "'%s' is split on dim %d: checkpoints of such pieces are not "
-                           "supported yet",
-                           ps->fqn, d);
-    *a = ps->global.rank ? ps->off[0] : 0;
-    *b = ps->global.rank ? ps->off[0] + ps->len[0] : 1;
-    return HP_OK;
-}
-
 hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err) {
     int n = t->prog->n_params;
     hp_ckpt_shard *sh = hp_calloc((size_t)n + 1, sizeof *sh);
@@ -206,10 +192,15 @@ hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err) {
         s->dtype = HP_F32;
         s->rank = ps->global.rank;
         memcpy(s->shape, ps->global.shape, sizeof s->shape);
-        /* each distinct piece is saved by its owner only */
+        /* each distinct piece is saved by its owner only: its box in the padded local
+         * buffer (the buffer's type is the held shape) */
+        const hp_type *held = &t->prog->buffers[ps->buffer].type;
         bool mine = hp__train_owned(t, i);
-        if ((st = dim0_rows(t, i, &s->start, &s->end, err)) != HP_OK) break;
-        if (!mine) s->start = s->end = 0;
+        for (int d = 0; d < s->rank; d++) {
+            s->off[d] = ps->off[d];
+            s->len[d] = mine ? ps->len[d] : 0;
+            s->held[d] = held->shape[d];
+        }
         s->state_dtype = HP_F32;
         size_t bytes = (size_t)hp__train_numel(t, i) * sizeof(float);
         void *p = NULL, *m = NULL, *v = NULL;
@@ -257,12 +248,17 @@ void hp__train_resume_root(const char *dir, char *root, size_t len) {
     snprintf(root, len, "%s", hp__train_is_dir(sub) ? sub : dir);
 }
 
-/* Rows [a, b) of one kind of state for fqn into the device buffer dev. */
-static hp_status read_rows(trainer *t, hp_ckpt *c, const char *fqn, hp_ckpt_part kind, int64_t a,
-                           int64_t b, void *dev, size_t bytes, hp_err *err) {
+/* Parameter i's box of one kind of state into the device buffer dev (its local buffer's
+ * shape; elements outside the box, the padding, stay zero). */
+static hp_status read_box(trainer *t, hp_ckpt *c, int i, hp_ckpt_part kind, void *dev,
+                          hp_err *err) {
+    const hp_param_slot *ps = &t->prog->params[i];
+    const hp_type *held = &t->prog->buffers[ps->buffer].type;
+    size_t bytes = (size_t)hp__train_numel(t, i) * sizeof(float);
     void *host;
     HP_TRY(stage(t, dev, bytes, &host, err));
-    hp_status st = hp_ckpt_read(c, fqn, kind, a, b, host, bytes, err);
+    hp_status st = hp_ckpt_read_box(c, ps->fqn, kind, ps->global.rank, ps->off, ps->len,
+                                    held->shape, host, bytes, err);
     return land(t, dev, host, bytes, st, err);
 }
 
@@ -279,16 +275,10 @@ hp_status hp__train_load_checkpoint(trainer *t, const char *dir, int64_t *step, 
         goto done;
     }
     for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
-        /* this rank's rows, whatever world wrote the checkpoint; padding rows stay zero */
-        const hp_param_slot *ps = &t->prog->params[i];
-        int64_t a, b;
-        if ((st = dim0_rows(t, i, &a, &b, err)) != HP_OK) break;
-        int64_t row = ps->global.rank ? hp_type_numel(&ps->global) / ps->global.shape[0] : 1;
-        size_t bytes = (size_t)((b - a) * row) * sizeof(float);
-        st = read_rows(t, c, ps->fqn, HP_CKPT_PARAM, a, b, hp__train_param(t, i), bytes, err);
-        if (st == HP_OK) st = read_rows(t, c, ps->fqn, HP_CKPT_EXP_AVG, a, b, t->m[i], bytes, err);
-        if (st == HP_OK)
-            st = read_rows(t, c, ps->fqn, HP_CKPT_EXP_AVG_SQ, a, b, t->v[i], bytes, err);
+        /* this rank's box, whatever mesh wrote the checkpoint */
+        st = read_box(t, c, i, HP_CKPT_PARAM, hp__train_param(t, i), err);
+        if (st == HP_OK) st = read_box(t, c, i, HP_CKPT_EXP_AVG, t->m[i], err);
+        if (st == HP_OK) st = read_box(t, c, i, HP_CKPT_EXP_AVG_SQ, t->v[i], err);
     }
     *step = sc->step;
 done:

@@ -1,32 +1,43 @@
-/* hp/checkpoint.h — sharded training checkpoints that load into any world size.
+/* hp/checkpoint.h — sharded training checkpoints that load into any mesh.
  *
  * Layout of a checkpoint root DIR (one per run):
  *   DIR/step-00000010/rank-00000.safetensors   rank 0's shards
  *   DIR/step-00000010/rank-00001.safetensors   ...
  *   DIR/step-00000010/index.json               written last: its presence marks the
  *                                              checkpoint complete
- * A rank file is an ordinary safetensors file: the parameter shard under its FQN, AdamW's
- * first and second moments under "exp_avg/FQN" and "exp_avg_sq/FQN" (PyTorch's names),
- * and in __metadata__ the scalars ("hp.step", "hp.seed", "hp.rng_offset", "hp.data_step",
- * "hp.data_fingerprint", "hp.loss_scale"), "hp.rank", "hp.world", and "hp.shards" (JSON:
- * FQN -> [start, end, global rows]). So any safetensors tool can read the tensors.
- * The index maps each FQN to its global shape, dtype and every rank's range [start, end) of
- * dim-0 rows: a checkpoint written by N ranks is read by M ranks with hp_ckpt_read, which
- * assembles any row range from whichever rank files hold it. A tensor of rank 0 counts as
- * one row.
+ * A rank holds of each tensor an N-D box: per dim an offset and an extent (FSDP splits dim 0;
+ * tensor parallelism on a (dp, tp) mesh splits another dim too). A rank file is an ordinary
+ * safetensors file: the parameter's box (shape = the box's extents, row-major, no padding)
+ * under its FQN, AdamW's first and second moments under "exp_avg/FQN" and "exp_avg_sq/FQN"
+ * (PyTorch's names), and in __metadata__ the scalars ("hp.step", "hp.seed", "hp.rng_offset",
+ * "hp.data_step", "hp.data_fingerprint", "hp.loss_scale"), "hp.format", "hp.version",
+ * "hp.rank", "hp.world", and "hp.shards", JSON mapping each FQN to its global shape and box:
+ *   {"FQN": {"shape": [512, 256], "off": [256, 0], "len": [256, 128]}, ...}
+ * So any safetensors tool can read the tensors. index.json maps each FQN to its global shape,
+ * dtype, state dtype and every rank's box, one tensor a line:
+ *   "FQN":{"dtype":"F32","shape":[5,3],"state_dtype":"F32",
+ *          "shards":[{"rank":0,"off":[0,0],"len":[3,2]},{"rank":1,"off":[0,2],"len":[3,1]},...]}
+ * A checkpoint written by one mesh is read by any other with hp_ckpt_read_box, which
+ * assembles any box from whichever rank files hold it. A rank-0 tensor has no dims (off and
+ * len are empty arrays) and is one element.
+ *
+ * Versions: this code writes version 2 (boxes). Version 1 (row ranges: "hp.shards" FQN ->
+ * [start, end, global rows], index shards [[rank, start, end], ...]) still opens and reads:
+ * a row range is the box [start, end) x every other dim whole.
  *
  * Protocol: every rank calls hp_ckpt_write_rank (each file: temp name, fsync, rename, fsync
  * the directory); after all have returned (the caller's barrier), one rank calls
- * hp_ckpt_commit, which re-reads every rank file's header, checks that the shards tile every
+ * hp_ckpt_commit, which re-reads every rank file's header, checks that the boxes tile every
  * tensor and agree on the scalars, writes index.json the same durable way, and prunes old
  * checkpoints. A checkpoint interrupted anywhere before the index exists is ignored by
  * hp_ckpt_latest (found by scanning the step directories, not through a symlink) and removed
  * by a later prune once a newer checkpoint is complete.
  *
- * Replicated (unsharded) tensors: save them from one rank with [0, rows), or from several
- * with identical ranges (copies); partially overlapping ranges are an error.
- * Padding: FSDP pads dim 0 to a multiple of the world size; save only real rows
- * (end <= global rows) and zero the padding after reading.
+ * Replicated tensors (or replicated parts, e.g. a tp-split weight on every dp rank): save the
+ * same box from several ranks (copies; one of them is read), or from one rank only and an
+ * empty box (any len 0) or no shard elsewhere. Boxes of one tensor that partially overlap are
+ * an error. Padding: a rank's local buffer may be larger than its box on any dim (held[]);
+ * the padding is never saved, and reads leave the caller's padding untouched.
  *
  * Not here: async writes, compression, optimizer states other than AdamW's m and v.
  * Threads: an opened hp_ckpt is immutable (all rank files are mapped at open); reads from
@@ -46,7 +57,7 @@
 extern "C" {
 #endif
 
-#define HP_CKPT_VERSION   1
+#define HP_CKPT_VERSION   2 /* written; version 1 (row ranges) still reads */
 #define HP_CKPT_INDEX     "index.json"
 #define HP_CKPT_MAX_WORLD 65536
 #define HP_CKPT_MAX_INDEX ((size_t)256 << 20) /* bytes of index.json read at most */
@@ -67,24 +78,30 @@ typedef struct hp_ckpt_shard {
     hp_dtype dtype;
     int rank;                   /* of the global tensor, 0..HP_MAX_RANK */
     int64_t shape[HP_MAX_RANK]; /* the global shape */
-    int64_t start, end;         /* this rank's dim-0 rows, 0 <= start <= end <= shape[0]
-                                   ([0, 1) for a rank-0 tensor) */
-    const void *param;          /* [end - start, shape[1:]] of dtype, row-major */
+    int64_t off[HP_MAX_RANK];   /* the global box held: elements [off[d], off[d] + len[d]) */
+    int64_t len[HP_MAX_RANK];   /* on each dim d < rank; any len 0: nothing of it is saved */
+    int64_t held[HP_MAX_RANK];  /* the buffers' shape, held[d] >= len[d]: the box is their
+                                   top-left corner, the rest padding (not saved); all zero:
+                                   held == len */
+    const void *param;          /* [held] of dtype, row-major */
     hp_dtype state_dtype;       /* of exp_avg / exp_avg_sq (usually HP_F32) */
-    const void *exp_avg;        /* same rows as param, or NULL: no optimizer state */
+    const void *exp_avg;        /* [held] like param, or NULL: no optimizer state */
     const void *exp_avg_sq;     /* NULL exactly when exp_avg is NULL */
 } hp_ckpt_shard;
 
 /* Writes DIR/step-<sc->step>/rank-<rank>.safetensors (creating directories as needed and
- * removing a stale index.json of the same step first). Errors: HP_INVALID naming the shard
- * and field (bad range, shape, fqn, NULL data), HP_IO naming the path, HP_NOMEM. */
+ * removing a stale index.json of the same step first). A box not contiguous in its held
+ * buffer is packed into a temporary copy. Errors: HP_INVALID naming the shard and field (box
+ * outside the shape, held smaller than the box, bad fqn, NULL data), HP_IO naming the path,
+ * HP_NOMEM. */
 hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt_scalars *sc,
                              const hp_ckpt_shard *ts, int n, hp_err *err);
 
 /* Completes checkpoint `step` written by `world` ranks: validates every rank file (all
- * present, same step/world/scalars, consistent dtypes and shapes, shards tiling each tensor's
- * rows), writes index.json durably, then hp_ckpt_prune(dir, keep). Errors name the rank
- * file and the tensor; nothing is written then. */
+ * present, same step/world/scalars, consistent dtypes and shapes, every box inside the shape,
+ * any two boxes of a tensor identical (replicas) or disjoint, and the distinct boxes covering
+ * every element), writes index.json durably, then hp_ckpt_prune(dir, keep). Errors (HP_PARSE)
+ * name the rank file and the tensor; nothing is written then. */
 hp_status hp_ckpt_commit(const char *dir, int64_t step, int world, int keep, hp_err *err);
 
 /* hp_ckpt_write_rank + hp_ckpt_commit for a single-rank run. */
@@ -131,13 +148,17 @@ int hp_ckpt_count(const hp_ckpt *c); /* tensors, sorted by FQN */
 const hp_ckpt_entry *hp_ckpt_entry_at(const hp_ckpt *c, int i);
 const hp_ckpt_entry *hp_ckpt_find(const hp_ckpt *c, const char *fqn); /* NULL when absent */
 
-/* Copies rows [start, end) of the FQN's `part` into out (row-major, the entry's dtype for the
- * parameter, state_dtype for the moments), gathering them from whichever rank files hold
- * them. out_bytes must equal (end - start) * row elements * dtype size. Errors: HP_NOT_FOUND
- * (FQN, or a moment of a tensor saved without state), HP_INVALID (range or size, naming
- * them). */
-hp_status hp_ckpt_read(const hp_ckpt *c, const char *fqn, hp_ckpt_part part, int64_t start,
-                       int64_t end, void *out, size_t out_bytes, hp_err *err);
+/* Copies the global box [off, off + len) of the FQN's `part` into the top-left corner of out,
+ * a row-major buffer of shape held (NULL: held = len) of the entry's dtype for the parameter,
+ * state_dtype for the moments, gathering it from whichever rank files hold it; elements of
+ * out outside the box are left untouched. `rank` must equal the entry's rank (off, len and
+ * held have that many dims; NULL is fine for a rank-0 tensor). out_bytes must equal
+ * prod(held) * dtype size. Errors: HP_NOT_FOUND (FQN, or a moment of a tensor saved without
+ * state), HP_INVALID naming the FQN (rank, box outside the shape, held smaller than the box,
+ * size), HP_PARSE (part of the box in no rank file: cannot happen once opened). */
+hp_status hp_ckpt_read_box(const hp_ckpt *c, const char *fqn, hp_ckpt_part part, int rank,
+                           const int64_t *off, const int64_t *len, const int64_t *held, void *out,
+                           size_t out_bytes, hp_err *err);
 
 /* Writes the full parameters (not the optimizer state) as one safetensors file keyed by FQN,
  * loadable by PyTorch. Holds all parameters in memory while writing. */
