@@ -437,6 +437,13 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
         }
         hp_type ot[HP_MAX_OUTS];
         for (int k = 0; k < n->n_out; k++) ot[k] = split_upto(s, &n->out[k], opl + k * nd, i);
+        double later = 1; /* the most any input is split by the mesh dims after i */
+        for (int j = 0; j < ni; j++) {
+            double f = 1;
+            for (int k = i + 1; k < nd; k++)
+                if (placed(s, ins[j])[k].kind == HP_PLACE_SHARD) f *= (double)s->mesh->size[k];
+            if (f > later) later = f;
+        }
         int nr = 0;
         if (!all_r && s->mesh->size[i] > 1) {
             hp_shard_query q = {.node = n,
@@ -464,12 +471,14 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
                     c += move_cost(have, want, local_bytes(s, ins[j]), s->mesh->size[i]);
             }
             /* a Partial output is priced as if reduced: most consumers need it whole, and a
-             * deferred reduction must not look free next to reducing the input now */
+             * deferred reduction must not look free next to reducing the input now; priced
+             * at its rank's piece, the later mesh dims splitting it as they split the inputs
+             * (inputs are priced at their pieces) */
             for (int k = 0; k < n->n_out && c < best; k++)
                 if (rules[r].out[k].kind == HP_PLACE_PARTIAL)
                     c += move_cost(rules[r].out[k], HP_REPLICATE,
                                    (double)hp_type_numel(&ot[k]) *
-                                       (double)hp_dtype_size(ot[k].dtype),
+                                       (double)hp_dtype_size(ot[k].dtype) / later,
                                    s->mesh->size[i]);
             if (c < best) {
                 best = c;
