@@ -274,8 +274,16 @@ static void check_fsdp(const hp_graph *g, const hp_graph_mesh *mesh, bool tp_pla
             cr_expect(hp_placement_eq(p[m], mesh->size[m] > 1 ? pl[i * nd + m] : HP_REPLICATE),
                       "%s on %s", hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s, mesh->name[m]);
     }
-    if (tp_plan_on)
+    if (tp_plan_on) { /* Megatron's on tp, and nothing else there */
+        int on_tp = 0;
+        for (int i = 0; i < spmd->n_nodes; i++) {
+            const hp_attr *a = hp_node_attr(&spmd->nodes[i], HP_ATTR_GROUP);
+            on_tp += (hp_op_get(spmd->nodes[i].op)->flags & HP_OPF_COLLECTIVE) && a &&
+                     !strcmp(a->s, "tp");
+        }
         cr_expect_eq(hp_th_spmd_count_all_reduces(spmd, BATCH / 2 * SEQ * DIM, "tp"), 4 * 2);
+        cr_expect_eq(on_tp, 4 * 2, "collectives on tp: %d", on_tp);
+    }
     free(tp);
     free(pl);
     free(compute);
