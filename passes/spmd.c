@@ -578,43 +578,60 @@ hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_p
     return hp_pass_spmd_ex(in, mesh, inputs, outputs, NULL, out, err);
 }
 
-static hp_status run(spmd *s, const hp_placement *outputs, hp_err *err) {
-    const hp_graph *in = s->in;
+/* Graph output k to its target: given, or the loss Replicate and gradient k to parameter k's
+ * storage. */
+static hp_status place_output(spmd *s, int k, const hp_placement *outputs, hp_value *out,
+                              hp_err *err) {
     const hp_graph_mesh *mesh = s->mesh;
     int nd = mesh->ndim;
+    hp_graph_inputs gi = hp_graph_count_inputs(s->in);
+    hp_placement tgt[HP_MESH_MAX_DIMS];
+    for (int i = 0; i < nd; i++) tgt[i] = HP_REPLICATE;
+    bool grad = k >= 1 && k - 1 < gi.n_params;
+    const hp_placement *store = grad ? s->store + (size_t)(k - 1) * (size_t)nd : NULL;
+    if (outputs)
+        normalize(mesh, outputs + (size_t)k * (size_t)nd, tgt);
+    else if (grad)
+        memcpy(tgt, store, sizeof(hp_placement) * (size_t)nd);
+    hp_value v = hp__rewrite_get(&s->rw, s->in->outputs[k]);
+    hp_status st = grad && s->gath[k - 1].on && pl_eq_all(tgt, store, nd)
+                       ? grad_to_storage(s, k - 1, v, out, err)
+                       : redistribute(s, v, tgt, out, err);
+    if (st != HP_OK) hp_err_prefix(err, "graph output %d", k);
+    return st;
+}
+
+/* Nodes in order; each graph output is brought to its target right after the node that makes
+ * it (after the last placeholder for placeholders), so a gradient is reduced as soon as it is
+ * final, as FSDP does, and its unreduced piece need not live to the end of the step. */
+static hp_status run(spmd *s, const hp_placement *outputs, hp_err *err) {
+    const hp_graph *in = s->in;
+    int nd = s->mesh->ndim, no = in->n_outputs;
     HP_TRY(plan_gathers(s, err));
-    HP_TRY(hp_graph_set_mesh(s->rw.out, mesh, err));
-    for (int i = 0; i < in->n_nodes; i++) {
+    HP_TRY(hp_graph_set_mesh(s->rw.out, s->mesh, err));
+    int32_t *first = hp_malloc((size_t)(in->n_nodes ? in->n_nodes : 1) * sizeof *first);
+    int32_t *next = hp_malloc((size_t)(no ? no : 1) * sizeof *next);
+    hp_value *outs = hp_malloc((size_t)(no ? no : 1) * sizeof *outs);
+    hp_status st = first && next && outs ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) first[i] = -1;
+    for (int k = no - 1; k >= 0 && st == HP_OK; k--) { /* each list in output order */
+        int32_t at = in->outputs[k].node < s->n_ph ? s->n_ph - 1 : in->outputs[k].node;
+        next[k] = first[at];
+        first[at] = k;
+    }
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
         if (in->nodes[i].op == HP_OP_PLACEHOLDER)
-            HP_TRY(place_placeholder(s, i, s->store + (size_t)i * (size_t)nd, err));
+            st = place_placeholder(s, i, s->store + (size_t)i * (size_t)nd, err);
         else
-            HP_TRY(place_node(s, i, err));
+            st = place_node(s, i, err);
+        for (int32_t k = first[i]; k >= 0 && st == HP_OK; k = next[k])
+            st = place_output(s, k, outputs, &outs[k], err);
     }
-    /* graph outputs to their targets: given, or loss Replicate and gradient k to parameter k's
-     * storage */
-    hp_graph_inputs gi = hp_graph_count_inputs(in);
-    for (int k = 0; k < in->n_outputs; k++) {
-        hp_placement tgt[HP_MESH_MAX_DIMS];
-        for (int i = 0; i < nd; i++) tgt[i] = HP_REPLICATE;
-        bool grad = k >= 1 && k - 1 < gi.n_params;
-        if (outputs)
-            normalize(mesh, outputs + (size_t)k * (size_t)nd, tgt);
-        else if (grad)
-            memcpy(tgt, s->store + (size_t)(k - 1) * (size_t)nd, sizeof(hp_placement) * (size_t)nd);
-        hp_value v = hp__rewrite_get(&s->rw, in->outputs[k]);
-        hp_status st;
-        if (grad && s->gath[k - 1].on &&
-            pl_eq_all(tgt, s->store + (size_t)(k - 1) * (size_t)nd, nd))
-            st = grad_to_storage(s, k - 1, v, &v, err);
-        else
-            st = redistribute(s, v, tgt, &v, err);
-        if (st != HP_OK) {
-            hp_err_prefix(err, "graph output %d", k);
-            return st;
-        }
-        HP_TRY(hp_graph_add_output(s->rw.out, v, err));
-    }
-    return HP_OK;
+    if (st == HP_OK) st = hp_graph_set_outputs(s->rw.out, outs, no, err);
+    hp_free(first);
+    hp_free(next);
+    hp_free(outs);
+    return st;
 }
 
 hp_status hp_pass_spmd_ex(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
