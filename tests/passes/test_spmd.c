@@ -354,3 +354,27 @@ Test(spmd, compute_must_gather_the_storage) {
     free(compute);
     hp_graph_free(g);
 }
+
+/* Gathering a storage split of a tensor dim another mesh dim also splits (DTensor's strided
+ * shard) is refused naming the parameter and both mesh dims. */
+Test(spmd, gathering_a_doubly_split_dim_is_refused) {
+    hp_graph *g = tiny_llama(1);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    hp_placement *tp = plan_for(g, &mesh, 1, 0), *compute = NULL;
+    hp_placement *pl = fsdp_plan(g, &mesh, 0, tp, &compute);
+    int wq = 1; /* layers.0.attention.wq.weight: tp:S(0), stored dp:S(0) too */
+    cr_assert_str_eq(hp_node_attr(&g->nodes[wq], HP_ATTR_FQN)->s, "layers.0.attention.wq.weight");
+    pl[wq * 2] = HP_SHARD(0);
+    hp_spmd_opts opts = {.compute = compute};
+    hp_graph *out = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_pass_spmd_ex(g, &mesh, pl, NULL, &opts, &out, &err), HP_UNSUPPORTED);
+    cr_expect(strstr(err.msg, "'layers.0.attention.wq.weight': tensor dim 0 is stored split by "
+                              "mesh dims tp and dp"),
+              "%s", err.msg);
+    cr_assert_null(out);
+    free(tp);
+    free(pl);
+    free(compute);
+    hp_graph_free(g);
+}
