@@ -387,11 +387,11 @@ static hp_status grad_to_storage(spmd *s, int32_t p, hp_value v, hp_value *out, 
     hp_type cur = *hp_graph_type(s->rw.out, v);
     for (int d = 0; d < cur.rank; d++) {
         if (cur.shape[d] == g->padded.shape[d]) continue;
+        int64_t end = cur.shape[d]; /* the real extent; zeros up to the padded one */
+        cur.shape[d] = g->padded.shape[d];
         hp_attr a[4] = {hp_attr_ints(HP_ATTR_SHAPE, cur.rank, cur.shape),
                         hp_attr_int(HP_ATTR_DIM, d), hp_attr_int(HP_ATTR_START, 0),
-                        hp_attr_int(HP_ATTR_END, cur.shape[d])};
-        cur.shape[d] = g->padded.shape[d];
-        a[0] = hp_attr_ints(HP_ATTR_SHAPE, cur.rank, cur.shape);
+                        hp_attr_int(HP_ATTR_END, end)};
         HP_TRY(emit(s, HP_OP_SLICE_BACKWARD, &v, 1, a, 4, pre, &v, err));
     }
     return redistribute(s, v, st, out, err);
