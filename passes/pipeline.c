@@ -59,13 +59,50 @@ static bool buckets_on(const hp_pass_ctx *ctx) {
     return ctx->job->passes.bucket_bytes > 0 && !placed(ctx);
 }
 
+/* The parameters the plan's FSDP marks select (marked[P]), as passes/fsdp.c resolves them: an
+ * exact FQN or '.'-boundary module prefix (hp_plan_mark_names), or a glob; scalars stay
+ * replicated. */
+static hp_status fsdp_marks(const hp_graph *g, hp_pass_ctx *ctx, int n_params, bool *marked,
+                            hp_err *err) {
+    const hp_plan *p = &ctx->job->plan;
+    if (p->n_fsdp_fqns > 0)
+        HP_TRY(hp_plan_mark_names(g, p->fsdp_fqns, p->n_fsdp_fqns, marked, err));
+    for (int k = 0; k < p->n_fsdp_patterns; k++) {
+        bool hit = false;
+        for (int i = 0; i < n_params; i++) {
+            const hp_attr *fqn = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
+            if (fqn && fqn->s && hp_fqn_match(p->fsdp_patterns[k], fqn->s)) hit = marked[i] = true;
+        }
+        if (!hit)
+            hp_pass_warn(ctx, "spmd: FSDP pattern '%.200s' matches no parameter",
+                         p->fsdp_patterns[k]);
+    }
+    for (int i = 0; i < n_params; i++) marked[i] &= g->nodes[i].out[0].rank > 0;
+    return HP_OK;
+}
+
+/* FSDP's storage dim of a parameter whose other mesh dims are placed row[]: the first tensor
+ * dim no other mesh dim shards (colwise [out, in] tp:S(0) stores dp:S(1)), so no tensor dim is
+ * split by two mesh dims (DTensor's strided shards); -1 when every dim is taken. */
+static int fsdp_dim(const hp_type *t, const hp_placement *row, int nd, int dp) {
+    for (int k = 0; k < t->rank; k++) {
+        bool taken = false;
+        for (int m = 0; m < nd; m++)
+            taken |= m != dp && row[m].kind == HP_PLACE_SHARD && row[m].dim == k;
+        if (!taken) return k;
+    }
+    return -1;
+}
+
 /* The placement passes on the plan: each parameter takes the last constraint naming it (an
  * exact FQN or a glob), Replicate where none does; data inputs are split on dim 0 (the batch)
- * over the mesh dim named "dp"; buffers are replicated. */
+ * over the mesh dim named "dp"; buffers are replicated. A parameter the FSDP marks select is
+ * stored Shard(fsdp_dim) on dp, and one a constraint places Shard on dp keeps that storage:
+ * either is gathered before use (computed Replicate on dp), its gradient reduce-scattered. */
 static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     const hp_plan *p = &ctx->job->plan;
     hp_graph_mesh mesh = {.ndim = p->n_mesh};
-    int dp = -1;
+    int dp = -1, nd = p->n_mesh;
     for (int d = 0; d < p->n_mesh; d++) {
         snprintf(mesh.name[d], sizeof mesh.name[d], "%s", p->mesh[d].name);
         mesh.size[d] = p->mesh[d].size;
@@ -73,34 +110,47 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
     }
     hp_graph_inputs gi = hp_graph_count_inputs(in);
     int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
-    hp_placement *pl = hp_calloc((size_t)(n_ph ? n_ph : 1) * (size_t)p->n_mesh, sizeof *pl);
-    if (!pl) return hp_errf(err, HP_NOMEM, "out of memory placing the inputs");
-    for (int i = 0; i < n_ph; i++) {
-        hp_placement *row = pl + (size_t)i * (size_t)p->n_mesh;
-        for (int d = 0; d < p->n_mesh; d++) row[d] = HP_REPLICATE;
+    size_t n_pl = (size_t)(n_ph ? n_ph : 1) * (size_t)nd;
+    hp_placement *pl = hp_calloc(n_pl, sizeof *pl);
+    hp_placement *compute = hp_calloc(n_pl, sizeof *compute);
+    bool *marked = hp_calloc((size_t)(gi.n_params ? gi.n_params : 1), sizeof *marked);
+    hp_status st = pl && compute && marked
+                       ? fsdp_marks(in, ctx, gi.n_params, marked, err)
+                       : hp_errf(err, HP_NOMEM, "out of memory placing the inputs");
+    for (int i = 0; i < n_ph && st == HP_OK; i++) {
+        hp_placement *row = pl + (size_t)i * (size_t)nd;
+        for (int d = 0; d < nd; d++) row[d] = HP_REPLICATE;
         const hp_attr *fqn = hp_node_attr(&in->nodes[i], HP_ATTR_FQN);
         for (int k = 0; fqn && fqn->s && k < p->n_constraints; k++) {
             const hp_place_constraint *c = &p->constraints[k];
             if (!c->input_fqn) continue;
             bool hit =
                 c->pattern ? hp_fqn_match(c->input_fqn, fqn->s) : !strcmp(c->input_fqn, fqn->s);
-            if (hit) memcpy(row, c->placements, sizeof *row * (size_t)p->n_mesh);
+            if (hit) memcpy(row, c->placements, sizeof *row * (size_t)nd);
         }
         if (i >= gi.n_params + gi.n_buffers && dp >= 0 && in->nodes[i].out[0].rank >= 1)
             row[dp] = HP_SHARD(0);
-        if (i < gi.n_params && dp >= 0 && row[dp].kind != HP_PLACE_REPLICATE) {
+        hp_placement *crow = compute + (size_t)i * (size_t)nd;
+        if (i < gi.n_params && dp >= 0 && row[dp].kind == HP_PLACE_PARTIAL) {
             char w[24];
-            hp_placement_short(&row[dp], w, sizeof w);
-            hp_free(pl);
-            return hp_errf(err, HP_UNSUPPORTED,
-                           "'%s' is placed %s on the data-parallel dim dp: parameters stored "
-                           "split over dp are FSDP's (--fsdp on a 1-D mesh); the placement "
-                           "passes do not gather them before use yet",
-                           fqn && fqn->s ? fqn->s : "?", w);
+            st = hp_errf(err, HP_UNSUPPORTED,
+                         "'%s' is placed %s on the data-parallel dim dp: a parameter is stored "
+                         "Replicate or Shard there",
+                         fqn && fqn->s ? fqn->s : "?", hp_placement_short(&row[dp], w, sizeof w));
+            break;
         }
+        if (i < gi.n_params && dp >= 0 && marked[i] && row[dp].kind == HP_PLACE_REPLICATE) {
+            int k = fsdp_dim(&in->nodes[i].out[0], row, nd, dp);
+            if (k >= 0) row[dp] = HP_SHARD(k);
+        }
+        memcpy(crow, row, sizeof *row * (size_t)nd);
+        if (i < gi.n_params && dp >= 0) crow[dp] = HP_REPLICATE; /* gathered before use */
     }
-    hp_status st = hp_pass_spmd(in, &mesh, pl, NULL, out, err);
+    hp_spmd_opts opts = {.compute = compute, .reshard_after_forward = p->reshard_after_forward};
+    if (st == HP_OK) st = hp_pass_spmd_ex(in, &mesh, pl, NULL, &opts, out, err);
     hp_free(pl);
+    hp_free(compute);
+    hp_free(marked);
     if (st != HP_OK && err && !strncmp(err->msg, "spmd: ", 6)) /* the manager names the pass */
         memmove(err->msg, err->msg + 6, strlen(err->msg + 6) + 1);
     return st;
@@ -242,11 +292,14 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
                        "which is not implemented yet; remove it",
                        job->plan.mem_low, job->plan.mem_high);
     hp_pass_ctx probe = {.job = job, .world = world};
-    if (placed(&probe) && (job->plan.n_fsdp_fqns || job->plan.n_fsdp_patterns))
+    bool has_dp = false; /* FSDP in the placement passes shards over the mesh dim "dp" */
+    for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
+        has_dp |= !strcmp(job->plan.mesh[d].name, "dp");
+    if (placed(&probe) && (job->plan.n_fsdp_fqns || job->plan.n_fsdp_patterns) && !has_dp)
         return hp_errf(err, HP_UNSUPPORTED,
-                       "plan (mesh %s): FSDP marks together with tensor parallelism or explicit "
-                       "placements are not supported yet; drop --fsdp (data-parallel ranks then "
-                       "hold replicated parameters)",
+                       "plan (mesh %s): FSDP marks shard parameters over the mesh dim named dp, "
+                       "which this mesh has none of; name the data-parallel dim dp or drop "
+                       "--fsdp",
                        mesh);
     for (int k = 0; k < job->plan.n_constraints; k++)
         if (!job->plan.constraints[k].input_fqn)

@@ -20,9 +20,19 @@
  * that would need it is not taken. Graph outputs are brought to their targets: the loss to
  * Replicate, each gradient to its parameter's placement.
  *
- * Limits of this first version, refused with a message: an uneven split of a placeholder
- * (FSDP's padded storage stays with passes/fsdp.c), and a tensor dim sharded by two mesh dims
- * being gathered. The pass is not in the pipeline yet: the runtime does not run N-D programs.
+ * Storage and compute placements (FSDP). A placeholder may be stored Shard on a mesh dim and
+ * consumed Replicate there (hp_spmd_opts.compute): its consumers never see the stored value,
+ * only a gathered copy, made just before its first forward use (nodes up to the loss) and,
+ * with reshard_after_forward, again before its first backward use; forward views of it (t(W),
+ * casts) that the backward reads are recomputed on the backward copy, so the forward copy dies
+ * with the forward. Propagation sees the gathered copy as it sees any Replicate value and
+ * never moves Replicate -> Shard into compute, so the parameter, not an activation, is what is
+ * gathered. Such a storage split may be uneven: the rank holds its ceil-sized chunk padded
+ * with zeros, the gathered copy is sliced back to the real extent, and the gradient is padded
+ * (slice_backward) before the reduce-scatter that brings it to the storage placement.
+ *
+ * Limits of this version, refused with a message: an uneven split other than a gathered
+ * storage one, and a tensor dim sharded by two mesh dims being gathered.
  */
 #include "passes/passes_internal.h"
 
@@ -36,6 +46,16 @@ typedef struct memo {
     hp_value dst;
 } memo;
 
+enum { REGION_FWD = 0, REGION_BWD = 1 };
+
+/* A placeholder stored split on some mesh dim and consumed whole there. */
+typedef struct gathered {
+    bool on;
+    hp_type compute;  /* its local type under its compute placements (even) */
+    hp_type padded;   /* what gathering its storage gives before the slice (padding included) */
+    hp_value copy[2]; /* the gathered copy for the forward / backward, HP_NO_VALUE: not yet */
+} gathered;
+
 typedef struct spmd {
     const hp_graph *in;
     const hp_graph_mesh *mesh;
@@ -43,6 +63,14 @@ typedef struct spmd {
     memo *memo;
     int n_memo, cap_memo;
     int collectives;
+    const hp_placement *store;   /* [n_ph * nd] normalized storage placements */
+    const hp_placement *compute; /* [n_ph * nd] normalized compute placements */
+    bool reshard;
+    int n_ph;
+    int32_t loss;     /* the loss node: nodes up to it are the forward */
+    gathered *gath;   /* [n_ph] */
+    int32_t *derived; /* [n_nodes]: the gathered placeholder a forward view is of, -1 none */
+    hp_value *recomp; /* [n_nodes]: a derived view recomputed for the backward */
 } spmd;
 
 static bool pl_eq_all(const hp_placement *a, const hp_placement *b, int nd) {
@@ -150,8 +178,17 @@ static hp_status step(spmd *s, hp_value v, int i, hp_placement want, hp_value *o
     return HP_OK;
 }
 
-/* v brought to placements tgt (memoized: one redistribution serves every consumer). Dims are
- * taken last to first, so an inner split is undone before an outer one. */
+/* v brought to placements tgt, one step per mesh dim, last to first (an inner split is undone
+ * before an outer one). */
+static hp_status walk(spmd *s, hp_value v, const hp_placement *tgt, hp_value *out, hp_err *err) {
+    hp_value x = v;
+    for (int i = s->mesh->ndim - 1; i >= 0; i--)
+        if (!hp_placement_eq(placed(s, x)[i], tgt[i])) HP_TRY(step(s, x, i, tgt[i], &x, err));
+    *out = x;
+    return HP_OK;
+}
+
+/* v brought to placements tgt (memoized: one redistribution serves every consumer). */
 static hp_status redistribute(spmd *s, hp_value v, const hp_placement *tgt, hp_value *out,
                               hp_err *err) {
     int nd = s->mesh->ndim;
@@ -167,8 +204,7 @@ static hp_status redistribute(spmd *s, hp_value v, const hp_placement *tgt, hp_v
         }
     }
     hp_value x = v;
-    for (int i = nd - 1; i >= 0; i--)
-        if (!hp_placement_eq(placed(s, x)[i], tgt[i])) HP_TRY(step(s, x, i, tgt[i], &x, err));
+    HP_TRY(walk(s, v, tgt, &x, err));
     if (s->n_memo == s->cap_memo) {
         int cap = s->cap_memo ? 2 * s->cap_memo : 64;
         memo *m = hp_realloc(s->memo, (size_t)cap * sizeof *m);
@@ -183,6 +219,185 @@ static hp_status redistribute(spmd *s, hp_value v, const hp_placement *tgt, hp_v
     *out = x;
     return HP_OK;
 }
+
+/* ---- gathered placeholders (storage split, consumed whole) ---------------------------------- */
+
+/* Cheap one-input ops on a parameter (views and casts) that the backward recomputes on its
+ * re-gathered copy instead of keeping the forward's alive (passes/fsdp.c's list). */
+static bool is_param_view(hp_op op) {
+    switch (op) {
+    case HP_OP_VIEW:
+    case HP_OP_RESHAPE:
+    case HP_OP_PERMUTE:
+    case HP_OP_TRANSPOSE:
+    case HP_OP_T:
+    case HP_OP_EXPAND:
+    case HP_OP_SLICE:
+    case HP_OP_UNSQUEEZE:
+    case HP_OP_SQUEEZE:
+    case HP_OP_TO_COPY:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* The gathered placeholder value v is (or is a forward view of), -1 none. */
+static int32_t gathered_of(const spmd *s, hp_value v) {
+    if (v.node < s->n_ph) return s->gath[v.node].on ? v.node : -1;
+    return v.out == 0 ? s->derived[v.node] : -1;
+}
+
+/* The copy of gathered placeholder p for `region`, made on first need (just before the node
+ * that reads it): each storage split gathered, then the padding sliced off. */
+static hp_status gather_copy(spmd *s, int32_t p, int region, hp_value *out, hp_err *err) {
+    gathered *g = &s->gath[p];
+    if (hp_value_ok(g->copy[region])) {
+        *out = g->copy[region];
+        return HP_OK;
+    }
+    int nd = s->mesh->ndim;
+    hp_value x = hp__rewrite_get(&s->rw, (hp_value){p, 0});
+    HP_TRY(walk(s, x, s->compute + (size_t)p * (size_t)nd, &x, err));
+    for (int d = 0; d < g->compute.rank; d++) {
+        if (hp_graph_type(s->rw.out, x)->shape[d] == g->compute.shape[d]) continue;
+        hp_attr a[3] = {hp_attr_int(HP_ATTR_DIM, d), hp_attr_int(HP_ATTR_START, 0),
+                        hp_attr_int(HP_ATTR_END, g->compute.shape[d])};
+        hp_placement pl[HP_MESH_MAX_DIMS];
+        memcpy(pl, placed(s, x), sizeof(hp_placement) * (size_t)nd);
+        HP_TRY(emit(s, HP_OP_SLICE, &x, 1, a, 3, pl, &x, err));
+    }
+    g->copy[region] = *out = x;
+    return HP_OK;
+}
+
+/* The backward's copy of forward view u of gathered placeholder p: the chain of views from p
+ * to u emitted again on the backward copy, each with the placements and localized attributes
+ * its forward emission got. */
+static hp_status recompute(spmd *s, int32_t u, int32_t p, hp_value *out, hp_err *err) {
+    if (hp_value_ok(s->recomp[u])) {
+        *out = s->recomp[u];
+        return HP_OK;
+    }
+    int nd = s->mesh->ndim;
+    hp_value src = s->in->nodes[u].in[0], b;
+    if (src.node == p)
+        HP_TRY(gather_copy(s, p, REGION_BWD, &b, err));
+    else
+        HP_TRY(recompute(s, src.node, p, &b, err));
+    /* the forward emission is the template; copied out, as emitting grows the node array */
+    const hp_node *t = &s->rw.out->nodes[hp__rewrite_get(&s->rw, (hp_value){u, 0}).node];
+    hp_op op = t->op;
+    int na = t->n_attrs;
+    hp_attr attrs[HP_ATTR_COUNT];
+    hp_placement in_pl[HP_MESH_MAX_DIMS], pl[HP_MESH_MAX_DIMS];
+    memcpy(attrs, t->attrs, sizeof(hp_attr) * (size_t)na);
+    memcpy(pl, t->pl, sizeof(hp_placement) * (size_t)nd);
+    memcpy(in_pl, placed(s, t->in[0]), sizeof(hp_placement) * (size_t)nd);
+    HP_TRY(redistribute(s, b, in_pl, &b, err));
+    HP_TRY(emit(s, op, &b, 1, attrs, na, pl, &s->recomp[u], err));
+    *out = s->recomp[u];
+    return HP_OK;
+}
+
+/* What node id reads for input value v: a gathered placeholder's copy for id's region, and in
+ * the backward (with reshard_after_forward) a forward view of one recomputed on the backward
+ * copy; anything else its rewritten value. */
+static hp_status use(spmd *s, int id, hp_value v, hp_value *out, hp_err *err) {
+    int32_t p = gathered_of(s, v);
+    int region = s->reshard && id > s->loss ? REGION_BWD : REGION_FWD;
+    if (p >= 0 && v.node == p) return gather_copy(s, p, region, out, err);
+    if (p >= 0 && region == REGION_BWD) return recompute(s, v.node, p, out, err);
+    *out = hp__rewrite_get(&s->rw, v);
+    return HP_OK;
+}
+
+/* The forward views of gathered placeholders, and the checks on their placements: on each
+ * mesh dim compute equals storage, or storage is Shard and compute Replicate (gathered); the
+ * compute split is even. */
+static hp_status plan_gathers(spmd *s, hp_err *err) {
+    const hp_graph *in = s->in;
+    int nd = s->mesh->ndim;
+    for (int p = 0; p < s->n_ph; p++) {
+        const hp_node *n = &in->nodes[p];
+        const hp_placement *st = s->store + (size_t)p * (size_t)nd;
+        const hp_placement *cp = s->compute + (size_t)p * (size_t)nd;
+        const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN);
+        const char *name = fqn && fqn->s ? fqn->s : "?";
+        gathered *g = &s->gath[p];
+        g->copy[0] = g->copy[1] = HP_NO_VALUE;
+        hp_type padded = n->out[0];
+        for (int i = 0; i < nd; i++) {
+            if (hp_placement_eq(st[i], cp[i])) continue;
+            char a[24], b[24];
+            if (st[i].kind != HP_PLACE_SHARD || cp[i].kind != HP_PLACE_REPLICATE)
+                return hp_errf(err, HP_INVALID,
+                               "'%s': stored %s but computed %s on mesh dim %s; a placeholder is "
+                               "computed in its storage placement or gathered (Shard stored, "
+                               "Replicate computed)",
+                               name, hp_placement_short(&st[i], a, sizeof a),
+                               hp_placement_short(&cp[i], b, sizeof b), s->mesh->name[i]);
+            int d = st[i].dim;
+            for (int k = 0; k < nd; k++)
+                if (k != i && st[k].kind == HP_PLACE_SHARD && st[k].dim == d)
+                    return hp_errf(err, HP_UNSUPPORTED,
+                                   "'%s': tensor dim %d is stored split by mesh dims %s and %s; "
+                                   "gathering one of them is not supported yet (store the "
+                                   "gathered split on another dim)",
+                                   name, d, s->mesh->name[k], s->mesh->name[i]);
+            if (d < padded.rank) {
+                int64_t m = s->mesh->size[i];
+                padded.shape[d] = (padded.shape[d] + m - 1) / m * m;
+            }
+            g->on = true;
+        }
+        if (!g->on) continue;
+        hp_err e;
+        if (hp_local_type(&n->out[0], cp, s->mesh->size, nd, true, &g->compute, &e) != HP_OK ||
+            hp_local_type(&padded, cp, s->mesh->size, nd, true, &g->padded, &e) != HP_OK)
+            return hp_errf(err, HP_UNSUPPORTED, "'%s': computed: %s", name, e.msg);
+    }
+    for (int i = 0; i < in->n_nodes; i++) {
+        s->derived[i] = -1;
+        s->recomp[i] = HP_NO_VALUE;
+        const hp_node *n = &in->nodes[i];
+        if (i >= s->n_ph && i <= s->loss && n->n_in == 1 && is_param_view(n->op))
+            s->derived[i] = gathered_of(s, n->in[0]);
+    }
+    return HP_OK;
+}
+
+/* Graph output k, the gradient of gathered placeholder p, to p's storage: on the gathered
+ * dims it keeps a Partial (or Replicate) it has, elsewhere it takes the compute placements;
+ * padded where the storage is (zeros past the real extent), then reduce-scattered. */
+static hp_status grad_to_storage(spmd *s, int32_t p, hp_value v, hp_value *out, hp_err *err) {
+    int nd = s->mesh->ndim;
+    const gathered *g = &s->gath[p];
+    const hp_placement *st = s->store + (size_t)p * (size_t)nd;
+    const hp_placement *cp = s->compute + (size_t)p * (size_t)nd;
+    hp_placement pre[HP_MESH_MAX_DIMS];
+    for (int i = 0; i < nd; i++) {
+        hp_placement have = placed(s, v)[i];
+        pre[i] = cp[i];
+        if (!hp_placement_eq(st[i], cp[i]) && have.kind == HP_PLACE_PARTIAL &&
+            have.reduce != HP_REDUCE_MAX)
+            pre[i] = have;
+    }
+    HP_TRY(redistribute(s, v, pre, &v, err));
+    hp_type cur = *hp_graph_type(s->rw.out, v);
+    for (int d = 0; d < cur.rank; d++) {
+        if (cur.shape[d] == g->padded.shape[d]) continue;
+        int64_t end = cur.shape[d]; /* the real extent; zeros up to the padded one */
+        cur.shape[d] = g->padded.shape[d];
+        hp_attr a[4] = {hp_attr_ints(HP_ATTR_SHAPE, cur.rank, cur.shape),
+                        hp_attr_int(HP_ATTR_DIM, d), hp_attr_int(HP_ATTR_START, 0),
+                        hp_attr_int(HP_ATTR_END, end)};
+        HP_TRY(emit(s, HP_OP_SLICE_BACKWARD, &v, 1, a, 4, pre, &v, err));
+    }
+    return redistribute(s, v, st, out, err);
+}
+
+/* ---- propagation ---------------------------------------------------------------------------- */
 
 /* t split by placements pl on mesh dims [0, upto). */
 static hp_type split_upto(const spmd *s, const hp_type *t, const hp_placement *pl, int upto) {
@@ -222,6 +437,13 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
         }
         hp_type ot[HP_MAX_OUTS];
         for (int k = 0; k < n->n_out; k++) ot[k] = split_upto(s, &n->out[k], opl + k * nd, i);
+        double later = 1; /* the most any input is split by the mesh dims after i */
+        for (int j = 0; j < ni; j++) {
+            double f = 1;
+            for (int k = i + 1; k < nd; k++)
+                if (placed(s, ins[j])[k].kind == HP_PLACE_SHARD) f *= (double)s->mesh->size[k];
+            if (f > later) later = f;
+        }
         int nr = 0;
         if (!all_r && s->mesh->size[i] > 1) {
             hp_shard_query q = {.node = n,
@@ -249,12 +471,14 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
                     c += move_cost(have, want, local_bytes(s, ins[j]), s->mesh->size[i]);
             }
             /* a Partial output is priced as if reduced: most consumers need it whole, and a
-             * deferred reduction must not look free next to reducing the input now */
+             * deferred reduction must not look free next to reducing the input now; priced
+             * at its rank's piece, the later mesh dims splitting it as they split the inputs
+             * (inputs are priced at their pieces) */
             for (int k = 0; k < n->n_out && c < best; k++)
                 if (rules[r].out[k].kind == HP_PLACE_PARTIAL)
                     c += move_cost(rules[r].out[k], HP_REPLICATE,
                                    (double)hp_type_numel(&ot[k]) *
-                                       (double)hp_dtype_size(ot[k].dtype),
+                                       (double)hp_dtype_size(ot[k].dtype) / later,
                                    s->mesh->size[i]);
             if (c < best) {
                 best = c;
@@ -287,7 +511,7 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
     hp_placement opl[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
     hp_attr attrs[HP_ATTR_COUNT];
     hp_status st = ins && tgt ? HP_OK : hp_errf(err, HP_NOMEM, "spmd: out of memory");
-    for (int j = 0; j < ni && st == HP_OK; j++) ins[j] = hp__rewrite_get(&s->rw, n->in[j]);
+    for (int j = 0; j < ni && st == HP_OK; j++) st = use(s, id, n->in[j], &ins[j], err);
     if (st == HP_OK) st = choose(s, id, ins, tgt, opl, err);
     for (int j = 0; j < ni && st == HP_OK; j++)
         if ((st = redistribute(s, ins[j], tgt + j * nd, &ins[j], err)) != HP_OK)
@@ -325,8 +549,10 @@ static hp_status place_placeholder(spmd *s, int id, const hp_placement *pl, hp_e
     const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN);
     hp_type local;
     hp_err e;
-    if (hp_local_type(&n->out[0], pl, s->mesh->size, nd, true, &local, &e) != HP_OK)
-        return hp_errf(err, HP_UNSUPPORTED, "'%s': %s (uneven splits are FSDP storage only)",
+    /* only a gathered storage split may be uneven (padded); its compute split was checked */
+    if (hp_local_type(&n->out[0], pl, s->mesh->size, nd, !s->gath[id].on, &local, &e) != HP_OK)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "'%s': %s (uneven splits are gathered storage only, as FSDP's)",
                        fqn && fqn->s ? fqn->s : "?", e.msg);
     hp_attr attrs[HP_ATTR_COUNT];
     int na = 0;
@@ -349,39 +575,106 @@ static void normalize(const hp_graph_mesh *mesh, const hp_placement *pl, hp_plac
 
 hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
                        const hp_placement *outputs, hp_graph **out, hp_err *err) {
+    return hp_pass_spmd_ex(in, mesh, inputs, outputs, NULL, out, err);
+}
+
+/* Graph output k to its target: given, or the loss Replicate and gradient k to parameter k's
+ * storage. */
+static hp_status place_output(spmd *s, int k, const hp_placement *outputs, hp_value *out,
+                              hp_err *err) {
+    const hp_graph_mesh *mesh = s->mesh;
+    int nd = mesh->ndim;
+    hp_graph_inputs gi = hp_graph_count_inputs(s->in);
+    hp_placement tgt[HP_MESH_MAX_DIMS];
+    for (int i = 0; i < nd; i++) tgt[i] = HP_REPLICATE;
+    bool grad = k >= 1 && k - 1 < gi.n_params;
+    const hp_placement *store = grad ? s->store + (size_t)(k - 1) * (size_t)nd : NULL;
+    if (outputs)
+        normalize(mesh, outputs + (size_t)k * (size_t)nd, tgt);
+    else if (grad)
+        memcpy(tgt, store, sizeof(hp_placement) * (size_t)nd);
+    hp_value v = hp__rewrite_get(&s->rw, s->in->outputs[k]);
+    hp_status st = grad && s->gath[k - 1].on && pl_eq_all(tgt, store, nd)
+                       ? grad_to_storage(s, k - 1, v, out, err)
+                       : redistribute(s, v, tgt, out, err);
+    if (st != HP_OK) hp_err_prefix(err, "graph output %d", k);
+    return st;
+}
+
+/* Nodes in order; each graph output is brought to its target right after the node that makes
+ * it (after the last placeholder for placeholders), so a gradient is reduced as soon as it is
+ * final, as FSDP does, and its unreduced piece need not live to the end of the step. */
+static hp_status run(spmd *s, const hp_placement *outputs, hp_err *err) {
+    const hp_graph *in = s->in;
+    int nd = s->mesh->ndim, no = in->n_outputs;
+    HP_TRY(plan_gathers(s, err));
+    HP_TRY(hp_graph_set_mesh(s->rw.out, s->mesh, err));
+    int32_t *first = hp_malloc((size_t)(in->n_nodes ? in->n_nodes : 1) * sizeof *first);
+    int32_t *next = hp_malloc((size_t)(no ? no : 1) * sizeof *next);
+    hp_value *outs = hp_malloc((size_t)(no ? no : 1) * sizeof *outs);
+    hp_status st = first && next && outs ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) first[i] = -1;
+    for (int k = no - 1; k >= 0 && st == HP_OK; k--) { /* each list in output order */
+        int32_t at = in->outputs[k].node < s->n_ph ? s->n_ph - 1 : in->outputs[k].node;
+        next[k] = first[at];
+        first[at] = k;
+    }
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
+        if (in->nodes[i].op == HP_OP_PLACEHOLDER)
+            st = place_placeholder(s, i, s->store + (size_t)i * (size_t)nd, err);
+        else
+            st = place_node(s, i, err);
+        for (int32_t k = first[i]; k >= 0 && st == HP_OK; k = next[k])
+            st = place_output(s, k, outputs, &outs[k], err);
+    }
+    if (st == HP_OK) st = hp_graph_set_outputs(s->rw.out, outs, no, err);
+    hp_free(first);
+    hp_free(next);
+    hp_free(outs);
+    return st;
+}
+
+hp_status hp_pass_spmd_ex(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
+                          const hp_placement *outputs, const hp_spmd_opts *opts, hp_graph **out,
+                          hp_err *err) {
     *out = NULL;
     if (in->mesh.ndim) return hp_errf(err, HP_INVALID, "spmd: the input graph is already placed");
-    spmd s = {.in = in, .mesh = mesh};
-    HP_TRY(hp__rewrite_start(&s.rw, in, err));
-    hp_status st = hp_graph_set_mesh(s.rw.out, mesh, err);
-    int nd = mesh->ndim, ph = 0;
-    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
-        if (in->nodes[i].op == HP_OP_PLACEHOLDER) {
-            hp_placement pl[HP_MESH_MAX_DIMS];
-            normalize(mesh, inputs + (size_t)(ph++) * (size_t)nd, pl);
-            st = place_placeholder(&s, i, pl, err);
-        } else
-            st = place_node(&s, i, err);
-    }
-    /* graph outputs to their targets: given, or loss Replicate and gradient k to parameter k's */
+    int nd = mesh->ndim;
     hp_graph_inputs gi = hp_graph_count_inputs(in);
-    for (int k = 0; k < in->n_outputs && st == HP_OK; k++) {
-        hp_placement tgt[HP_MESH_MAX_DIMS];
-        for (int i = 0; i < nd; i++) tgt[i] = HP_REPLICATE;
-        if (outputs)
-            normalize(mesh, outputs + (size_t)k * (size_t)nd, tgt);
-        else if (k >= 1 && k - 1 < gi.n_params)
-            normalize(mesh, inputs + (size_t)(k - 1) * (size_t)nd, tgt);
-        hp_value v = hp__rewrite_get(&s.rw, in->outputs[k]);
-        if ((st = redistribute(&s, v, tgt, &v, err)) != HP_OK)
-            hp_err_prefix(err, "graph output %d", k);
-        if (st == HP_OK) st = hp_graph_add_output(s.rw.out, v, err);
+    spmd s = {.in = in,
+              .mesh = mesh,
+              .reshard = opts && opts->reshard_after_forward,
+              .n_ph = gi.n_params + gi.n_buffers + gi.n_data,
+              .loss = in->n_outputs ? in->outputs[0].node : in->n_nodes};
+    size_t n_pl = (size_t)(s.n_ph ? s.n_ph : 1) * (size_t)(nd ? nd : 1);
+    hp_placement *store = hp_malloc(n_pl * sizeof *store);
+    hp_placement *compute = hp_malloc(n_pl * sizeof *compute);
+    s.gath = hp_calloc((size_t)(s.n_ph ? s.n_ph : 1), sizeof *s.gath);
+    s.derived = hp_malloc((size_t)(in->n_nodes ? in->n_nodes : 1) * sizeof *s.derived);
+    s.recomp = hp_malloc((size_t)(in->n_nodes ? in->n_nodes : 1) * sizeof *s.recomp);
+    hp_status st = HP_OK;
+    if (!store || !compute || !s.gath || !s.derived || !s.recomp)
+        st = hp_errf(err, HP_NOMEM, "out of memory");
+    for (int p = 0; p < s.n_ph && st == HP_OK; p++) {
+        size_t at = (size_t)p * (size_t)nd;
+        normalize(mesh, inputs + at, store + at);
+        normalize(mesh, opts && opts->compute ? opts->compute + at : inputs + at, compute + at);
     }
+    s.store = store;
+    s.compute = compute;
+    if (st == HP_OK) st = hp__rewrite_start(&s.rw, in, err);
+    bool started = st == HP_OK;
+    if (st == HP_OK) st = run(&s, outputs, err);
     hp_free(s.memo);
+    hp_free(store);
+    hp_free(compute);
+    hp_free(s.gath);
+    hp_free(s.derived);
+    hp_free(s.recomp);
     if (st != HP_OK) hp_err_prefix(err, "spmd");
     hp_graph *g = st == HP_OK ? s.rw.out : NULL;
     if (g) s.rw.out = NULL; /* outputs were set here: take the graph, drop the rewriter */
-    hp__rewrite_abort(&s.rw);
+    if (started) hp__rewrite_abort(&s.rw);
     if (st == HP_OK && (st = hp_graph_verify(g, err)) != HP_OK) {
         hp_err_prefix(err, "spmd: the placed graph does not verify");
         hp_graph_free(g);

@@ -73,6 +73,26 @@ bool hp_plan_uses_placements(const hp_job *job, int world);
 hp_status hp_pass_spmd(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
                        const hp_placement *outputs, hp_graph **out, hp_err *err);
 
+/* What hp_pass_spmd_ex takes beyond placements. */
+typedef struct hp_spmd_opts {
+    /* NULL, or compute[p * ndim + i]: the placement placeholder p's consumers see on mesh dim
+     * i. Equal to its storage placement (inputs[...]), or Replicate where the storage is
+     * Shard: the placeholder is gathered before use (FSDP), its graph-output gradient brought
+     * back to the storage split by a reduce-scatter. Only such a gathered storage split may be
+     * uneven (ceil chunks padded with zeros, as passes/fsdp.c pads). */
+    const hp_placement *compute;
+    /* Gathered placeholders are gathered again for their backward uses (nodes after the loss
+     * node, the forward views they read recomputed), so no gathered copy lives across the
+     * step; false: one gather serves both. */
+    bool reshard_after_forward;
+} hp_spmd_opts;
+
+/* hp_pass_spmd with opts (NULL: every placeholder computed in its storage placements). The
+ * placed graph's placeholders carry their storage placements (the rank's local box). */
+hp_status hp_pass_spmd_ex(const hp_graph *in, const hp_graph_mesh *mesh, const hp_placement *inputs,
+                          const hp_placement *outputs, const hp_spmd_opts *opts, hp_graph **out,
+                          hp_err *err);
+
 /* Bytes one rank moves per step through collective node `id` of g, the convention of every
  * comm_bytes in this header (N = the node's group_size; a ring, links full-duplex, so this
  * is what one direction of a rank's link carries): all_gather receives (N-1)/N of its output,

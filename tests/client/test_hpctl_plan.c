@@ -282,13 +282,17 @@ Test(hpctl_plan, errors) {
     expect_error(hpctl("plan %s/missing.pb", tmpdir), 1, "missing.pb");
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 -o %s/j.pb", tmpdir));
     expect_error(hpctl("plan %s/j.pb --world 3", tmpdir), 1, "batch 4 is not divisible by world 3");
-    /* FSDP marks with tensor parallelism: refused by name, never flattened or ignored */
+    /* FSDP marks with tensor parallelism are planned (FSDP in spmd, docs/placements.md); on a
+     * mesh with no dp dim they have nothing to shard over: refused by name, never ignored */
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2,tp=2 --tp-plan llama "
              "--fsdp layers -o %s/nd.pb",
              tmpdir));
-    expect_error(hpctl("plan %s/nd.pb", tmpdir), 1,
-                 "FSDP marks together with tensor parallelism or explicit placements are not "
-                 "supported yet");
+    ok(hpctl("plan %s/nd.pb", tmpdir));
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
+             "--fsdp layers -o %s/nodp.pb",
+             tmpdir));
+    expect_error(hpctl("plan %s/nodp.pb", tmpdir), 1,
+                 "FSDP marks shard parameters over the mesh dim named dp");
     expect_error(hpctl("new --model mlp --mesh dp=2 --place 'nope.*=dp:S(0)' -o x.pb"), 2,
                  "plan.constraints[0]: pattern 'nope.*' matches no graph input");
     expect_error(hpctl("new --model mlp --mesh dp=2 --place 'layers.0.weight=tp:S(0)' -o x.pb"), 2,

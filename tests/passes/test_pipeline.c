@@ -355,14 +355,23 @@ Test(pipeline, placements_are_planned_and_a_budget_refused) {
     cr_assert_eq(hp_program_box(c->program, 0, 1, off, len, &err), HP_OK, "%s", err.msg);
     cr_expect(off[0] == len[0] && len[0] * 2 == c->program->params[0].global.shape[0]);
     hp_compiled_free(c);
-    /* parameters stored split over the data-parallel dim (FSDP) are --fsdp's, not yet this */
+    /* a parameter placed Shard on the data-parallel dim is FSDP's storage: gathered before use */
     snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "dp");
-    c = (hp_compiled *)1;
-    cr_expect_eq(hp_compile(job, 2, &c, &err), HP_UNSUPPORTED);
-    cr_expect(strstr(err.msg, "'layers.0.weight' is placed S(0) on the data-parallel dim dp"), "%s",
-              err.msg);
-    c = NULL;
+    c = compile_ok(job, 2);
+    w = hp_value_placements(c->graph, (hp_value){0, 0});
+    cr_assert(w && hp_placement_eq(w[0], HP_SHARD(0)), "layers.0.weight stored dp:S(0)");
+    cr_expect_eq(hp_type_numel(&c->graph->nodes[0].out[0]) * 2,
+                 hp_type_numel(&job->graph->nodes[0].out[0]));
+    int gathers = 0;
+    for (int i = 0; i < c->graph->n_nodes; i++)
+        gathers += c->graph->nodes[i].op == HP_OP_ALL_GATHER;
+    cr_expect_gt(gathers, 0);
     hp_compiled_free(c);
+    /* a Partial parameter is no storage */
+    p = HP_PARTIAL(HP_REDUCE_SUM);
+    cr_assert_eq(hp_job_add_place_pattern(job, "layers.0.*", &p, 1, &err), HP_OK, "%s", err.msg);
+    expect_compile_error(job, 2, "'layers.0.weight' is placed P(sum) on the data-parallel dim dp",
+                         "stored Replicate or Shard there");
     hp_job_free(job);
     job = make_job(&MLP, 2, false);
     cr_assert_eq(hp_job_add_constraint(job, NULL, 0, &p, 1, &err), HP_OK, "%s", err.msg);
@@ -373,6 +382,85 @@ Test(pipeline, placements_are_planned_and_a_budget_refused) {
     job->plan.mem_low = 0.1, job->plan.mem_high = 0.5;
     expect_compile_error(job, 2, "plan.param_memory_budget: (0.1, 0.5)",
                          "only honoured by auto-sharding");
+    hp_job_free(job);
+}
+
+/* FSDP x TP on one 2-D mesh: torchtitan's TP plan on tp and FSDP marks on everything compile
+ * through spmd; every parameter is stored Shard on dp (on the first tensor dim tp leaves
+ * whole: colwise [out, in] dp:S(1), rowwise dp:S(0)), a quarter of it per rank when tp splits
+ * it too, half otherwise. */
+static void fsdp_x_tp_job(bool reshard) {
+    hp_job *job = make_job(&TINY, 4, true);
+    job->plan.n_mesh = 2;
+    job->plan.mesh[0].size = 2;
+    snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "dp");
+    job->plan.mesh[1].size = 2;
+    snprintf(job->plan.mesh[1].name, sizeof job->plan.mesh[1].name, "tp");
+    job->plan.reshard_after_forward = reshard;
+    static const struct {
+        const char *pattern;
+        int dim;
+    } tp[] = {{"layers.*.attention.wq.weight", 0},    {"layers.*.attention.wk.weight", 0},
+              {"layers.*.attention.wv.weight", 0},    {"layers.*.attention.wo.weight", 1},
+              {"layers.*.feed_forward.w1.weight", 0}, {"layers.*.feed_forward.w3.weight", 0},
+              {"layers.*.feed_forward.w2.weight", 1}};
+    hp_err err = {0};
+    for (size_t i = 0; i < HP_ARRAY_LEN(tp); i++) {
+        hp_placement pl[2] = {HP_REPLICATE, HP_SHARD(tp[i].dim)};
+        cr_assert_eq(hp_job_add_place_pattern(job, tp[i].pattern, pl, 2, &err), HP_OK, "%s",
+                     err.msg);
+    }
+    hp_compiled *c = compile_ok(job, 4);
+    cr_expect(c->passes[2].ran && !c->passes[3].ran, "spmd instead of fsdp");
+    hp_graph_inputs gi = hp_graph_count_inputs(job->graph);
+    for (int i = 0; i < gi.n_params; i++) {
+        const hp_node *n = &c->graph->nodes[i];
+        const char *fqn = hp_node_attr(n, HP_ATTR_FQN)->s;
+        const hp_placement *w = hp_value_placements(c->graph, (hp_value){i, 0});
+        cr_assert(w, "%s has no placements", fqn);
+        bool col = false, row = false;
+        for (size_t k = 0; k < HP_ARRAY_LEN(tp); k++)
+            if (hp_fqn_match(tp[k].pattern, fqn)) *(tp[k].dim ? &row : &col) = true;
+        hp_placement want_dp = HP_SHARD(col ? 1 : 0);
+        hp_placement want_tp = col ? HP_SHARD(0) : row ? HP_SHARD(1) : HP_REPLICATE;
+        char a[24], b[24];
+        cr_expect(hp_placement_eq(w[0], want_dp) && hp_placement_eq(w[1], want_tp),
+                  "%s: {dp:%s, tp:%s}", fqn, hp_placement_short(&w[0], a, sizeof a),
+                  hp_placement_short(&w[1], b, sizeof b));
+        cr_expect_eq(hp_type_numel(&n->out[0]) * (col || row ? 4 : 2),
+                     hp_type_numel(&job->graph->nodes[i].out[0]), "%s", fqn);
+    }
+    int gathers = 0, scatters = 0;
+    for (int i = 0; i < c->graph->n_nodes; i++) {
+        const hp_attr *g = hp_node_attr(&c->graph->nodes[i], HP_ATTR_GROUP);
+        if (!g || strcmp(g->s, "dp")) continue;
+        gathers += c->graph->nodes[i].op == HP_OP_ALL_GATHER;
+        scatters += c->graph->nodes[i].op == HP_OP_REDUCE_SCATTER;
+    }
+    cr_expect_eq(scatters, gi.n_params);
+    if (reshard) /* all but tok_embeddings, which the backward does not read, twice */
+        cr_expect_eq(gathers, 2 * gi.n_params - 1);
+    else
+        cr_expect_eq(gathers, gi.n_params);
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
+Test(pipeline, fsdp_x_tp_compiles_through_spmd) {
+    fsdp_x_tp_job(true);
+    fsdp_x_tp_job(false);
+}
+
+/* FSDP marks on a mesh without a dp dim have nothing to shard over: refused by name. */
+Test(pipeline, fsdp_marks_need_a_dp_dim) {
+    hp_job *job = make_job(&TINY, 2, true);
+    snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "tp");
+    hp_err err = {0};
+    hp_placement p = HP_SHARD(0);
+    cr_assert_eq(hp_job_add_place_pattern(job, "layers.*.attention.wq.weight", &p, 1, &err), HP_OK,
+                 "%s", err.msg);
+    expect_compile_error(job, 2, "FSDP marks shard parameters over the mesh dim named dp",
+                         "mesh tp=2");
     hp_job_free(job);
 }
 

@@ -3,7 +3,9 @@
  * (one thread each, collectives exchanged through a barrier) on the reference evaluator in
  * f64, must compute the loss and every gradient the 1-rank joint graph computes; and it must
  * put exactly Megatron's all-reduces in: two of B·T·d per block in the forward, two in the
- * backward, nothing else.
+ * backward, nothing else. FSDP on the same mesh (parameters stored Shard on dp, gathered
+ * before use) is the same step, with one gather (two with reshard_after_forward) and one
+ * reduce-scatter per parameter on dp.
  */
 #include "hp/eval.h"
 #include "hp/models.h"
@@ -20,15 +22,19 @@
 #define SEQ   8
 #define VOCAB HP_TH_SPMD_VOCAB
 
-static hp_graph *tiny_llama_kv(int layers, int kv_heads) {
+static hp_graph *tiny_llama_batch(int layers, int kv_heads, int batch) {
     hp_model_spec spec;
     hp_err err = {0};
     cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &spec, &err), HP_OK, "%s", err.msg);
     spec.dim = DIM, spec.n_layers = layers, spec.n_heads = 4, spec.n_kv_heads = kv_heads;
-    spec.ffn_hidden = 96, spec.vocab = VOCAB, spec.batch = BATCH, spec.seq = SEQ;
+    spec.ffn_hidden = 96, spec.vocab = VOCAB, spec.batch = batch, spec.seq = SEQ;
     hp_graph *g = NULL;
     cr_assert_eq(hp_model_build_joint(&spec, &g, &err), HP_OK, "%s", err.msg);
     return g;
+}
+
+static hp_graph *tiny_llama_kv(int layers, int kv_heads) {
+    return tiny_llama_batch(layers, kv_heads, BATCH);
 }
 
 static hp_graph *tiny_llama(int layers) {
@@ -161,5 +167,214 @@ Test(spmd, uneven_split_is_refused) {
                               "does not split evenly over 3 ranks"),
               "%s", err.msg);
     free(pl);
+    hp_graph_free(g);
+}
+
+/* ---- FSDP in spmd: parameters stored Shard on dp, gathered before use ---------------------- */
+
+/* FSDP on every non-scalar parameter over mesh dim dp, on top of base (the TP plan; NULL:
+ * nothing else placed): stored Shard(k) there, k the first tensor dim no other mesh dim
+ * shards (colwise [out, in] tp:S(0) stores dp:S(1)); consumed Replicate on dp. Data inputs
+ * split on the batch over dp. *compute gets the compute placements. */
+static hp_placement *fsdp_plan(const hp_graph *g, const hp_graph_mesh *mesh, int dp,
+                               const hp_placement *base, hp_placement **compute) {
+    int nd = mesh->ndim;
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
+    hp_placement *pl = calloc((size_t)(n_ph * nd), sizeof *pl);
+    *compute = calloc((size_t)(n_ph * nd), sizeof **compute);
+    if (base) memcpy(pl, base, sizeof *pl * (size_t)(n_ph * nd));
+    for (int i = 0; i < n_ph; i++) {
+        const hp_type *t = &g->nodes[i].out[0];
+        for (int k = 0; i < gi.n_params && k < t->rank; k++) {
+            bool taken = false;
+            for (int m = 0; m < nd; m++)
+                taken |=
+                    m != dp && pl[i * nd + m].kind == HP_PLACE_SHARD && pl[i * nd + m].dim == k;
+            if (taken) continue;
+            pl[i * nd + dp] = HP_SHARD(k);
+            break;
+        }
+        if (i >= gi.n_params + gi.n_buffers) pl[i * nd + dp] = HP_SHARD(0);
+        memcpy(*compute + i * nd, pl + i * nd, sizeof *pl * (size_t)nd);
+        if (i < gi.n_params) (*compute)[i * nd + dp] = HP_REPLICATE;
+    }
+    return pl;
+}
+
+/* Does parameter p have a backward use (a node after the loss reading it or a forward view
+ * of it)? Then reshard_after_forward gathers it twice. */
+static bool used_in_backward(const hp_graph *g, int p) {
+    int loss = g->outputs[0].node;
+    bool *of = calloc((size_t)g->n_nodes, sizeof *of);
+    of[p] = true;
+    bool used = false;
+    for (int i = p + 1; i < g->n_nodes && !used; i++) {
+        const hp_node *n = &g->nodes[i];
+        for (int j = 0; j < n->n_in; j++) {
+            if (!of[n->in[j].node]) continue;
+            if (i > loss) used = true;
+            if (n->n_in == 1 && n->n_out == 1 && n->op != HP_OP_MM) of[i] = true;
+        }
+    }
+    free(of);
+    return used;
+}
+
+/* The placeholder collective node c gathers or scatters, through transposes and waits; -1
+ * when it is not a placeholder. */
+static int source_placeholder(const hp_graph *g, int c) {
+    hp_value v = g->nodes[c].in[0];
+    while (g->nodes[v.node].op == HP_OP_TRANSPOSE) v = g->nodes[v.node].in[0];
+    return g->nodes[v.node].op == HP_OP_PLACEHOLDER ? v.node : -1;
+}
+
+static int count_on(const hp_graph *g, hp_op op, const char *group) {
+    int k = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_attr *a = hp_node_attr(&g->nodes[i], HP_ATTR_GROUP);
+        k += g->nodes[i].op == op && a && !strcmp(a->s, group);
+    }
+    return k;
+}
+
+/* FSDP over dp (with the TP plan over tp when tp_plan_on), checked against 1 rank; then the
+ * collectives on dp: every all-gather is of a parameter placeholder (never an activation),
+ * one per parameter (two for those the backward reads, with reshard_after_forward), one
+ * reduce-scatter per parameter, and only scalar all-reduces (the loss, total_weight). */
+static void check_fsdp(const hp_graph *g, const hp_graph_mesh *mesh, bool tp_plan_on,
+                       bool reshard) {
+    int nd = mesh->ndim, dp = 0;
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    hp_placement *compute = NULL;
+    hp_placement *tp = tp_plan_on ? plan_for(g, mesh, 1, -1) : NULL;
+    hp_placement *pl = fsdp_plan(g, mesh, dp, tp, &compute);
+    hp_spmd_opts opts = {.compute = compute, .reshard_after_forward = reshard};
+    hp_graph *spmd = hp_th_spmd_check_opts(g, mesh, pl, &opts);
+    int want_gathers = 0;
+    for (int i = 0; i < gi.n_params; i++) want_gathers += reshard && used_in_backward(g, i) ? 2 : 1;
+    const char *grp = mesh->name[dp];
+    cr_expect_eq(count_on(spmd, HP_OP_ALL_GATHER, grp), want_gathers);
+    cr_expect_eq(count_on(spmd, HP_OP_REDUCE_SCATTER, grp), gi.n_params);
+    for (int i = 0; i < spmd->n_nodes; i++) {
+        const hp_node *n = &spmd->nodes[i];
+        const hp_attr *a = hp_node_attr(n, HP_ATTR_GROUP);
+        if (!a || strcmp(a->s, grp)) continue;
+        if (n->op == HP_OP_ALL_GATHER) {
+            int p = source_placeholder(spmd, i);
+            cr_expect(p >= 0 && p < gi.n_params, "node %d: an all-gather on dp of no parameter", i);
+        }
+        if (n->op == HP_OP_ALL_REDUCE)
+            cr_expect_eq(hp_type_numel(&n->out[0]), 1, "node %d: a non-scalar all-reduce on dp", i);
+    }
+    /* every parameter's placeholder carries its storage placements */
+    for (int i = 0; i < gi.n_params; i++) {
+        const hp_placement *p = hp_value_placements(spmd, (hp_value){i, 0});
+        for (int m = 0; m < nd; m++)
+            cr_expect(hp_placement_eq(p[m], mesh->size[m] > 1 ? pl[i * nd + m] : HP_REPLICATE),
+                      "%s on %s", hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s, mesh->name[m]);
+    }
+    if (tp_plan_on) { /* Megatron's on tp, and nothing else there */
+        int on_tp = 0;
+        for (int i = 0; i < spmd->n_nodes; i++) {
+            const hp_attr *a = hp_node_attr(&spmd->nodes[i], HP_ATTR_GROUP);
+            on_tp += (hp_op_get(spmd->nodes[i].op)->flags & HP_OPF_COLLECTIVE) && a &&
+                     !strcmp(a->s, "tp");
+        }
+        cr_expect_eq(hp_th_spmd_count_all_reduces(spmd, BATCH / 2 * SEQ * DIM, "tp"), 4 * 2);
+        cr_expect_eq(on_tp, 4 * 2, "collectives on tp: %d", on_tp);
+    }
+    free(tp);
+    free(pl);
+    free(compute);
+    hp_graph_free(spmd);
+}
+
+/* (a) FSDP alone on a 2-D mesh: tp of one rank, and tp=2 with nothing placed on it. */
+Test(spmd, fsdp_dp2_tp1_equals_one_rank, .timeout = 120) {
+    hp_graph *g = tiny_llama(2);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 1}};
+    check_fsdp(g, &mesh, false, true);
+    check_fsdp(g, &mesh, false, false);
+    hp_graph_free(g);
+}
+
+Test(spmd, fsdp_dp2_tp2_without_tp_plan_equals_one_rank, .timeout = 120) {
+    hp_graph *g = tiny_llama(1);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    check_fsdp(g, &mesh, false, true);
+    hp_graph_free(g);
+}
+
+/* (b, c) FSDP x TP: torchtitan's TP plan over tp, FSDP over dp; the 1-rank step, one gather
+ * (two with reshard_after_forward) and one reduce-scatter per parameter on dp, Megatron's
+ * all-reduces on tp. */
+Test(spmd, fsdp_dp2_x_tp2_reshard_equals_one_rank, .timeout = 120) {
+    hp_graph *g = tiny_llama(2);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    check_fsdp(g, &mesh, true, true);
+    hp_graph_free(g);
+}
+
+Test(spmd, fsdp_dp2_x_tp2_no_reshard_equals_one_rank, .timeout = 120) {
+    hp_graph *g = tiny_llama(2);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    check_fsdp(g, &mesh, true, false);
+    hp_graph_free(g);
+}
+
+/* (d) Uneven storage: dp=3 splits no dim of the model evenly (64 -> 3 x 22, vocab 128 -> 3 x
+ * 43): each rank stores a zero-padded ceil chunk, the gathered copy is sliced back, the
+ * gradient padded before its reduce-scatter; still the 1-rank step. */
+Test(spmd, fsdp_uneven_storage_is_padded, .timeout = 120) {
+    hp_graph *g = tiny_llama_batch(1, 2, 3);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {3, 1}};
+    check_fsdp(g, &mesh, false, true);
+    hp_graph_mesh one = {.ndim = 1, .name = {"dp"}, .size = {3}};
+    check_fsdp(g, &one, false, false);
+    hp_graph_free(g);
+}
+
+/* A compute placement that is no gather of the storage one is refused naming the input. */
+Test(spmd, compute_must_gather_the_storage) {
+    hp_graph *g = tiny_llama(1);
+    hp_graph_mesh mesh = {.ndim = 1, .name = {"dp"}, .size = {2}};
+    hp_placement *compute = NULL;
+    hp_placement *pl = fsdp_plan(g, &mesh, 0, NULL, &compute);
+    compute[0] = HP_SHARD(1); /* stored S(0), computed S(1) */
+    hp_spmd_opts opts = {.compute = compute};
+    hp_graph *out = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_pass_spmd_ex(g, &mesh, pl, NULL, &opts, &out, &err), HP_INVALID);
+    cr_expect(strstr(err.msg, "'tok_embeddings.weight': stored S(0) but computed S(1) on mesh "
+                              "dim dp"),
+              "%s", err.msg);
+    cr_assert_null(out);
+    free(pl);
+    free(compute);
+    hp_graph_free(g);
+}
+
+/* Gathering a storage split of a tensor dim another mesh dim also splits (DTensor's strided
+ * shard) is refused naming the parameter and both mesh dims. */
+Test(spmd, gathering_a_doubly_split_dim_is_refused) {
+    hp_graph *g = tiny_llama(1);
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    hp_placement *tp = plan_for(g, &mesh, 1, 0), *compute = NULL;
+    hp_placement *pl = fsdp_plan(g, &mesh, 0, tp, &compute);
+    int wq = 1; /* layers.0.attention.wq.weight: tp:S(0), stored dp:S(0) too */
+    cr_assert_str_eq(hp_node_attr(&g->nodes[wq], HP_ATTR_FQN)->s, "layers.0.attention.wq.weight");
+    pl[wq * 2] = HP_SHARD(0);
+    hp_spmd_opts opts = {.compute = compute};
+    hp_graph *out = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_pass_spmd_ex(g, &mesh, pl, NULL, &opts, &out, &err), HP_UNSUPPORTED);
+    cr_expect(strstr(err.msg, "'layers.0.attention.wq.weight': tensor dim 0 is stored split by "
+                              "mesh dims tp and dp"),
+              "%s", err.msg);
+    cr_assert_null(out);
+    free(tp);
+    free(pl);
+    free(compute);
     hp_graph_free(g);
 }

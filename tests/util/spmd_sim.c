@@ -67,7 +67,8 @@ static void sim_fini(sim *s) {
             if (coord(s, r, i) == 0) pthread_barrier_destroy(&s->g[i][r].bar);
 }
 
-/* piece <-> chunk r of full along dim d (copy in either direction). */
+/* piece <-> chunk r of full along dim d (copy in either direction); a chunk past full's end
+ * (padded storage) reads as zeros and writes nowhere. */
 static void chunk_of(const hp_tensor *full, int d, int r, hp_tensor *piece, bool to_piece) {
     int64_t fst[HP_MAX_RANK], pst[HP_MAX_RANK];
     const hp_type *ft = &full->type, *pt = &piece->type;
@@ -78,20 +79,23 @@ static void chunk_of(const hp_tensor *full, int d, int r, hp_tensor *piece, bool
     int64_t numel = hp_type_numel(pt);
     for (int64_t e = 0; e < numel; e++) {
         int64_t rem = e, at = 0;
+        bool pad = false;
         for (int k = 0; k < pt->rank; k++) {
             int64_t i = rem / pst[k];
             rem %= pst[k];
             if (k == d) i += r * pt->shape[d];
+            pad |= i >= ft->shape[k];
             at += i * fst[k];
         }
         if (to_piece)
-            piece->data[e] = full->data[at];
-        else
+            piece->data[e] = pad ? 0 : full->data[at];
+        else if (!pad)
             full->data[at] = piece->data[e];
     }
 }
 
-/* A rank's piece of full under placements pl (Shard or Replicate), mesh dims in order. */
+/* A rank's piece of full under placements pl (Shard or Replicate), mesh dims in order, each
+ * split ceil-sized (an uneven one padded with zeros, as storage is). */
 static hp_tensor piece_of(const sim *s, const hp_tensor *full, const hp_placement *pl, int rank) {
     hp_err err = {0};
     hp_tensor cur;
@@ -100,7 +104,7 @@ static hp_tensor piece_of(const sim *s, const hp_tensor *full, const hp_placemen
     for (int i = 0; i < s->mesh.ndim; i++) {
         if (pl[i].kind != HP_PLACE_SHARD) continue;
         hp_type t = cur.type;
-        t.shape[pl[i].dim] /= s->mesh.size[i];
+        t.shape[pl[i].dim] = (t.shape[pl[i].dim] + s->mesh.size[i] - 1) / s->mesh.size[i];
         hp_tensor next;
         cr_assert_eq(hp_tensor_alloc(&next, t, &err), HP_OK);
         chunk_of(&cur, pl[i].dim, coord(s, rank, i), &next, true);
@@ -180,12 +184,18 @@ int hp_th_spmd_count_all_reduces(const hp_graph *g, int64_t numel, const char *g
 /* Places g on mesh with placeholder placements pl, runs it on every simulated rank, and checks
  * each rank's loss and gradient pieces against the 1-rank graph. Returns the placed graph. */
 hp_graph *hp_th_spmd_check(const hp_graph *g, const hp_graph_mesh *mesh, const hp_placement *pl) {
+    return hp_th_spmd_check_opts(g, mesh, pl, NULL);
+}
+
+/* pl are the storage placements: inputs are cut and gradients compared by them. */
+hp_graph *hp_th_spmd_check_opts(const hp_graph *g, const hp_graph_mesh *mesh,
+                                const hp_placement *pl, const hp_spmd_opts *opts) {
     int nd = mesh->ndim;
     hp_graph_inputs gi = hp_graph_count_inputs(g);
     int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
     hp_graph *spmd = NULL;
     hp_err err = {0};
-    cr_assert_eq(hp_pass_spmd(g, mesh, pl, NULL, &spmd, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_pass_spmd_ex(g, mesh, pl, NULL, opts, &spmd, &err), HP_OK, "%s", err.msg);
 
     hp_tensor *full = calloc((size_t)n_ph, sizeof *full);
     for (int i = 0; i < n_ph; i++) {

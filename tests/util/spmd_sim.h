@@ -7,6 +7,7 @@
 #define HP_TESTS_UTIL_SPMD_SIM_H
 
 #include "hp/graph.h"
+#include "hp/passes.h"
 
 #define HP_TH_SPMD_MAX_RANKS 4
 #define HP_TH_SPMD_VOCAB     128 /* index inputs are drawn in [0, this) */
@@ -16,6 +17,12 @@
  * random inputs, and expects each rank's loss and gradient pieces to equal the 1-rank
  * graph's within 1e-10. Returns the placed graph (the caller frees it). */
 hp_graph *hp_th_spmd_check(const hp_graph *g, const hp_graph_mesh *mesh, const hp_placement *pl);
+
+/* The same with hp_pass_spmd_ex's options: pl are the storage placements (inputs cut and
+ * gradients compared by them, uneven splits padded with zeros), opts->compute what the
+ * placeholders are consumed in. */
+hp_graph *hp_th_spmd_check_opts(const hp_graph *g, const hp_graph_mesh *mesh,
+                                const hp_placement *pl, const hp_spmd_opts *opts);
 
 /* All-reduces of `numel` elements on mesh dim `group` in g. */
 int hp_th_spmd_count_all_reduces(const hp_graph *g, int64_t numel, const char *group);
