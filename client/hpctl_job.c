@@ -73,6 +73,8 @@ static void new_usage(FILE *f) {
           "                        'layers.*.attention.wq.weight=tp:S(0)' (R, S(d), P(sum)); "
           "repeatable\n"
           "  --tp-plan llama       torchtitan's Llama TP plan on the mesh dim 'tp'\n"
+          "  --loss-parallel       cross entropy on vocab-sharded logits over 'tp' (with\n"
+          "                        --tp-plan llama: output.weight colwise too)\n"
           "\n"
           "model and training:\n",
           f);
@@ -201,8 +203,10 @@ static int add_place(const char *verb, const char *flag, const char *v, hp_job *
 
 /* --tp-plan llama: torchtitan's Llama tensor-parallel plan on the mesh dim "tp" without
  * sequence parallel: colwise (Shard(0) of [out, in]) wq, wk, wv, w1, w3; rowwise (Shard(1))
- * wo, w2; embeddings, norms and the output projection replicated (their vocab-parallel forms
- * and loss parallel need each rank's offset, which the compiler cannot express yet). */
+ * wo, w2; with loss parallel also the output projection colwise (vocab-sharded logits, the
+ * cross entropy on them: passes/loss_parallel.c). Without it the output projection stays
+ * replicated, and the embedding and norms always do (the vocab-parallel embedding is not
+ * expressible yet: docs/placements.md). */
 static int add_tp_plan(const char *verb, const char *v, hp_job *job) {
     if (strcmp(v, "llama"))
         return hpctl_fail(HPCTL_USAGE, verb, "--tp-plan: '%s' is not a known plan (llama)", v);
@@ -218,6 +222,7 @@ static int add_tp_plan(const char *verb, const char *v, hp_job *job) {
         int rc = add_place(verb, "--tp-plan", plan[i], job);
         if (rc != HPCTL_OK) return rc;
     }
+    if (job->plan.loss_parallel) return add_place(verb, "--tp-plan", "output.weight=tp:S(0)", job);
     return HPCTL_OK;
 }
 
@@ -235,6 +240,10 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
         }
         if (!strcmp(a, "--no-reshard-after-forward")) {
             job->plan.reshard_after_forward = false;
+            continue;
+        }
+        if (!strcmp(a, "--loss-parallel")) {
+            job->plan.loss_parallel = true;
             continue;
         }
         if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
@@ -356,6 +365,16 @@ int hpctl_new(int argc, char **argv) {
             job->train.local_batch = t->shape[0] / world;
         }
     }
+    if (job->plan.loss_parallel) {
+        bool has_tp = false;
+        for (int k = 0; k < job->plan.n_mesh; k++) has_tp |= !strcmp(job->plan.mesh[k].name, "tp");
+        if (!has_tp) {
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--loss-parallel: the mesh has no 'tp' dim to split the vocabulary "
+                            "over (e.g. --mesh tp=2 --tp-plan llama --loss-parallel)");
+            goto done;
+        }
+    }
     if (tp_plan && (rc = add_tp_plan(verb, tp_plan, job)) != HPCTL_OK) goto done;
     for (int i = 0; i < n_places; i++)
         if ((rc = add_place(verb, "--place", places[i], job)) != HPCTL_OK) goto done;
@@ -459,9 +478,10 @@ static void print_text(const hp_job *job, const job_summary *s) {
     printf("plan        mesh");
     for (int i = 0; i < job->plan.n_mesh; i++)
         printf("%s%s=%d", i ? "," : " ", job->plan.mesh[i].name, job->plan.mesh[i].size);
-    printf(", mode %s, %d FSDP marks, %d patterns, %d placement constraints\n",
+    printf(", mode %s, %d FSDP marks, %d patterns, %d placement constraints, loss parallel %s\n",
            job->plan.mode == HP_PLAN_FSDP ? "fsdp" : "auto", job->plan.n_fsdp_fqns,
-           job->plan.n_fsdp_patterns, job->plan.n_constraints);
+           job->plan.n_fsdp_patterns, job->plan.n_constraints,
+           job->plan.loss_parallel ? "on" : "off");
     printf("resources   world %d, device %s\n", job->resources.world_size,
            hp_device_name(job->resources.device));
 }
@@ -486,6 +506,8 @@ static int print_json(const hp_job *job, const job_summary *s) {
         (json_int_t)t->seq, "data", t->data_path[0] ? t->data_path : "", "resources", "world_size",
         job->resources.world_size, "device", hp_device_name(job->resources.device));
     if (!root) return hpctl_fail(HPCTL_ERROR, "inspect", "out of memory building JSON");
+    json_object_set_new(root, "plan",
+                        json_pack("{s:b}", "loss_parallel", (int)job->plan.loss_parallel));
     json_dumpf(root, stdout, JSON_INDENT(2));
     putchar('\n');
     json_decref(root);

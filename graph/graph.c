@@ -158,9 +158,9 @@ hp_attr hp_attr_initspec(hp_init init) {
 
 /* ---- init specs ----------------------------------------------------------------------------- */
 
-static const char *init_names[] = {"none",   "zeros",        "ones",   "constant",
-                                   "normal", "trunc_normal", "uniform"};
-static const int init_nargs[] = {0, 0, 0, 1, 2, 4, 2};
+static const char *init_names[] = {"none",   "zeros",        "ones",    "constant",
+                                   "normal", "trunc_normal", "uniform", "arange"};
+static const int init_nargs[] = {0, 0, 0, 1, 2, 4, 2, 0};
 
 /* The shortest %g text that reads back to exactly x (0.02, not 0.020000000000000000416). */
 static void shortest(double x, char *buf, size_t len) {
@@ -213,7 +213,7 @@ hp_status hp_init_parse(const char *s, hp_init *init, hp_err *err) {
     if (kind < 0)
         return hp_errf(err, HP_PARSE,
                        "unknown init '%.*s' (expected zeros, ones, constant, normal, "
-                       "trunc_normal, uniform)",
+                       "trunc_normal, uniform, arange)",
                        (int)(nl > 64 ? 64 : nl), s);
     double args[4] = {0};
     int n = 0;

@@ -367,6 +367,14 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
         return hp_errf(err, HP_INVALID,
                        "plan.mesh: the dims' sizes multiply to %lld, resources.world_size is %d",
                        (long long)product, job->resources.world_size);
+    if (p->loss_parallel) {
+        bool tp = false;
+        for (int d = 0; d < p->n_mesh; d++) tp |= !strcmp(p->mesh[d].name, "tp");
+        if (!tp)
+            return hp_errf(err, HP_INVALID,
+                           "plan.loss_parallel: the mesh has no 'tp' dim to split the "
+                           "vocabulary over");
+    }
     if (p->mode != HP_PLAN_FSDP && p->mode != HP_PLAN_AUTO)
         return hp_errf(err, HP_INVALID, "plan.mode: %d is not fsdp or auto", (int)p->mode);
 
@@ -556,7 +564,8 @@ static bool opt_str_eq(const char *a, const char *b) {
 static bool plan_eq(const hp_plan *a, const hp_plan *b) {
     if (a->n_mesh != b->n_mesh || a->mode != b->mode ||
         a->reshard_after_forward != b->reshard_after_forward || a->mem_low != b->mem_low ||
-        a->mem_high != b->mem_high || a->n_constraints != b->n_constraints)
+        a->loss_parallel != b->loss_parallel || a->mem_high != b->mem_high ||
+        a->n_constraints != b->n_constraints)
         return false;
     for (int d = 0; d < a->n_mesh; d++) {
         const hp_mesh_dim *x = &a->mesh[d], *y = &b->mesh[d];

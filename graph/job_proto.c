@@ -180,6 +180,7 @@ static Hp__V1__ParallelPlan *export_plan(exporter *x, const hp_plan *p) {
         m->n_fsdp_patterns = (size_t)p->n_fsdp_patterns;
     m->mode = TO_PB(modes, p->mode);
     m->reshard_after_forward = p->reshard_after_forward;
+    m->loss_parallel = p->loss_parallel;
     Hp__V1__MemoryBudget *b;
     XNEW(x, b, hp__v1__memory_budget__init);
     if (b) {
@@ -403,6 +404,7 @@ static hp_status import_plan(const Hp__V1__ParallelPlan *m, hp_plan *p, hp_err *
                        "plan.fsdp_patterns", err));
     FROM_PB(modes, m->mode, &p->mode, "plan.mode");
     p->reshard_after_forward = m->reshard_after_forward;
+    p->loss_parallel = m->loss_parallel;
     p->mem_low = m->param_memory_budget ? m->param_memory_budget->low : 0.0;
     p->mem_high = m->param_memory_budget ? m->param_memory_budget->high : 1.0;
 

@@ -138,6 +138,7 @@ static const struct {
     {HP_INIT_NORMAL, HP__V1__INIT_KIND__INIT_NORMAL},
     {HP_INIT_TRUNC_NORMAL, HP__V1__INIT_KIND__INIT_TRUNC_NORMAL},
     {HP_INIT_UNIFORM, HP__V1__INIT_KIND__INIT_UNIFORM},
+    {HP_INIT_ARANGE, HP__V1__INIT_KIND__INIT_ARANGE},
 };
 
 static const char *attr_kind_name(hp_attr_kind k) {

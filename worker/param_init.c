@@ -10,6 +10,8 @@
 
 #include <math.h>
 
+#define ARANGE_MAX ((int64_t)1 << 24) /* f32 holds every integer up to here exactly */
+
 typedef struct plan {
     hp_init spec;
     uint64_t seed, stream;
@@ -30,6 +32,10 @@ static hp_status prepare(const hp_init *spec, uint64_t seed, const char *fqn, in
                        "param init %s: element range [%lld, +%lld) is negative or overflows", fqn,
                        (long long)first, (long long)count);
     if (count > 0 && !out) return hp_errf(err, HP_INVALID, "param init %s: out is NULL", fqn);
+    if (spec->kind == HP_INIT_ARANGE && first + count > ARANGE_MAX)
+        return hp_errf(err, HP_INVALID,
+                       "param init %s: arange up to %lld is not exact in f32 (at most 2^24)", fqn,
+                       (long long)(first + count));
     *p = (plan){.spec = *spec, .seed = seed, .stream = hp_rng_stream_id(fqn)};
     if (spec->kind == HP_INIT_TRUNC_NORMAL) {
         double alpha = (spec->a - spec->mean) / spec->std;
@@ -66,6 +72,9 @@ static void fill_range(const plan *p, int64_t first, int64_t count, float *out) 
         return;
     case HP_INIT_CONSTANT:
         for (int64_t i = 0; i < count; i++) out[i] = (float)s->a;
+        return;
+    case HP_INIT_ARANGE: /* exact below 2^24 (prepare refuses more) */
+        for (int64_t i = 0; i < count; i++) out[i] = (float)(first + i);
         return;
     case HP_INIT_UNIFORM: {
         float top = below(s->b);

@@ -130,6 +130,7 @@ typedef enum {
     HP_INIT_NORMAL,       /* mean, std */
     HP_INIT_TRUNC_NORMAL, /* mean, std, truncated to [a, b] (absolute bounds, as torch) */
     HP_INIT_UNIFORM,      /* [a, b) */
+    HP_INIT_ARANGE,       /* element i (its global flat index) = i: a buffer's mesh coordinate */
 } hp_init_kind;
 
 typedef struct hp_init {
@@ -138,7 +139,7 @@ typedef struct hp_init {
 } hp_init;
 
 /* "zeros", "ones", "constant(0.5)", "normal(0,0.02)", "trunc_normal(0,0.02,-0.06,0.06)",
- * "uniform(-0.1,0.1)": the form the text IR and hpctl use. */
+ * "uniform(-0.1,0.1)", "arange": the form the text IR and hpctl use. */
 char *hp_init_str(const hp_init *init, char *buf, size_t len);
 hp_status hp_init_parse(const char *s, hp_init *init, hp_err *err);
 hp_status hp_init_check(const hp_init *init, hp_err *err);

@@ -80,6 +80,9 @@ typedef struct hp_plan {
     double mem_low, mem_high;
     hp_place_constraint *constraints; /* [n_constraints], hp_malloc'd */
     int n_constraints;
+    /* Loss parallel: the cross entropy runs on vocab-sharded logits over the mesh dim "tp"
+     * (the loss_parallel pass; the mesh must have that dim). */
+    bool loss_parallel;
 } hp_plan;
 
 /* ---- the compiler's pass config -------------------------------------------------------------- */

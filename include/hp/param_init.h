@@ -5,6 +5,9 @@
  * (seed, hp_rng_stream_id(fqn), g) (see hp/rng.h) mapped through the distribution:
  *
  *   zeros, ones, constant(a)    the value; no random bits used
+ *   arange                      g itself (exact: g < 2^24 or refused); a buffer placed
+ *                               Shard(0) then holds its own global indices (loss parallel's
+ *                               vocab_index)
  *   uniform(a, b)               a + (b - a) * u, u = top 53 bits of w0:w1 in [0, 1); in [a, b)
  *   normal(mean, std)           mean + std * sqrt(-2 ln u1) * cos(2 pi u2),
  *                               u1 from w0:w1 in (0, 1], u2 from w2:w3 in [0, 1) (Box-Muller,

@@ -93,6 +93,24 @@ hp_status hp_pass_spmd_ex(const hp_graph *in, const hp_graph_mesh *mesh, const h
                           const hp_placement *outputs, const hp_spmd_opts *opts, hp_graph **out,
                           hp_err *err);
 
+/* Loss parallel (passes/loss_parallel.c, docs/placements.md): rewrites the cross entropy of a
+ * global joint graph (_log_softmax, nll_loss_forward and their backward ops) into ops that
+ * all have vocab-sharded forms (amax -> Partial(max), sum -> Partial(sum)), reading the rank's
+ * vocab indices from a new buffer placeholder `vocab_index_fqn` f32[V] with init arange (placed
+ * tp:Shard(0) with output.weight, each rank holds its own vocab range). The result equals `in`
+ * on the reference evaluator; a graph without nll_loss is returned as a clone. HP_UNSUPPORTED:
+ * nll ops of different class counts, V >= 2^24; HP_INVALID: `in` already placed, or already
+ * holding a placeholder of that FQN. */
+#define HP_VOCAB_INDEX_FQN "hp.vocab_index"
+typedef struct hp_loss_parallel_opts {
+    const char *vocab_index_fqn; /* NULL: HP_VOCAB_INDEX_FQN */
+} hp_loss_parallel_opts;
+hp_status hp_pass_loss_parallel(const hp_graph *in, const hp_loss_parallel_opts *o, hp_graph **out,
+                                hp_err *err);
+/* The same as a pipeline pass (default options). */
+hp_status hp_pass_loss_parallel_run(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
+                                    hp_err *err);
+
 /* Bytes one rank moves per step through collective node `id` of g, the convention of every
  * comm_bytes in this header (N = the node's group_size; a ring, links full-duplex, so this
  * is what one direction of a rank's link carries): all_gather receives (N-1)/N of its output,

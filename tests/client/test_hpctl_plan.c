@@ -139,6 +139,37 @@ Test(hpctl_plan, json_parameters_and_comm_per_mesh_dim) {
     hp_th_run_free(&r);
 }
 
+/* --loss-parallel: the plan field is set (inspect says so), and with --tp-plan llama the
+ * output projection is colwise: each rank holds half the vocabulary's rows. */
+Test(hpctl_plan, tp2_llama_loss_parallel) {
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
+             "--loss-parallel -o %s/lp.pb",
+             tmpdir));
+    hp_th_run r = hpctl("inspect %s/lp.pb", tmpdir);
+    cr_expect(strstr(r.out, "loss parallel on"), "%s", r.out);
+    hp_th_run_free(&r);
+    json_t *root = plan_json("lp.pb", "");
+    json_t *params = json_object_get(root, "parameters");
+    bool seen = false;
+    for (size_t i = 0; i < json_array_size(params); i++) {
+        json_t *p = json_array_get(params, i);
+        if (strcmp(json_string_value(json_object_get(p, "fqn")), "output.weight")) continue;
+        seen = true;
+        const char *tp = json_string_value(json_object_get(json_object_get(p, "placements"), "tp"));
+        cr_expect_str_eq(tp, "S(0)");
+        cr_expect_eq(2 * json_integer_value(json_object_get(p, "local_bytes")),
+                     json_integer_value(json_object_get(p, "global_bytes")));
+    }
+    cr_expect(seen, "no output.weight in the plan");
+    json_decref(root);
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
+             "-o %s/nolp.pb",
+             tmpdir));
+    r = hpctl("inspect %s/nolp.pb", tmpdir);
+    cr_expect(strstr(r.out, "loss parallel off"), "%s", r.out);
+    hp_th_run_free(&r);
+}
+
 /* torchtitan's Llama TP plan at tp=2: every TP'd weight holds half its bytes, and the
  * communication is Megatron's: per block two all-reduces of B·T·d in the forward and two in
  * the backward (no sequence parallel), 2(n-1)/n of the tensor each per rank — nothing else.
@@ -305,6 +336,8 @@ Test(hpctl_plan, errors) {
                  "--tp-plan: the mesh has no 'tp' dim");
     expect_error(hpctl("new --model mlp --mesh tp=2 --tp-plan gpt -o x.pb"), 2,
                  "--tp-plan: 'gpt' is not a known plan");
+    expect_error(hpctl("new --model mlp --mesh dp=2 --loss-parallel -o x.pb"), 2,
+                 "--loss-parallel: the mesh has no 'tp' dim to split the vocabulary over");
 
     expect_error(hpctl("new --model mlp --mesh dp -o x.pb"), 2, "--mesh: 'dp' is not NAME=N");
     expect_error(hpctl("new --model mlp --mesh dp=0 -o x.pb"), 2, "--mesh: 0 is outside");

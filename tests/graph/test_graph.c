@@ -46,7 +46,8 @@ Test(graph, init_specs_round_trip) {
                           "constant(0.5)",
                           "normal(0,0.02)",
                           "trunc_normal(0,0.02,-2,2)",
-                          "uniform(-0.1,0.5)"};
+                          "uniform(-0.1,0.5)",
+                          "arange"};
     for (size_t i = 0; i < HP_ARRAY_LEN(good); i++) {
         hp_init init;
         hp_err e;

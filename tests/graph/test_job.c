@@ -45,6 +45,7 @@ static hp_job *full_job(void) {
     p->mesh[1].link = HP_LINK_INTRA_NODE;
     p->mode = HP_PLAN_AUTO;
     p->reshard_after_forward = false;
+    p->loss_parallel = true;
     p->mem_low = 0.1;
     p->mem_high = 0.6;
     cr_assert_eq(hp_job_add_fsdp_fqn(job, "tok_embeddings.weight", &err), HP_OK, "%s", err.msg);
@@ -161,6 +162,7 @@ EDIT(e_mesh_lat, j->plan.mesh[1].link.latency = NAN)
 EDIT(e_mode, j->plan.mode = 5)
 EDIT(e_fqn, j->plan.fsdp_fqns[0][0] = 'X')
 EDIT(e_budget, j->plan.mem_low = 0.7)
+EDIT(e_loss_parallel_no_tp, snprintf(j->plan.mesh[1].name, sizeof j->plan.mesh[1].name, "mp"))
 EDIT(e_constraint_fqn, j->plan.constraints[0].input_fqn[0] = 'X')
 EDIT(e_constraint_out, j->plan.constraints[1].output = 99)
 EDIT(e_constraint_n, j->plan.constraints[1].n_placements = 1)
@@ -209,6 +211,7 @@ static const bad_case bad_cases[] = {
     {"plan.mode: 5", e_mode},
     {"plan.fsdp_fqns[0]: 'Xok_embeddings.weight' names no parameter or module", e_fqn},
     {"plan.param_memory_budget: (0.7, 0.6)", e_budget},
+    {"plan.loss_parallel: the mesh has no 'tp' dim", e_loss_parallel_no_tp},
     {"plan.constraints[0]: no graph input 'Xutput.weight'", e_constraint_fqn},
     {"plan.constraints[1]: output 99 outside", e_constraint_out},
     {"plan.constraints[1]: 1 placements, the mesh has 2 dims", e_constraint_n},

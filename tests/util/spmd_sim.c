@@ -2,6 +2,7 @@
 #include "tests/util/spmd_sim.h"
 
 #include "hp/eval.h"
+#include "hp/param_init.h"
 #include "hp/passes.h"
 #include "tests/util/eval_harness.h"
 
@@ -170,6 +171,23 @@ static void *rank_main(void *arg) {
 
 /* ---- the check ------------------------------------------------------------------------------ */
 
+/* A buffer with an init spec holds its init values, as the runtime fills it (loss parallel's
+ * vocab_index: arange); everything else stays random. */
+static void fill_buffer(const hp_node *n, hp_tensor *t) {
+    const hp_attr *init = hp_node_attr(n, HP_ATTR_INIT);
+    if (hp_node_int(n, HP_ATTR_KIND, HP_INPUT_PARAM) != HP_INPUT_BUFFER || !init ||
+        init->init.kind == HP_INIT_NONE)
+        return;
+    int64_t numel = hp_type_numel(&t->type);
+    float *f = malloc(sizeof *f * (size_t)(numel ? numel : 1));
+    hp_err err = {0};
+    cr_assert_eq(
+        hp_param_init_fill(&init->init, 1, hp_node_attr(n, HP_ATTR_FQN)->s, 0, numel, f, &err),
+        HP_OK, "%s", err.msg);
+    for (int64_t e = 0; e < numel; e++) t->data[e] = f[e];
+    free(f);
+}
+
 int hp_th_spmd_count_all_reduces(const hp_graph *g, int64_t numel, const char *group) {
     int k = 0;
     for (int i = 0; i < g->n_nodes; i++) {
@@ -208,6 +226,7 @@ hp_graph *hp_th_spmd_check_opts(const hp_graph *g, const hp_graph_mesh *mesh,
             full[i].data[e] = floor(full[i].data[e]);
         for (int64_t e = 0; t->rank == 1 && !idx && e < hp_type_numel(t); e++)
             full[i].data[e] += 1; /* norm weights near 1 */
+        fill_buffer(&g->nodes[i], &full[i]);
     }
     hp_tensor *want = calloc((size_t)g->n_outputs, sizeof *want);
     hp_eval_opts o = {.precision = HP_EVAL_F64};

@@ -14,8 +14,9 @@
 
 /* Places g (a joint graph: loss, then one gradient per parameter) on mesh with placeholder
  * placements pl[n_placeholders * ndim] (hp_pass_spmd), runs it on every simulated rank from
- * random inputs, and expects each rank's loss and gradient pieces to equal the 1-rank
- * graph's within 1e-10. Returns the placed graph (the caller frees it). */
+ * random inputs (a buffer with an init spec gets its init values, e.g. arange), and expects
+ * each rank's loss and gradient pieces to equal the 1-rank graph's within 1e-10. Returns the
+ * placed graph (the caller frees it). */
 hp_graph *hp_th_spmd_check(const hp_graph *g, const hp_graph_mesh *mesh, const hp_placement *pl);
 
 /* The same with hp_pass_spmd_ex's options: pl are the storage placements (inputs cut and

@@ -83,6 +83,19 @@ Test(param_init, constants) {
     free(z), free(o), free(c);
 }
 
+/* arange: element g is g, in any piece (a Shard(0) buffer holds its own global indices);
+ * exact in f32 up to 2^24, refused past it. */
+Test(param_init, arange_is_the_global_index) {
+    hp_init a = {.kind = HP_INIT_ARANGE};
+    float *x = fill(&a, 1, "hp.vocab_index", 4096, 100);
+    for (int i = 0; i < 100; i++) cr_assert_eq(x[i], (float)(4096 + i));
+    free(x);
+    float y[2];
+    hp_err e;
+    cr_assert_eq(hp_param_init_fill(&a, 1, "v", ((int64_t)1 << 24) - 1, 2, y, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "not exact in f32"), "%s", e.msg);
+}
+
 static void moments(const float *x, int64_t n, double *mean, double *std) {
     double s = 0, ss = 0;
     for (int64_t i = 0; i < n; i++) s += x[i];
