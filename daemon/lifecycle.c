@@ -374,8 +374,11 @@ static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err 
     /* each rank's message carries its own boxes (the reader checks them against its rank) */
     const hp_program *cp = j->compiled->program;
     hp_status bst = HP_OK;
-    for (size_t i = 0; i < prog->n_params && i < (size_t)cp->n_params && bst == HP_OK; i++) {
-        Hp__V1__ParamShard *mp = prog->params[i];
+    size_t n_slots = prog->n_params + prog->n_buffer_inputs;
+    for (size_t i = 0; i < n_slots && i < (size_t)(cp->n_params + cp->n_bufs) && bst == HP_OK;
+         i++) {
+        Hp__V1__ParamShard *mp =
+            i < prog->n_params ? prog->params[i] : prog->buffer_inputs[i - prog->n_params];
         int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
         bst = hp_program_box(cp, (int)i, rank, off, len, err);
         for (size_t d = 0; bst == HP_OK && d < mp->n_box_offset && d < mp->n_box_length; d++) {

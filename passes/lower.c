@@ -231,11 +231,13 @@ static hp_status fill_tables(lower_state *s, hp_err *err) {
     const hp_graph *g = p->graph;
     hp_graph_inputs in = hp_graph_count_inputs(g);
     p->n_params = in.n_params;
+    p->n_bufs = in.n_buffers;
     p->n_data = in.n_data;
-    p->params = hp_arena_alloc(&p->arena, (size_t)(in.n_params + 1) * sizeof *p->params);
+    p->params =
+        hp_arena_alloc(&p->arena, (size_t)(in.n_params + in.n_buffers + 1) * sizeof *p->params);
     p->data = hp_arena_alloc(&p->arena, (size_t)(in.n_data + 1) * sizeof *p->data);
     if (!p->params || !p->data) return hp_errf(err, HP_NOMEM, "out of memory lowering");
-    for (int i = 0; i < in.n_params; i++) {
+    for (int i = 0; i < in.n_params + in.n_buffers; i++) { /* parameters, then buffers */
         hp_param_slot *ps = &p->params[i];
         hp__param_slot_init(ps, g, i);
         ps->buffer = s->buf[s->slot0[i]];

@@ -49,6 +49,9 @@ bool hp_plan_uses_placements(const hp_job *job, int world) {
 static bool placed(const hp_pass_ctx *ctx) {
     return hp_plan_uses_placements(ctx->job, ctx->world);
 }
+static bool loss_parallel_on(const hp_pass_ctx *ctx) {
+    return ctx->job->plan.loss_parallel && placed(ctx);
+}
 static bool multi_rank(const hp_pass_ctx *ctx) {
     return ctx->world > 1 && !placed(ctx);
 }
@@ -117,6 +120,7 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
     hp_status st = pl && compute && marked
                        ? fsdp_marks(in, ctx, gi.n_params, marked, err)
                        : hp_errf(err, HP_NOMEM, "out of memory placing the inputs");
+    const hp_placement *vocab_row = NULL; /* output.weight's compute placements: the vocab split */
     for (int i = 0; i < n_ph && st == HP_OK; i++) {
         hp_placement *row = pl + (size_t)i * (size_t)nd;
         for (int d = 0; d < nd; d++) row[d] = HP_REPLICATE;
@@ -130,6 +134,11 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
         }
         if (i >= gi.n_params + gi.n_buffers && dp >= 0 && in->nodes[i].out[0].rank >= 1)
             row[dp] = HP_SHARD(0);
+        if (fqn && fqn->s && !strcmp(fqn->s, HP_VOCAB_INDEX_FQN)) /* loss parallel's vocab */
+            for (int d = 0; d < nd; d++)
+                row[d] = vocab_row && vocab_row[d].kind == HP_PLACE_SHARD && vocab_row[d].dim == 0
+                             ? HP_SHARD(0)
+                             : HP_REPLICATE;
         hp_placement *crow = compute + (size_t)i * (size_t)nd;
         if (i < gi.n_params && dp >= 0 && row[dp].kind == HP_PLACE_PARTIAL) {
             char w[24];
@@ -145,6 +154,7 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
         }
         memcpy(crow, row, sizeof *row * (size_t)nd);
         if (i < gi.n_params && dp >= 0) crow[dp] = HP_REPLICATE; /* gathered before use */
+        if (i < gi.n_params && fqn && fqn->s && !strcmp(fqn->s, "output.weight")) vocab_row = crow;
     }
     hp_spmd_opts opts = {.compute = compute, .reshard_after_forward = p->reshard_after_forward};
     if (st == HP_OK) st = hp_pass_spmd_ex(in, &mesh, pl, NULL, &opts, out, err);
@@ -160,6 +170,7 @@ static const hp__pass_entry pipeline[] = {
     /* name           pass                   runs by default when (passes.switches override) */
     {"dce", hp_pass_dce, always},
     {"canonicalize", hp_pass_canonicalize, always},
+    {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on},
     {"spmd", pass_spmd, placed},
     {"fsdp", hp_pass_fsdp, multi_rank},
     {"overlap", hp_pass_overlap, overlap_on},

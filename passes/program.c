@@ -67,7 +67,7 @@ void hp_program_coords(const hp_program *p, int rank, int64_t *coord) {
 
 hp_status hp_program_box(const hp_program *p, int i, int rank, int64_t *off, int64_t *len,
                          hp_err *err) {
-    if (i < 0 || i >= p->n_params || rank < 0 || rank >= p->world)
+    if (i < 0 || i >= p->n_params + p->n_bufs || rank < 0 || rank >= p->world)
         return hp_errf(err, HP_INVALID, "parameter %d at rank %d of %d", i, rank, p->world);
     int64_t coord[HP_MESH_MAX_DIMS];
     hp_program_coords(p, rank, coord);
@@ -83,7 +83,7 @@ hp_status hp_program_set_rank(hp_program *p, int rank, hp_err *err) {
         return hp_errf(err, HP_INVALID, "rank %d of world %d", rank, p->world);
     p->rank = rank;
     hp_program_coords(p, rank, p->coord);
-    for (int i = 0; i < p->n_params; i++)
+    for (int i = 0; i < p->n_params + p->n_bufs; i++)
         HP_TRY(hp_program_box(p, i, rank, p->params[i].off, p->params[i].len, err));
     return HP_OK;
 }
@@ -234,16 +234,20 @@ hp_status hp_program_verify(const hp_program *p, hp_err *err) {
     HP_TRY(verify_instrs(p, err));
     HP_TRY(check_buffer(p, p->loss, "the loss", 0, err));
     hp_graph_inputs in = hp_graph_count_inputs(p->graph);
-    if (p->n_params != in.n_params || p->n_data != in.n_data)
-        return hp_errf(err, HP_INVALID, "%d parameters and %d data inputs, the graph has %d, %d",
-                       p->n_params, p->n_data, in.n_params, in.n_data);
-    for (int i = 0; i < p->n_params; i++) {
+    if (p->n_params != in.n_params || p->n_bufs != in.n_buffers || p->n_data != in.n_data)
+        return hp_errf(err, HP_INVALID,
+                       "%d parameters, %d buffers and %d data inputs, the graph has %d, %d, %d",
+                       p->n_params, p->n_bufs, p->n_data, in.n_params, in.n_buffers, in.n_data);
+    for (int i = 0; i < p->n_params + p->n_bufs; i++) {
         const hp_param_slot *ps = &p->params[i];
+        bool param = i < p->n_params;
         HP_TRY(check_buffer(p, ps->buffer, "parameter", i, err));
-        HP_TRY(check_buffer(p, ps->grad, "parameter", i, err));
+        if (param) HP_TRY(check_buffer(p, ps->grad, "parameter", i, err));
         if (ps->node != i || p->buffers[ps->buffer].value_node != i ||
-            p->buffers[ps->buffer].mem != HP_MEM_PARAM || p->buffers[ps->grad].mem != HP_MEM_GRAD)
-            return hp_errf(err, HP_INVALID, "parameter %d: inconsistent buffers", i);
+            p->buffers[ps->buffer].mem != HP_MEM_PARAM ||
+            (param ? p->buffers[ps->grad].mem != HP_MEM_GRAD : ps->grad != -1))
+            return hp_errf(err, HP_INVALID, "%s %d: inconsistent buffers",
+                           param ? "parameter" : "buffer input", i);
         /* the storage placements must give the local buffer's type (padding allowed) */
         hp_type local;
         hp_err e = {0};

@@ -77,8 +77,11 @@ hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_e
         m.instructions[i] = mi;
     }
     m.n_params = (size_t)p->n_params;
-    if (!(m.params = ARENA_ARR(&a, Hp__V1__ParamShard *, p->n_params))) goto nomem;
-    for (int32_t i = 0; i < p->n_params; i++) {
+    m.n_buffer_inputs = (size_t)p->n_bufs;
+    if (!(m.params = ARENA_ARR(&a, Hp__V1__ParamShard *, p->n_params)) ||
+        !(m.buffer_inputs = ARENA_ARR(&a, Hp__V1__ParamShard *, p->n_bufs)))
+        goto nomem;
+    for (int32_t i = 0; i < p->n_params + p->n_bufs; i++) {
         const hp_param_slot *ps = &p->params[i];
         Hp__V1__ParamShard *mp = ARENA_NEW(&a, Hp__V1__ParamShard);
         if (!mp) goto nomem;
@@ -98,7 +101,10 @@ hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_e
         mp->buffer = ps->buffer;
         mp->grad_buffer = ps->grad;
         mp->node = ps->node;
-        m.params[i] = mp;
+        if (i < p->n_params)
+            m.params[i] = mp;
+        else
+            m.buffer_inputs[i - p->n_params] = mp;
     }
     m.n_data = (size_t)p->n_data;
     if (!(m.data = ARENA_ARR(&a, Hp__V1__DataInput *, p->n_data))) goto nomem;
@@ -130,13 +136,16 @@ done:
 
 /* ---- unpack --------------------------------------------------------------------------------- */
 
+/* Slot i of the message: a parameter, then the buffer inputs. */
+#define SLOT(m, i) ((i) < (m)->n_params ? (m)->params[i] : (m)->buffer_inputs[(i) - (m)->n_params])
+
 static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
     const hp_graph *g = p->graph;
     if (m->format_version != HP_PROGRAM_FORMAT_VERSION)
         return hp_errf(err, HP_UNSUPPORTED, "program format version %u (this build reads %d)",
                        m->format_version, HP_PROGRAM_FORMAT_VERSION);
     if (m->n_buffers > MAX_BUFFERS || m->n_instructions > MAX_BUFFERS ||
-        m->n_params > HP_MAX_NODES || m->n_data > HP_MAX_NODES)
+        m->n_params > HP_MAX_NODES || m->n_buffer_inputs > HP_MAX_NODES || m->n_data > HP_MAX_NODES)
         return hp_errf(err, HP_LIMIT, "program has too many buffers, instructions or inputs");
     if (m->n_arena_bytes != HP_MEM_COUNT)
         return hp_errf(err, HP_INVALID, "arena_bytes has %zu entries, expected %d",
@@ -148,10 +157,12 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
     p->n_buffers = (int32_t)m->n_buffers;
     p->n_instrs = (int32_t)m->n_instructions;
     p->n_params = (int32_t)m->n_params;
+    p->n_bufs = (int32_t)m->n_buffer_inputs;
     p->n_data = (int32_t)m->n_data;
     p->buffers = hp_calloc(m->n_buffers + 1, sizeof *p->buffers);
     p->instrs = hp_calloc(m->n_instructions + 1, sizeof *p->instrs);
-    p->params = hp_arena_alloc(&p->arena, (m->n_params + 1) * sizeof *p->params);
+    p->params =
+        hp_arena_alloc(&p->arena, (m->n_params + m->n_buffer_inputs + 1) * sizeof *p->params);
     p->data = hp_arena_alloc(&p->arena, (m->n_data + 1) * sizeof *p->data);
     if (!p->buffers || !p->instrs || !p->params || !p->data)
         return hp_errf(err, HP_NOMEM, "out of memory reading the program");
@@ -186,8 +197,9 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
             return hp_errf(err, HP_NOMEM, "out of memory reading the program");
         memcpy(ins->out, mi->outputs, mi->n_outputs * sizeof(int32_t));
     }
-    for (size_t i = 0; i < m->n_params; i++) {
-        const Hp__V1__ParamShard *mp = m->params[i];
+    size_t n_slots = m->n_params + m->n_buffer_inputs;
+    for (size_t i = 0; i < n_slots; i++) {
+        const Hp__V1__ParamShard *mp = SLOT(m, i);
         hp_param_slot *ps = &p->params[i];
         if (mp->node < 0 || mp->node >= g->n_nodes || g->nodes[mp->node].op != HP_OP_PLACEHOLDER)
             return hp_errf(err, HP_INVALID, "parameter %zu: node %d is not a placeholder", i,
@@ -206,8 +218,8 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
             m->mesh[d]->size != p->mesh.size[d])
             return hp_errf(err, HP_INVALID, "mesh dim %zu disagrees with the graph's", d);
     HP_TRY(hp_program_set_rank(p, p->rank, err));
-    for (size_t i = 0; i < m->n_params; i++) {
-        const Hp__V1__ParamShard *mp = m->params[i];
+    for (size_t i = 0; i < n_slots; i++) {
+        const Hp__V1__ParamShard *mp = SLOT(m, i);
         const hp_param_slot *ps = &p->params[i];
         bool same = mp->n_box_offset == (size_t)ps->global.rank &&
                     mp->n_box_length == (size_t)ps->global.rank;

@@ -416,6 +416,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
             return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
     }
     *start = 0;
+    HP_TRY(hp__train_init_buffers(t, err));
     if (o->resume) {
         if (!t->ckpt_dir[0]) hp__train_resume_root(o->resume, t->ckpt_dir, sizeof t->ckpt_dir);
         HP_TRY(hp__train_load_checkpoint(t, o->resume, start, err));

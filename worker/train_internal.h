@@ -83,6 +83,8 @@ hp_status hp__train_param_runs(const trainer *t, int i, int rank, hp__run_fn fn,
 
 /* ---- train_state.c -------------------------------------------------------------------------- */
 
+/* The buffer inputs with an init (e.g. loss parallel's vocab indices), over their boxes. */
+hp_status hp__train_init_buffers(trainer *t, hp_err *err);
 /* Fresh parameters: the counter-based init of every element held (sharding-independent). */
 hp_status hp__train_init_params(trainer *t, hp_err *err);
 /* Weights from a safetensors file keyed by FQN (extra tensors are ignored). */

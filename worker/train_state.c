@@ -73,6 +73,17 @@ static hp_status init_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err
                                    count, err);
 }
 
+hp_status hp__train_init_buffers(trainer *t, hp_err *err) {
+    for (int i = t->prog->n_params; i < t->prog->n_params + t->prog->n_bufs; i++) {
+        const hp_param_slot *ps = &t->prog->params[i];
+        if (ps->init.kind == HP_INIT_NONE) continue; /* the runtime's to fill: stays zero */
+        init_ctx c = {t, hp_exec_ptr(t->ex, ps->buffer), &ps->init, ps->fqn};
+        hp_status st = hp__train_param_runs(t, i, t->rank, init_run, &c, err);
+        if (st != HP_OK) return hp_err_prefix(err, "init buffer '%s'", ps->fqn);
+    }
+    return HP_OK;
+}
+
 hp_status hp__train_init_params(trainer *t, hp_err *err) {
     for (int i = 0; i < t->prog->n_params; i++) {
         const hp_param_slot *ps = &t->prog->params[i];

@@ -94,6 +94,8 @@ typedef struct hp_program {
     hp_graph_mesh mesh;
     int64_t coord[HP_MESH_MAX_DIMS]; /* this rank's coordinates (row-major, last dim fastest) */
     int32_t n_buffers, n_instrs, n_params, n_data;
+    int32_t n_bufs; /* buffer inputs: slots params[n_params, n_params + n_bufs) (no gradient:
+                       grad -1), filled from their init by the worker */
     hp_buffer *buffers;
     hp_instr *instrs;
     hp_param_slot *params;
@@ -125,7 +127,8 @@ hp_status hp_program_verify(const hp_program *p, hp_err *err);
 hp_status hp_program_set_rank(hp_program *p, int rank, hp_err *err);
 /* The mesh coordinates of `rank`. */
 void hp_program_coords(const hp_program *p, int rank, int64_t *coord);
-/* Parameter i's box at `rank` (any rank, not only p's): as hp_param_slot's off and len. */
+/* Slot i's box at `rank` (any rank, not only p's): as hp_param_slot's off and len. Slots are
+ * the parameters, then the buffer inputs. */
 hp_status hp_program_box(const hp_program *p, int i, int rank, int64_t *off, int64_t *len,
                          hp_err *err);
 /* Does `rank` hold a piece of parameter i that no lower rank holds (its coordinate is 0 on

@@ -53,6 +53,14 @@ static hp_job *make_job(const model_case *m, int world, bool fsdp_all) {
     return job;
 }
 
+/* The report of the pass (or "lower") by name. */
+static const hp_pass_report *report(const hp_compiled *c, const char *name) {
+    for (int i = 0; i < c->n_passes; i++)
+        if (!strcmp(c->passes[i].name, name)) return &c->passes[i];
+    cr_assert_fail("no pass named %s", name);
+    return NULL;
+}
+
 static hp_compiled *compile_ok(const hp_job *job, int world) {
     hp_compiled *c = NULL;
     hp_err err = {0};
@@ -69,21 +77,21 @@ static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
 
 /* The structural invariants of any compile. */
 static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
-    static const char *const names[] = {"dce",     "canonicalize", "spmd", "fsdp",
-                                        "overlap", "bucketing",    "lower"};
-    cr_assert_eq(c->n_passes, 7);
+    static const char *const names[] = {"dce",  "canonicalize", "loss_parallel", "spmd",
+                                        "fsdp", "overlap",      "bucketing",     "lower"};
+    cr_assert_eq(c->n_passes, 8);
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         cr_expect_str_eq(r->name, names[i]);
         cr_expect_geq(r->seconds, 0);
-        if (i > 0 && i < 6) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
-        if (!r->ran && i < 6) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
+        if (i > 0 && i < 7) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
+        if (!r->ran && i < 7) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
     }
-    cr_expect(c->passes[0].ran && c->passes[1].ran && c->passes[6].ran);
-    cr_expect(!c->passes[2].ran, "spmd runs only for placed plans");
-    cr_expect_eq(c->passes[3].ran, world > 1, "fsdp runs exactly when world > 1");
-    cr_expect_eq(c->passes[6].nodes_in, c->graph->n_nodes);
-    cr_expect_eq(c->passes[6].nodes_out, c->program->n_instrs);
+    cr_expect(report(c, "dce")->ran && report(c, "canonicalize")->ran && report(c, "lower")->ran);
+    cr_expect(!report(c, "spmd")->ran, "spmd runs only for placed plans");
+    cr_expect_eq(report(c, "fsdp")->ran, world > 1, "fsdp runs exactly when world > 1");
+    cr_expect_eq(report(c, "lower")->nodes_in, c->graph->n_nodes);
+    cr_expect_eq(report(c, "lower")->nodes_out, c->program->n_instrs);
     cr_expect_eq(c->world, world);
     hp_err err = {0};
     cr_expect_eq(hp_graph_verify(c->graph, &err), HP_OK, "%s", err.msg);
@@ -97,14 +105,14 @@ static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
               1e-12 * c->cost.step_s);
     cr_expect_leq(c->cost.exposed_comm_s, c->cost.comm_s + 1e-15);
     if (world == 1) {
-        cr_expect_eq(c->passes[6].collectives, 0);
+        cr_expect_eq(report(c, "lower")->collectives, 0);
         cr_expect_eq(c->cost.comm_s, 0);
     } else {
         /* FSDP has run: every gradient is reduced (reduce-scatter or all-reduce) and the loss
          * averaged, so a multi-rank graph always communicates */
-        cr_expect_gt(c->passes[3].collectives, 0, "%s: no collectives after fsdp at world %d",
+        cr_expect_gt(report(c, "fsdp")->collectives, 0, "%s: no collectives after fsdp at world %d",
                      job->model.flavor, world);
-        cr_expect_gt(c->passes[3].comm_bytes, 0);
+        cr_expect_gt(report(c, "fsdp")->comm_bytes, 0);
         cr_expect_gt(c->cost.comm_s, 0);
     }
 }
@@ -347,7 +355,7 @@ Test(pipeline, placements_are_planned_and_a_budget_refused) {
     hp_placement p = HP_SHARD(0); /* column-parallel first layer */
     cr_assert_eq(hp_job_add_place_pattern(job, "layers.0.*", &p, 1, &err), HP_OK, "%s", err.msg);
     hp_compiled *c = compile_ok(job, 2);
-    cr_expect(c->passes[2].ran && !c->passes[3].ran, "spmd instead of fsdp");
+    cr_expect(report(c, "spmd")->ran && !report(c, "fsdp")->ran, "spmd instead of fsdp");
     const hp_placement *w = hp_value_placements(c->graph, (hp_value){0, 0});
     cr_assert(w && hp_placement_eq(w[0], HP_SHARD(0)), "layers.0.weight placed");
     /* rank 1 holds the second half of its rows */
@@ -411,7 +419,7 @@ static void fsdp_x_tp_job(bool reshard) {
                      err.msg);
     }
     hp_compiled *c = compile_ok(job, 4);
-    cr_expect(c->passes[2].ran && !c->passes[3].ran, "spmd instead of fsdp");
+    cr_expect(report(c, "spmd")->ran && !report(c, "fsdp")->ran, "spmd instead of fsdp");
     hp_graph_inputs gi = hp_graph_count_inputs(job->graph);
     for (int i = 0; i < gi.n_params; i++) {
         const hp_node *n = &c->graph->nodes[i];
@@ -481,8 +489,8 @@ Test(pipeline, switches_and_warnings) {
     job->passes.n_switches = 2;
     job->passes.enable_overlap = false;
     hp_compiled *c = compile_ok(job, 2);
-    cr_expect(!c->passes[1].ran);
-    cr_expect(!c->passes[4].ran, "overlap honours enable_overlap");
+    cr_expect(!report(c, "canonicalize")->ran);
+    cr_expect(!report(c, "overlap")->ran, "overlap honours enable_overlap");
     bool warned = false;
     for (int i = 0; i < c->n_warnings; i++) warned |= strstr(c->warnings[i], "canonicalise") != 0;
     cr_expect(warned, "no warning for a switch naming no pass");
@@ -491,8 +499,8 @@ Test(pipeline, switches_and_warnings) {
     snprintf(job->passes.switches[0].name, HP_PASS_NAME_MAX, "fsdp");
     job->passes.n_switches = 1;
     c = compile_ok(job, 2);
-    cr_expect(!c->passes[3].ran);
-    cr_expect_eq(c->passes[6].collectives, 0);
+    cr_expect(!report(c, "fsdp")->ran);
+    cr_expect_eq(report(c, "lower")->collectives, 0);
     hp_compiled_free(c);
     hp_job_free(job);
 }
@@ -507,21 +515,21 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "07-lower.txt"};
+                                       "08-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
         struct stat st;
         cr_expect(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
     }
-    snprintf(path, sizeof path, "%s/04-fsdp.hpir", dir);
+    snprintf(path, sizeof path, "%s/05-fsdp.hpir", dir);
     cr_expect_neq(access(path, F_OK), 0, "fsdp did not run, yet it was dumped");
     /* the canonicalize dump is the graph that pass produced (lowering starts from it) */
     hp_graph *g = NULL;
     hp_err err = {0};
     snprintf(path, sizeof path, "%s/02-canonicalize.hpir", dir);
     cr_assert_eq(hp_graph_read_file(path, &g, &err), HP_OK, "%s", err.msg);
-    cr_expect_eq(g->n_nodes, c->passes[1].nodes_out);
+    cr_expect_eq(g->n_nodes, report(c, "canonicalize")->nodes_out);
     hp_graph_free(g);
     hp_compiled_free(c);
     hp_job_free(job);

@@ -1,10 +1,14 @@
 /* Tensor parallelism end to end, with the real binaries: a tiny Llama-3 with grouped-query
- * attention (4 heads, 2 kv heads) trained 10 steps with torchtitan's TP plan at tp=2 and on a
- * dp=2 x tp=2 mesh gives the losses and final weights of world 1 over the same global batch,
- * within 1e-5. */
+ * attention (4 heads, 2 kv heads) trained 10 steps with torchtitan's TP plan gives the losses
+ * and final weights of world 1 over the same global batch, within 1e-5: at tp=2 and on a
+ * dp=2 x tp=2 mesh, with loss parallel off and on, and with FSDP over dp (parameters stored
+ * split over dp, gathered before use) with and without resharding after the forward. A
+ * checkpoint written at step 5 on dp=2 x tp=2 resumes at dp=4 (FSDP) and at world 1 and ends
+ * where the uninterrupted world-1 run does. */
 #include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -26,9 +30,11 @@ TestSuite(tp_train, .init = setup, .fini = teardown, .timeout = 600);
 #define MODEL                                                                                      \
     "--model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 96 "        \
     "--vocab 256 --batch 4 --seq 32 --steps 10 --log-interval 1 --lr 5e-4"
-#define TOL 1e-5
+#define FSDP "--fsdp layers --fsdp tok_embeddings --fsdp output --fsdp norm"
+#define TOL  1e-5
 
 static void run(const char *cmd) {
+    fflush(stdout);
     int st = system(cmd);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "failed (%d): %s", st, cmd);
 }
@@ -63,4 +69,64 @@ Test(tp_train, tp2_equals_world1) {
 
 Test(tp_train, dp2_tp2_equals_world1) {
     expect_world1("dp2tp2", "--mesh dp=2,tp=2 --tp-plan llama");
+}
+
+Test(tp_train, loss_parallel_tp2_equals_world1) {
+    expect_world1("lp", "--mesh tp=2 --tp-plan llama --loss-parallel");
+}
+
+Test(tp_train, loss_parallel_dp2_tp2_equals_world1) {
+    expect_world1("dplp", "--mesh dp=2,tp=2 --tp-plan llama --loss-parallel");
+}
+
+Test(tp_train, fsdp_dp2_tp2_equals_world1) {
+    expect_world1("fsdptp", "--mesh dp=2,tp=2 --tp-plan llama " FSDP);
+}
+
+Test(tp_train, fsdp_dp2_tp2_no_reshard_loss_parallel_equals_world1) {
+    expect_world1(
+        "fsdptplp",
+        "--mesh dp=2,tp=2 --tp-plan llama --loss-parallel --no-reshard-after-forward " FSDP);
+}
+
+/* Resumes the checkpoint of step 5 in `from` under plan `plan` into tmp/name. */
+static const char *resume(const char *from, const char *name, const char *plan) {
+    static char out[512];
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/%s-ck/checkpoints && cp -r %s/checkpoints/step-00000005 "
+             "%s/%s-ck/checkpoints/",
+             tmp, name, from, tmp, name);
+    run(cmd);
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new " MODEL " --checkpoint-interval 5 %s -o %s/%s.pb >/dev/null",
+             HP_BINARY_DIR, plan, tmp, name);
+    run(cmd);
+    snprintf(out, sizeof out, "%s/%s", tmp, name);
+    snprintf(cmd, sizeof cmd,
+             "HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone %s/%s.pb --threads 1 "
+             "--resume %s/%s-ck --out %s >/dev/null",
+             HP_BINARY_DIR, tmp, name, tmp, name, out);
+    run(cmd);
+    return out;
+}
+
+/* The resumed run logged steps 6..10: equal to the last five of the reference. */
+static void expect_resumed(const char *ref, const char *got, const char *what) {
+    double a[16], b[16];
+    cr_assert_eq(hp_th_read_losses(ref, a, 16), 10);
+    cr_assert_eq(hp_th_read_losses(got, b, 16), 5, "%s: steps after the resume", what);
+    for (int i = 0; i < 5; i++)
+        cr_expect(fabs(a[5 + i] - b[i]) <= TOL, "%s: step %d: loss %.9g vs %.9g", what, 6 + i, b[i],
+                  a[5 + i]);
+    hp_th_expect_weights_close(ref, got, TOL, what);
+}
+
+Test(tp_train, checkpoint_at_dp2_tp2_resumes_at_dp4_and_world1) {
+    char ref[512], mesh[512];
+    snprintf(ref, sizeof ref, "%s", train("w1", "--checkpoint-interval 5"));
+    snprintf(mesh, sizeof mesh, "%s",
+             train("ck22", "--checkpoint-interval 5 --mesh dp=2,tp=2 --tp-plan llama " FSDP));
+    expect_resumed(ref, resume(mesh, "r4", "--mesh dp=4 " FSDP), "dp=4 from dp=2,tp=2");
+    expect_resumed(ref, resume(mesh, "r1", ""), "world 1 from dp=2,tp=2");
 }
