@@ -327,7 +327,7 @@ Test(hpctl_remote, tensor_parallel_job_runs_like_world1) {
         snprintf(dirs[k], sizeof dirs[k], "%s/state/jobs/%s/run", g_dir, id);
         free(id);
     }
-    hp_th_expect_weights_close(dirs[0], dirs[1], 1e-5, "tp=2 through hpd");
+    hp_th_expect_weights_close(dirs[0], dirs[1], 1e-5, 0, "tp=2 through hpd");
 }
 
 /* A worker killed with SIGKILL mid-run: the job goes RESTARTING, resumes from its last

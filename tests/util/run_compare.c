@@ -24,16 +24,18 @@ int hp_th_read_losses(const char *dir, double *losses, int max) {
     return n;
 }
 
-void hp_th_expect_losses_close(const char *a, const char *b, double tol, const char *what) {
+void hp_th_expect_losses_close(const char *a, const char *b, double abs, double rel,
+                               const char *what) {
     double la[256], lb[256];
     int na = hp_th_read_losses(a, la, 256), nb = hp_th_read_losses(b, lb, 256);
     cr_expect_eq(na, nb, "%s: %d and %d logged steps", what, na, nb);
     for (int i = 0; i < na && i < nb; i++)
-        cr_expect(fabs(la[i] - lb[i]) <= tol, "%s: line %d: loss %.9g vs %.9g", what, i + 1, la[i],
-                  lb[i]);
+        cr_expect(fabs(la[i] - lb[i]) <= abs + rel * fabs(la[i]), "%s: line %d: loss %.9g vs %.9g",
+                  what, i + 1, lb[i], la[i]);
 }
 
-void hp_th_expect_weights_close(const char *a, const char *b, double tol, const char *what) {
+void hp_th_expect_weights_close(const char *a, const char *b, double abs, double rel,
+                                const char *what) {
     char pa[1024], pb[1024];
     snprintf(pa, sizeof pa, "%s/model.safetensors", a);
     snprintf(pb, sizeof pb, "%s/model.safetensors", b);
@@ -52,9 +54,13 @@ void hp_th_expect_weights_close(const char *a, const char *b, double tol, const 
         cr_assert(u && v);
         cr_assert_eq(hp_st_to_f32(x, u, n, NULL), HP_OK);
         cr_assert_eq(hp_st_to_f32(y, v, n, NULL), HP_OK);
-        double worst = 0;
-        for (int64_t k = 0; k < n; k++) worst = fmax(worst, fabs((double)u[k] - v[k]));
-        cr_expect(worst <= tol, "%s: %s differs by %g", what, y->name, worst);
+        double worst = 0, top = 0;
+        for (int64_t k = 0; k < n; k++) {
+            worst = fmax(worst, fabs((double)u[k] - v[k]));
+            top = fmax(top, fabs((double)u[k]));
+        }
+        cr_expect(worst <= abs + rel * top, "%s: %s differs by %g (largest element %g)", what,
+                  y->name, worst, top);
         free(u);
         free(v);
     }

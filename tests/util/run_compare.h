@@ -8,11 +8,14 @@
 int hp_th_read_losses(const char *dir, double *losses, int max);
 
 /* Expects the runs in dirs a and b to have logged the same number of steps with losses
- * within tol (absolute), naming `what` and the step on a difference. */
-void hp_th_expect_losses_close(const char *a, const char *b, double tol, const char *what);
+ * within abs + rel * |a's|, naming `what` and the step on a difference. */
+void hp_th_expect_losses_close(const char *a, const char *b, double abs, double rel,
+                               const char *what);
 
 /* Expects a/model.safetensors and b/model.safetensors to hold the same tensors (names,
- * shapes) with every element within tol (absolute), naming `what` and the tensor. */
-void hp_th_expect_weights_close(const char *a, const char *b, double tol, const char *what);
+ * shapes) with every element within abs + rel * (the tensor's largest |a| element), naming
+ * `what` and the tensor. */
+void hp_th_expect_weights_close(const char *a, const char *b, double abs, double rel,
+                                const char *what);
 
 #endif

@@ -1,7 +1,7 @@
 /* FSDP end to end, with the real binaries: the tiny Llama-3 trained 10 steps on world 2 and
  * world 3 (a world whose shapes need padding) gives the losses and final weights of world 1
  * over the same global batch, to 1e-5; a dead rank fails the run cleanly, naming it. */
-#include "hp/safetensors.h"
+#include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -51,56 +51,15 @@ static int train(int world, const char *extra) {
     return system(cmd);
 }
 
-static int read_losses(int world, double *losses, int max) {
-    char path[512], line[8192];
-    snprintf(path, sizeof path, "%s/out%d/metrics.jsonl", tmp, world);
-    FILE *f = fopen(path, "r");
-    cr_assert(f, "%s", path);
-    int n = 0;
-    while (n < max && fgets(line, sizeof line, f)) {
-        char *p = strstr(line, "\"loss\":");
-        cr_assert(p);
-        losses[n++] = strtod(p + 7, NULL);
-    }
-    fclose(f);
-    return n;
-}
-
 static void compare_with_world1(int world) {
-    double a[16], b[16];
-    cr_assert_eq(read_losses(1, a, 16), 10);
-    cr_assert_eq(read_losses(world, b, 16), 10);
-    for (int i = 0; i < 10; i++)
-        cr_expect(fabs(a[i] - b[i]) <= 1e-5 * fabs(a[i]), "world %d step %d: loss %.9g vs %.9g",
-                  world, i + 1, b[i], a[i]);
-    char pa[512], pb[512];
-    snprintf(pa, sizeof pa, "%s/out1/model.safetensors", tmp);
-    snprintf(pb, sizeof pb, "%s/out%d/model.safetensors", tmp, world);
-    hp_st_file *fa = NULL, *fb = NULL;
-    hp_err e;
-    cr_assert_eq(hp_st_open(pa, &fa, &e), HP_OK, "%s", e.msg);
-    cr_assert_eq(hp_st_open(pb, &fb, &e), HP_OK, "%s", e.msg);
-    cr_assert_eq(hp_st_count(fa), hp_st_count(fb));
-    for (int i = 0; i < hp_st_count(fa); i++) {
-        const hp_st_tensor *x = hp_st_at(fa, i), *y = hp_st_find(fb, x->name);
-        cr_assert(y, "world %d lacks %s", world, x->name);
-        int64_t n = hp_st_numel(x);
-        cr_assert_eq(n, hp_st_numel(y), "%s", x->name);
-        float *u = malloc(sizeof(float) * (size_t)n), *v = malloc(sizeof(float) * (size_t)n);
-        cr_assert_eq(hp_st_to_f32(x, u, n, NULL), HP_OK);
-        cr_assert_eq(hp_st_to_f32(y, v, n, NULL), HP_OK);
-        double maxabs = 0, maxerr = 0;
-        for (int64_t k = 0; k < n; k++) {
-            maxabs = fmax(maxabs, fabs(u[k]));
-            maxerr = fmax(maxerr, fabs(u[k] - v[k]));
-        }
-        cr_expect(maxerr <= 1e-5 * maxabs, "world %d, %s: error %g vs max %g", world, x->name,
-                  maxerr, maxabs);
-        free(u);
-        free(v);
-    }
-    hp_st_close(fa);
-    hp_st_close(fb);
+    char a[512], b[512], what[32];
+    snprintf(a, sizeof a, "%s/out1", tmp);
+    snprintf(b, sizeof b, "%s/out%d", tmp, world);
+    snprintf(what, sizeof what, "world %d", world);
+    double la[16];
+    cr_assert_eq(hp_th_read_losses(b, la, 16), 10);
+    hp_th_expect_losses_close(a, b, 0, 1e-5, what);
+    hp_th_expect_weights_close(a, b, 0, 1e-5, what);
 }
 
 Test(fsdp_train, worlds_2_and_3_equal_world_1) {

@@ -59,8 +59,8 @@ static void expect_world1(const char *name, const char *plan) {
     char ref[512], got[512];
     snprintf(ref, sizeof ref, "%s", train("w1", ""));
     snprintf(got, sizeof got, "%s", train(name, plan));
-    hp_th_expect_losses_close(ref, got, TOL, name);
-    hp_th_expect_weights_close(ref, got, TOL, name);
+    hp_th_expect_losses_close(ref, got, TOL, 0, name);
+    hp_th_expect_weights_close(ref, got, TOL, 0, name);
 }
 
 Test(tp_train, tp2_equals_world1) {
@@ -119,7 +119,7 @@ static void expect_resumed(const char *ref, const char *got, const char *what) {
     for (int i = 0; i < 5; i++)
         cr_expect(fabs(a[5 + i] - b[i]) <= TOL, "%s: step %d: loss %.9g vs %.9g", what, 6 + i, b[i],
                   a[5 + i]);
-    hp_th_expect_weights_close(ref, got, TOL, what);
+    hp_th_expect_weights_close(ref, got, TOL, 0, what);
 }
 
 Test(tp_train, checkpoint_at_dp2_tp2_resumes_at_dp4_and_world1) {
