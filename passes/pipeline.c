@@ -398,6 +398,15 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
         c->program->world = c->world;
         hp__program_mesh_init(c->program);
     }
+    for (int d = 0; st == HP_OK && d < c->program->mesh.ndim; d++) /* the job's links */
+        for (int k = 0; k < s->ctx->job->plan.n_mesh; k++) {
+            const hp_mesh_dim *md = &s->ctx->job->plan.mesh[k];
+            bool same = !strcmp(md->name, c->program->mesh.name[d]) ||
+                        (c->program->graph->mesh.ndim == 0 && s->ctx->job->plan.n_mesh == 1);
+            if (!same) continue;
+            c->program->link_bandwidth[d] = md->link.bandwidth;
+            c->program->link_latency[d] = md->link.latency;
+        }
     if (st == HP_OK) st = hp_program_verify(c->program, err);
     r->seconds = now_s() - t0;
     if (st != HP_OK) {

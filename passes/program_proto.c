@@ -6,6 +6,7 @@
 
 #include "hp/v1/program.pb-c.h"
 
+#include <math.h>
 #include <string.h>
 
 #define MAX_BUFFERS (4 * HP_MAX_NODES)
@@ -33,6 +34,14 @@ hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_e
         hp__v1__mesh_dim__init(md);
         md->name = (char *)p->mesh.name[d];
         md->size = (int32_t)p->mesh.size[d];
+        if (p->link_bandwidth[d] > 0) {
+            Hp__V1__LinkClass *lc = ARENA_NEW(&a, Hp__V1__LinkClass);
+            if (!lc) goto nomem;
+            hp__v1__link_class__init(lc);
+            lc->bandwidth_bytes_per_s = p->link_bandwidth[d];
+            lc->latency_s = p->link_latency[d];
+            md->link = lc;
+        }
         m.mesh[d] = md;
     }
     if ((st = hp_graph_export(p->graph, &a, &m.graph, err)) != HP_OK) goto done;
@@ -217,6 +226,16 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
         if (!m->mesh[d]->name || strcmp(m->mesh[d]->name, p->mesh.name[d]) ||
             m->mesh[d]->size != p->mesh.size[d])
             return hp_errf(err, HP_INVALID, "mesh dim %zu disagrees with the graph's", d);
+    for (size_t d = 0; d < m->n_mesh; d++) {
+        const Hp__V1__LinkClass *lc = m->mesh[d]->link;
+        if (!lc) continue;
+        if (!(lc->bandwidth_bytes_per_s > 0) || !(lc->latency_s >= 0) ||
+            !isfinite(lc->bandwidth_bytes_per_s) || !isfinite(lc->latency_s))
+            return hp_errf(err, HP_INVALID, "mesh dim %zu: link of %g B/s, %g s", d,
+                           lc->bandwidth_bytes_per_s, lc->latency_s);
+        p->link_bandwidth[d] = lc->bandwidth_bytes_per_s;
+        p->link_latency[d] = lc->latency_s;
+    }
     HP_TRY(hp_program_set_rank(p, p->rank, err));
     for (size_t i = 0; i < n_slots; i++) {
         const Hp__V1__ParamShard *mp = SLOT(m, i);

@@ -93,6 +93,8 @@ typedef struct hp_program {
      * ranks (FSDP shards dim 0 over it). world is the product of its sizes. */
     hp_graph_mesh mesh;
     int64_t coord[HP_MESH_MAX_DIMS]; /* this rank's coordinates (row-major, last dim fastest) */
+    /* Each mesh dim's link, from the job's mesh (0: unknown): bytes/s and seconds/message. */
+    double link_bandwidth[HP_MESH_MAX_DIMS], link_latency[HP_MESH_MAX_DIMS];
     int32_t n_buffers, n_instrs, n_params, n_data;
     int32_t n_bufs; /* buffer inputs: slots params[n_params, n_params + n_bufs) (no gradient:
                        grad -1), filled from their init by the worker */

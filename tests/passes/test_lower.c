@@ -2,6 +2,7 @@
  * activation arena is well below the sum of its activations, with no two simultaneously live
  * buffers overlapping; the program survives its wire form; hostile programs are refused. */
 #include "hp/models.h"
+#include "hp/passes.h"
 #include "hp/program.h"
 
 #include <criterion/criterion.h>
@@ -172,4 +173,69 @@ Test(lower, fault_injection) {
         cr_assert_lt(n, 100000);
     }
     hp_graph_free(g);
+}
+
+/* A placed (dp=2, tp=2) program: one program serves every rank. Each rank's boxes follow from
+ * its coordinates; the wire form carries the mesh and the boxes, and a message whose boxes
+ * are another rank's is refused. */
+Test(lower, mesh_program_boxes_per_rank_and_on_the_wire) {
+    hp_graph *g = tiny_llama();
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    hp_placement *pl = calloc((size_t)n_ph * 2, sizeof *pl);
+    int wq = -1;
+    for (int i = 0; i < gi.n_params; i++)
+        if (strstr(hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s, ".wq.")) {
+            pl[i * 2 + 1] = HP_SHARD(0); /* colwise on tp */
+            if (wq < 0) wq = i;
+        }
+    for (int i = gi.n_params + gi.n_buffers; i < n_ph; i++) pl[i * 2] = HP_SHARD(0);
+    hp_graph *placed = NULL;
+    hp_program *p = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_pass_spmd(g, &mesh, pl, NULL, &placed, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_lower(placed, &p, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(p->world, 4);
+    cr_assert_eq(hp_program_verify(p, &err), HP_OK, "%s", err.msg);
+    int64_t rows = p->params[wq].global.shape[0];
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(hp_program_set_rank(p, r, &err), HP_OK, "%s", err.msg);
+        cr_expect_eq(p->coord[0], r / 2);
+        cr_expect_eq(p->coord[1], r % 2);
+        cr_expect_eq(p->params[wq].off[0], (r % 2) * rows / 2, "rank %d", r);
+        cr_expect_eq(p->params[wq].len[0], rows / 2);
+        cr_expect(hp_program_owns(p, wq, r) == (r < 2), "wq: replicated over dp");
+        int idx = -1, cnt = -1;
+        hp_program_data_rank(p, r, &idx, &cnt);
+        cr_expect(idx == r / 2 && cnt == 2, "rank %d reads batch %d of %d", r, idx, cnt);
+        uint8_t *wire = NULL;
+        size_t len = 0;
+        hp_program *q = NULL;
+        cr_assert_eq(hp_program_pack(p, &wire, &len, &err), HP_OK, "%s", err.msg);
+        cr_assert_eq(hp_program_unpack(wire, len, &q, &err), HP_OK, "%s", err.msg);
+        cr_expect_eq(q->rank, r);
+        cr_expect_eq(q->mesh.ndim, 2);
+        cr_expect_eq(q->params[wq].off[0], p->params[wq].off[0]);
+        hp_program_free(q);
+        hp_free(wire);
+    }
+    cr_expect_eq(hp_program_set_rank(p, 4, &err), HP_INVALID);
+    /* rank 1's boxes in a message that says rank 0 */
+    cr_assert_eq(hp_program_set_rank(p, 1, &err), HP_OK);
+    uint8_t *wire = NULL;
+    size_t len = 0;
+    cr_assert_eq(hp_program_pack(p, &wire, &len, &err), HP_OK);
+    hp_free(wire);
+    p->rank = 0;
+    cr_assert_eq(hp_program_pack(p, &wire, &len, &err), HP_OK);
+    hp_program *q = NULL;
+    cr_expect_eq(hp_program_unpack(wire, len, &q, &err), HP_INVALID);
+    cr_expect(strstr(err.msg, "its box is not what its placements give rank 0"), "%s", err.msg);
+    cr_expect_null(q);
+    hp_free(wire);
+    hp_program_free(p);
+    hp_graph_free(placed);
+    hp_graph_free(g);
+    free(pl);
 }
