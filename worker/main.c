@@ -426,6 +426,19 @@ int main(int argc, char **argv) {
     if (o.world != job->resources.world_size && job->plan.n_mesh == 1) {
         job->plan.mesh[0].size = o.world; /* the same 1-D plan on --world ranks */
         job->resources.world_size = o.world;
+    } else if (o.world != job->resources.world_size) { /* an N-D mesh is not resized */
+        char mesh[160] = "";
+        size_t len = 0;
+        for (int d = 0; d < job->plan.n_mesh && len < sizeof mesh; d++)
+            len += (size_t)snprintf(mesh + len, sizeof mesh - len, "%s%s=%d", d ? "," : "",
+                                    job->plan.mesh[d].name, job->plan.mesh[d].size);
+        char what[320];
+        snprintf(what, sizeof what,
+                 "--world %d: the job's mesh (%s) has %d ranks; make the job with another "
+                 "--mesh (hpctl new)",
+                 o.world, mesh, job->resources.world_size);
+        hp_job_free(job);
+        return usage_error("%s", what);
     }
     if (rank_given && o.world <= 1) {
         hp_job_free(job);

@@ -4,6 +4,7 @@
  * refused at start where there is no CUDA. */
 #include "hp/checkpoint.h"
 #include "hp/device.h"
+#include "tests/util/cli_harness.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
@@ -178,4 +179,20 @@ Test(hpworker, cuda_job_without_cuda_fails_at_start) {
         cr_expect(strchr(text, '\n') == text + n - 1, "not one line: %s", text);
         cr_expect_eq(count_lines(out), 0, "it trained");
     }
+}
+
+/* --world on a job whose mesh has more than one dim is refused before any rank starts, with
+ * one line naming the mesh (a 1-D mesh is resized instead). */
+Test(hpworker, world_flag_on_an_nd_mesh_is_refused) {
+    char cmd[2048], job[300];
+    snprintf(job, sizeof job, "%s/dptp.pb", tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new --model llama3:debugmodel --dim 64 --layers 1 --heads 4 "
+             "--kv-heads 2 --ffn-hidden 96 --vocab 256 --batch 4 --seq 16 --steps 4 "
+             "--mesh dp=2,tp=2 --tp-plan llama -o %s >/dev/null",
+             HP_BINARY_DIR, job);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    hp_th_run r =
+        hp_th_run_bin(tmp, "worker/hp-worker", "--standalone %s --world 2 --out %s/o", job, tmp);
+    hp_th_expect_cli_error(r, 2, "hp-worker", "--world 2: the job's mesh (dp=2,tp=2) has 4 ranks");
 }
