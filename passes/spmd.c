@@ -14,11 +14,14 @@
  * Redistribution, per mesh dim on that dim's group: Shard(d) -> Replicate all-gather,
  * Partial -> Replicate all-reduce, Partial -> Shard(d) reduce-scatter (a transpose either side
  * when d is not 0; into compute only where a plan asks for it, as sequence parallelism does,
- * so the greedy choice never takes it), each followed by its wait_tensor; one redistribution of a
- * value to a placement serves all its consumers. What needs a rank's own coordinate (Replicate ->
- * Shard, Replicate -> Partial) or an all-to-all (Shard(a) -> Shard(b)) is not offered yet: a rule
- * that would need it is not taken. Graph outputs are brought to their targets: the loss to
- * Replicate, each gradient to its parameter's placement.
+ * so the greedy choice never takes it), Replicate -> Shard(d) local_chunk (the rank's own chunk,
+ * nothing exchanged; priced as a local copy), each followed by its wait_tensor; one
+ * redistribution of a value to a placement serves all its consumers. Replicate -> Partial and
+ * all-to-all (Shard(a) -> Shard(b)) are not offered yet: a rule that would need them is not
+ * taken. An embedding whose weight is consumed Shard(0) on a mesh dim is the vocab-parallel
+ * lookup: chunked_embedding with the rank's chunk start (local_chunk of a constant) as base,
+ * and the gradient of such a weight chunked_embedding_backward (docs/placements.md). Graph outputs
+ * are brought to their targets: the loss to Replicate, each gradient to its parameter's placement.
  *
  * Storage and compute placements (FSDP). A placeholder may be stored Shard on a mesh dim and
  * consumed Replicate there (hp_spmd_opts.compute): its consumers never see the stored value,
