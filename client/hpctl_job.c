@@ -72,9 +72,10 @@ static void new_usage(FILE *f) {
           "  --place PAT=DIM:PL[,..]  place the inputs a glob matches, e.g.\n"
           "                        'layers.*.attention.wq.weight=tp:S(0)' (R, S(d), P(sum)); "
           "repeatable\n"
-          "  --tp-plan llama       torchtitan's Llama TP plan on the mesh dim 'tp'\n"
-          "  --loss-parallel       cross entropy on vocab-sharded logits over 'tp' (with\n"
-          "                        --tp-plan llama: output.weight colwise too)\n"
+          "  --tp-plan llama       torchtitan's Llama TP plan on the mesh dim 'tp' (the\n"
+          "                        embedding and output projection vocab-sharded too)\n"
+          "  --loss-parallel       cross entropy on vocab-sharded logits over 'tp' (the\n"
+          "                        logits are not gathered)\n"
           "\n"
           "model and training:\n",
           f);
@@ -202,27 +203,30 @@ static int add_place(const char *verb, const char *flag, const char *v, hp_job *
 }
 
 /* --tp-plan llama: torchtitan's Llama tensor-parallel plan on the mesh dim "tp" without
- * sequence parallel: colwise (Shard(0) of [out, in]) wq, wk, wv, w1, w3; rowwise (Shard(1))
- * wo, w2; with loss parallel also the output projection colwise (vocab-sharded logits, the
- * cross entropy on them: passes/loss_parallel.c). Without it the output projection stays
- * replicated, and the embedding and norms always do (the vocab-parallel embedding is not
- * expressible yet: docs/placements.md). */
+ * sequence parallel: colwise (Shard(0) of [out, in]) wq, wk, wv, w1, w3 and the output
+ * projection (vocab-sharded logits: gathered before the cross entropy, or with loss parallel
+ * the cross entropy runs on them, passes/loss_parallel.c); rowwise (Shard(1)) wo, w2; the
+ * embedding rowwise, i.e. its table vocab-sharded (Shard(0): the masked local lookup, a
+ * Partial sum all-reduced, docs/placements.md); the norms replicated. */
 static int add_tp_plan(const char *verb, const char *v, hp_job *job) {
     if (strcmp(v, "llama"))
         return hpctl_fail(HPCTL_USAGE, verb, "--tp-plan: '%s' is not a known plan (llama)", v);
     bool has_tp = false;
     for (int k = 0; k < job->plan.n_mesh; k++) has_tp |= !strcmp(job->plan.mesh[k].name, "tp");
     if (!has_tp) return hpctl_fail(HPCTL_USAGE, verb, "--tp-plan: the mesh has no 'tp' dim");
-    static const char *const plan[] = {
-        "layers.*.attention.wq.weight=tp:S(0)",    "layers.*.attention.wk.weight=tp:S(0)",
-        "layers.*.attention.wv.weight=tp:S(0)",    "layers.*.attention.wo.weight=tp:S(1)",
-        "layers.*.feed_forward.w1.weight=tp:S(0)", "layers.*.feed_forward.w3.weight=tp:S(0)",
-        "layers.*.feed_forward.w2.weight=tp:S(1)"};
+    static const char *const plan[] = {"layers.*.attention.wq.weight=tp:S(0)",
+                                       "layers.*.attention.wk.weight=tp:S(0)",
+                                       "layers.*.attention.wv.weight=tp:S(0)",
+                                       "layers.*.attention.wo.weight=tp:S(1)",
+                                       "layers.*.feed_forward.w1.weight=tp:S(0)",
+                                       "layers.*.feed_forward.w3.weight=tp:S(0)",
+                                       "layers.*.feed_forward.w2.weight=tp:S(1)",
+                                       "tok_embeddings.weight=tp:S(0)",
+                                       "output.weight=tp:S(0)"};
     for (size_t i = 0; i < HP_ARRAY_LEN(plan); i++) {
         int rc = add_place(verb, "--tp-plan", plan[i], job);
         if (rc != HPCTL_OK) return rc;
     }
-    if (job->plan.loss_parallel) return add_place(verb, "--tp-plan", "output.weight=tp:S(0)", job);
     return HPCTL_OK;
 }
 

@@ -166,6 +166,7 @@ void hp_localize_attrs(const hp_node *n, const hp_type *local_out, hp_attr *attr
                 memcpy(a->ints.v, local_out[0].shape, sizeof(int64_t) * (size_t)a->ints.n);
             break;
         case HP_OP_EMBEDDING_DENSE_BACKWARD:
+        case HP_OP_CHUNKED_EMBEDDING_BACKWARD:
             if (a->key == HP_ATTR_NUM_WEIGHTS && local_out[0].rank == 2)
                 a->i = local_out[0].shape[0];
             break;

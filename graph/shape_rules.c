@@ -760,3 +760,41 @@ hp_status hp__shape_all_to_all(const hp_node *n, const hp_type *in, hp_type *out
     out[0] = in[0];
     return HP_OK;
 }
+
+/* ---- mesh-coordinate ops ----------------------------------------------------------------------
+ */
+
+hp_status hp__shape_local_chunk(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    int64_t gs;
+    HP_TRY(group_size(n, &gs, err));
+    int d;
+    HP_TRY(hp__norm_dim(attr(n, HP_ATTR_DIM)->i, in[0].rank, "dim", &d, err));
+    if (in[0].shape[d] % gs)
+        return hp_errf(err, HP_INVALID, "dim %d of %s is not divisible by group_size %lld", d,
+                       DIMS(&in[0]), (long long)gs);
+    out[0] = in[0];
+    out[0].shape[d] /= gs;
+    return HP_OK;
+}
+
+/* base [k] int, the weight's rows k equal chunks */
+static hp_status chunk_base(const hp_type *base, int64_t rows, hp_err *err) {
+    HP_TRY(need_int(base, "base", err));
+    HP_TRY(need_rank(base, 1, "base", err));
+    if (base->shape[0] < 1 || rows % base->shape[0])
+        return hp_errf(err, HP_INVALID, "%lld weight rows do not split into %lld chunks (base %s)",
+                       (long long)rows, (long long)base->shape[0], DIMS(base));
+    return HP_OK;
+}
+
+hp_status hp__shape_chunked_embedding(const hp_node *n, const hp_type *in, hp_type *out,
+                                      hp_err *err) {
+    HP_TRY(hp__shape_embedding(n, in, out, err));
+    return chunk_base(&in[2], in[0].shape[0], err);
+}
+
+hp_status hp__shape_chunked_embedding_backward(const hp_node *n, const hp_type *in, hp_type *out,
+                                               hp_err *err) {
+    HP_TRY(hp__shape_embedding_backward(n, in, out, err));
+    return chunk_base(&in[2], out[0].shape[0], err);
+}

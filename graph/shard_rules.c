@@ -484,6 +484,48 @@ int hp__shard_embedding_backward(const hp_shard_query *q, hp_shard_rule *rules, 
     return b.n;
 }
 
+/* chunked_embedding(weight [V, D], indices [...], base [k]): weight and base Shard(0) together
+ * is the vocab-parallel lookup (a rank's chunks of rows, the entries its bases name, the masked
+ * lookup summed over ranks: Partial(sum)); otherwise as embedding (the embedding dim, an index
+ * dim) with base whole, and linear in weight. */
+int hp__shard_chunked_embedding(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    const hp_type *w = &q->in[0], *idx = &q->in[1], *base = &q->in[2];
+    hp_shard_rule *r;
+    if (divs(q, w, 0) && divs(q, base, 0)) {
+        r = add(&b);
+        r->in[0] = r->in[2] = HP_SHARD(0);
+        r->out[0] = HP_PARTIAL(HP_REDUCE_SUM);
+    }
+    if (divs(q, w, 1)) {
+        r = add(&b);
+        r->in[0] = HP_SHARD(1);
+        r->out[0] = HP_SHARD(idx->rank);
+    }
+    for (int d = 0; d < idx->rank; d++) {
+        if (!divs(q, idx, d)) continue;
+        r = add(&b);
+        r->in[1] = r->out[0] = HP_SHARD(d);
+    }
+    partial_through(&b, 0);
+    return b.n;
+}
+
+/* chunked_embedding_backward(grad [..., D], indices [...], base [k]) -> [V, D]: base Shard(0)
+ * gives each rank the gradient of its chunks of rows (Shard(0)); otherwise as
+ * embedding_dense_backward with base whole. */
+int hp__shard_chunked_embedding_backward(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    const hp_type *base = &q->in[2];
+    if (divs(q, &q->out[0], 0) && divs(q, base, 0)) {
+        hp_shard_rule *r = add(&b);
+        r->in[2] = r->out[0] = HP_SHARD(0);
+    }
+    int n = hp__shard_embedding_backward(q, b.n < b.cap ? b.rules + b.n : NULL,
+                                         b.n < b.cap ? b.cap - b.n : 0);
+    return b.n + n;
+}
+
 /* _softmax / _log_softmax{dim}: any other dim. */
 int hp__shard_softmax(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
     rb b = rb_init(q, rules, cap);
@@ -620,9 +662,10 @@ int hp__shard_sdpa_backward(const hp_shard_query *q, hp_shard_rule *rules, int c
 /* On their own mesh dim a collective IS a redistribution: all_gather Shard(0) -> Replicate,
  * reduce_scatter Partial(op) -> Shard(0) (and, averaging, Replicate -> Shard(0): a rank's
  * chunk of a replicated value), all_reduce Partial(op) -> Replicate (op the node's reduce_op);
+ * local_chunk Replicate -> Shard(dim) (a rank's own chunk);
  * all_to_all_single is composed with views by the redistribution pass and has no rule of its own
  * there. On every other mesh dim the data passes through unchanged, except a Shard(0) under a
- * gather or scatter along dim 0 (that would interleave). */
+ * gather or scatter along dim 0 (that would interleave) or a Shard(dim) under local_chunk. */
 int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
     rb b = rb_init(q, rules, cap);
     const hp_attr *g = hp_node_attr(q->node, HP_ATTR_GROUP);
@@ -645,11 +688,16 @@ int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap)
         } else if (kind == HP_OP_ALL_REDUCE) {
             r = add(&b);
             r->in[0] = HP_PARTIAL(op);
+        } else if (kind == HP_OP_LOCAL_CHUNK) {
+            r = add(&b);
+            r->out[0] = HP_SHARD(attr_dim(q, HP_ATTR_DIM, q->in[0].rank, 0));
         }
         return b.n;
     }
-    bool along0 = kind != HP_OP_ALL_REDUCE;
+    bool along0 = kind != HP_OP_ALL_REDUCE && kind != HP_OP_LOCAL_CHUNK;
+    int chunked = kind == HP_OP_LOCAL_CHUNK ? attr_dim(q, HP_ATTR_DIM, q->in[0].rank, 0) : 0;
     for (int d = along0 ? 1 : 0; d < q->in[0].rank; d++) {
+        if (kind == HP_OP_LOCAL_CHUNK && d == chunked) continue; /* a chunk of a shard */
         if (!divs(q, &q->in[0], d) || !divs(q, &q->out[0], d)) continue;
         r = add(&b);
         r->in[0] = r->out[0] = HP_SHARD(d);

@@ -45,6 +45,8 @@ int64_t hp_collective_bytes(const hp_graph *g, int id) {
         return frac(type_bytes(&n->out[0]), gs);
     case HP_OP_ALL_REDUCE:
         return 2 * frac(type_bytes(&n->out[0]), gs);
+    case HP_OP_LOCAL_CHUNK: /* the rank's own chunk: a local copy */
+        return 0;
     default: /* reduce_scatter, all_to_all: their input */
         return frac(type_bytes(hp_graph_type(g, n->in[0])), gs);
     }
@@ -122,7 +124,9 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estima
             const hp_mesh_dim *md = mesh_dim(&job->plan, grp ? grp->s : NULL);
             double bw = md ? md->link.bandwidth : def.bandwidth,
                    lat = md ? md->link.latency : def.latency;
-            double t = lat + (double)hp_collective_bytes(g, i) / bw;
+            /* local_chunk runs on the comm stream but exchanges nothing: no latency */
+            double t =
+                n->op == HP_OP_LOCAL_CHUNK ? 0 : lat + (double)hp_collective_bytes(g, i) / bw;
             double start = t_comm > t_compute ? t_comm : t_compute;
             c->comm_s += t;
             t_comm = done[i] = start + t;

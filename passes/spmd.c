@@ -14,11 +14,14 @@
  * Redistribution, per mesh dim on that dim's group: Shard(d) -> Replicate all-gather,
  * Partial -> Replicate all-reduce, Partial -> Shard(d) reduce-scatter (a transpose either side
  * when d is not 0; into compute only where a plan asks for it, as sequence parallelism does,
- * so the greedy choice never takes it), each followed by its wait_tensor; one redistribution of a
- * value to a placement serves all its consumers. What needs a rank's own coordinate (Replicate ->
- * Shard, Replicate -> Partial) or an all-to-all (Shard(a) -> Shard(b)) is not offered yet: a rule
- * that would need it is not taken. Graph outputs are brought to their targets: the loss to
- * Replicate, each gradient to its parameter's placement.
+ * so the greedy choice never takes it), Replicate -> Shard(d) local_chunk (the rank's own chunk,
+ * nothing exchanged; priced as a local copy), each followed by its wait_tensor; one
+ * redistribution of a value to a placement serves all its consumers. Replicate -> Partial and
+ * all-to-all (Shard(a) -> Shard(b)) are not offered yet: a rule that would need them is not
+ * taken. An embedding whose weight is consumed Shard(0) on a mesh dim is the vocab-parallel
+ * lookup: chunked_embedding with the rank's chunk start (local_chunk of a constant) as base,
+ * and the gradient of such a weight chunked_embedding_backward (docs/placements.md). Graph outputs
+ * are brought to their targets: the loss to Replicate, each gradient to its parameter's placement.
  *
  * Storage and compute placements (FSDP). A placeholder may be stored Shard on a mesh dim and
  * consumed Replicate there (hp_spmd_opts.compute): its consumers never see the stored value,
@@ -56,6 +59,14 @@ typedef struct gathered {
     hp_value copy[2]; /* the gathered copy for the forward / backward, HP_NO_VALUE: not yet */
 } gathered;
 
+/* A vocab-parallel embedding's base (the rank's chunk start) on a mesh dim. */
+typedef struct vocab_base_memo {
+    int dim;
+    int64_t vocab;
+    hp_dtype dtype;
+    hp_value v;
+} vocab_base_memo;
+
 typedef struct spmd {
     const hp_graph *in;
     const hp_graph_mesh *mesh;
@@ -71,6 +82,8 @@ typedef struct spmd {
     gathered *gath;   /* [n_ph] */
     int32_t *derived; /* [n_nodes]: the gathered placeholder a forward view is of, -1 none */
     hp_value *recomp; /* [n_nodes]: a derived view recomputed for the backward */
+    vocab_base_memo bases[8];
+    int n_bases;
 } spmd;
 
 static bool pl_eq_all(const hp_placement *a, const hp_placement *b, int nd) {
@@ -109,6 +122,9 @@ static double move_cost(hp_placement a, hp_placement b, double bytes, int64_t n)
         return COLLECTIVE_BYTES + 2 * bytes * (double)(n - 1) / (double)n;
     if (b.kind == HP_PLACE_SHARD && a.kind == HP_PLACE_PARTIAL && a.reduce != HP_REDUCE_MAX)
         return COLLECTIVE_BYTES + bytes * (double)(n - 1) / (double)n;
+    /* a rank's own chunk: a local copy of its piece, dearer than nothing, cheaper than any
+     * exchange */
+    if (b.kind == HP_PLACE_SHARD && a.kind == HP_PLACE_REPLICATE) return bytes / (double)n;
     return INFINITY;
 }
 
@@ -134,13 +150,15 @@ static hp_status step(spmd *s, hp_value v, int i, hp_placement want, hp_value *o
     bool gather = have.kind == HP_PLACE_SHARD && want.kind == HP_PLACE_REPLICATE;
     bool reduce = have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_REPLICATE;
     bool scatter = have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_SHARD;
-    /* Replicate -> Shard: every rank holds the whole value; averaging identical terms and
-     * scattering the result leaves each rank its chunk (a local slice needs the rank's mesh
-     * coordinate, which the IR cannot name yet; this costs a reduce-scatter instead) */
-    bool chunk = have.kind == HP_PLACE_REPLICATE && want.kind == HP_PLACE_SHARD;
-    if (chunk) {
-        have = HP_PARTIAL(HP_REDUCE_AVG);
-        scatter = true;
+    /* Replicate -> Shard: every rank holds the whole value and keeps its own chunk
+     * (local_chunk: the rank's coordinate, known where collectives run; nothing exchanged) */
+    if (have.kind == HP_PLACE_REPLICATE && want.kind == HP_PLACE_SHARD) {
+        hp_attr la[3] = {hp_attr_int(HP_ATTR_DIM, want.dim),
+                         hp_attr_int(HP_ATTR_GROUP_SIZE, m->size[i]),
+                         hp_attr_str(HP_ATTR_GROUP, m->name[i])};
+        cur[i] = want;
+        HP_TRY(emit(s, HP_OP_LOCAL_CHUNK, &v, 1, la, 3, cur, out, err));
+        return emit(s, HP_OP_WAIT_TENSOR, out, 1, NULL, 0, cur, out, err);
     }
     char a[24], b[24];
     if (!gather && !reduce && !scatter)
@@ -415,9 +433,8 @@ static double local_bytes(const spmd *s, hp_value v) {
 
 /* Chooses, mesh dim by mesh dim, the placements node id's inputs must have (tgt[j * nd + i])
  * and its outputs get (opl[k * nd + i]). */
-static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt, hp_placement *opl,
-                        hp_err *err) {
-    const hp_node *n = &s->in->nodes[id];
+static hp_status choose(spmd *s, int id, const hp_node *n, const hp_type *gin, const hp_value *ins,
+                        hp_placement *tgt, hp_placement *opl, hp_err *err) {
     const hp_op_info *info = hp_op_get(n->op);
     int nd = s->mesh->ndim, ni = n->n_in;
     bool variadic = info->n_in == HP_VARIADIC;
@@ -432,7 +449,7 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
     for (int i = 0; i < nd && st == HP_OK; i++) {
         bool all_r = true;
         for (int j = 0; j < ni; j++) {
-            it[j] = split_upto(s, hp_graph_type(s->in, n->in[j]), tgt + j * nd, i);
+            it[j] = split_upto(s, &gin[j], tgt + j * nd, i);
             all_r &= placed(s, ins[j])[i].kind == HP_PLACE_REPLICATE;
         }
         hp_type ot[HP_MAX_OUTS];
@@ -500,19 +517,108 @@ static hp_status choose(spmd *s, int id, const hp_value *ins, hp_placement *tgt,
     return st;
 }
 
+/* ---- the vocab-parallel embedding ---------------------------------------------------------- */
+
+/* The mesh dim an embedding (weight ins[0]) or the gradient of its weight is vocab-parallel on:
+ * where the weight is consumed Shard(0) (for the backward: the graph output it makes is the
+ * gradient of a parameter computed Shard(0) there, num_weights its vocabulary); -1 none. */
+static int vocab_dim(const spmd *s, int id, const hp_value *ins) {
+    const hp_node *n = &s->in->nodes[id];
+    int nd = s->mesh->ndim;
+    const hp_placement *pl = NULL;
+    if (n->op == HP_OP_EMBEDDING) {
+        pl = placed(s, ins[0]);
+    } else if (n->op == HP_OP_EMBEDDING_DENSE_BACKWARD &&
+               hp_node_int(n, HP_ATTR_PADDING_IDX, -1) < 0) {
+        hp_graph_inputs gi = hp_graph_count_inputs(s->in);
+        for (int k = 1; k <= gi.n_params && k < s->in->n_outputs && !pl; k++)
+            if (s->in->outputs[k].node == id &&
+                s->in->nodes[k - 1].out[0].shape[0] == hp_node_int(n, HP_ATTR_NUM_WEIGHTS, 0))
+                pl = s->compute + (size_t)(k - 1) * (size_t)nd;
+    }
+    for (int i = 0; pl && i < nd; i++)
+        if (s->mesh->size[i] > 1 && hp_placement_eq(pl[i], HP_SHARD(0))) return i;
+    return -1;
+}
+
+/* base on mesh dim i: the rank's chunk start, [1] of its chunk of (0, R, 2R, ...) with
+ * R = vocab / n (full and cat, Replicate; then local_chunk), memoized. */
+static hp_status vocab_base(spmd *s, int i, int64_t vocab, hp_dtype dt, hp_value *out,
+                            hp_err *err) {
+    for (int k = 0; k < s->n_bases; k++)
+        if (s->bases[k].dim == i && s->bases[k].vocab == vocab && s->bases[k].dtype == dt) {
+            *out = s->bases[k].v;
+            return HP_OK;
+        }
+    int nd = s->mesh->ndim;
+    int64_t n = s->mesh->size[i];
+    if (vocab % n)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "a vocab-parallel embedding of %lld rows over %lld ranks of mesh dim %s: "
+                       "the vocabulary must split evenly",
+                       (long long)vocab, (long long)n, s->mesh->name[i]);
+    if (s->n_bases == (int)HP_ARRAY_LEN(s->bases))
+        return hp_errf(err, HP_UNSUPPORTED, "more than %d vocab-parallel embeddings",
+                       (int)HP_ARRAY_LEN(s->bases));
+    hp_placement pl[HP_MESH_MAX_DIMS];
+    for (int k = 0; k < nd; k++) pl[k] = HP_REPLICATE;
+    hp_value starts[HP_MAX_RANK * 16];
+    if (n > (int64_t)HP_ARRAY_LEN(starts))
+        return hp_errf(err, HP_UNSUPPORTED, "a vocab-parallel embedding over %lld ranks",
+                       (long long)n);
+    int64_t one = 1;
+    for (int64_t c = 0; c < n; c++) {
+        hp_attr fa[3] = {hp_attr_ints(HP_ATTR_SHAPE, 1, &one),
+                         hp_attr_float(HP_ATTR_VALUE, (double)(c * (vocab / n))),
+                         hp_attr_dtype(HP_ATTR_DTYPE, dt)};
+        HP_TRY(emit(s, HP_OP_FULL, NULL, 0, fa, 3, pl, &starts[c], err));
+    }
+    hp_value b;
+    hp_attr ca = hp_attr_int(HP_ATTR_DIM, 0);
+    HP_TRY(emit(s, HP_OP_CAT, starts, (int)n, &ca, 1, pl, &b, err));
+    HP_TRY(step(s, b, i, HP_SHARD(0), &b, err));
+    s->bases[s->n_bases++] = (vocab_base_memo){.dim = i, .vocab = vocab, .dtype = dt, .v = b};
+    *out = b;
+    return HP_OK;
+}
+
 /* A compute node: redistribute its inputs, append it with localized attributes, check the
- * shape rule gives the local types its placements say. */
+ * shape rule gives the local types its placements say. An embedding whose weight is split
+ * Shard(0) (and the gradient of that weight) becomes chunked_embedding(_backward) with the
+ * rank's chunk start as base: the masked local lookup, a Partial sum (the gradient of its own
+ * rows, Shard(0)). */
 static hp_status place_node(spmd *s, int id, hp_err *err) {
     const hp_node *n = &s->in->nodes[id];
     const char *op = hp_op_get(n->op)->name;
     int nd = s->mesh->ndim, ni = n->n_in;
-    hp_value *ins = hp_malloc((size_t)(ni ? ni : 1) * sizeof *ins);
-    hp_placement *tgt = hp_malloc((size_t)(ni ? ni : 1) * HP_MESH_MAX_DIMS * sizeof *tgt);
+    hp_value *ins = hp_malloc((size_t)(ni + 1) * sizeof *ins);
+    hp_type *gin = hp_malloc((size_t)(ni + 1) * sizeof *gin);
+    hp_placement *tgt = hp_malloc((size_t)(ni + 1) * HP_MESH_MAX_DIMS * sizeof *tgt);
     hp_placement opl[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
     hp_attr attrs[HP_ATTR_COUNT];
-    hp_status st = ins && tgt ? HP_OK : hp_errf(err, HP_NOMEM, "spmd: out of memory");
-    for (int j = 0; j < ni && st == HP_OK; j++) st = use(s, id, n->in[j], &ins[j], err);
-    if (st == HP_OK) st = choose(s, id, ins, tgt, opl, err);
+    hp_status st = ins && tgt && gin ? HP_OK : hp_errf(err, HP_NOMEM, "spmd: out of memory");
+    for (int j = 0; j < ni && st == HP_OK; j++) {
+        st = use(s, id, n->in[j], &ins[j], err);
+        gin[j] = *hp_graph_type(s->in, n->in[j]);
+    }
+    hp_node chunked;
+    hp_attr nw;
+    int vd = st == HP_OK ? vocab_dim(s, id, ins) : -1;
+    if (vd >= 0) {
+        bool fwd = n->op == HP_OP_EMBEDDING;
+        int64_t vocab = fwd ? gin[0].shape[0] : hp_node_int(n, HP_ATTR_NUM_WEIGHTS, 0);
+        st = vocab_base(s, vd, vocab, gin[1].dtype, &ins[2], err);
+        gin[2] = hp_type_make(gin[1].dtype, 1, (int64_t[]){s->mesh->size[vd]});
+        chunked = *n;
+        chunked.op = fwd ? HP_OP_CHUNKED_EMBEDDING : HP_OP_CHUNKED_EMBEDDING_BACKWARD;
+        chunked.n_in = ni = 3;
+        nw = hp_attr_int(HP_ATTR_NUM_WEIGHTS, vocab);
+        chunked.n_attrs = fwd ? 0 : 1; /* padding_idx only ever mattered to the gradient */
+        chunked.attrs = &nw;
+        n = &chunked;
+        if (st != HP_OK) hp_err_prefix(err, "node %d (%s)", id, op);
+    }
+    if (st == HP_OK) st = choose(s, id, n, gin, ins, tgt, opl, err);
     for (int j = 0; j < ni && st == HP_OK; j++)
         if ((st = redistribute(s, ins[j], tgt + j * nd, &ins[j], err)) != HP_OK)
             hp_err_prefix(err, "node %d (%s): input %d", id, op, j);
@@ -539,6 +645,7 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
         if (st == HP_OK) hp__rewrite_set(&s->rw, (hp_value){id, k}, hp_out(v, k));
     }
     hp_free(ins);
+    hp_free(gin);
     hp_free(tgt);
     return st;
 }

@@ -151,6 +151,9 @@ static const hp__eval_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_REDUCE_SCATTER] = hp__eval_collective,
     [HP_OP_ALL_REDUCE] = hp__eval_collective,
     [HP_OP_ALL_TO_ALL] = hp__eval_collective,
+    [HP_OP_LOCAL_CHUNK] = hp__eval_collective,
+    [HP_OP_CHUNKED_EMBEDDING] = hp__eval_chunked_embedding,
+    [HP_OP_CHUNKED_EMBEDDING_BACKWARD] = hp__eval_chunked_embedding_backward,
     [HP_OP_WAIT_TENSOR] = hp__eval_wait,
 };
 

@@ -70,6 +70,8 @@ HP__EVAL_KERNEL(hp__eval_addmm);
 /* eval_nn.c */
 HP__EVAL_KERNEL(hp__eval_embedding);
 HP__EVAL_KERNEL(hp__eval_embedding_backward);
+HP__EVAL_KERNEL(hp__eval_chunked_embedding);
+HP__EVAL_KERNEL(hp__eval_chunked_embedding_backward);
 HP__EVAL_KERNEL(hp__eval_softmax);
 HP__EVAL_KERNEL(hp__eval_softmax_backward);
 HP__EVAL_KERNEL(hp__eval_nll_loss);

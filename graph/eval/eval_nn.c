@@ -46,6 +46,44 @@ HP__EVAL_KERNEL(hp__eval_embedding_backward) {
     return HP_OK;
 }
 
+/* chunked_embedding(weight [V, D], idx [...], base [k]) -> [..., D]: for each chunk c of
+ * R = V / k rows, the indices in [base[c], base[c] + R) read row c * R + idx - base[c]; the
+ * others add nothing. */
+HP__EVAL_KERNEL(hp__eval_chunked_embedding) {
+    (void)n;
+    int64_t v = in[0]->type.shape[0], d = in[0]->type.shape[1], n_idx = hp__eval_numel(in[1]);
+    int64_t k = in[2]->type.shape[0], rows = v / k;
+    for (int64_t i = 0; i < n_idx; i++) {
+        double *y = out[0].data + i * d;
+        for (int64_t c = 0; c < k; c++) {
+            double at = in[1]->data[i] - in[2]->data[c];
+            if (at < 0 || at >= (double)rows) continue;
+            const double *row = in[0]->data + (c * rows + (int64_t)at) * d;
+            for (int64_t e = 0; e < d; e++) y[e] += row[e];
+        }
+    }
+    (void)err;
+    return HP_OK;
+}
+
+/* chunked_embedding_backward(g [..., D], idx [...], base [k]){num_weights} -> [num_weights, D]:
+ * rows of g summed into the row each chunk holding their index names. */
+HP__EVAL_KERNEL(hp__eval_chunked_embedding_backward) {
+    (void)n;
+    int64_t v = out[0].type.shape[0], d = out[0].type.shape[1], n_idx = hp__eval_numel(in[1]);
+    int64_t k = in[2]->type.shape[0], rows = v / k;
+    for (int64_t i = 0; i < n_idx; i++) {
+        for (int64_t c = 0; c < k; c++) {
+            double at = in[1]->data[i] - in[2]->data[c];
+            if (at < 0 || at >= (double)rows) continue;
+            double *row = out[0].data + (c * rows + (int64_t)at) * d;
+            for (int64_t e = 0; e < d; e++) row[e] += in[0]->data[i * d + e];
+        }
+    }
+    (void)err;
+    return HP_OK;
+}
+
 /* ---- softmax family ------------------------------------------------------------------------- */
 
 /* The [outer, len, inner] view around the node's dim attribute. */

@@ -190,20 +190,33 @@ Test(hpctl_plan, tp2_llama_plan_is_megatron) {
         bool col = strstr(fqn, ".wq.") || strstr(fqn, ".wk.") || strstr(fqn, ".wv.") ||
                    strstr(fqn, ".w1.") || strstr(fqn, ".w3.");
         bool row = strstr(fqn, ".wo.") || strstr(fqn, ".w2.");
-        cr_expect_str_eq(tp, col ? "S(0)" : row ? "S(1)" : "R", "%s", fqn);
-        cr_expect_eq(lb * (col || row ? 2 : 1), gb, "%s", fqn);
-        tp_weights += col || row;
+        /* vocab-sharded: the embedding's table (rowwise) and the output projection (colwise) */
+        bool vocab = !strcmp(fqn, "tok_embeddings.weight") || !strcmp(fqn, "output.weight");
+        cr_expect_str_eq(tp, col || vocab ? "S(0)" : row ? "S(1)" : "R", "%s", fqn);
+        cr_expect_eq(lb * (col || row || vocab ? 2 : 1), gb, "%s", fqn);
+        tp_weights += col || row || vocab;
     }
-    cr_expect_eq(tp_weights, 6 * 7);
+    cr_expect_eq(tp_weights, 6 * 7 + 2);
     json_t *comm = json_object_get(root, "communication");
     json_t *tp = json_object_get(json_object_get(comm, "by_mesh_dim"), "tp");
     json_t *ar = json_object_get(tp, "all_reduce");
     cr_assert(ar, "no all_reduce on tp");
+    /* plus the embedding's Partial output and the output projection's input gradient; the
+     * logits gathered before the cross entropy (no loss parallel), (n-1)/n of [B·T, V] f32;
+     * local chunks (the embedding's chunk start, the logits' and output.weight's gradients)
+     * move nothing */
     int64_t btd = 4 * 16 * 256, per = btd * 4 * 2 * (2 - 1) / 2; /* f32, 2(n-1)/n */
-    cr_expect_eq(json_integer_value(json_object_get(ar, "count")), 4 * 6);
-    cr_expect_eq(json_integer_value(json_object_get(ar, "bytes")), 4 * 6 * per);
-    cr_expect_eq(json_object_size(tp), 1, "only all-reduces on tp");
-    cr_expect_eq(json_integer_value(json_object_get(comm, "bytes_per_step")), 4 * 6 * per);
+    int64_t logits = 4 * 16 * 2048 * 4 / 2;
+    cr_expect_eq(json_integer_value(json_object_get(ar, "count")), 4 * 6 + 2);
+    cr_expect_eq(json_integer_value(json_object_get(ar, "bytes")), (4 * 6 + 2) * per);
+    json_t *ag = json_object_get(tp, "all_gather_into_tensor"),
+           *lc = json_object_get(tp, "local_chunk");
+    cr_expect_eq(json_integer_value(json_object_get(ag, "count")), 1, "the logits");
+    cr_expect_eq(json_integer_value(json_object_get(ag, "bytes")), logits);
+    cr_expect_eq(json_integer_value(json_object_get(lc, "bytes")), 0);
+    cr_expect_eq(json_object_size(tp), 3, "all-reduces, the logits' gather, local chunks");
+    cr_expect_eq(json_integer_value(json_object_get(comm, "bytes_per_step")),
+                 (4 * 6 + 2) * per + logits);
     json_decref(root);
     hp_th_run r = hp_th_run_bin(tmpdir, "worker/hp-worker", "--standalone %s/tp.pb --out %s/run",
                                 tmpdir, tmpdir);
@@ -219,7 +232,7 @@ Test(hpctl_plan, tp2_llama_plan_is_megatron) {
         json_object_get(json_object_get(json_object_get(root, "communication"), "by_mesh_dim"),
                         "tp"),
         "all_reduce");
-    cr_expect_eq(json_integer_value(json_object_get(ar, "bytes")), 4 * 6 * per / 2);
+    cr_expect_eq(json_integer_value(json_object_get(ar, "bytes")), (4 * 6 + 2) * per / 2);
     json_decref(root);
 }
 

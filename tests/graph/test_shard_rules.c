@@ -129,6 +129,10 @@ static op_case *cases_new(int *n) {
     CASE(ADDMM, 3, IN(F(12, 6), F(12, 12), F(12, 6)), 0);
     CASE(EMBEDDING, 2, IN(F(10, 12), IDX(10, 6, 4)), 0);
     CASE(EMBEDDING_DENSE_BACKWARD, 2, IN(F(6, 4, 12), IDX(10, 6, 4)), 1, AI(NUM_WEIGHTS, 10));
+    /* 12 rows in 6 chunks of 2, at arbitrary starts (overlapping, or holding no index) */
+    CASE(CHUNKED_EMBEDDING, 3, IN(F(12, 12), IDX(12, 6, 4), IDX(12, 6)), 0);
+    CASE(CHUNKED_EMBEDDING_BACKWARD, 3, IN(F(6, 4, 12), IDX(12, 6, 4), IDX(12, 6)), 1,
+         AI(NUM_WEIGHTS, 12));
     CASE(LOG_SOFTMAX, 1, IN(F(12, 6)), 1, AI(DIM, 1));
     CASE(SOFTMAX, 1, IN(F(6, 12, 4)), 1, AI(DIM, 1));
     CASE(LOG_SOFTMAX_BACKWARD, 2, IN(F(12, 6), F(12, 6)), 1, AI(DIM, 1));
@@ -603,6 +607,42 @@ Test(shard_rules, collectives_redistribute_on_their_own_dim_and_pass_others) {
     /* averaging identical replicas: a rank's chunk of a replicated value */
     cr_expect(hp_placement_eq(r[1].in[0], HP_REPLICATE) &&
               hp_placement_eq(r[1].out[0], HP_SHARD(0)));
+}
+
+/* local_chunk on its own dim: Replicate -> Shard(dim), a rank's own chunk; on another dim
+ * every Shard but of dim passes, and Partial passes (a chunk is linear). */
+Test(shard_rules, local_chunk_is_replicate_to_shard_on_its_own_dim) {
+    hp_attr a[3] = {hp_attr_int(HP_ATTR_DIM, 1), hp_attr_int(HP_ATTR_GROUP_SIZE, 2),
+                    hp_attr_str(HP_ATTR_GROUP, "tp")};
+    hp_node lc = {.op = HP_OP_LOCAL_CHUNK, .n_in = 1, .n_out = 1, .n_attrs = 3, .attrs = a};
+    hp_type in = TY(HP_F32, 4, 6), out = TY(HP_F32, 4, 3);
+    hp_shard_rule r[HP_SHARD_MAX_RULES];
+    hp_shard_query q = {.node = &lc, .in = &in, .out = &out, .mesh_size = 2, .mesh_dim = "tp"};
+    cr_assert_eq(hp_op_get(HP_OP_LOCAL_CHUNK)->shard(&q, r, HP_SHARD_MAX_RULES), 1);
+    cr_expect(hp_placement_eq(r[0].in[0], HP_REPLICATE) &&
+              hp_placement_eq(r[0].out[0], HP_SHARD(1)));
+    q.mesh_dim = "dp";
+    int k = hp_op_get(HP_OP_LOCAL_CHUNK)->shard(&q, r, HP_SHARD_MAX_RULES);
+    bool s0 = false, s1 = false, p = false;
+    for (int i = 0; i < k; i++) {
+        s0 |= hp_placement_eq(r[i].in[0], HP_SHARD(0)) && hp_placement_eq(r[i].out[0], HP_SHARD(0));
+        s1 |= hp_placement_eq(r[i].in[0], HP_SHARD(1));
+        p |= hp_placement_eq(r[i].in[0], HP_PARTIAL(HP_REDUCE_SUM)) &&
+             hp_placement_eq(r[i].out[0], HP_PARTIAL(HP_REDUCE_SUM));
+    }
+    cr_expect(s0 && !s1 && p);
+}
+
+/* The vocab-parallel lookup and its gradient are rules of chunked_embedding(_backward). */
+Test(shard_rules, chunked_embedding_is_vocab_parallel) {
+    hp_type in[3] = {TY(HP_F32, 16, 8), TY(HP_I64, 4, 3), TY(HP_I64, 2)}, out = TY(HP_F32, 4, 3, 8);
+    cr_expect(has_rule(HP_OP_CHUNKED_EMBEDDING, in, 3, &out, 1, NULL, 0,
+                       "chunked_embedding(S(0), R, S(0)) -> P(sum)"));
+    hp_type bin[3] = {TY(HP_F32, 4, 3, 8), TY(HP_I64, 4, 3), TY(HP_I64, 2)},
+            bout = TY(HP_F32, 16, 8);
+    hp_attr nw = hp_attr_int(HP_ATTR_NUM_WEIGHTS, 16);
+    cr_expect(has_rule(HP_OP_CHUNKED_EMBEDDING_BACKWARD, bin, 3, &bout, 1, &nw, 1,
+                       "chunked_embedding_backward(R, R, S(0)) -> S(0)"));
 }
 
 /* ---- placement words ------------------------------------------------------------------------- */

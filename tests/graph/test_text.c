@@ -181,6 +181,21 @@ static hp_value build_op(hp_graph *g, hp_op op) {
         hp_attr a[] = {hp_attr_int(HP_ATTR_NUM_WEIGHTS, 10), hp_attr_int(HP_ATTR_PADDING_IDX, 0)};
         return OP(g, EMBEDDING_DENSE_BACKWARD, in, a);
     }
+    case HP_OP_CHUNKED_EMBEDDING: {
+        hp_value in[] = {data(g, TY(F32, 10, 4)), data(g, TY(I64, 2, 3)), data(g, TY(I64, 2))};
+        return hp_build(g, op, in, 3, NULL, 0);
+    }
+    case HP_OP_CHUNKED_EMBEDDING_BACKWARD: {
+        hp_value in[] = {data(g, TY(F32, 2, 3, 4)), data(g, TY(I32, 2, 3)), data(g, TY(I32, 5))};
+        hp_attr a[] = {hp_attr_int(HP_ATTR_NUM_WEIGHTS, 10)};
+        return OP(g, CHUNKED_EMBEDDING_BACKWARD, in, a);
+    }
+    case HP_OP_LOCAL_CHUNK: {
+        hp_value in[] = {data(g, TY(F32, 2, 6))};
+        hp_attr a[] = {hp_attr_int(HP_ATTR_DIM, 1), hp_attr_int(HP_ATTR_GROUP_SIZE, 3),
+                       hp_attr_str(HP_ATTR_GROUP, "tp")};
+        return OP(g, LOCAL_CHUNK, in, a);
+    }
     case HP_OP_LOG_SOFTMAX:
     case HP_OP_SOFTMAX:
         return hp_un1(g, op, data(g, TY(F32, 2, 3)), hp_attr_int(HP_ATTR_DIM, -1));

@@ -22,6 +22,8 @@
 #define SEQ   8
 #define VOCAB HP_TH_SPMD_VOCAB
 
+static int count_on(const hp_graph *g, hp_op op, const char *group);
+
 static hp_graph *tiny_llama_batch(int layers, int kv_heads, int batch) {
     hp_model_spec spec;
     hp_err err = {0};
@@ -117,19 +119,87 @@ Test(spmd, dp2_tp2_equals_one_rank, .timeout = 120) {
 }
 
 /* tp=4 with 2 kv heads: attention cannot split its heads 4 ways and runs replicated, so wk's
- * gradient comes out whole while wk is stored split: it is brought to its shard by an
- * averaging reduce-scatter. Still the 1-rank step. */
+ * gradient comes out whole while wk is stored split: each rank keeps its own chunk
+ * (local_chunk), nothing reduce-scattered. Still the 1-rank step. */
 Test(spmd, tp4_with_fewer_kv_heads_than_ranks, .timeout = 120) {
     hp_graph *g = tiny_llama(1);
     hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {4}};
     hp_placement *pl = plan_for(g, &mesh, 0, -1);
     hp_graph *spmd = hp_th_spmd_check(g, &mesh, pl);
-    int scatters = 0;
-    for (int i = 0; i < spmd->n_nodes; i++) scatters += spmd->nodes[i].op == HP_OP_REDUCE_SCATTER;
-    cr_expect_gt(scatters, 0, "wk/wv gradients scattered to their shards");
+    int scatters = 0, chunks = 0;
+    for (int i = 0; i < spmd->n_nodes; i++) {
+        scatters += spmd->nodes[i].op == HP_OP_REDUCE_SCATTER;
+        chunks += spmd->nodes[i].op == HP_OP_LOCAL_CHUNK;
+    }
+    cr_expect_eq(scatters, 0, "no reduce-scatter: a replicated value is chunked locally");
+    cr_expect_gt(chunks, 0, "wk/wv gradients chunked to their shards");
     free(pl);
     hp_graph_free(spmd);
     hp_graph_free(g);
+}
+
+/* ---- torchtitan's full plan: the vocab-parallel embedding and the colwise output --------- */
+
+/* The TP plan plus tok_embeddings (rowwise: vocab-sharded table) and output (colwise:
+ * vocab-sharded logits) Shard(0) on tp, and loss parallel's vocab_index with output. */
+static hp_placement *full_plan(const hp_graph *g, const hp_graph_mesh *mesh, int tp, int dp) {
+    hp_placement *pl = plan_for(g, mesh, tp, dp);
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    for (int i = 0; i < gi.n_params + gi.n_buffers; i++) {
+        const char *fqn = hp_node_attr(&g->nodes[i], HP_ATTR_FQN)->s;
+        if (!strcmp(fqn, "tok_embeddings.weight") || !strcmp(fqn, "output.weight") ||
+            !strcmp(fqn, HP_VOCAB_INDEX_FQN))
+            pl[i * mesh->ndim + tp] = HP_SHARD(0);
+    }
+    return pl;
+}
+
+/* The full plan on mesh (tp the mesh dim named tp, dp the one named dp or -1), with or
+ * without loss parallel: the 1-rank step; the embedding is the masked local lookup (no
+ * embedding, its table never gathered), its gradient the rank's rows; on tp Megatron's
+ * all-reduces plus the embedding's output and the output projection's input gradient;
+ * nothing reduce-scattered; gathered on tp only the logits, and only without loss parallel. */
+static void check_vocab(const hp_graph_mesh *mesh, int tp, int dp, bool loss_par) {
+    const int layers = 2;
+    hp_graph *g0 = tiny_llama(layers), *g = g0;
+    hp_err err = {0};
+    if (loss_par) cr_assert_eq(hp_pass_loss_parallel(g0, NULL, &g, &err), HP_OK, "%s", err.msg);
+    hp_placement *pl = full_plan(g, mesh, tp, dp);
+    hp_graph *spmd = hp_th_spmd_check(g, mesh, pl);
+    int n = (int)mesh->size[tp], batch = dp >= 0 ? BATCH / (int)mesh->size[dp] : BATCH;
+    int chunked = 0, chunked_back = 0, plain = 0, scatters = 0, tp_gathers = 0;
+    for (int i = 0; i < spmd->n_nodes; i++) {
+        hp_op op = spmd->nodes[i].op;
+        chunked += op == HP_OP_CHUNKED_EMBEDDING;
+        chunked_back += op == HP_OP_CHUNKED_EMBEDDING_BACKWARD;
+        plain += op == HP_OP_EMBEDDING || op == HP_OP_EMBEDDING_DENSE_BACKWARD;
+        scatters += op == HP_OP_REDUCE_SCATTER;
+    }
+    tp_gathers = count_on(spmd, HP_OP_ALL_GATHER, "tp");
+    cr_expect_eq(chunked, 1, "the masked local lookup");
+    cr_expect_eq(chunked_back, 1, "its gradient: the rank's rows");
+    cr_expect_eq(plain, 0, "no whole-table embedding left");
+    cr_expect_eq(scatters, 0);
+    cr_expect_eq(tp_gathers, loss_par ? 0 : 1, "gathers on tp: %d", tp_gathers);
+    cr_expect_eq(hp_th_spmd_count_all_reduces(spmd, batch * SEQ * DIM, "tp"), 4 * layers + 2);
+    int emb = hp_graph_find_fqn(spmd, "tok_embeddings.weight");
+    cr_expect_eq(spmd->nodes[emb].out[0].shape[0], VOCAB / n, "tok_embeddings vocab-sharded");
+    free(pl);
+    hp_graph_free(spmd);
+    if (g != g0) hp_graph_free(g);
+    hp_graph_free(g0);
+}
+
+Test(spmd, vocab_parallel_tp2_equals_one_rank, .timeout = 120) {
+    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {2}};
+    check_vocab(&mesh, 0, -1, false);
+    check_vocab(&mesh, 0, -1, true);
+}
+
+Test(spmd, vocab_parallel_dp2_tp2_equals_one_rank, .timeout = 120) {
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    check_vocab(&mesh, 1, 0, false);
+    check_vocab(&mesh, 1, 0, true);
 }
 
 /* A mesh dim of one rank splits nothing: placements asked there become Replicate, and no

@@ -129,6 +129,10 @@ static hp_status sim_collective(void *ctx, const hp_node *n, const hp_tensor *in
     rank_ctx *rc = ctx;
     sim *s = rc->s;
     int i = group_dim(s, n), me = coord(s, rc->rank, i), size = (int)s->mesh.size[i];
+    if (n->op == HP_OP_LOCAL_CHUNK) { /* the rank's own chunk: nothing exchanged */
+        chunk_of(in, (int)hp_node_int(n, HP_ATTR_DIM, 0), me, out, true);
+        return HP_OK;
+    }
     group *g = &s->g[i][rc->rank - me * s->stride[i]];
     g->slot[me] = in;
     pthread_barrier_wait(&g->bar);

@@ -478,7 +478,8 @@ static void *cpu_rank(void *p) {
     hp_backend *be = NULL;
     float in[12];
     for (int i = 0; i < 12; i++) in[i] = (float)(100 * a->c->rank + i);
-    hp_type t = hp_graph_type(a->g, (hp_value){a->node, 0})[0];
+    hp_type t = *hp_graph_type(a->g, a->g->nodes[a->node].in[0]);
+    hp_type ot = hp_graph_type(a->g, (hp_value){a->node, 0})[0];
     const void *ins[1] = {in};
     void *outs[1] = {a->out};
     hp_kernel_call call = {.node = &a->g->nodes[a->node],
@@ -487,7 +488,7 @@ static void *cpu_rank(void *p) {
                            .in = ins,
                            .in_type = &t,
                            .out = outs,
-                           .out_type = &t};
+                           .out_type = &ot};
     a->st = hp_cpu_backend_new(1, &be, &a->err);
     if (a->st == HP_OK) a->st = hp_cpu_backend_set_comm(be, a->c, &a->err);
     if (a->st == HP_OK) a->st = be->vt->collective(be, HP_STREAM_COMM, &call, &a->err);
@@ -522,6 +523,37 @@ Test(comm_shm_groups, cpu_backend_all_to_all_single, .timeout = 30) {
                              r, j * 6 + k);
             }
         }
+        hp_comm_free(cs[r]);
+    }
+    hp_graph_free(g);
+}
+
+/* local_chunk through the comm stream: each rank keeps its own chunk along dim 1, nothing
+ * exchanged. f32[3, 4] -> f32[3, 2]: rank r's row i is its input's columns 2r, 2r + 1. */
+Test(comm_shm_groups, cpu_backend_local_chunk, .timeout = 30) {
+    hp_graph *g = hp_graph_new();
+    hp_type ty = {.dtype = HP_F32, .rank = 2, .shape = {3, 4}};
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, NULL, ty, NULL);
+    hp_attr la[3] = {hp_attr_int(HP_ATTR_DIM, 1), hp_attr_int(HP_ATTR_GROUP_SIZE, 2),
+                     hp_attr_str(HP_ATTR_GROUP, "tp")};
+    hp_value y = hp_build(g, HP_OP_LOCAL_CHUNK, &x, 1, la, 3);
+    cr_assert(!hp_graph_failed(g), "%s", g->err.msg);
+    hp_comm *cs[2];
+    hp_err e;
+    cr_assert_eq(hp__shm_comm_new_local(2, 10, 0, cs, &e), HP_OK, "%s", e.msg);
+    cpu_arg a[2];
+    memset(a, 0, sizeof a);
+    for (int r = 0; r < 2; r++) {
+        a[r] = (cpu_arg){.c = cs[r], .g = g, .node = y.node};
+        cr_assert_eq(pthread_create(&a[r].t, NULL, cpu_rank, &a[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(a[r].t, NULL);
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(a[r].st, HP_OK, "rank %d: %s", r, a[r].err.msg);
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 2; j++)
+                cr_assert_eq(a[r].out[i * 2 + j], (float)(100 * r + i * 4 + 2 * r + j),
+                             "rank %d out[%d][%d]", r, i, j);
         hp_comm_free(cs[r]);
     }
     hp_graph_free(g);

@@ -435,6 +435,30 @@ static void case_embedding(hp_backend *be, hp_op op) {
         }
 }
 
+/* chunked_embedding(_backward): 4 chunks of 5 rows at starts that overlap, leave gaps and
+ * hold indices past the vocabulary (those read zeros). */
+static void case_chunked_embedding(hp_backend *be, hp_op op) {
+    const hp_dtype its[] = {HP_I64, HP_I32};
+    for (size_t d = 0; d < HP_ARRAY_LEN(its); d++) {
+        hp_th h;
+        hp_th_init(&h);
+        hp_type it = TY(its[d], 3, 7);
+        hp_value idx = cc_rand_input(&h, it, 2, 0, 30);
+        hp_value base = cc_rand_input(&h, TY(its[d], 4), 3, 0, 25);
+        if (op == HP_OP_CHUNKED_EMBEDDING) {
+            hp_value w = cc_rand_input(&h, TY(HP_F32, 20, 8), 1, -1, 1);
+            hp_value y = node1(&h, op, (hp_value[]){w, idx, base}, 3, NULL, 0);
+            cc_check(be, &h, y, 0, TOL_SIMPLE);
+        } else {
+            hp_value g = cc_rand_input(&h, TY(HP_F32, 3, 7, 8), 1, -1, 1);
+            hp_attr a = hp_attr_int(HP_ATTR_NUM_WEIGHTS, 20);
+            hp_value y = node1(&h, op, (hp_value[]){g, idx, base}, 3, &a, 1);
+            cc_check(be, &h, y, 0, TOL_REDUCE);
+        }
+        hp_th_fini(&h);
+    }
+}
+
 static void case_softmax(hp_backend *be, hp_op op) {
     static const struct {
         int rank;
@@ -563,6 +587,11 @@ static void case_collective(hp_backend *be, hp_op op) {
     hp_type t = TY(HP_F32, 6, 5);
     hp_attr a[2] = {hp_attr_int(HP_ATTR_GROUP_SIZE, 1), hp_attr_int(HP_ATTR_REDUCE_OP, 1)};
     bool reduce = op == HP_OP_REDUCE_SCATTER || op == HP_OP_ALL_REDUCE;
+    if (op == HP_OP_LOCAL_CHUNK) { /* one rank: its chunk is the whole */
+        hp_attr c[2] = {hp_attr_int(HP_ATTR_DIM, 1), hp_attr_int(HP_ATTR_GROUP_SIZE, 1)};
+        one(be, op, &t, 1, c, 2, -3, 3, 0);
+        return;
+    }
     one(be, op, &t, 1, a, op == HP_OP_WAIT_TENSOR ? 0 : reduce ? 2 : 1, -3, 3, 0);
 }
 
@@ -624,6 +653,8 @@ static const op_case cases[] = {
     {HP_OP_ADDMM, case_matmul},
     {HP_OP_EMBEDDING, case_embedding},
     {HP_OP_EMBEDDING_DENSE_BACKWARD, case_embedding},
+    {HP_OP_CHUNKED_EMBEDDING, case_chunked_embedding},
+    {HP_OP_CHUNKED_EMBEDDING_BACKWARD, case_chunked_embedding},
     {HP_OP_LOG_SOFTMAX, case_softmax},
     {HP_OP_LOG_SOFTMAX_BACKWARD, case_softmax},
     {HP_OP_SOFTMAX, case_softmax},
@@ -636,6 +667,7 @@ static const op_case cases[] = {
     {HP_OP_SDPA, case_sdpa},
     {HP_OP_SDPA_BACKWARD, case_sdpa},
     {HP_OP_ALL_GATHER, case_collective},
+    {HP_OP_LOCAL_CHUNK, case_collective},
     {HP_OP_REDUCE_SCATTER, case_collective},
     {HP_OP_ALL_REDUCE, case_collective},
     {HP_OP_ALL_TO_ALL, case_collective},

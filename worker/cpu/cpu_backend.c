@@ -73,6 +73,8 @@ static const hp__cpu_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_ADDMM] = hp__cpu_addmm,
     [HP_OP_EMBEDDING] = hp__cpu_embedding,
     [HP_OP_EMBEDDING_DENSE_BACKWARD] = hp__cpu_embedding_backward,
+    [HP_OP_CHUNKED_EMBEDDING] = hp__cpu_chunked_embedding,
+    [HP_OP_CHUNKED_EMBEDDING_BACKWARD] = hp__cpu_chunked_embedding_backward,
     [HP_OP_LOG_SOFTMAX] = hp__cpu_softmax,
     [HP_OP_LOG_SOFTMAX_BACKWARD] = hp__cpu_softmax_backward,
     [HP_OP_SOFTMAX] = hp__cpu_softmax,
@@ -314,7 +316,8 @@ static hp_status cpu_collective(hp_backend *b, int stream, const hp_kernel_call 
                        "cpu: %s with group_size %lld needs a communicator, and this backend has "
                        "none (only group_size 1 runs, as a copy)",
                        name, (long long)gs);
-    /* One rank: gather, scatter, reduce (sum, avg, max of one) and all-to-all are the identity. */
+    /* One rank: gather, scatter, reduce (sum, avg, max of one), all-to-all and local_chunk (the
+     * one chunk) are the identity. */
     hp_status st = hp__cpu_same_shape(c, 0, 0, 1, err);
     if (st == HP_OK) st = hp__cpu_dtype(c, 1, 0, HP__M(c->in_type[0].dtype), err);
     if (st != HP_OK) {

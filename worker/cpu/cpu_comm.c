@@ -23,6 +23,10 @@ typedef struct comm_op {
     size_t in_bytes;
     int64_t out_count;
     hp_comm_dtype dt;
+    /* local_chunk: `outer` rows of in_bytes / outer bytes, each giving its chunk_bytes chunk at
+     * the rank's coordinate */
+    int64_t outer;
+    size_t chunk_bytes;
 } comm_op;
 
 struct hp__cpu_comm {
@@ -59,6 +63,14 @@ static hp_status run_op(hp_comm *c, const comm_op *o, hp_err *err) {
         return c->vt->all_reduce(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
     case HP_OP_ALL_TO_ALL: /* equal splits: dim 0 divides by group_size (the shape rule) */
         return c->vt->all_to_all(c, o->in, o->out, o->in_bytes / (size_t)c->world, err);
+    case HP_OP_LOCAL_CHUNK: { /* the rank's own chunk along dim: a local copy, no exchange */
+        size_t row = o->in_bytes / (size_t)o->outer;
+        for (int64_t r = 0; r < o->outer; r++)
+            memcpy((char *)o->out + (size_t)r * o->chunk_bytes,
+                   (const char *)o->in + (size_t)r * row + (size_t)c->rank * o->chunk_bytes,
+                   o->chunk_bytes);
+        return HP_OK;
+    }
     default:
         return hp_errf(err, HP_UNSUPPORTED, "%s is not supported by the cpu comm stream",
                        hp_op_get(o->op)->name);
@@ -184,7 +196,20 @@ hp_status hp__cpu_comm_enqueue(hp__cpu_comm *q, const hp_kernel_call *c, hp_err 
                  .in_bytes = (size_t)hp_type_numel(&c->in_type[0]) * hp_dtype_size(dt),
                  .out_count = hp_type_numel(&c->out_type[0]),
                  .dt = HP_COMM_F32};
-    bool moves_bytes = n->op == HP_OP_ALL_GATHER || n->op == HP_OP_ALL_TO_ALL;
+    if (n->op == HP_OP_LOCAL_CHUNK) {
+        const hp_type *t = &c->in_type[0];
+        int d = (int)hp_node_int(n, HP_ATTR_DIM, 0);
+        if (d < 0) d += t->rank;
+        if (d < 0 || d >= t->rank || t->shape[d] % comm->world)
+            return hp_errf(err, HP_INVALID, "%s: dim %d of a rank-%d input does not split %d ways",
+                           name, d, t->rank, comm->world);
+        o.outer = 1;
+        for (int k = 0; k < d; k++) o.outer *= t->shape[k];
+        if (o.outer < 1) o.outer = 1;
+        o.chunk_bytes = o.in_bytes / (size_t)o.outer / (size_t)comm->world;
+    }
+    bool moves_bytes =
+        n->op == HP_OP_ALL_GATHER || n->op == HP_OP_ALL_TO_ALL || n->op == HP_OP_LOCAL_CHUNK;
     if (!moves_bytes && dt != HP_F32)
         return hp_errf(err, HP_UNSUPPORTED, "%s of %s: the cpu comm stream reduces f32 only", name,
                        hp_dtype_name(dt));

@@ -158,6 +158,8 @@ void hp__cpu_model(char *buf, size_t len);
 /* k_nn.c: embedding (+ dense backward), (log_)softmax (+ backward), nll_loss (+ backward) */
 HP__CPU_KERNEL(hp__cpu_embedding);
 HP__CPU_KERNEL(hp__cpu_embedding_backward);
+HP__CPU_KERNEL(hp__cpu_chunked_embedding);
+HP__CPU_KERNEL(hp__cpu_chunked_embedding_backward);
 HP__CPU_KERNEL(hp__cpu_softmax);
 HP__CPU_KERNEL(hp__cpu_softmax_backward);
 HP__CPU_KERNEL(hp__cpu_nll_loss);

@@ -123,6 +123,90 @@ HP__CPU_KERNEL(hp__cpu_embedding_backward) {
     return HP_OK;
 }
 
+/* ---- chunked embedding (the vocab-parallel lookup) ------------------------------------------ */
+
+typedef struct chunk_emb_job {
+    float *y;
+    const float *w;
+    const void *idx, *base;
+    hp_dtype it, bt;
+    int64_t d, k, rows;
+} chunk_emb_job;
+
+static void chunk_emb_rows(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const chunk_emb_job *j = ctx;
+    for (int64_t i = b; i < e; i++) {
+        float *y = j->y + i * j->d;
+        memset(y, 0, (size_t)j->d * sizeof *y);
+        int64_t id = index_at(j->idx, j->it, i);
+        for (int64_t c = 0; c < j->k; c++) {
+            int64_t at = id - index_at(j->base, j->bt, c);
+            if (at < 0 || at >= j->rows) continue;
+            const float *w = j->w + (c * j->rows + at) * j->d;
+            for (int64_t x = 0; x < j->d; x++) y[x] += w[x];
+        }
+    }
+}
+
+/* chunked_embedding(weight [V, D], idx [...], base [k]) -> [..., D] (graph/ops.def): indices no
+ * chunk holds read zeros, so no index is out of range. */
+HP__CPU_KERNEL(hp__cpu_chunked_embedding) {
+    HP_TRY(hp__cpu_dtype(c, 0, 0, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 1, HP__INTS, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 2, HP__INTS, err));
+    HP_TRY(hp__cpu_dtype(c, 1, 0, HP__F32, err));
+    const hp_type *w = &c->in_type[0], *bt = &c->in_type[2];
+    if (w->rank != 2 || bt->rank != 1 || bt->shape[0] < 1 || w->shape[0] % bt->shape[0])
+        return hp_errf(err, HP_INVALID, "weight must be [V, D] and base [k], k dividing V");
+    int64_t n = hp_type_numel(&c->in_type[1]);
+    HP_TRY(hp__cpu_out_numel(c, 0, n * w->shape[1], err));
+    chunk_emb_job j = {.y = c->out[0],
+                       .w = c->in[0],
+                       .idx = c->in[1],
+                       .base = c->in[2],
+                       .it = c->in_type[1].dtype,
+                       .bt = bt->dtype,
+                       .d = w->shape[1],
+                       .k = bt->shape[0],
+                       .rows = w->shape[0] / bt->shape[0]};
+    hp_pool_parallel_for(cpu->pool, n, hp__cpu_grain(j.d), chunk_emb_rows, &j);
+    return HP_OK;
+}
+
+/* chunked_embedding_backward(g [..., D], idx [...], base [k]){num_weights} -> [V, D]: one pass
+ * in position order (deterministic); the rows a rank holds are few next to the positions. */
+HP__CPU_KERNEL(hp__cpu_chunked_embedding_backward) {
+    (void)cpu;
+    HP_TRY(hp__cpu_dtype(c, 0, 0, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 1, HP__INTS, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 2, HP__INTS, err));
+    HP_TRY(hp__cpu_dtype(c, 1, 0, HP__F32, err));
+    const hp_type *o = &c->out_type[0], *bt = &c->in_type[2];
+    if (o->rank != 2 || bt->rank != 1 || bt->shape[0] < 1 || o->shape[0] % bt->shape[0])
+        return hp_errf(err, HP_INVALID,
+                       "output must be [num_weights, D] and base [k], k dividing "
+                       "num_weights");
+    int64_t v = o->shape[0], d = o->shape[1], n = hp_type_numel(&c->in_type[1]);
+    int64_t k = bt->shape[0], rows = v / k;
+    if (hp_type_numel(&c->in_type[0]) != n * d)
+        return hp_errf(err, HP_INVALID, "grad has %lld elements, expected %lld x %lld",
+                       (long long)hp_type_numel(&c->in_type[0]), (long long)n, (long long)d);
+    float *y = c->out[0];
+    const float *g = c->in[0];
+    memset(y, 0, (size_t)(v * d) * sizeof *y);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = index_at(c->in[1], c->in_type[1].dtype, i);
+        for (int64_t ch = 0; ch < k; ch++) {
+            int64_t at = id - index_at(c->in[2], bt->dtype, ch);
+            if (at < 0 || at >= rows) continue;
+            float *row = y + (ch * rows + at) * d;
+            for (int64_t x = 0; x < d; x++) row[x] += g[i * d + x];
+        }
+    }
+    return HP_OK;
+}
+
 /* ---- softmax family ------------------------------------------------------------------------- */
 
 /* Lines of `len` elements `inner` apart: line l starts at (l / inner) · len · inner + l % inner. */
