@@ -82,12 +82,13 @@ struct hpd {
 typedef struct hpd_config {
     const char *state_dir;
     int slots;
-    const char *worker_path; /* NULL: the launcher's default */
-    int heartbeat_ms;        /* 0: 1000 */
-    int on_sigterm;          /* hpd_on_sigterm (config.h); 0: checkpoint */
-    int launcher;            /* hpd_launcher_kind (config.h); 0: local */
-    int launch_timeout_s;    /* 0: 120 */
-    hpd_slurm_opts slurm;    /* launcher slurm (worker_path is set from the above) */
+    const char *worker_path;  /* NULL: the launcher's default */
+    int heartbeat_ms;         /* 0: 1000 */
+    int on_sigterm;           /* hpd_on_sigterm (config.h); 0: checkpoint */
+    int launcher;             /* hpd_launcher_kind (config.h); 0: local */
+    int launch_timeout_s;     /* 0: 120 */
+    hpd_slurm_opts slurm;     /* launcher slurm (worker_path is set from the above) */
+    hpd_systemd_opts systemd; /* launcher systemd (worker_path is set from the above) */
 } hpd_config;
 
 /* Opens the store, recovers jobs in flight, starts the cron. The worker server is started
