@@ -464,16 +464,37 @@ int main(int argc, char **argv) {
     g_d = d;
     memcpy(d->token, token, sizeof token);
     int wport = 0, gport = 0;
-    if (hp__workers_start(d, o.worker_listen, &wport, &err) != HP_OK) {
+    char whost[HPD_VALUE_MAX], why[300] = "";
+    snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
+             o.worker_listen);
+    /* Socket activation: the sockets systemd passed win over --worker-listen / --http. */
+    int wfd = hpd_sd_listen_take("workers", why, sizeof why);
+    int hfd = wfd == -2 ? -1 : hpd_sd_listen_take("http", why, sizeof why);
+    hp_status ws_st = HP_OK;
+    if (wfd == -2 || hfd == -2)
+        ws_st = hp_errf(&err, HP_INVALID, "%s", why);
+    else if (wfd >= 0)
+        ws_st = hp__workers_start_fd(d, wfd, whost, sizeof whost, &wport, &err);
+    else
+        ws_st = hp__workers_start(d, o.worker_listen, &wport, &err);
+    if (ws_st != HP_OK) {
         fprintf(stderr, "hpd: %s\n", err.msg);
         hpd_shutdown(d);
         uv_run(loop, UV_RUN_DEFAULT);
         hpd_free(d);
         return 1;
     }
-    char whost[HPD_VALUE_MAX];
-    snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
-             o.worker_listen);
+    {
+        char unused[256];
+        if (wfd >= 0 || hfd >= 0)
+            hp__log("info", "event=socket_activation workers=%s http=%s",
+                    wfd >= 0 ? "passed" : "bound", hfd >= 0 ? "passed" : "bound");
+        if (hpd_sd_listen_unused(unused, sizeof unused) > 0)
+            hp__log("warn",
+                    "event=socket_activation_unused sockets=\"%s\" note=\"hpd takes "
+                    "'workers' and 'http' (FileDescriptorName=)\"",
+                    unused);
+    }
     advertised(d->worker_addr, sizeof d->worker_addr, whost, wport);
     if (hpd_rpc_start(d, o.listen, o.tls_cert, o.tls_key, &gport, &err) != HP_OK) {
         fprintf(stderr, "hpd: --listen %s: %s\n", o.listen, err.msg);
@@ -483,8 +504,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     char http_addr[80] = "off";
-    if (strcmp(o.http, "off") != 0) {
-        hpd_http_config hc = {.addr = o.http, .retention_s = g_cur.metrics_retention_s};
+    if (strcmp(o.http, "off") != 0 || hfd > 0) {
+        hpd_http_config hc = {
+            .addr = o.http, .retention_s = g_cur.metrics_retention_s, .fd = hfd > 0 ? hfd : 0};
         /* The default address taken (another hpd on this host, say) is not worth refusing to
          * start for: serve without HTTP and say so. An address asked for is. */
         bool asked = g_flags[HPD_KEY_HTTP] || g_file_set[HPD_KEY_HTTP];

@@ -11,6 +11,10 @@
  * manager, and it exercises the launcher's whole state machine: start, poll, per-rank exit
  * codes, kill on cancel, cleanup (stop + reset-failed), adoption by a restarted hpd.
  *
+ * Socket activation: hpd under systemd-socket-activate (the worker and HTTP sockets passed as
+ * fds 3 and 4, named) runs a job; a passed fd that is no listening socket is refused; the
+ * socket units verify clean.
+ *
  * Run where a systemd manager is running (`systemctl --user is-system-running` answers and
  * `systemd-run --user --wait true` works), skipped with the reason elsewhere: the same world-2
  * job through the real user manager.
@@ -22,11 +26,13 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -541,4 +547,111 @@ Test(systemd_real, world2_job_through_the_user_manager, .init = setup_fake, .fin
             id));
     cr_expect_eq(code, 0, "units of %s left in the user manager", id);
     free(id);
+}
+
+/* ---- socket activation ------------------------------------------------------------------- */
+/* A TCP port free on 127.0.0.1 a moment ago. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+Test(systemd_fake, socket_activation_with_systemd_socket_activate) {
+    int code;
+    free(sh(&code, "command -v systemd-socket-activate"));
+    if (code != 0) cr_skip_test("no systemd-socket-activate (apt-get install systemd)");
+    int wp = free_port(), hp = free_port();
+    char out[400];
+    snprintf(out, sizeof out, "%s/sa.out", g_dir);
+    /* It binds both ports, then starts hpd on the first connection, the sockets as fds 3, 4. */
+    pid_t pid = fork();
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        setpgid(0, 0);
+        if (!freopen(out, "w", stdout) || !freopen(g_log, "w", stderr)) _exit(127);
+        char l1[64], l2[64], hpd[600];
+        snprintf(l1, sizeof l1, "127.0.0.1:%d", wp);
+        snprintf(l2, sizeof l2, "127.0.0.1:%d", hp);
+        snprintf(hpd, sizeof hpd, "%s/daemon/hpd", hp_th_binary_dir());
+        execlp("systemd-socket-activate", "systemd-socket-activate", "-l", l1, "-l", l2,
+               "--fdname=workers:http", hpd, "--listen", "127.0.0.1:0", "--state-dir", g_state,
+               "--worker-listen", "127.0.0.1:1", "--http", "127.0.0.1:1", (char *)NULL);
+        _exit(127);
+    }
+    /* the first connection (to the HTTP socket) starts hpd */
+    char *o = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(o);
+        o = sh(&code, "curl -s -m 2 -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/ 2>&1", hp);
+        if (code == 0 && o[0] != '0') break;
+        usleep(100000);
+    }
+    char *line = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(line);
+        line = hp_th_slurp_or_empty(out);
+        if (strstr(line, "hpd listening")) break;
+        usleep(100000);
+    }
+    char want[64];
+    snprintf(want, sizeof want, "workers=127.0.0.1:%d ", wp);
+    cr_expect(strstr(line, want), "hpd did not take the passed worker socket: %s", line);
+    snprintf(want, sizeof want, "http=127.0.0.1:%d ", hp);
+    cr_expect(strstr(line, want), "hpd did not take the passed HTTP socket: %s", line);
+    cr_expect(log_has("event=socket_activation workers=passed http=passed"));
+    /* and a job runs through it: its worker dials the passed socket */
+    const char *g = strstr(line, "grpc=");
+    cr_assert(g, "%s", line);
+    char grpc[64];
+    snprintf(grpc, sizeof grpc, "%.*s", (int)strcspn(g + 5, " \n"), g + 5);
+    setenv("HP_SERVER", grpc, 1);
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 4 -o %s/s.pb",
+                  g_dir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    char *id = hp_th_hpctl_submit(g_dir, "s.pb");
+    char *st = wait_state(id, "SUCCEEDED", 60);
+    cr_expect_str_eq(st, "SUCCEEDED");
+    free(st);
+    free(id);
+    free(line);
+    free(o);
+    kill(-pid, SIGTERM);
+    int ws;
+    waitpid(pid, &ws, 0);
+}
+
+Test(systemd_fake, a_passed_fd_that_is_not_a_listening_socket_is_refused) {
+    int code;
+    /* sd_listen_fds semantics by hand: LISTEN_PID is hpd's own pid (exec keeps sh's), fd 3 a
+     * file */
+    char *o = sh(&code,
+                 "exec 3</dev/null; LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=workers exec "
+                 "%s/daemon/hpd --listen 127.0.0.1:0 --http off --state-dir %s 2>&1",
+                 hp_th_binary_dir(), g_state);
+    cr_expect_neq(code, 0);
+    cr_expect(strstr(o, "fd 3 ('workers', for workers) is not a listening stream socket"), "%s", o);
+    free(o);
+}
+
+Test(systemd_fake, socket_units_verify) {
+    int code;
+    free(sh(&code, "command -v systemd-analyze"));
+    if (code != 0) cr_skip_test("no systemd-analyze (apt-get install systemd)");
+    char *o =
+        sh(&code,
+           "cd %s && sed -e 's|/usr/bin/hpd|%s/daemon/hpd|' %s/deploy/systemd/hpd.service "
+           "> hpd.service && cp %s/deploy/systemd/hpd.socket %s/deploy/systemd/hpd-http.socket "
+           ". && systemd-analyze verify --man=no ./hpd.socket ./hpd-http.socket 2>&1 "
+           ">/dev/null",
+           g_dir, hp_th_binary_dir(), hp_th_source_dir(), hp_th_source_dir(), hp_th_source_dir());
+    cr_expect_eq(code, 0, "verify failed: %s", o);
+    cr_expect_str_eq(o, "", "systemd-analyze verify said something");
+    free(o);
 }
