@@ -28,9 +28,12 @@ void hpd_settings_defaults(hpd_settings *s) {
     s->launcher = HPD_LAUNCHER_LOCAL;
     s->launch_timeout_s = 120;
     s->slurm_poll_ms = 1000;
+    s->systemd_manager = HPD_SYSTEMD_AUTO;
+    s->systemd_poll_ms = 1000;
 }
 
-static const char *const LAUNCHERS[] = {"local", "slurm", "external"};
+static const char *const LAUNCHERS[] = {"local", "slurm", "external", "systemd"};
+static const char *const MANAGERS[] = {"auto", "system", "user"};
 
 bool hpd_settings_key(const char *name, hpd_key *out) {
     for (int k = 0; k < HPD_KEY_COUNT; k++)
@@ -89,6 +92,9 @@ static char *str_of(hpd_settings *s, hpd_key k, size_t *cap) {
     case HPD_KEY_SLURM_TIME:
         *cap = sizeof s->slurm_time;
         return s->slurm_time;
+    case HPD_KEY_SYSTEMD_SLICE:
+        *cap = sizeof s->systemd_slice;
+        return s->systemd_slice;
     default:
         return NULL;
     }
@@ -171,6 +177,15 @@ static bool is_slurm_name(const char *v) {
     return true;
 }
 
+/* A slice unit's name: "hp.slice", "hp-jobs.slice". */
+static bool is_slice(const char *v) {
+    size_t n = strlen(v);
+    if (n <= 6 || strcmp(v + n - 6, ".slice") != 0) return false;
+    for (const char *p = v; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("_-.\\:", *p))) return false;
+    return true;
+}
+
 hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *err) {
     const char *name = hpd_settings_key_name(k);
     size_t cap = 0;
@@ -196,6 +211,11 @@ hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *er
             !is_slurm_name(v))
             return hp_errf(err, HP_INVALID,
                            "%s: '%.200s' is not a Slurm name (letters, digits, _ - . ,)", name, v);
+        if (k == HPD_KEY_SYSTEMD_SLICE && !is_slice(v))
+            return hp_errf(err, HP_INVALID,
+                           "%s: '%.200s' is not a slice unit name (letters, digits, _ - . \\ "
+                           "and ending in .slice)",
+                           name, v);
         snprintf(str, cap, "%s", v);
         return HP_OK;
     }
@@ -224,13 +244,34 @@ hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *er
             return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [50, 600000]", name,
                            v);
         return HP_OK;
+    case HPD_KEY_SYSTEMD_POLL_MS:
+        if (!parse_int(v, 50, 600000, &s->systemd_poll_ms))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [50, 600000]", name,
+                           v);
+        return HP_OK;
+    case HPD_KEY_SYSTEMD_MANAGER:
+        for (size_t i = 0; i < HP_ARRAY_LEN(MANAGERS); i++)
+            if (!strcmp(v, MANAGERS[i])) {
+                s->systemd_manager = (hpd_systemd_manager)i;
+                return HP_OK;
+            }
+        return hp_errf(err, HP_INVALID, "%s: '%.200s' is not auto|system|user", name, v);
+    case HPD_KEY_SYSTEMD_TOKEN:
+        if (strcmp(v, "credential") == 0)
+            s->systemd_token_file = false;
+        else if (strcmp(v, "file") == 0)
+            s->systemd_token_file = true;
+        else
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not credential|file", name, v);
+        return HP_OK;
     case HPD_KEY_LAUNCHER:
         for (size_t i = 0; i < HP_ARRAY_LEN(LAUNCHERS); i++)
             if (!strcmp(v, LAUNCHERS[i])) {
                 s->launcher = (hpd_launcher_kind)i;
                 return HP_OK;
             }
-        return hp_errf(err, HP_INVALID, "%s: '%.200s' is not local|slurm|external", name, v);
+        return hp_errf(err, HP_INVALID, "%s: '%.200s' is not local|slurm|systemd|external", name,
+                       v);
     case HPD_KEY_LOG_LEVEL:
         if (strcmp(v, "debug") && strcmp(v, "info") && strcmp(v, "warn") && strcmp(v, "error"))
             return hp_errf(err, HP_INVALID, "%s: '%.200s' is not debug|info|warn|error", name, v);
@@ -359,6 +400,12 @@ void hpd_settings_format(const hpd_settings *s, hpd_key k, char *buf, size_t len
         snprintf(buf, len, "%d", s->launch_timeout_s);
     else if (k == HPD_KEY_SLURM_POLL_MS)
         snprintf(buf, len, "%d", s->slurm_poll_ms);
+    else if (k == HPD_KEY_SYSTEMD_POLL_MS)
+        snprintf(buf, len, "%d", s->systemd_poll_ms);
+    else if (k == HPD_KEY_SYSTEMD_MANAGER)
+        snprintf(buf, len, "%s", MANAGERS[s->systemd_manager]);
+    else if (k == HPD_KEY_SYSTEMD_TOKEN)
+        snprintf(buf, len, "%s", s->systemd_token_file ? "file" : "credential");
     else if (k == HPD_KEY_LAUNCHER)
         snprintf(buf, len, "%s", LAUNCHERS[s->launcher]);
     else if (k == HPD_KEY_METRICS_RETENTION)

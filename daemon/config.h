@@ -35,7 +35,15 @@ typedef enum {
     HPD_LAUNCHER_LOCAL,    /* uv_spawn of hp-worker on this host (the default) */
     HPD_LAUNCHER_SLURM,    /* one Slurm job per attempt (sbatch; srun inside an allocation) */
     HPD_LAUNCHER_EXTERNAL, /* the operator starts the workers (hpctl status ID --worker-cmd) */
+    HPD_LAUNCHER_SYSTEMD,  /* one transient systemd service per rank (systemd-run) */
 } hpd_launcher_kind;
+
+/* Which systemd manager the systemd launcher talks to. */
+typedef enum {
+    HPD_SYSTEMD_AUTO,   /* the system's when hpd runs as root, else the user's (main decides) */
+    HPD_SYSTEMD_SYSTEM, /* systemctl --system */
+    HPD_SYSTEMD_USER,   /* systemctl --user */
+} hpd_systemd_manager;
 
 #define HPD_VALUE_MAX 1024
 
@@ -56,11 +64,16 @@ typedef struct hpd_settings {
     char slurm_partition[128], slurm_account[128], slurm_qos[128];
     char slurm_time[32]; /* sbatch --time ("": the partition's default) */
     int slurm_poll_ms;   /* squeue interval (default 1000) */
+    hpd_systemd_manager systemd_manager;
+    char systemd_slice[128]; /* Slice= of the rank units ("": the manager's default) */
+    bool systemd_token_file; /* systemd-token = file: $HP_TOKEN_FILE, not a credential */
+    int systemd_poll_ms;     /* systemctl show interval (default 1000) */
 } hpd_settings;
 
 /* The defaults: listen 127.0.0.1:7070, worker-listen 127.0.0.1:0, http 127.0.0.1:7071,
  * log-level info, on-sigterm checkpoint, metrics-retention 600, launcher local,
- * launch-timeout-s 120, slurm-poll-ms 1000, the rest "" / 0. */
+ * launch-timeout-s 120, slurm-poll-ms 1000, systemd-manager auto, systemd-token credential,
+ * systemd-poll-ms 1000, the rest "" / 0. */
 void hpd_settings_defaults(hpd_settings *s);
 
 /* The key named `name` ("slots"); false when there is none. */

@@ -667,6 +667,11 @@ static hp_status launcher_new(hpd *d, const hpd_config *cfg, hp_err *err) {
         o.worker_path = cfg->worker_path;
         return hpd_launcher_slurm_new(d->loop, &o, hp__on_launch_event, d, &d->launcher, err);
     }
+    case HPD_LAUNCHER_SYSTEMD: {
+        hpd_systemd_opts o = cfg->systemd;
+        o.worker_path = cfg->worker_path;
+        return hpd_launcher_systemd_new(d->loop, &o, hp__on_launch_event, d, &d->launcher, err);
+    }
     case HPD_LAUNCHER_EXTERNAL:
         return hpd_launcher_external_new(hp__on_launch_event, d, &d->launcher, err);
     default:

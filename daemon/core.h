@@ -82,12 +82,13 @@ struct hpd {
 typedef struct hpd_config {
     const char *state_dir;
     int slots;
-    const char *worker_path; /* NULL: the launcher's default */
-    int heartbeat_ms;        /* 0: 1000 */
-    int on_sigterm;          /* hpd_on_sigterm (config.h); 0: checkpoint */
-    int launcher;            /* hpd_launcher_kind (config.h); 0: local */
-    int launch_timeout_s;    /* 0: 120 */
-    hpd_slurm_opts slurm;    /* launcher slurm (worker_path is set from the above) */
+    const char *worker_path;  /* NULL: the launcher's default */
+    int heartbeat_ms;         /* 0: 1000 */
+    int on_sigterm;           /* hpd_on_sigterm (config.h); 0: checkpoint */
+    int launcher;             /* hpd_launcher_kind (config.h); 0: local */
+    int launch_timeout_s;     /* 0: 120 */
+    hpd_slurm_opts slurm;     /* launcher slurm (worker_path is set from the above) */
+    hpd_systemd_opts systemd; /* launcher systemd (worker_path is set from the above) */
 } hpd_config;
 
 /* Opens the store, recovers jobs in flight, starts the cron. The worker server is started
@@ -157,6 +158,9 @@ hp_status hp__trace_merge(const char *state_dir, const char *id, int64_t step, c
 /* ---- workers.c ------------------------------------------------------------------------ */
 /* Listens on addr ("HOST:PORT", port 0 picks one); *port gets the bound port. */
 hp_status hp__workers_start(hpd *d, const char *addr, int *port, hp_err *err);
+/* The same on a listening socket systemd passed (socket activation; owned from here); host gets
+ * the address it is bound to ("127.0.0.1", "[::]"). */
+hp_status hp__workers_start_fd(hpd *d, int fd, char *host, size_t host_len, int *port, hp_err *err);
 void hp__workers_stop(hpd *d);
 /* Queues f on c. A failure closes the connection. */
 hp_status hp__conn_send(hpd_conn *c, const Hp__V1__Frame *f, hp_err *err);

@@ -399,6 +399,26 @@ static void find_share(char *out, size_t n) {
 }
 
 /* Binds addr ("HOST:PORT", HOST a name or address, [v6] in brackets) and listens. */
+/* "IP:PORT" / "[IP6]:PORT" of a bound socket. */
+static void bound_name(int fd, char *bound, size_t bound_len) {
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    char ip[INET6_ADDRSTRLEN] = "?";
+    int p = 0;
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &v4->sin_addr, ip, sizeof ip);
+        p = ntohs(v4->sin_port);
+        snprintf(bound, bound_len, "%s:%d", ip, p);
+    } else {
+        struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &v6->sin6_addr, ip, sizeof ip);
+        p = ntohs(v6->sin6_port);
+        snprintf(bound, bound_len, "[%s]:%d", ip, p);
+    }
+}
+
 static int bind_listen(const char *addr, char *bound, size_t bound_len, hp_err *err) {
     const char *colon = strrchr(addr, ':');
     if (!colon || colon == addr || !colon[1])
@@ -438,22 +458,7 @@ static int bind_listen(const char *addr, char *bound, size_t bound_len, hp_err *
     }
     freeaddrinfo(res);
     if (fd < 0) return hp_errf(err, HP_IO, "bind %s: %s", addr, strerror(last)), -1;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    char ip[INET6_ADDRSTRLEN] = "?";
-    int p = 0;
-    if (ss.ss_family == AF_INET) {
-        struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
-        inet_ntop(AF_INET, &v4->sin_addr, ip, sizeof ip);
-        p = ntohs(v4->sin_port);
-        snprintf(bound, bound_len, "%s:%d", ip, p);
-    } else {
-        struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
-        inet_ntop(AF_INET6, &v6->sin6_addr, ip, sizeof ip);
-        p = ntohs(v6->sin6_port);
-        snprintf(bound, bound_len, "[%s]:%d", ip, p);
-    }
+    bound_name(fd, bound, bound_len);
     return fd;
 }
 
@@ -476,7 +481,12 @@ hp_status hpd_http_start(hpd *d, const hpd_http_config *cfg, char *bound, size_t
              cj && *cj ? cj : "/usr/share/javascript/chart.js/chart.min.js");
     if (!d->obs && hp__obs_new(&d->obs, err) != HP_OK) goto fail;
     h->obs = d->obs;
-    h->listen_fd = bind_listen(cfg->addr, bound, bound_len, err);
+    if (cfg->fd > 0) { /* socket activation: systemd bound it */
+        h->listen_fd = cfg->fd;
+        bound_name(cfg->fd, bound, bound_len);
+    } else {
+        h->listen_fd = bind_listen(cfg->addr, bound, bound_len, err);
+    }
     if (h->listen_fd < 0) goto fail;
     h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
                               0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,

@@ -15,6 +15,8 @@
 
 typedef struct hpd_http_config {
     const char *addr;      /* "HOST:PORT" (port 0: any); loopback unless told otherwise */
+    int fd;                /* > 0: serve on this listening socket instead (socket activation;
+                              the server owns it from here) */
     double retention_s;    /* finished jobs stay in /metrics this long */
     const char *share_dir; /* the dashboard's files; NULL: $HP_SHARE_DIR, beside the binary, the
                               source tree */

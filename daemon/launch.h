@@ -1,8 +1,8 @@
-/* daemon/launch.h — launchers: how a job's rank processes start and stop. One vtable, three
+/* daemon/launch.h — launchers: how a job's rank processes start and stop. One vtable, four
  * launchers: `local` (uv_spawn of hp-worker per rank, the default), `slurm` (one sbatch job
- * per attempt, or srun inside hpd's own allocation) and `external` (the operator starts the
- * workers; they register with the job token over the worker protocol). A `systemd` launcher
- * (hp-worker@ units per rank) would be a fourth behind the same vtable; it is not written.
+ * per attempt, or srun inside hpd's own allocation), `systemd` (one transient service per rank,
+ * started with systemd-run) and `external` (the operator starts the workers; they register
+ * with the job token over the worker protocol).
  *
  * The launcher takes a whole attempt at once (Slurm wants one gang submission) and reports
  * what happens to it later through one event callback, always on the loop: a rank's exit
@@ -114,5 +114,23 @@ typedef struct hpd_slurm_opts {
 hp_status hpd_launcher_slurm_new(uv_loop_t *loop, const hpd_slurm_opts *o,
                                  hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
                                  hp_err *err);
+
+/* What the systemd launcher needs besides the attempt. */
+typedef struct hpd_systemd_opts {
+    const char *worker_path;
+    bool user;           /* the calling user's manager (systemctl --user), else the system's */
+    bool token_file;     /* hand the worker the token file's path, not a credential */
+    const char *slice;   /* Slice= of the rank units ("": the manager's default) */
+    int poll_ms;         /* systemctl show interval (0: 1000) */
+    const char *bin_dir; /* where systemd-run and systemctl are ("": PATH) */
+} hpd_systemd_opts;
+
+/* The systemd launcher: rank R of attempt A of job J runs as the transient service
+ * hp-J-A-R.service (systemd-run), its state polled with `systemctl show` off the loop, stopped
+ * with `systemctl kill`, and the units stopped and reset-failed once their exits are reported.
+ * A restarted hpd adopts the units of an attempt by their names. */
+hp_status hpd_launcher_systemd_new(uv_loop_t *loop, const hpd_systemd_opts *o,
+                                   hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
+                                   hp_err *err);
 
 #endif

@@ -42,9 +42,10 @@ static const char USAGE[] =
     "  --on-sigterm checkpoint|cancel  running jobs on SIGTERM: stop with a checkpoint and\n"
     "                             resume at the next start (default), or cancel them\n"
     "  --heartbeat-ms N           worker heartbeat interval (default 1000)\n"
-    "  --launcher local|slurm|external  how ranks start: hp-worker processes here (default),\n"
-    "                             one Slurm job per attempt, or workers an operator starts\n"
-    "                             (hpctl status ID --worker-cmd prints their commands)\n"
+    "  --launcher local|slurm|systemd|external  how ranks start: hp-worker processes here\n"
+    "                             (default), one Slurm job per attempt, one systemd unit per\n"
+    "                             rank, or workers an operator starts (hpctl status ID\n"
+    "                             --worker-cmd prints their commands)\n"
     "  --advertise HOST[:PORT]    the address workers dial (default: the --worker-listen host,\n"
     "                             unless that is a wildcard; PORT: the bound port)\n"
     "  --launch-timeout-s N       LAUNCHING longer than this fails the attempt (default 120;\n"
@@ -52,6 +53,10 @@ static const char USAGE[] =
     "  --slurm-partition P  --slurm-account A  --slurm-qos Q  --slurm-time T\n"
     "                             sbatch's --partition/--account/--qos/--time (default: none)\n"
     "  --slurm-poll-ms N          squeue interval (default 1000)\n"
+    "  --systemd-manager auto|system|user  the manager rank units run in (default auto:\n"
+    "                             the system's as root, else the user's)\n"
+    "  --systemd-slice NAME.slice  --systemd-poll-ms N (systemctl show interval, 1000)\n"
+    "  --systemd-token credential|file  the token as a credential (default) or $HP_TOKEN_FILE\n"
     "  --config FILE              'key = value' lines, keys named like these flags (default\n"
     "                             $HPD_CONFIG); flags win; SIGHUP re-reads it\n"
     "  --version, --help\n";
@@ -284,6 +289,10 @@ int main(int argc, char **argv) {
         {"slurm-qos", required_argument, 0, O_KEYONLY},
         {"slurm-time", required_argument, 0, O_KEYONLY},
         {"slurm-poll-ms", required_argument, 0, O_KEYONLY},
+        {"systemd-manager", required_argument, 0, O_KEYONLY},
+        {"systemd-slice", required_argument, 0, O_KEYONLY},
+        {"systemd-token", required_argument, 0, O_KEYONLY},
+        {"systemd-poll-ms", required_argument, 0, O_KEYONLY},
         {"version", no_argument, 0, O_VER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -387,7 +396,10 @@ int main(int argc, char **argv) {
             fprintf(stderr,
                     "hpd: --worker-listen %s is a wildcard: with --launcher %s the workers run "
                     "elsewhere, so give the address they dial with --advertise HOST[:PORT]\n",
-                    o.worker_listen, g_cur.launcher == HPD_LAUNCHER_SLURM ? "slurm" : "external");
+                    o.worker_listen,
+                    g_cur.launcher == HPD_LAUNCHER_SLURM     ? "slurm"
+                    : g_cur.launcher == HPD_LAUNCHER_SYSTEMD ? "systemd"
+                                                             : "external");
             return 2;
         }
     }
@@ -438,7 +450,12 @@ int main(int argc, char **argv) {
                   .qos = g_cur.slurm_qos,
                   .time_limit = g_cur.slurm_time,
                   .poll_ms = g_cur.slurm_poll_ms,
-                  .in_allocation = getenv("SLURM_JOB_ID") != NULL && *getenv("SLURM_JOB_ID") != 0}};
+                  .in_allocation = getenv("SLURM_JOB_ID") != NULL && *getenv("SLURM_JOB_ID") != 0},
+        .systemd = {.user = g_cur.systemd_manager == HPD_SYSTEMD_USER ||
+                            (g_cur.systemd_manager == HPD_SYSTEMD_AUTO && geteuid() != 0),
+                    .token_file = g_cur.systemd_token_file,
+                    .slice = g_cur.systemd_slice,
+                    .poll_ms = g_cur.systemd_poll_ms}};
     hpd *d = NULL;
     if (hpd_new(loop, &cfg, &d, &err) != HP_OK) {
         fprintf(stderr, "hpd: %s\n", err.msg);
@@ -447,16 +464,37 @@ int main(int argc, char **argv) {
     g_d = d;
     memcpy(d->token, token, sizeof token);
     int wport = 0, gport = 0;
-    if (hp__workers_start(d, o.worker_listen, &wport, &err) != HP_OK) {
+    char whost[HPD_VALUE_MAX], why[300] = "";
+    snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
+             o.worker_listen);
+    /* Socket activation: the sockets systemd passed win over --worker-listen / --http. */
+    int wfd = hpd_sd_listen_take("workers", why, sizeof why);
+    int hfd = wfd == -2 ? -1 : hpd_sd_listen_take("http", why, sizeof why);
+    hp_status ws_st = HP_OK;
+    if (wfd == -2 || hfd == -2)
+        ws_st = hp_errf(&err, HP_INVALID, "%s", why);
+    else if (wfd >= 0)
+        ws_st = hp__workers_start_fd(d, wfd, whost, sizeof whost, &wport, &err);
+    else
+        ws_st = hp__workers_start(d, o.worker_listen, &wport, &err);
+    if (ws_st != HP_OK) {
         fprintf(stderr, "hpd: %s\n", err.msg);
         hpd_shutdown(d);
         uv_run(loop, UV_RUN_DEFAULT);
         hpd_free(d);
         return 1;
     }
-    char whost[HPD_VALUE_MAX];
-    snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
-             o.worker_listen);
+    {
+        char unused[256];
+        if (wfd >= 0 || hfd >= 0)
+            hp__log("info", "event=socket_activation workers=%s http=%s",
+                    wfd >= 0 ? "passed" : "bound", hfd >= 0 ? "passed" : "bound");
+        if (hpd_sd_listen_unused(unused, sizeof unused) > 0)
+            hp__log("warn",
+                    "event=socket_activation_unused sockets=\"%s\" note=\"hpd takes "
+                    "'workers' and 'http' (FileDescriptorName=)\"",
+                    unused);
+    }
     advertised(d->worker_addr, sizeof d->worker_addr, whost, wport);
     if (hpd_rpc_start(d, o.listen, o.tls_cert, o.tls_key, &gport, &err) != HP_OK) {
         fprintf(stderr, "hpd: --listen %s: %s\n", o.listen, err.msg);
@@ -466,8 +504,9 @@ int main(int argc, char **argv) {
         return 1;
     }
     char http_addr[80] = "off";
-    if (strcmp(o.http, "off") != 0) {
-        hpd_http_config hc = {.addr = o.http, .retention_s = g_cur.metrics_retention_s};
+    if (strcmp(o.http, "off") != 0 || hfd > 0) {
+        hpd_http_config hc = {
+            .addr = o.http, .retention_s = g_cur.metrics_retention_s, .fd = hfd > 0 ? hfd : 0};
         /* The default address taken (another hpd on this host, say) is not worth refusing to
          * start for: serve without HTTP and say so. An address asked for is. */
         bool asked = g_flags[HPD_KEY_HTTP] || g_file_set[HPD_KEY_HTTP];

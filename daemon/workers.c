@@ -261,16 +261,19 @@ static hp_status parse_addr(const char *addr, struct sockaddr_storage *ss, hp_er
     return hp_errf(err, HP_INVALID, "worker listen address '%s': not an IP address", addr);
 }
 
-hp_status hp__workers_start(hpd *d, const char *addr, int *port, hp_err *err) {
+/* Listens on addr, or on fd (> 0: a listening socket systemd passed) when addr is NULL. */
+static hp_status workers_start(hpd *d, const char *addr, int fd, int *port, hp_err *err) {
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    HP_TRY(parse_addr(addr, &ss, err));
+    if (addr) HP_TRY(parse_addr(addr, &ss, err));
     hpd_workers *ws = hp_calloc(1, sizeof *ws);
     if (!ws) return hp_errf(err, HP_NOMEM, "out of memory");
     ws->d = d;
     uv_tcp_init(d->loop, &ws->server);
     ws->server.data = ws;
-    int rc = uv_tcp_bind(&ws->server, (struct sockaddr *)&ss, 0);
+    int rc = addr ? uv_tcp_bind(&ws->server, (struct sockaddr *)&ss, 0)
+                  : uv_tcp_open(&ws->server, (uv_os_sock_t)fd);
+    if (!addr) addr = "(the socket systemd passed)";
     if (rc == 0) rc = uv_listen((uv_stream_t *)&ws->server, 128, on_connection);
     if (rc < 0) {
         /* the handle lives in ws: free ws once its close callback ran */
@@ -288,6 +291,29 @@ hp_status hp__workers_start(hpd *d, const char *addr, int *port, hp_err *err) {
     uv_timer_start(&ws->timer, on_timer, 1000, 1000);
     ws->open_handles = 2;
     d->workers = ws;
+    return HP_OK;
+}
+
+hp_status hp__workers_start(hpd *d, const char *addr, int *port, hp_err *err) {
+    return workers_start(d, addr, -1, port, err);
+}
+
+hp_status hp__workers_start_fd(hpd *d, int fd, char *host, size_t host_len, int *port,
+                               hp_err *err) {
+    HP_TRY(workers_start(d, NULL, fd, port, err));
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    snprintf(host, host_len, "0.0.0.0");
+    if (uv_tcp_getsockname(&d->workers->server, (struct sockaddr *)&ss, &len) == 0) {
+        char ip[64] = "";
+        if (ss.ss_family == AF_INET6) {
+            uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+            snprintf(host, host_len, "[%s]", ip);
+        } else {
+            uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+            snprintf(host, host_len, "%s", ip);
+        }
+    }
     return HP_OK;
 }
 

@@ -52,6 +52,10 @@ Test(config, good_file_every_key) {
                        "slurm-qos = normal\n"
                        "slurm-time = 1-12:00:00\n"
                        "slurm-poll-ms = 500\n"
+                       "systemd-manager = user\n"
+                       "systemd-slice = hp-ranks.slice\n"
+                       "systemd-token = file\n"
+                       "systemd-poll-ms = 300\n"
                        "heartbeat-ms = 250"; /* no final newline */
     hpd_settings s;
     hpd_settings_defaults(&s);
@@ -79,6 +83,10 @@ Test(config, good_file_every_key) {
     cr_expect_str_eq(s.slurm_qos, "normal");
     cr_expect_str_eq(s.slurm_time, "1-12:00:00");
     cr_expect_eq(s.slurm_poll_ms, 500);
+    cr_expect_eq(s.systemd_manager, HPD_SYSTEMD_USER);
+    cr_expect_str_eq(s.systemd_slice, "hp-ranks.slice");
+    cr_expect(s.systemd_token_file);
+    cr_expect_eq(s.systemd_poll_ms, 300);
     for (int k = 0; k < HPD_KEY_COUNT; k++)
         cr_expect(given[k], "%s not marked given", hpd_settings_key_name((hpd_key)k));
 }
@@ -119,7 +127,12 @@ Test(config, errors_name_file_line_and_key) {
         {"Slots = 2\n", "hpd.conf:1: unknown key 'Slots'"},
         {"--slots = 2\n", "hpd.conf:1: unknown key '--slots'"},
         {"launcher = kubernetes\n",
-         "hpd.conf:1: launcher: 'kubernetes' is not local|slurm|external"},
+         "hpd.conf:1: launcher: 'kubernetes' is not local|slurm|systemd|external"},
+        {"systemd-manager = session\n", "systemd-manager: 'session' is not auto|system|user"},
+        {"systemd-token = env\n", "systemd-token: 'env' is not credential|file"},
+        {"systemd-slice = hp\n", "systemd-slice: 'hp' is not a slice unit name"},
+        {"systemd-slice = a b.slice\n", "systemd-slice: 'a b.slice' is not a slice unit name"},
+        {"systemd-poll-ms = 10\n", "systemd-poll-ms: '10' must be an integer in [50, 600000]"},
         {"advertise = 0.0.0.0\n", "advertise: '0.0.0.0': a wildcard is not an address"},
         {"advertise = [::]:7000\n", "advertise: '[::]:7000': a wildcard is not an address"},
         {"advertise = h:0\n", "advertise: 'h:0': the port must be in [1, 65535]"},

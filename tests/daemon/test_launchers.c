@@ -272,7 +272,8 @@ Test(launchers, workers_dial_the_advertised_address) {
     hp_th_run_free(&rr);
     rr = hp_th_run_bin(g_dir, "daemon/hpd", "--state-dir %s/s2 --launcher pbs", g_dir);
     cr_expect_eq(rr.code, 2);
-    cr_expect(strstr(rr.err, "--launcher: 'pbs' is not local|slurm|external"), "%s", rr.err);
+    cr_expect(strstr(rr.err, "--launcher: 'pbs' is not local|slurm|systemd|external"), "%s",
+              rr.err);
     hp_th_run_free(&rr);
     rr = hp_th_run_bin(g_dir, "daemon/hpd", "--state-dir %s/s2 --advertise 0.0.0.0:7000", g_dir);
     cr_expect_eq(rr.code, 2);
