@@ -38,7 +38,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_INPUT, K_COMPUTE, K_WAIT, K_GATHER, K_EARLY } node_kind;
+/* K_FEED: a data-movement node between a stored parameter and its gather (spmd transposes a
+ * dp:S(k) storage to dim 0 first): it travels with the gather it feeds. */
+typedef enum { K_INPUT, K_COMPUTE, K_WAIT, K_GATHER, K_EARLY, K_FEED } node_kind;
 
 typedef struct sched_key {
     int64_t pos, tie;
@@ -129,9 +131,14 @@ static void classify(sched *s) {
         } else if (s->kind[i] == K_COMPUTE && nu > 0 && !s->u.is_output[i] &&
                    is_movement(g->nodes[i].op)) {
             /* a feeder: every user is an early collective or another feeder */
-            bool feeds = true;
+            bool feeds = true, gfeeds = g->nodes[i].n_in == 1;
             for (int k = 0; k < nu && feeds; k++) feeds = s->kind[us[k]] == K_EARLY;
-            if (feeds) s->kind[i] = K_EARLY;
+            for (int k = 0; k < nu && gfeeds; k++)
+                gfeeds = s->kind[us[k]] == K_GATHER || s->kind[us[k]] == K_FEED;
+            if (feeds)
+                s->kind[i] = K_EARLY;
+            else if (gfeeds)
+                s->kind[i] = K_FEED;
         }
     }
 }
@@ -149,7 +156,7 @@ static hp_status plan_prefetch(sched *s, const hp_pass_config *pc, hp_err *err) 
     for (int i = 0; i < s->n; i++) s->stamp[i] = -1;
     int32_t prev_ph = -1;
     for (int a = 0; a < s->n_ag; a++) {
-        int32_t id = s->ag[a].id, ph = g->nodes[id].in[0].node;
+        int32_t id = s->ag[a].id, ph = hp__gathered_param(g, id);
         bool fresh = a == 0 || !hp__same_unit(g, prev_ph, ph) || s->stamp[ph] == s->n_groups - 1;
         if (fresh) {
             s->gfirst[s->n_groups] = a;
@@ -199,7 +206,8 @@ static void assign_keys(sched *s) {
             s->key[i] = (sched_key){.pos = s->pos[i], .sub = 0, .tie = 0, .id = i};
             break;
         case K_GATHER:
-            break; /* plan_prefetch */
+        case K_FEED:
+            break; /* plan_prefetch; below */
         case K_EARLY: {
             int64_t p = -2;
             const hp_node *nd = &s->g->nodes[i];
@@ -209,6 +217,18 @@ static void assign_keys(sched *s) {
             break;
         }
         }
+    }
+}
+
+/* A gather's feeders take its key (their own id: just before it). Reverse: users first. */
+static void feed_keys(sched *s) {
+    for (int i = s->n - 1; i >= 0; i--) {
+        if (s->kind[i] != K_FEED) continue;
+        const sched_key *best = NULL;
+        for (int32_t e = s->u.off[i]; e < s->u.off[i + 1]; e++)
+            if (!best || key_cmp(&s->key[s->u.user[e]], best) < 0) best = &s->key[s->u.user[e]];
+        s->key[i] = *best;
+        s->key[i].id = i;
     }
 }
 
@@ -273,6 +293,7 @@ static hp_status emit(const hp_graph *g, const int32_t *order, hp_graph **out, h
         goto done;
     }
     for (int i = 0; i < n; i++) newid[i] = -1;
+    if ((st = hp__copy_mesh(o, g, err)) != HP_OK) goto done;
     for (int t = 0; t < n; t++) {
         int32_t id = order[t];
         const hp_node *nd = &g->nodes[id];
@@ -295,6 +316,7 @@ static hp_status emit(const hp_graph *g, const int32_t *order, hp_graph **out, h
             goto done;
         }
         newid[id] = nid;
+        if (nd->pl && (st = hp_node_set_placements(o, nid, nd->pl, err)) != HP_OK) goto done;
     }
     for (int i = 0; i < g->n_outputs; i++) {
         hp_value v = {newid[g->outputs[i].node], g->outputs[i].out};
@@ -332,6 +354,7 @@ static hp_status schedule(const hp_graph *in, const hp_pass_config *pc, hp_graph
     classify(&s);
     if ((st = plan_prefetch(&s, pc, err)) != HP_OK) goto done;
     assign_keys(&s);
+    feed_keys(&s);
     if ((st = topo_order(&s, err)) != HP_OK) goto done;
     st = emit(in, s.order, out, err);
 done:
