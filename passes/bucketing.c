@@ -51,6 +51,7 @@ typedef struct bk {
     int32_t *members;    /* [n] member ids, bucket after bucket */
     bucket *buckets;     /* [n / 2] */
     int32_t *newid;      /* [n] node id in the output graph; member waits: their value */
+    uint8_t *done;       /* [n] gathers already given to a run (gather_cluster) */
     hp_value *ins;       /* [HP_MAX_INPUTS] */
     int n_members, n_buckets;
     bool placed;  /* the graph has a mesh: every new value gets placements */
@@ -67,6 +68,7 @@ static void bk_fini(bk *b) {
     hp_free(b->members);
     hp_free(b->buckets);
     hp_free(b->newid);
+    hp_free(b->done);
     hp_free(b->ins);
 }
 
@@ -283,15 +285,49 @@ static void add_member(bk *b, run *r, int32_t id) {
     if (b->first_wait[id] < r->min_wait) r->min_wait = b->first_wait[id];
 }
 
+/* The gathers of the cluster starting at i (gathers and their feeders, nothing else: what
+ * overlap issues at one point) bucketed one signature at a time, so that a unit's gathers of
+ * different placements (a TP'd weight, a replicated norm) make one bucket per placement instead
+ * of a run cut at each change. Returns the end of the cluster. */
+static int32_t gather_cluster(bk *b, int32_t i, int64_t limit) {
+    int32_t end = i;
+    while (end < b->n && (b->g->nodes[end].op == HP_OP_ALL_GATHER || gather_feeder(b, end))) end++;
+    for (int32_t h = i; h < end; h++) {
+        if (b->done[h] || b->g->nodes[h].op != HP_OP_ALL_GATHER) continue;
+        run r = {0};
+        b->done[h] = 1;
+        if (!bucketable(b, h)) continue;
+        add_member(b, &r, h);
+        for (int32_t t = h + 1; t < end; t++) {
+            if (b->done[t] || b->g->nodes[t].op != HP_OP_ALL_GATHER || !bucketable(b, t) ||
+                !same_signature(b->g, h, t))
+                continue;
+            b->done[t] = 1;
+            if (r.count && !joins(b, &r, t, limit)) close_run(b, &r);
+            add_member(b, &r, t);
+        }
+        close_run(b, &r);
+    }
+    return end;
+}
+
 static void form_buckets(bk *b, int64_t limit) {
     run r = {0};
     for (int32_t i = 0; i < b->n; i++) {
         const hp_node *n = &b->g->nodes[i];
-        if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
+        if (n->op == HP_OP_ALL_GATHER) {
+            close_run(b, &r);
+            i = gather_cluster(b, i, limit) - 1;
+        } else if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
             if (r.count && joins(b, &r, i, limit)) {
                 add_member(b, &r, i);
                 continue;
             }
+            /* another mesh dim's collective (a TP all-reduce between two gradients' scatters on
+             * dp) does not end the run: the bucket only issues later, never before its inputs */
+            if (r.count && b->placed && strcmp(group_of(n), group_of(&b->g->nodes[r.last])) &&
+                i < r.min_wait)
+                continue;
             close_run(b, &r);
             if (bucketable(b, i)) add_member(b, &r, i);
         } else if (r.count) {
@@ -504,10 +540,11 @@ static hp_status bucketize(const hp_graph *in, int64_t limit, hp_graph **out, hp
     b.members = hp_malloc(n * sizeof *b.members);
     b.buckets = hp_calloc(n / 2 + 1, sizeof *b.buckets);
     b.newid = hp_malloc(n * sizeof *b.newid);
+    b.done = hp_calloc(n, sizeof *b.done);
     b.ins = hp_malloc(HP_MAX_INPUTS * sizeof *b.ins);
     o = hp_graph_new();
     if (!b.first_wait || !b.bucket_of || !b.offset || !b.stamp || !b.members || !b.buckets ||
-        !b.newid || !b.ins || !o) {
+        !b.newid || !b.done || !b.ins || !o) {
         st = hp_errf(err, HP_NOMEM, "out of memory bucketing %d nodes", b.n);
         goto done;
     }
