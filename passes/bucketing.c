@@ -5,10 +5,13 @@
  * all_reduce), dtype, group, group_size and reduce_op, each consumed only by wait_tensor
  * nodes (never directly, never a graph output):
  *   * all-gathers that sit next to each other in the node list (as overlap issues one FSDP
- *     unit's gathers) and gather parameters of the same FSDP unit (hp__fsdp_unit_len), no
- *     parameter twice;
+ *     unit's gathers; only their feeders, spmd's transposes of a stored parameter, between
+ *     them) and gather parameters of the same FSDP unit (hp__fsdp_unit_len), no parameter
+ *     twice; such a cluster is bucketed one signature at a time (placed: a unit's TP'd weights
+ *     and its replicated norms make two buckets);
  *   * reduce-scatters / all-reduces that follow each other in the sequence of collectives
- *     (compute in between is fine, another collective ends the run), as long as no member's
+ *     (compute in between is fine, another collective ends the run unless it is on another
+ *     mesh dim of a placed graph), as long as no member's
  *     wait comes before the last member: the bucket is issued where its last member was, when
  *     every input exists, and is waited where the first member's wait was.
  * A bucket's size is its unsharded bytes (the gather's output, the scatter's input, the
@@ -22,9 +25,11 @@
  *   scatter      y_i [N*s_i, ...] -> view [N, m_i] -> cat dim 1 [N, M] -> view [N*M]
  *                -> reduce_scatter [M] -> wait -> slice [off_i, off_i + m_i) -> view [s_i, ...]
  *   all-reduce   z_i -> view [n_i] -> cat [S] -> all_reduce [S] -> wait -> slice -> view back
- * The collective and its input views are placed at the run's first member (gathers) or last
- * member (scatters, all-reduces); the one wait where the first member wait was; each member's
- * slice + view where that member's first wait was (its other waits read the same value).
+ * The collective and its input views are placed at the run's last member (every input exists
+ * there); the one wait where the first member wait was; each member's slice + view where that
+ * member's first wait was (its other waits read the same value).
+ * A placed graph (with a mesh) keeps its mesh and every placement, and lays members out in a
+ * canonical form whose every step has a sharding rule (see "placed graphs" below).
  */
 #include "hp/build.h"
 #include "hp/passes.h"

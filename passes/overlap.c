@@ -4,10 +4,12 @@
  * The schedule keeps the compute nodes in their original relative order (the "backbone") and
  * places the communication around it:
  *   * Parameter all-gathers (an all_gather_into_tensor of a placeholder: a shard, as FSDP
- *     emits it) are prefetched. They are grouped into FSDP units: the gathers, in order of
- *     first use, form one group per contiguous run of the same unit (hp__fsdp_unit_len:
- *     "layers.3", "tok_embeddings", ...; a run is also cut where a parameter would repeat, so
- *     a forward and a backward re-gather of the same unit are two groups). With depth
+ *     emits it, or of a transpose of one, as spmd gathers a dp:S(k) storage; the transpose
+ *     travels with its gather) are prefetched. They are grouped into FSDP units: the
+ *     gathers, in order of first use, form one group per contiguous run of the same unit
+ *     (hp__fsdp_unit_len: "layers.3", "tok_embeddings", ...; a run is also cut where a
+ *     parameter would repeat, so a forward and a backward re-gather of the same unit are two
+ *     groups). With depth
  *     d = prefetch_depth, group k is issued just before the first use of group k-d, so group
  *     i+1 gathers while group i computes; groups k < d are issued at the start; d = 0 issues
  *     each group just before its own first use (no prefetch). A byte budget bounds what is
@@ -30,6 +32,8 @@
  * the keys. The keys never decrease along an edge, so the result is exactly the key order.
  * The rebuilt graph is checked node by node (every input emitted before its user).
  *
+ * A placed graph (spmd's: a mesh, placements on every value) keeps its mesh and placements;
+ * since only the order changes, every collective of every mesh dim is handled alike.
  * Runs when job->passes.enable_overlap; otherwise returns a copy of its input.
  */
 #include "hp/passes.h"
