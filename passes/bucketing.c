@@ -335,9 +335,8 @@ static void form_buckets(bk *b, int64_t limit) {
                 continue;
             close_run(b, &r);
             if (bucketable(b, i)) add_member(b, &r, i);
-        } else if (r.count) {
-            bool gather = b->g->nodes[r.last].op == HP_OP_ALL_GATHER;
-            if ((gather && !gather_feeder(b, i)) || i >= r.min_wait) close_run(b, &r);
+        } else if (r.count && i >= r.min_wait) { /* gathers never get here: gather_cluster */
+            close_run(b, &r);
         }
     }
     close_run(b, &r);
