@@ -4,10 +4,12 @@
  * The schedule keeps the compute nodes in their original relative order (the "backbone") and
  * places the communication around it:
  *   * Parameter all-gathers (an all_gather_into_tensor of a placeholder: a shard, as FSDP
- *     emits it) are prefetched. They are grouped into FSDP units: the gathers, in order of
- *     first use, form one group per contiguous run of the same unit (hp__fsdp_unit_len:
- *     "layers.3", "tok_embeddings", ...; a run is also cut where a parameter would repeat, so
- *     a forward and a backward re-gather of the same unit are two groups). With depth
+ *     emits it, or of a transpose of one, as spmd gathers a dp:S(k) storage; the transpose
+ *     travels with its gather) are prefetched. They are grouped into FSDP units: the
+ *     gathers, in order of first use, form one group per contiguous run of the same unit
+ *     (hp__fsdp_unit_len: "layers.3", "tok_embeddings", ...; a run is also cut where a
+ *     parameter would repeat, so a forward and a backward re-gather of the same unit are two
+ *     groups). With depth
  *     d = prefetch_depth, group k is issued just before the first use of group k-d, so group
  *     i+1 gathers while group i computes; groups k < d are issued at the start; d = 0 issues
  *     each group just before its own first use (no prefetch). A byte budget bounds what is
@@ -30,6 +32,8 @@
  * the keys. The keys never decrease along an edge, so the result is exactly the key order.
  * The rebuilt graph is checked node by node (every input emitted before its user).
  *
+ * A placed graph (spmd's: a mesh, placements on every value) keeps its mesh and placements;
+ * since only the order changes, every collective of every mesh dim is handled alike.
  * Runs when job->passes.enable_overlap; otherwise returns a copy of its input.
  */
 #include "hp/passes.h"
@@ -38,7 +42,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_INPUT, K_COMPUTE, K_WAIT, K_GATHER, K_EARLY } node_kind;
+/* K_FEED: a data-movement node between a stored parameter and its gather (spmd transposes a
+ * dp:S(k) storage to dim 0 first): it travels with the gather it feeds. */
+typedef enum { K_INPUT, K_COMPUTE, K_WAIT, K_GATHER, K_EARLY, K_FEED } node_kind;
 
 typedef struct sched_key {
     int64_t pos, tie;
@@ -129,9 +135,14 @@ static void classify(sched *s) {
         } else if (s->kind[i] == K_COMPUTE && nu > 0 && !s->u.is_output[i] &&
                    is_movement(g->nodes[i].op)) {
             /* a feeder: every user is an early collective or another feeder */
-            bool feeds = true;
+            bool feeds = true, gfeeds = g->nodes[i].n_in == 1;
             for (int k = 0; k < nu && feeds; k++) feeds = s->kind[us[k]] == K_EARLY;
-            if (feeds) s->kind[i] = K_EARLY;
+            for (int k = 0; k < nu && gfeeds; k++)
+                gfeeds = s->kind[us[k]] == K_GATHER || s->kind[us[k]] == K_FEED;
+            if (feeds)
+                s->kind[i] = K_EARLY;
+            else if (gfeeds)
+                s->kind[i] = K_FEED;
         }
     }
 }
@@ -149,7 +160,7 @@ static hp_status plan_prefetch(sched *s, const hp_pass_config *pc, hp_err *err) 
     for (int i = 0; i < s->n; i++) s->stamp[i] = -1;
     int32_t prev_ph = -1;
     for (int a = 0; a < s->n_ag; a++) {
-        int32_t id = s->ag[a].id, ph = g->nodes[id].in[0].node;
+        int32_t id = s->ag[a].id, ph = hp__gathered_param(g, id);
         bool fresh = a == 0 || !hp__same_unit(g, prev_ph, ph) || s->stamp[ph] == s->n_groups - 1;
         if (fresh) {
             s->gfirst[s->n_groups] = a;
@@ -199,7 +210,8 @@ static void assign_keys(sched *s) {
             s->key[i] = (sched_key){.pos = s->pos[i], .sub = 0, .tie = 0, .id = i};
             break;
         case K_GATHER:
-            break; /* plan_prefetch */
+        case K_FEED:
+            break; /* plan_prefetch; below */
         case K_EARLY: {
             int64_t p = -2;
             const hp_node *nd = &s->g->nodes[i];
@@ -209,6 +221,18 @@ static void assign_keys(sched *s) {
             break;
         }
         }
+    }
+}
+
+/* A gather's feeders take its key (their own id: just before it). Reverse: users first. */
+static void feed_keys(sched *s) {
+    for (int i = s->n - 1; i >= 0; i--) {
+        if (s->kind[i] != K_FEED) continue;
+        const sched_key *best = NULL;
+        for (int32_t e = s->u.off[i]; e < s->u.off[i + 1]; e++)
+            if (!best || key_cmp(&s->key[s->u.user[e]], best) < 0) best = &s->key[s->u.user[e]];
+        s->key[i] = *best;
+        s->key[i].id = i;
     }
 }
 
@@ -273,6 +297,7 @@ static hp_status emit(const hp_graph *g, const int32_t *order, hp_graph **out, h
         goto done;
     }
     for (int i = 0; i < n; i++) newid[i] = -1;
+    if ((st = hp__copy_mesh(o, g, err)) != HP_OK) goto done;
     for (int t = 0; t < n; t++) {
         int32_t id = order[t];
         const hp_node *nd = &g->nodes[id];
@@ -295,6 +320,7 @@ static hp_status emit(const hp_graph *g, const int32_t *order, hp_graph **out, h
             goto done;
         }
         newid[id] = nid;
+        if (nd->pl && (st = hp_node_set_placements(o, nid, nd->pl, err)) != HP_OK) goto done;
     }
     for (int i = 0; i < g->n_outputs; i++) {
         hp_value v = {newid[g->outputs[i].node], g->outputs[i].out};
@@ -332,6 +358,7 @@ static hp_status schedule(const hp_graph *in, const hp_pass_config *pc, hp_graph
     classify(&s);
     if ((st = plan_prefetch(&s, pc, err)) != HP_OK) goto done;
     assign_keys(&s);
+    feed_keys(&s);
     if ((st = topo_order(&s, err)) != HP_OK) goto done;
     st = emit(in, s.order, out, err);
 done:

@@ -39,7 +39,7 @@ static bool always(const hp_pass_ctx *ctx) {
  * replicated with all-reduced gradients, data is split on the batch dim (plain data
  * parallelism when nothing is marked). */
 /* A plan the placement passes compile: more than one mesh dim splits, or explicit placements.
- * Its graph carries placements, which fsdp, overlap and bucketing do not keep yet. */
+ * Its graph carries placements: spmd replaces fsdp; overlap and bucketing keep them. */
 bool hp_plan_uses_placements(const hp_job *job, int world) {
     const hp_plan *p = &job->plan;
     int split = 0;
@@ -55,11 +55,13 @@ static bool loss_parallel_on(const hp_pass_ctx *ctx) {
 static bool multi_rank(const hp_pass_ctx *ctx) {
     return ctx->world > 1 && !placed(ctx);
 }
+/* On placed graphs too: both keep the mesh and every placement, and bucketing merges only
+ * collectives of one mesh dim (group and size), op, dtype and reduce op. */
 static bool overlap_on(const hp_pass_ctx *ctx) {
-    return ctx->job->passes.enable_overlap && !placed(ctx);
+    return ctx->job->passes.enable_overlap;
 }
 static bool buckets_on(const hp_pass_ctx *ctx) {
-    return ctx->job->passes.bucket_bytes > 0 && !placed(ctx);
+    return ctx->job->passes.bucket_bytes > 0;
 }
 
 /* The parameters the plan's FSDP marks select (marked[P]), as passes/fsdp.c resolves them: an
@@ -269,10 +271,8 @@ static void count(const hp_graph *g, hp_pass_report *r) {
 /* Does pass `e` run? Its default, unless the job's switches name it. */
 static bool pass_on(const hp__pass_entry *e, const hp_pass_ctx *ctx) {
     const hp_pass_config *c = &ctx->job->passes;
-    /* a placed graph runs spmd, never fsdp, overlap or bucketing (they drop placements) */
-    if (placed(ctx) &&
-        (e->fn == hp_pass_fsdp || e->fn == hp_pass_overlap || e->fn == hp_pass_bucketing))
-        return false;
+    /* a placed graph runs spmd, never fsdp (which does not place values) */
+    if (placed(ctx) && e->fn == hp_pass_fsdp) return false;
     for (int i = 0; i < c->n_switches; i++)
         if (!strcmp(c->switches[i].name, e->name)) return c->switches[i].enabled;
     return e->wanted(ctx);

@@ -85,10 +85,39 @@ bool hp__same_unit(const hp_graph *g, int32_t a, int32_t b) {
     return la == lb && memcmp(fa->s, fb->s, la) == 0;
 }
 
-bool hp__is_param_gather(const hp_graph *g, int32_t id) {
+bool hp__is_data_movement(hp_op op) {
+    switch (op) {
+    case HP_OP_VIEW:
+    case HP_OP_RESHAPE:
+    case HP_OP_PERMUTE:
+    case HP_OP_TRANSPOSE:
+    case HP_OP_T:
+    case HP_OP_UNSQUEEZE:
+    case HP_OP_SQUEEZE:
+        return true;
+    default:
+        return false;
+    }
+}
+
+int32_t hp__gathered_param(const hp_graph *g, int32_t id) {
     const hp_node *n = &g->nodes[id];
-    return n->op == HP_OP_ALL_GATHER && n->n_in == 1 &&
-           g->nodes[n->in[0].node].op == HP_OP_PLACEHOLDER;
+    if (n->op != HP_OP_ALL_GATHER || n->n_in != 1) return -1;
+    int32_t x = n->in[0].node;
+    while (g->nodes[x].op != HP_OP_PLACEHOLDER) {
+        const hp_node *m = &g->nodes[x];
+        if (!hp__is_data_movement(m->op) || m->n_in != 1) return -1;
+        x = m->in[0].node;
+    }
+    return x;
+}
+
+bool hp__is_param_gather(const hp_graph *g, int32_t id) {
+    return hp__gathered_param(g, id) >= 0;
+}
+
+hp_status hp__copy_mesh(hp_graph *o, const hp_graph *g, hp_err *err) {
+    return g->mesh.ndim > 0 ? hp_graph_set_mesh(o, &g->mesh, err) : HP_OK;
 }
 
 int64_t hp__type_bytes(const hp_type *t) {

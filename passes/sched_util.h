@@ -36,8 +36,20 @@ size_t hp__fsdp_unit_len(const char *fqn);
  * a unit of its own. */
 bool hp__same_unit(const hp_graph *g, int32_t a, int32_t b);
 
-/* Is node id an all-gather of a placeholder (a parameter shard, as FSDP emits it)? */
+/* Ops that only re-index one input (views, permutes, transposes): what spmd puts between a
+ * stored parameter and its gather when the storage split is not dim 0. */
+bool hp__is_data_movement(hp_op op);
+
+/* The placeholder node id gathers, directly (fsdp) or through a chain of data-movement ops
+ * (spmd's transpose of a dp:S(k) storage, k != 0); -1 when id is no such gather. */
+int32_t hp__gathered_param(const hp_graph *g, int32_t id);
+
+/* Is node id an all-gather of a parameter shard (hp__gathered_param >= 0)? */
 bool hp__is_param_gather(const hp_graph *g, int32_t id);
+
+/* Gives o (new, no node placed yet) g's mesh, when g has one: a rebuilt graph sets it before
+ * copying any node's placements (hp_graph_set_mesh's contract). */
+hp_status hp__copy_mesh(hp_graph *o, const hp_graph *g, hp_err *err);
 
 /* Fills a pass report's counters for the pass's output graph: nodes in and out, the
  * collectives and their bytes per step (hp_collective_bytes). r may be NULL. */

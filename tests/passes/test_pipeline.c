@@ -405,6 +405,7 @@ static void fsdp_x_tp_job(bool reshard) {
     job->plan.mesh[1].size = 2;
     snprintf(job->plan.mesh[1].name, sizeof job->plan.mesh[1].name, "tp");
     job->plan.reshard_after_forward = reshard;
+    job->passes.bucket_bytes = 0; /* spmd's collectives, one per parameter, are counted below */
     static const struct {
         const char *pattern;
         int dim;
@@ -572,4 +573,107 @@ Test(pipeline, fault_injection) {
         cr_expect(err.msg[0], "allocation %ld: an error without a message", n);
     }
     hp_job_free(job);
+}
+
+/* ---- overlap and bucketing on a placed plan ---------------------------------------------------
+ */
+
+/* The dp=2,tp=2 job of fsdp_x_tp_job with the given bucket size and overlap switch. */
+static hp_compiled *fsdp_x_tp_compile(int64_t bucket, bool overlap) {
+    hp_job *job = make_job(&TINY, 4, true);
+    job->plan.n_mesh = 2;
+    job->plan.mesh[0].size = job->plan.mesh[1].size = 2;
+    snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "dp");
+    snprintf(job->plan.mesh[1].name, sizeof job->plan.mesh[1].name, "tp");
+    job->passes.bucket_bytes = bucket;
+    job->passes.enable_overlap = overlap;
+    static const struct {
+        const char *pattern;
+        int dim;
+    } tp[] = {{"layers.*.attention.wq.weight", 0},    {"layers.*.attention.wk.weight", 0},
+              {"layers.*.attention.wv.weight", 0},    {"layers.*.attention.wo.weight", 1},
+              {"layers.*.feed_forward.w1.weight", 0}, {"layers.*.feed_forward.w3.weight", 0},
+              {"layers.*.feed_forward.w2.weight", 1}};
+    hp_err err = {0};
+    for (size_t i = 0; i < HP_ARRAY_LEN(tp); i++) {
+        hp_placement pl[2] = {HP_REPLICATE, HP_SHARD(tp[i].dim)};
+        cr_assert_eq(hp_job_add_place_pattern(job, tp[i].pattern, pl, 2, &err), HP_OK, "%s",
+                     err.msg);
+    }
+    hp_compiled *c = compile_ok(job, 4);
+    hp_job_free(job);
+    return c;
+}
+
+typedef struct group_count {
+    int n;
+    int64_t bytes;
+} group_count;
+
+static group_count on_group(const hp_graph *g, const char *group) {
+    group_count k = {0};
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        if (!(hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE)) continue;
+        const hp_attr *a = hp_node_attr(n, HP_ATTR_GROUP);
+        cr_assert(a && (!strcmp(a->s, "dp") || !strcmp(a->s, "tp")), "node %d: no mesh dim", i);
+        if (strcmp(a->s, group)) continue;
+        k.n++;
+        k.bytes += hp_collective_bytes(g, i);
+    }
+    return k;
+}
+
+/* FSDP over dp with TP over tp is one plan, and overlap and bucketing run on it: the compiled
+ * graph verifies with its placements; bucketing merges dp's gathers and scatters (fewer
+ * collectives, the same bytes) and moves no byte between the mesh dims; overlap issues dp's
+ * parameter gathers ahead of the compute that needs them (their waits are not next to them). */
+Test(pipeline, overlap_and_bucketing_on_fsdp_x_tp) {
+    hp_compiled *plain = fsdp_x_tp_compile(0, false);
+    hp_compiled *both = fsdp_x_tp_compile((int64_t)25 << 20, true);
+    cr_expect(!report(plain, "overlap")->ran && !report(plain, "bucketing")->ran);
+    cr_expect(report(both, "spmd")->ran && report(both, "overlap")->ran &&
+              report(both, "bucketing")->ran);
+    hp_err err = {0};
+    cr_expect_eq(hp_graph_verify(both->graph, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(hp_program_verify(both->program, &err), HP_OK, "%s", err.msg);
+    cr_expect_eq(both->graph->mesh.ndim, 2);
+    group_count dp0 = on_group(plain->graph, "dp"), dp1 = on_group(both->graph, "dp");
+    group_count tp0 = on_group(plain->graph, "tp"), tp1 = on_group(both->graph, "tp");
+    cr_expect_lt(dp1.n, dp0.n, "dp collectives %d with bucketing, %d without", dp1.n, dp0.n);
+    cr_expect_eq(dp1.bytes, dp0.bytes);
+    cr_expect_eq(tp1.bytes, tp0.bytes);
+    cr_expect_leq(tp1.n, tp0.n);
+    /* every parameter placeholder keeps its storage placements */
+    hp_graph_inputs gi = hp_graph_count_inputs(plain->graph);
+    for (int i = 0; i < gi.n_params; i++) {
+        const hp_placement *a = hp_value_placements(plain->graph, (hp_value){i, 0});
+        const hp_placement *b = hp_value_placements(both->graph, (hp_value){i, 0});
+        cr_assert(a && b);
+        cr_expect(hp_placement_eq(a[0], b[0]) && hp_placement_eq(a[1], b[1]), "param %d", i);
+    }
+    /* prefetch: some dp gather has compute between it and its wait */
+    const hp_graph *g = both->graph;
+    int ahead = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_attr *a = hp_node_attr(&g->nodes[i], HP_ATTR_GROUP);
+        if (g->nodes[i].op != HP_OP_ALL_GATHER || !a || strcmp(a->s, "dp")) continue;
+        int w = i + 1;
+        while (w < g->n_nodes &&
+               !(g->nodes[w].op == HP_OP_WAIT_TENSOR && g->nodes[w].in[0].node == i))
+            w++;
+        for (int k = i + 1; k < w; k++)
+            if (g->nodes[k].op == HP_OP_MM || g->nodes[k].op == HP_OP_BMM) {
+                ahead++;
+                break;
+            }
+    }
+    cr_expect_gt(ahead, 0, "no dp gather is prefetched");
+    /* overlap alone changes no collective, bucketing alone merges */
+    hp_compiled *ov = fsdp_x_tp_compile(0, true);
+    cr_expect_eq(on_group(ov->graph, "dp").n, dp0.n);
+    cr_expect_eq(report(ov, "overlap")->collectives, report(ov, "spmd")->collectives);
+    hp_compiled_free(ov);
+    hp_compiled_free(plain);
+    hp_compiled_free(both);
 }

@@ -212,12 +212,26 @@ hp_graph *hp_th_spmd_check(const hp_graph *g, const hp_graph_mesh *mesh, const h
 /* pl are the storage placements: inputs are cut and gradients compared by them. */
 hp_graph *hp_th_spmd_check_opts(const hp_graph *g, const hp_graph_mesh *mesh,
                                 const hp_placement *pl, const hp_spmd_opts *opts) {
+    return hp_th_spmd_check_post(g, mesh, pl, opts, NULL, NULL);
+}
+
+/* The same, running post on the placed graph (which must verify after it) before evaluating. */
+hp_graph *hp_th_spmd_check_post(const hp_graph *g, const hp_graph_mesh *mesh,
+                                const hp_placement *pl, const hp_spmd_opts *opts,
+                                hp_th_spmd_post post, void *post_ctx) {
     int nd = mesh->ndim;
     hp_graph_inputs gi = hp_graph_count_inputs(g);
     int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
     hp_graph *spmd = NULL;
     hp_err err = {0};
     cr_assert_eq(hp_pass_spmd_ex(g, mesh, pl, NULL, opts, &spmd, &err), HP_OK, "%s", err.msg);
+    if (post) {
+        hp_graph *next = post(spmd, post_ctx);
+        cr_assert_not_null(next, "the post-pass failed");
+        cr_assert_eq(hp_graph_verify(next, &err), HP_OK, "after the post-pass: %s", err.msg);
+        hp_graph_free(spmd);
+        spmd = next;
+    }
 
     hp_tensor *full = calloc((size_t)n_ph, sizeof *full);
     for (int i = 0; i < n_ph; i++) {

@@ -25,6 +25,16 @@ hp_graph *hp_th_spmd_check(const hp_graph *g, const hp_graph_mesh *mesh, const h
 hp_graph *hp_th_spmd_check_opts(const hp_graph *g, const hp_graph_mesh *mesh,
                                 const hp_placement *pl, const hp_spmd_opts *opts);
 
+/* A pass run on the placed graph before it is evaluated (e.g. overlap, then bucketing):
+ * returns a new graph (placed is borrowed), NULL to fail the check. */
+typedef hp_graph *(*hp_th_spmd_post)(const hp_graph *placed, void *ctx);
+
+/* hp_th_spmd_check_opts, evaluating post(placed graph) instead, which must verify and give the
+ * same results; returns that graph (the caller frees it). post NULL: check_opts. */
+hp_graph *hp_th_spmd_check_post(const hp_graph *g, const hp_graph_mesh *mesh,
+                                const hp_placement *pl, const hp_spmd_opts *opts,
+                                hp_th_spmd_post post, void *post_ctx);
+
 /* All-reduces of `numel` elements on mesh dim `group` in g. */
 int hp_th_spmd_count_all_reduces(const hp_graph *g, int64_t numel, const char *group);
 
