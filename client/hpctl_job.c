@@ -328,7 +328,7 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
     if (*model && graph_path)
         return hpctl_fail(HPCTL_USAGE, verb, "--model and --graph exclude each other");
     if (!*model && !graph_path)
-        return hpctl_fail(HPCTL_USAGE, verb, "--model SPEC or --graph FILE.hpir is required");
+        return hpctl_fail(HPCTL_USAGE, verb, "--model is required (or --graph FILE.hpir)");
     if (!*out) return hpctl_fail(HPCTL_USAGE, verb, "-o JOB.pb is required");
     return HPCTL_OK;
 }

@@ -227,7 +227,7 @@ class _Convert:
         return self.g.node("full", [], [(dtype, ())], {"shape": [], "value": value,
                                                        "dtype": dtype})
 
-    def _record(self, node):
+    def _record(self):
         self.results = {}
         interp = _Recorder(self.cap.gm, self.results)
         ps, bs, x, y = self.cap.inputs
@@ -236,7 +236,7 @@ class _Convert:
 
     def run(self):
         cap = self.cap
-        self._record(None)
+        self._record()
         nodes = list(cap.gm.graph.nodes)
         self._order = {n: k for k, n in enumerate(nodes)}
         self._last_fwd = max([self._order[n] for n in cap.paths if n in self._order] or [-1])

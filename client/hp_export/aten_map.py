@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-from .hpir import Unsupported, dtype_name
+from .hpir import Unsupported
 
 aten = torch.ops.aten
 
@@ -474,7 +474,3 @@ def op_name(target):
     if len(parts) == 3 and parts[0] == "aten":
         return "aten." + parts[1]
     return s
-
-
-def check_bool_dtype(dt):
-    return dtype_name(dt)
