@@ -49,8 +49,13 @@ static const struct num_flag {
 
 static void new_usage(FILE *f) {
     fputs("usage: hpctl new --model FAMILY[:FLAVOR] [flags] -o JOB.pb\n"
+          "       hpctl new --graph MODEL.hpir [flags] -o JOB.pb\n"
           "\n"
           "  --model SPEC          llama3:debugmodel | llama3:8B | llama3:70B | llama3:405B | mlp\n"
+          "  --graph FILE.hpir     the model as a graph in hp's text IR (e.g. from hp_export):\n"
+          "                        a forward graph (one output, the loss: hp's autodiff adds\n"
+          "                        the backward) or a joint one (the loss, then one gradient per\n"
+          "                        parameter); its shapes fix the batch and sequence\n"
           "  --name NAME           job name (default: the flavor)\n"
           "  --decay KIND          linear | cosine | none (after warmup)\n"
           "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
@@ -160,6 +165,7 @@ static int parse_profile_steps(const char *verb, const char *v, hp_job *job) {
 static const char *places[MAX_PLACES];
 static int n_places;
 static const char *tp_plan;
+static const char *graph_path; /* --graph */
 
 /* "PATTERN=DIM:PL[,DIM:PL...]": a constraint on every graph input the glob matches, Replicate
  * on the mesh dims it does not name. */
@@ -264,6 +270,8 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             rc = hpctl_parse_f64(verb, a, v, nf->lo, nf->hi, (double *)((char *)job + nf->offset));
         } else if (!strcmp(a, "--model")) {
             *model = v;
+        } else if (!strcmp(a, "--graph")) {
+            graph_path = v;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             *out = v;
         } else if (!strcmp(a, "--name")) {
@@ -321,8 +329,64 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
         }
         if (rc != HPCTL_OK) return rc;
     }
-    if (!*model) return hpctl_fail(HPCTL_USAGE, verb, "--model is required");
+    if (*model && graph_path)
+        return hpctl_fail(HPCTL_USAGE, verb, "--model and --graph exclude each other");
+    if (!*model && !graph_path)
+        return hpctl_fail(HPCTL_USAGE, verb, "--model is required (or --graph FILE.hpir)");
     if (!*out) return hpctl_fail(HPCTL_USAGE, verb, "-o JOB.pb is required");
+    return HPCTL_OK;
+}
+
+/* The job's graph from --graph: a forward graph gets hp's autodiff, a joint one is taken as
+ * it is; the model spec stays empty (the graph is the model). The flags that size a built-in
+ * model do not apply: the graph's shapes are fixed. */
+static int graph_from_file(const char *verb, hp_job *job) {
+    const hp_model_spec *m = &job->model;
+    const struct {
+        const char *flag;
+        int64_t v;
+    } sized[] = {
+        {"--batch", m->batch},           {"--seq", m->seq},       {"--dim", m->dim},
+        {"--layers", m->n_layers},       {"--heads", m->n_heads}, {"--kv-heads", m->n_kv_heads},
+        {"--ffn-hidden", m->ffn_hidden}, {"--vocab", m->vocab}};
+    for (size_t i = 0; i < HP_ARRAY_LEN(sized); i++)
+        if (sized[i].v)
+            return hpctl_fail(HPCTL_USAGE, verb,
+                              "%s: the graph fixes the model's shapes (re-export it to change "
+                              "them)",
+                              sized[i].flag);
+    hp_err err = {0};
+    hp_graph *g = NULL;
+    if (hp_graph_read_file(graph_path, &g, &err) != HP_OK)
+        return hpctl_fail(HPCTL_USAGE, verb, "--graph: %s", err.msg);
+    hp_graph_inputs in = hp_graph_count_inputs(g);
+    if (g->n_outputs == 1 && in.n_params > 0) {
+        if (hp_autodiff(g, g->outputs[0], &err) != HP_OK) {
+            hp_graph_free(g);
+            return hpctl_fail(HPCTL_USAGE, verb, "--graph %s: autodiff: %s", graph_path, err.msg);
+        }
+    } else if (g->n_outputs != 1 + in.n_params) {
+        int n_out = g->n_outputs;
+        hp_graph_free(g);
+        return hpctl_fail(HPCTL_USAGE, verb,
+                          "--graph %s: %d outputs; a forward graph has 1 (the loss), a joint "
+                          "graph 1 + one gradient per parameter (%d)",
+                          graph_path, n_out, 1 + in.n_params);
+    }
+    job->graph = g;
+    if (!job->name[0]) { /* the file's stem, in the characters a job name may hold */
+        const char *base = strrchr(graph_path, '/');
+        base = base ? base + 1 : graph_path;
+        size_t k = 0;
+        for (; base[k] && base[k] != '.' && k + 1 < sizeof job->name; k++) {
+            char ch = base[k];
+            bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                      (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
+            job->name[k] = ok ? ch : '_';
+        }
+        job->name[k] = 0;
+        if (!k) snprintf(job->name, sizeof job->name, "graph");
+    }
     return HPCTL_OK;
 }
 
@@ -335,8 +399,12 @@ int hpctl_new(int argc, char **argv) {
     job->name[0] = 0; /* default: the flavor, once known */
     int rc = new_flags(argc, argv, job, &model, &out);
     if (rc != HPCTL_OK) goto done;
-    overrides = job->model;
     hp_err err = {0};
+    if (graph_path) {
+        if ((rc = graph_from_file(verb, job)) != HPCTL_OK) goto done;
+        goto built;
+    }
+    overrides = job->model;
     if (hp_model_spec_parse(model, &job->model, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "--model: %s", err.msg);
         goto done;
@@ -350,6 +418,7 @@ int hpctl_new(int argc, char **argv) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "model: %s", err.msg);
         goto done;
     }
+built:;
     /* The training shapes are the graph's: its first data input is [batch, seq, ...]. */
     hp_graph_inputs in = hp_graph_count_inputs(job->graph);
     if (in.n_data > 0) {
@@ -390,8 +459,12 @@ int hpctl_new(int argc, char **argv) {
         rc = hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
         goto done;
     }
-    printf("wrote %s (%s:%s, %lld parameters, %d nodes)\n", out, job->model.family,
-           job->model.flavor, (long long)hp_graph_param_count(job->graph), job->graph->n_nodes);
+    if (graph_path)
+        printf("wrote %s (graph %s, %lld parameters, %d nodes)\n", out, graph_path,
+               (long long)hp_graph_param_count(job->graph), job->graph->n_nodes);
+    else
+        printf("wrote %s (%s:%s, %lld parameters, %d nodes)\n", out, job->model.family,
+               job->model.flavor, (long long)hp_graph_param_count(job->graph), job->graph->n_nodes);
 done:
     hp_job_free(job);
     return rc;
@@ -448,7 +521,10 @@ static const char *commas(int64_t v, char *buf) {
 static void print_text(const hp_job *job, const job_summary *s) {
     const hp_model_spec *m = &job->model;
     printf("job         %s\n", job->name);
-    printf("model       %s:%s", m->family, m->flavor);
+    if (m->family[0])
+        printf("model       %s:%s", m->family, m->flavor);
+    else
+        printf("model       a graph (no built-in family)");
     hp_llama3_config c;
     if (!strcmp(m->family, "llama3") && hp_llama3_resolve(m, &c, NULL) == HP_OK)
         printf("  dim %lld, layers %lld, heads %lld (kv %lld), ffn %lld, vocab %lld",

@@ -131,8 +131,11 @@ static void print_wrapped(const char *text) {
 }
 
 static void print_text(const hp_job *job, const hp_compiled *c) {
-    printf("job         %s (%s:%s), world %d, mesh", job->name, job->model.family,
-           job->model.flavor, c->world);
+    if (job->model.family[0])
+        printf("job         %s (%s:%s), world %d, mesh", job->name, job->model.family,
+               job->model.flavor, c->world);
+    else /* a job built from a graph (hpctl new --graph) */
+        printf("job         %s (graph), world %d, mesh", job->name, c->world);
     for (int d = 0; d < job->plan.n_mesh; d++)
         printf("%s%s=%d (%.3g GB/s, %.3g us)", d ? ", " : " ", job->plan.mesh[d].name,
                job->plan.mesh[d].size, job->plan.mesh[d].link.bandwidth / 1e9,

@@ -37,6 +37,8 @@ static out_kind output_kind(hp_op op, int k) {
     case HP_OP_RMS_NORM:
     case HP_OP_SDPA:
         return k == 1 ? OUT_NO_GRAD : OUT_DIFF;
+    case HP_OP_LAYER_NORM:
+        return k >= 1 ? OUT_NO_GRAD : OUT_DIFF;
     default:
         return OUT_DIFF;
     }

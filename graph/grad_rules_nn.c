@@ -114,6 +114,26 @@ hp_status hp__grad_rms_norm(hp_graph *g, const hp_grad_node *fwd, const hp_value
     return HP_OK;
 }
 
+/* native_layer_norm_backward(grad_y, x, mean, rstd, w) -> (grad_x, grad_w, grad_b). mean and
+ * rstd (outputs 1, 2) take no gradient: autodiff refuses a path through them. */
+hp_status hp__grad_layer_norm(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout,
+                              hp_value *gin) {
+    const hp_node *n = &fwd->node;
+    if (!hp_value_ok(gout[0])) return HP_OK;
+    hp_value in[5] = {gout[0], n->in[0], hp__grad_self(fwd, 1), hp__grad_self(fwd, 2), n->in[1]};
+    hp_value r = hp_build(g, HP_OP_LAYER_NORM_BACKWARD, in, 5, NULL, 0);
+    for (int i = 0; i < 3; i++)
+        if (hp__grad_need(fwd, i)) gin[i] = hp_out(r, i);
+    return HP_OK;
+}
+
+/* tril is a mask: its gradient is the same mask on the gradient. */
+hp_status hp__grad_tril(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
+    const hp_node *n = &fwd->node;
+    gin[0] = hp_build(g, HP_OP_TRIL, &gout[0], 1, n->attrs, n->n_attrs);
+    return HP_OK;
+}
+
 /* A rotation's gradient is the inverse rotation. */
 hp_status hp__grad_rotary(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout,
                           hp_value *gin) {

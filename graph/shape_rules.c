@@ -652,6 +652,88 @@ hp_status hp__shape_rms_norm_backward(const hp_node *n, const hp_type *in, hp_ty
     return HP_OK;
 }
 
+/* native_layer_norm's statistics: the input's shape with the normalized (last) dim 1, f32. */
+static hp_type keep_last_1(const hp_type *t) {
+    hp_type r = *t;
+    r.dtype = HP_F32;
+    r.shape[t->rank - 1] = 1;
+    return r;
+}
+
+static hp_status layer_norm_affine(const hp_type *x, const hp_type *p, const char *what,
+                                   hp_err *err) {
+    HP_TRY(need_rank(p, 1, what, err));
+    HP_TRY(same_dtype(x, p, err));
+    if (p->shape[0] != x->shape[x->rank - 1])
+        return hp_errf(err, HP_INVALID, "%s %s does not match the last dim of %s", what, DIMS(p),
+                       DIMS(x));
+    return HP_OK;
+}
+
+hp_status hp__shape_layer_norm(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    HP_TRY(need_float(&in[0], "input", err));
+    if (in[0].rank < 1) return hp_errf(err, HP_INVALID, "input must have rank >= 1");
+    HP_TRY(layer_norm_affine(&in[0], &in[1], "weight", err));
+    HP_TRY(layer_norm_affine(&in[0], &in[2], "bias", err));
+    HP_TRY(finite_attr(n, HP_ATTR_EPS, true, err));
+    out[0] = in[0];
+    out[1] = out[2] = keep_last_1(&in[0]);
+    return HP_OK;
+}
+
+hp_status hp__shape_layer_norm_backward(const hp_node *n, const hp_type *in, hp_type *out,
+                                        hp_err *err) {
+    (void)n;
+    HP_TRY(same_type(&in[0], &in[1], "grad and input differ", err));
+    HP_TRY(need_float(&in[1], "input", err));
+    if (in[1].rank < 1) return hp_errf(err, HP_INVALID, "input must have rank >= 1");
+    hp_type stat = keep_last_1(&in[1]);
+    HP_TRY(same_type(&in[2], &stat, "mean does not match the input", err));
+    HP_TRY(same_type(&in[3], &stat, "rstd does not match the input", err));
+    HP_TRY(layer_norm_affine(&in[1], &in[4], "weight", err));
+    out[0] = in[1];
+    out[1] = out[2] = in[4];
+    return HP_OK;
+}
+
+hp_status hp__shape_tril(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    if (in[0].rank < 2)
+        return hp_errf(err, HP_INVALID, "input must have rank >= 2, got %s", DIMS(&in[0]));
+    int64_t k = hp_node_int(n, HP_ATTR_DIAGONAL, 0);
+    if (k < -HP_MAX_DIM || k > HP_MAX_DIM)
+        return hp_errf(err, HP_INVALID, "diagonal %lld out of range", (long long)k);
+    out[0] = in[0];
+    return HP_OK;
+}
+
+hp_status hp__shape_bitwise_not(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    (void)n;
+    if (in[0].dtype != HP_BOOL) HP_TRY(need_int(&in[0], "input (or bool)", err));
+    out[0] = in[0];
+    return HP_OK;
+}
+
+hp_status hp__shape_arange(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    (void)in;
+    int64_t s = hp_node_int(n, HP_ATTR_START, 0), e = attr(n, HP_ATTR_END)->i;
+    int64_t step = hp_node_int(n, HP_ATTR_STEP, 1);
+    if (step < 1 || step > HP_MAX_DIM)
+        return hp_errf(err, HP_INVALID, "step %lld must be >= 1", (long long)step);
+    if (s < -HP_MAX_NUMEL || s > HP_MAX_NUMEL || e < -HP_MAX_NUMEL || e > HP_MAX_NUMEL)
+        return hp_errf(err, HP_INVALID, "range [%lld, %lld) out of bounds", (long long)s,
+                       (long long)e);
+    int64_t len = e > s ? (e - s + step - 1) / step : 0;
+    if (len > HP_MAX_DIM)
+        return hp_errf(err, HP_INVALID, "range [%lld, %lld) has more than %lld elements",
+                       (long long)s, (long long)e, (long long)HP_MAX_DIM);
+    const hp_attr *dt = attr(n, HP_ATTR_DTYPE);
+    out[0].dtype = dt ? dt->dtype : HP_I64;
+    if (out[0].dtype == HP_BOOL) return hp_errf(err, HP_INVALID, "arange of bool");
+    out[0].rank = 1;
+    out[0].shape[0] = len;
+    return HP_OK;
+}
+
 hp_status hp__shape_rotary(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
     HP_TRY(need_float(&in[0], "input", err));
     HP_TRY(need_rank(&in[0], 4, "input [B, T, H, D]", err));

@@ -609,6 +609,51 @@ int hp__shard_rms_norm_backward(const hp_shard_query *q, hp_shard_rule *rules, i
     return b.n;
 }
 
+/* native_layer_norm(x [..., D], w, b) -> (y, mean, rstd [..., 1]): any dim but the normalized
+ * one; weight and bias whole. */
+int hp__shard_layer_norm(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    for (int d = 0; d < q->in[0].rank - 1; d++) {
+        if (!divs(q, &q->in[0], d)) continue;
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->out[0] = r->out[1] = r->out[2] = HP_SHARD(d);
+    }
+    return b.n;
+}
+
+/* (grad_y, x, mean, rstd, w) -> (grad_x, grad_w, grad_b): rows split, the affine gradients
+ * Partial sums; linear in grad_y. */
+int hp__shard_layer_norm_backward(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    for (int d = 0; d < q->in[0].rank - 1; d++) {
+        if (!divs(q, &q->in[0], d)) continue;
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->in[1] = r->in[2] = r->in[3] = r->out[0] = HP_SHARD(d);
+        r->out[1] = r->out[2] = HP_PARTIAL(HP_REDUCE_SUM);
+    }
+    partial_through(&b, 0);
+    return b.n;
+}
+
+/* tril(x [..., M, N]): the leading (batch) dims; the mask needs whole rows and columns. A mask
+ * is linear. */
+int hp__shard_tril(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    for (int d = 0; d < q->in[0].rank - 2; d++) {
+        if (!divs(q, &q->in[0], d)) continue;
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->out[0] = HP_SHARD(d);
+    }
+    if (hp_dtype_is_float(q->in[0].dtype)) partial_through(&b, 0);
+    return b.n;
+}
+
+/* Replicate-only ops (HP_OPF_REPLICATE_ONLY): no rule. */
+int hp__shard_none(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    (void)q, (void)rules, (void)cap;
+    return 0;
+}
+
 /* rotary_emb(x [B, T, H, D]): the batch or the heads (positions and pairs stay whole);
  * a rotation is linear. */
 int hp__shard_rotary(const hp_shard_query *q, hp_shard_rule *rules, int cap) {

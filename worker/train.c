@@ -131,12 +131,35 @@ static hp_status find_data(trainer *t, hp_err *err) {
     return HP_OK;
 }
 
+/* The parameter an embedding of the data input `tokens` looks up (-1 if none): an exported
+ * model names its embedding as it likes (transformer.wte.weight). The weight may reach the
+ * embedding through its FSDP all-gather. */
+static int token_embedding(const trainer *t) {
+    const hp_graph *g = t->prog->graph;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        if (n->op != HP_OP_EMBEDDING) continue;
+        const hp_node *idx = &g->nodes[n->in[1].node];
+        const hp_attr *f = hp_node_attr(idx, HP_ATTR_FQN);
+        if (idx->op != HP_OP_PLACEHOLDER || !f || strcmp(f->s, "tokens")) continue;
+        const hp_node *w = &g->nodes[n->in[0].node];
+        while ((w->op == HP_OP_WAIT_TENSOR || w->op == HP_OP_ALL_GATHER) && w->n_in == 1)
+            w = &g->nodes[w->in[0].node];
+        const hp_attr *wf = hp_node_attr(w, HP_ATTR_FQN);
+        if (w->op != HP_OP_PLACEHOLDER || !wf) continue;
+        for (int k = 0; k < t->prog->n_params; k++)
+            if (!strcmp(t->prog->params[k].fqn, wf->s)) return k;
+    }
+    return -1;
+}
+
 static hp_status open_data(trainer *t, hp_err *err) {
     /* the vocabulary is the embedding's global rows (its placeholder may be a shard) */
     int e = -1;
     for (int i = 0; i < t->prog->n_params; i++)
         if (!strcmp(t->prog->params[i].fqn, "tok_embeddings.weight")) e = i;
-    if (e < 0) return hp_errf(err, HP_UNSUPPORTED, "no 'tok_embeddings.weight' to size the vocab");
+    if (e < 0) e = token_embedding(t);
+    if (e < 0) return hp_errf(err, HP_UNSUPPORTED, "no embedding of 'tokens' to size the vocab");
     const char *path = t->opts->data ? t->opts->data : t->job->train.data_path;
     hp_data_config dc = {.path = path && path[0] ? path : NULL,
                          .vocab = t->prog->params[e].global.shape[0],

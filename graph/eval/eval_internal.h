@@ -79,6 +79,13 @@ HP__EVAL_KERNEL(hp__eval_nll_loss_backward);
 HP__EVAL_KERNEL(hp__eval_rms_norm);
 HP__EVAL_KERNEL(hp__eval_rms_norm_backward);
 HP__EVAL_KERNEL(hp__eval_rotary);
+HP__EVAL_KERNEL(hp__eval_layer_norm);
+HP__EVAL_KERNEL(hp__eval_layer_norm_backward);
+
+/* eval_mask.c */
+HP__EVAL_KERNEL(hp__eval_tril);
+HP__EVAL_KERNEL(hp__eval_bitwise_not);
+HP__EVAL_KERNEL(hp__eval_arange);
 
 /* eval_attention.c */
 HP__EVAL_KERNEL(hp__eval_sdpa);

@@ -239,6 +239,60 @@ HP__EVAL_KERNEL(hp__eval_rms_norm_backward) {
     return HP_OK;
 }
 
+/* ---- LayerNorm ------------------------------------------------------------------------------ */
+
+/* native_layer_norm(x [..., D], w [D], b [D]){eps} -> (y, mean, rstd [..., 1]):
+ * mean and the biased variance over the last dim, rstd = 1/sqrt(var + eps),
+ * y = (x − mean)·rstd·w + b. */
+HP__EVAL_KERNEL(hp__eval_layer_norm) {
+    const hp_type *t = &in[0]->type;
+    int64_t d = t->shape[t->rank - 1];
+    int64_t rows = hp__eval_numel(&out[1]);
+    double eps = hp_node_float(n, HP_ATTR_EPS, 0);
+    for (int64_t r = 0; r < rows; r++) {
+        const double *x = in[0]->data + r * d;
+        double mean = 0, var = 0;
+        for (int64_t c = 0; c < d; c++) mean += x[c];
+        mean = d > 0 ? mean / (double)d : 0;
+        for (int64_t c = 0; c < d; c++) var += (x[c] - mean) * (x[c] - mean);
+        var = d > 0 ? var / (double)d : 0;
+        double rstd = 1.0 / sqrt(var + eps);
+        for (int64_t c = 0; c < d; c++)
+            out[0].data[r * d + c] = (x[c] - mean) * rstd * in[1]->data[c] + in[2]->data[c];
+        out[1].data[r] = mean;
+        out[2].data[r] = rstd;
+    }
+    return HP_OK;
+}
+
+/* (gy, x, mean, rstd, w) -> (gx, gw, gb): with x̂ = (x − mean)·rstd and g = gy·w,
+ * gx = rstd·(g − mean(g) − x̂·mean(g·x̂)), gw = Σ_rows gy·x̂, gb = Σ_rows gy. */
+HP__EVAL_KERNEL(hp__eval_layer_norm_backward) {
+    (void)n;
+    const hp_type *t = &in[1]->type;
+    int64_t d = t->shape[t->rank - 1];
+    int64_t rows = hp__eval_numel(in[2]);
+    const double *w = in[4]->data;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *gy = in[0]->data + r * d, *x = in[1]->data + r * d;
+        double mu = in[2]->data[r], rstd = in[3]->data[r], sg = 0, sgx = 0;
+        for (int64_t c = 0; c < d; c++) {
+            double xh = (x[c] - mu) * rstd, g = gy[c] * w[c];
+            sg += g;
+            sgx += g * xh;
+            out[1].data[c] += gy[c] * xh;
+            out[2].data[c] += gy[c];
+        }
+        sg /= (double)d;
+        sgx /= (double)d;
+        for (int64_t c = 0; c < d; c++) {
+            double xh = (x[c] - mu) * rstd;
+            out[0].data[r * d + c] = rstd * (gy[c] * w[c] - sg - xh * sgx);
+        }
+    }
+    return HP_OK;
+}
+
 /* ---- rotary embedding ----------------------------------------------------------------------- */
 
 /* rotary_emb(x [B, T, H, D]){theta, inverse}: pair i of position t rotated by

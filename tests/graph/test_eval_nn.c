@@ -319,6 +319,84 @@ Test(eval_nn, rms_norm_backward_vs_numeric) {
     hp_th_fini(&h);
 }
 
+/* ---- LayerNorm, tril, bitwise_not, arange ---------------------------------------------------- */
+
+Test(eval_nn, layer_norm_forward) {
+    hp_th h;
+    hp_th_init(&h);
+    const double x[8] = {1, 2, 3, 6, -1, 1, -1, 1}, w[4] = {1, 0.5, 2, -1}, b[4] = {0, 1, 0, -2};
+    hp_value in[3] = {hp_th_input(&h, TY(HP_F32, 2, 4), x), hp_th_input(&h, TY(HP_F32, 4), w),
+                      hp_th_input(&h, TY(HP_F32, 4), b)};
+    hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
+    hp_value y = hp_build(h.g, HP_OP_LAYER_NORM, in, 3, &eps, 1);
+    hp_value outs[3] = {y, hp_out(y, 1), hp_out(y, 2)};
+    hp_th_run_ok(&h, outs, 3, F64);
+    /* row 0: mean 3, var (4+1+0+9)/4 = 3.5; row 1: mean 0, var 1 */
+    double r0 = 1 / sqrt(3.5 + 1e-5), r1 = 1 / sqrt(1 + 1e-5);
+    hp_th_expect(
+        &h.out[0],
+        (double[]){-2 * r0, 1 - 0.5 * r0, 0, -3 * r0 - 2, -r1, 1 + 0.5 * r1, -2 * r1, -r1 - 2}, 8,
+        1e-15);
+    hp_th_expect(&h.out[1], (double[]){3, 0}, 2, 1e-15);
+    hp_th_expect(&h.out[2], (double[]){r0, r1}, 2, 1e-15);
+    hp_th_fini(&h);
+}
+
+Test(eval_nn, layer_norm_backward_vs_numeric) {
+    hp_th h;
+    hp_th_init(&h);
+    double x[30], w[5], b[5], r[30];
+    hp_th_rand(x, 30, 41, -2, 2);
+    hp_th_rand(w, 5, 42, 0.5, 1.5);
+    hp_th_rand(b, 5, 44, -1, 1);
+    hp_th_rand(r, 30, 43, -1, 1);
+    hp_value xin = hp_th_input(&h, TY(HP_F32, 2, 3, 5), x);
+    hp_value win = hp_th_input(&h, TY(HP_F32, 5), w);
+    hp_value bi = hp_th_input(&h, TY(HP_F32, 5), b);
+    hp_value rr = hp_th_input(&h, TY(HP_F32, 2, 3, 5), r);
+    hp_value in[3] = {xin, win, bi};
+    hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
+    hp_value y = hp_build(h.g, HP_OP_LAYER_NORM, in, 3, &eps, 1);
+    hp_value bin[5] = {rr, xin, hp_out(y, 1), hp_out(y, 2), win};
+    hp_value gb = hp_build(h.g, HP_OP_LAYER_NORM_BACKWARD, bin, 5, NULL, 0);
+    hp_value outs[4] = {project(h.g, y, rr), gb, hp_out(gb, 1), hp_out(gb, 2)};
+    hp_th_run_ok(&h, outs, 4, F64);
+    double gx[30], gw[5], gbias[5];
+    memcpy(gx, h.out[1].data, sizeof gx);
+    memcpy(gw, h.out[2].data, sizeof gw);
+    memcpy(gbias, h.out[3].data, sizeof gbias);
+    expect_numeric_grad(&h, 0, gx, 1e-8, "layer_norm gx");
+    expect_numeric_grad(&h, 1, gw, 1e-8, "layer_norm gw");
+    expect_numeric_grad(&h, 2, gbias, 1e-8, "layer_norm gb");
+    hp_th_fini(&h);
+}
+
+Test(eval_nn, tril_bitwise_not_arange) {
+    hp_th h;
+    hp_th_init(&h);
+    const double x[6] = {1, 2, 3, 4, 5, 6};
+    hp_value xin = hp_th_input(&h, TY(HP_F32, 2, 3), x);
+    hp_value bin = hp_th_input(&h, TY(HP_BOOL, 3), (double[]){1, 0, 1});
+    hp_value iin = hp_th_input(&h, TY(HP_I64, 2), (double[]){0, -7});
+    hp_attr k = hp_attr_int(HP_ATTR_DIAGONAL, 0), k1 = hp_attr_int(HP_ATTR_DIAGONAL, 1);
+    hp_value t0 = hp_build(h.g, HP_OP_TRIL, &xin, 1, &k, 1);
+    hp_value t1 = hp_build(h.g, HP_OP_TRIL, &xin, 1, &k1, 1);
+    hp_value nb = hp_build(h.g, HP_OP_BITWISE_NOT, &bin, 1, NULL, 0);
+    hp_value ni = hp_build(h.g, HP_OP_BITWISE_NOT, &iin, 1, NULL, 0);
+    hp_attr ar[3] = {hp_attr_int(HP_ATTR_START, 3), hp_attr_int(HP_ATTR_END, 10),
+                     hp_attr_int(HP_ATTR_STEP, 3)};
+    hp_value a = hp_build(h.g, HP_OP_ARANGE, NULL, 0, ar, 3);
+    hp_value outs[5] = {t0, t1, nb, ni, a};
+    hp_th_run_ok(&h, outs, 5, F64);
+    hp_th_expect(&h.out[0], (double[]){1, 0, 0, 4, 5, 0}, 6, 0);
+    hp_th_expect(&h.out[1], (double[]){1, 2, 0, 4, 5, 6}, 6, 0);
+    hp_th_expect(&h.out[2], (double[]){0, 1, 0}, 3, 0);
+    hp_th_expect(&h.out[3], (double[]){-1, 6}, 2, 0);
+    hp_th_expect(&h.out[4], (double[]){3, 6, 9}, 3, 0);
+    cr_expect_eq(h.out[4].type.dtype, HP_I64);
+    hp_th_fini(&h);
+}
+
 /* ---- rotary --------------------------------------------------------------------------------- */
 
 static hp_value rotary(hp_graph *g, hp_value x, double theta, int inverse) {

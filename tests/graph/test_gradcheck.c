@@ -247,6 +247,12 @@ static void build_cases(void) {
     CASE("[2,3,4]", HP_OP_RMS_NORM, IN(P(T(F, 2, 3, 4)), P(T(F, 4))), A_f(HP_ATTR_EPS, 1e-5));
     CASE("[5], large eps", HP_OP_RMS_NORM, IN(P(T(F, 5)), P(T(F, 5))), A_f(HP_ATTR_EPS, 0.5));
     CASE("x only", HP_OP_RMS_NORM, IN(P(T(F, 3, 4)), Dfloat(T(F, 4))), A_f(HP_ATTR_EPS, 1e-5));
+    CASE("[2,3,4]", HP_OP_LAYER_NORM, IN(P(T(F, 2, 3, 4)), P(T(F, 4)), P(T(F, 4))),
+         A_f(HP_ATTR_EPS, 1e-5));
+    CASE("x only, large eps", HP_OP_LAYER_NORM, IN(P(T(F, 3, 5)), Dfloat(T(F, 5)), Dfloat(T(F, 5))),
+         A_f(HP_ATTR_EPS, 0.5));
+    CASE("[2,3,5], diagonal 1", HP_OP_TRIL, IN(P(T(F, 2, 3, 5))), A_int(HP_ATTR_DIAGONAL, 1));
+    CASE("[4,4]", HP_OP_TRIL, IN(P(T(F, 4, 4))));
     CASE("forward", HP_OP_ROTARY_EMB, IN(P(T(F, 2, 3, 2, 4))), A_f(HP_ATTR_THETA, 10000));
     CASE("inverse", HP_OP_ROTARY_EMB, IN(P(T(F, 1, 4, 1, 6))), A_f(HP_ATTR_THETA, 500000),
          A_int(HP_ATTR_INVERSE, 1));
@@ -420,11 +426,11 @@ static const hp_op fam_elementwise[] = {
 static const hp_op fam_reductions[] = {HP_OP_SUM, HP_OP_MEAN, HP_OP_AMAX};
 static const hp_op fam_shapes[] = {HP_OP_VIEW,      HP_OP_RESHAPE, HP_OP_PERMUTE, HP_OP_TRANSPOSE,
                                    HP_OP_T,         HP_OP_EXPAND,  HP_OP_SLICE,   HP_OP_CAT,
-                                   HP_OP_UNSQUEEZE, HP_OP_SQUEEZE};
+                                   HP_OP_UNSQUEEZE, HP_OP_SQUEEZE, HP_OP_TRIL};
 static const hp_op fam_matmul[] = {HP_OP_MM, HP_OP_BMM, HP_OP_ADDMM};
 static const hp_op fam_nn[] = {
     HP_OP_EMBEDDING, HP_OP_LOG_SOFTMAX, HP_OP_SOFTMAX, HP_OP_NLL_LOSS_FORWARD,
-    HP_OP_RMS_NORM,  HP_OP_ROTARY_EMB,  HP_OP_SDPA};
+    HP_OP_RMS_NORM,  HP_OP_ROTARY_EMB,  HP_OP_SDPA,    HP_OP_LAYER_NORM};
 #define FAMILY(f) f, (int)HP_ARRAY_LEN(f)
 
 static bool in_family(hp_op op, const hp_op *ops, int n) {

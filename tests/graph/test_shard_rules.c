@@ -153,6 +153,12 @@ static op_case *cases_new(int *n) {
          IN(F(6, 12, 4, 4), F(6, 12, 4, 4), F(6, 6, 4, 4), F(6, 6, 4, 4), F(6, 12, 4, 4),
             F(6, 12, 4)),
          2, AF(SCALE, 0.5), AI(CAUSAL, 1));
+    CASE(LAYER_NORM, 3, IN(F(6, 4, 5), POS(5), F(5)), 1, AF(EPS, 1e-5));
+    CASE(LAYER_NORM_BACKWARD, 5, IN(F(6, 4, 5), F(6, 4, 5), F(6, 4, 1), POS(6, 4, 1), POS(5)), 0);
+    CASE(TRIL, 1, IN(F(6, 4, 5)), 1, AI(DIAGONAL, 1));
+    CASE(TRIL, 1, IN(BOOLS(12, 6, 6)), 0);
+    CASE(BITWISE_NOT, 1, IN(BOOLS(12, 6)), 0);
+    CASE(ARANGE, 0, IN(), 3, AI(START, 1), AI(END, 13), AI(STEP, 1));
 #undef CASE
 #undef IN
     *n = k;

@@ -227,6 +227,27 @@ static hp_value build_op(hp_graph *g, hp_op op) {
                          data(g, TY(F32, 2, 3))};
         return OPI(g, RMS_NORM_BACKWARD, in);
     }
+    case HP_OP_LAYER_NORM: {
+        hp_value in[] = {data(g, TY(F32, 2, 3, 4)), data(g, TY(F32, 4)), data(g, TY(F32, 4))};
+        hp_attr a[] = {hp_attr_float(HP_ATTR_EPS, 1e-5)};
+        return OP(g, LAYER_NORM, in, a);
+    }
+    case HP_OP_LAYER_NORM_BACKWARD: {
+        hp_value in[] = {data(g, TY(F32, 2, 3, 4)), data(g, TY(F32, 2, 3, 4)),
+                         data(g, TY(F32, 2, 3, 1)), data(g, TY(F32, 2, 3, 1)), data(g, TY(F32, 4))};
+        return OPI(g, LAYER_NORM_BACKWARD, in);
+    }
+    case HP_OP_TRIL:
+        return hp_un1(g, op, data(g, TY(BOOL, 4, 4)), hp_attr_int(HP_ATTR_DIAGONAL, -1));
+    case HP_OP_BITWISE_NOT: {
+        hp_value x = data(g, TY(BOOL, 2, 3));
+        return hp_build(g, op, &x, 1, NULL, 0);
+    }
+    case HP_OP_ARANGE: {
+        hp_attr a[] = {hp_attr_int(HP_ATTR_START, 2), hp_attr_int(HP_ATTR_END, 11),
+                       hp_attr_int(HP_ATTR_STEP, 3), hp_attr_dtype(HP_ATTR_DTYPE, HP_I32)};
+        return hp_build(g, op, NULL, 0, a, 4);
+    }
     case HP_OP_ROTARY_EMB: {
         hp_value in[] = {data(g, TY(F32, 1, 4, 2, 6))};
         hp_attr a[] = {hp_attr_float(HP_ATTR_THETA, 500000), hp_attr_int(HP_ATTR_INVERSE, 1)};

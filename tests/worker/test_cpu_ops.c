@@ -549,6 +549,68 @@ static void case_rms_norm(hp_backend *be, hp_op op) {
     }
 }
 
+static void case_layer_norm(hp_backend *be, hp_op op) {
+    static const struct {
+        int rank;
+        int64_t s[3];
+    } c[] = {{3, {4, 6, 32}}, {2, {3, 256}}, {2, {300, 64}}, {1, {7}}, {2, {129, 5}}};
+    for (size_t i = 0; i < HP_ARRAY_LEN(c); i++) {
+        hp_type t = hp_type_make(HP_F32, c[i].rank, c[i].s);
+        hp_type w = TY(HP_F32, c[i].s[c[i].rank - 1]), st = t;
+        st.shape[st.rank - 1] = 1;
+        hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
+        hp_th h;
+        hp_th_init(&h);
+        hp_value v;
+        if (op == HP_OP_LAYER_NORM) {
+            hp_value x = cc_rand_input(&h, t, 1, -2, 3), wv = cc_rand_input(&h, w, 2, 0.5, 1.5);
+            hp_value b = cc_rand_input(&h, w, 3, -1, 1);
+            v = node1(&h, op, (hp_value[]){x, wv, b}, 3, &eps, 1);
+        } else {
+            hp_value gy = cc_rand_input(&h, t, 1, -1, 1), x = cc_rand_input(&h, t, 2, -2, 2);
+            hp_value mu = cc_rand_input(&h, st, 3, -0.5, 0.5), r = cc_rand_input(&h, st, 4, 0.5, 2);
+            hp_value wv = cc_rand_input(&h, w, 5, 0.5, 1.5);
+            v = node1(&h, op, (hp_value[]){gy, x, mu, r, wv}, 5, NULL, 0);
+        }
+        cc_check(be, &h, v, 0, TOL_REDUCE);
+        hp_th_fini(&h);
+    }
+}
+
+/* tril (every dtype, diagonals inside and outside the matrix), bitwise_not, arange. */
+static void case_mask(hp_backend *be, hp_op op) {
+    if (op == HP_OP_TRIL) {
+        const hp_dtype dts[] = {HP_F32, HP_I64, HP_BOOL};
+        const int64_t diags[] = {0, -2, 3, 9};
+        hp_type ts[] = {TY(HP_F32, 5, 5), TY(HP_F32, 3, 4, 7), TY(HP_F32, 2, 0, 3)};
+        for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++)
+            for (size_t k = 0; k < HP_ARRAY_LEN(diags); k++)
+                for (size_t s = 0; s < HP_ARRAY_LEN(ts); s++) {
+                    hp_type t = ts[s];
+                    t.dtype = dts[d];
+                    hp_attr a = hp_attr_int(HP_ATTR_DIAGONAL, diags[k]);
+                    one(be, op, &t, 1, &a, 1, -5, 5, TOL_SIMPLE);
+                }
+    } else if (op == HP_OP_BITWISE_NOT) {
+        hp_type ts[] = {TY(HP_BOOL, 3, 70000), TY(HP_I32, 5), TY(HP_I64, 2, 3), TY0(HP_BOOL)};
+        for (size_t s = 0; s < HP_ARRAY_LEN(ts); s++) one(be, op, &ts[s], 1, NULL, 0, -9, 9, 0);
+    } else {
+        const hp_dtype dts[] = {HP_I64, HP_I32, HP_F32};
+        const int64_t r[][3] = {{0, 16, 1}, {-3, 40000, 7}, {5, 2, 1}};
+        for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++)
+            for (size_t k = 0; k < HP_ARRAY_LEN(r); k++) {
+                hp_th h;
+                hp_th_init(&h);
+                hp_attr a[4] = {
+                    hp_attr_int(HP_ATTR_START, r[k][0]), hp_attr_int(HP_ATTR_END, r[k][1]),
+                    hp_attr_int(HP_ATTR_STEP, r[k][2]), hp_attr_dtype(HP_ATTR_DTYPE, dts[d])};
+                hp_value v = node1(&h, op, NULL, 0, a, 4);
+                cc_check(be, &h, v, 0, TOL_SIMPLE);
+                hp_th_fini(&h);
+            }
+    }
+}
+
 static void case_rotary(hp_backend *be, hp_op op) {
     const double thetas[] = {10000, 500000};
     for (int inv = 0; inv < 2; inv++)
@@ -672,6 +734,11 @@ static const op_case cases[] = {
     {HP_OP_ALL_REDUCE, case_collective},
     {HP_OP_ALL_TO_ALL, case_collective},
     {HP_OP_WAIT_TENSOR, case_collective},
+    {HP_OP_LAYER_NORM, case_layer_norm},
+    {HP_OP_LAYER_NORM_BACKWARD, case_layer_norm},
+    {HP_OP_TRIL, case_mask},
+    {HP_OP_BITWISE_NOT, case_mask},
+    {HP_OP_ARANGE, case_mask},
 };
 
 Test(cpu_ops, every_op_has_a_case) {

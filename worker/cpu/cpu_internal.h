@@ -168,6 +168,11 @@ HP__CPU_KERNEL(hp__cpu_nll_loss_backward);
 /* k_norm_rope.c: fused RMSNorm (+ backward), rotary embedding */
 HP__CPU_KERNEL(hp__cpu_rms_norm);
 HP__CPU_KERNEL(hp__cpu_rms_norm_backward);
+HP__CPU_KERNEL(hp__cpu_layer_norm); /* k_layer_norm.c */
+HP__CPU_KERNEL(hp__cpu_layer_norm_backward);
+HP__CPU_KERNEL(hp__cpu_tril); /* k_mask.c */
+HP__CPU_KERNEL(hp__cpu_bitwise_not);
+HP__CPU_KERNEL(hp__cpu_arange);
 HP__CPU_KERNEL(hp__cpu_rotary);
 /* Frees the cached rotary tables. */
 void hp__cpu_rope_fini(hp__cpu *cpu);

@@ -1,0 +1,397 @@
+"""hp_export: bring your own PyTorch model to hp.
+
+    job = hp_export.export(model, (tokens, labels), loss_fn, plan={"fsdp": ["transformer.h.*"],
+                           "mesh": "dp=2"}, train={"steps": 100, "lr": 3e-4},
+                           out="job.pb", weights="w.safetensors")
+
+captures the model's training step with make_fx (as HyperParallel's graph mode does): a joint
+forward + backward graph of `functional_call` and `torch.autograd.grad` (autodiff="torch"),
+or the forward only, hp's autodiff deriving the backward (autodiff="hp"). Placeholders are
+the parameters in FQN order (tied weights once: one parameter, gradients summed), the
+buffers, then the data `tokens` and `labels`; outputs the loss, then one gradient per
+parameter. The ATen graph is mapped to hp's ops (aten_map.TABLE) and written as hp's text
+IR; `hpctl new --graph` builds the job from it with all of hpctl's flags and checks. The
+model's state goes to safetensors under its own FQNs and is the job's --init-from.
+
+An op hp cannot represent fails the export with one message listing every such op, its count
+and the module it came from; nothing is written then.
+"""
+import collections
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.utils import stateless
+import torch.utils._python_dispatch as _pd
+
+from . import aten_map, hpir, safetensors
+from .hpir import Unsupported, dtype_name
+
+__all__ = ["export", "capture", "to_hpir", "ExportError", "default_loss"]
+
+
+class ExportError(Exception):
+    """The model cannot be exported; str() is the whole message for the user."""
+
+
+def default_loss(logits, labels):
+    """Mean cross entropy over every position (logits [..., V], labels [...])."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1))
+
+
+# ---- the model's state -----------------------------------------------------------------------
+
+def _params_and_aliases(model):
+    """[(fqn, tensor)] deduplicated in named_parameters order, and {every name: its fqn}
+    (torch 1.13's functional_call does not follow tied weights: each alias is passed)."""
+    params = list(model.named_parameters())
+    by_id = {id(p): n for n, p in params}
+    alias = {}
+    for mn, mod in model.named_modules(remove_duplicate=False):
+        for pn, p in mod._parameters.items():
+            if p is not None:
+                alias[(mn + "." if mn else "") + pn] = by_id[id(p)]
+    return params, alias
+
+
+def _buffers(model):
+    return list(model.named_buffers())
+
+
+def _init_spec(t):
+    """An init spec that reproduces t's distribution roughly, for runs without --init-from."""
+    x = t.detach().float()
+    if x.numel() == 0 or bool((x == 0).all()):
+        return "zeros"
+    if bool((x == 1).all()):
+        return "ones"
+    if bool((x == x.flatten()[0]).all()):
+        return "constant(%s)" % hpir._float(x.flatten()[0].item())
+    std = x.std().item() if x.numel() > 1 else 0.0
+    if not (std > 0 and math.isfinite(std)):
+        return "constant(%s)" % hpir._float(x.mean().item())
+    return "normal(%s,%s)" % (hpir._float(x.mean().item()), hpir._float(std))
+
+
+def _buffer_init(name, t):
+    x = t.detach()
+    if x.numel() == 0 or bool((x == 0).all()):
+        return "zeros"
+    if bool((x == 1).all()):
+        return "ones"
+    if bool((x == x.flatten()[0]).all()):
+        return "constant(%s)" % hpir._float(x.flatten()[0].item())
+    if bool((x.flatten() == torch.arange(x.numel(), dtype=x.dtype)).all()):
+        return "arange"
+    raise Unsupported("buffer '%s' holds values hp cannot recreate yet (a constant or "
+                      "arange only); compute it in forward instead" % name)
+
+
+# ---- capture ---------------------------------------------------------------------------------
+
+class _ModulePaths:
+    """Which module each traced node came from: forward hooks note the tracer's node count
+    on entry and claim the nodes added by exit (the innermost module first)."""
+
+    def __init__(self, model):
+        self.path = {}
+        self.handles = []
+        self.starts = []
+        for name, mod in model.named_modules():
+            self.handles.append(mod.register_forward_pre_hook(self._pre(name)))
+            self.handles.append(mod.register_forward_hook(self._post(name)))
+
+    @staticmethod
+    def _graph():
+        mode = _pd._get_current_dispatch_mode()
+        tracer = getattr(mode, "tracer", None)
+        return getattr(tracer, "graph", None)
+
+    def _pre(self, name):
+        def hook(mod, inp):
+            g = self._graph()
+            self.starts.append(len(g.nodes) if g is not None else None)
+        return hook
+
+    def _post(self, name):
+        def hook(mod, inp, out):
+            start = self.starts.pop() if self.starts else None
+            g = self._graph()
+            if g is None or start is None:
+                return
+            for k, n in enumerate(g.nodes):
+                if k >= start and n not in self.path:
+                    self.path[n] = name
+        return hook
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+class Captured:
+    """A traced training step: the FX graph, the inputs it was traced with, the state."""
+
+    def __init__(self, gm, inputs, params, buffers, alias, paths, autodiff):
+        self.gm, self.inputs, self.params, self.buffers = gm, inputs, params, buffers
+        self.alias, self.paths, self.autodiff = alias, paths, autodiff
+
+
+def capture(model, example_inputs, loss_fn=None, autodiff="torch"):
+    """Traces one training step of model on example_inputs = (tokens, labels) with make_fx.
+    loss_fn(output, labels) gives the scalar loss (default: mean cross entropy); None with a
+    model whose forward(tokens, labels) returns the loss (or a tuple holding it) uses that."""
+    if autodiff not in ("torch", "hp"):
+        raise ValueError("autodiff must be 'torch' or 'hp', not %r" % autodiff)
+    tokens, labels = example_inputs
+    params, alias = _params_and_aliases(model)
+    buffers = _buffers(model)
+    pnames = [n for n, _ in params]
+    bnames = [n for n, _ in buffers]
+
+    def loss_of(ps, bs, x, y):
+        d = {n: ps[pnames.index(f)] for n, f in alias.items()}
+        d.update(zip(bnames, bs))
+        if loss_fn is None:
+            out = stateless.functional_call(model, d, (x, y))
+            if isinstance(out, (tuple, list)):
+                out = [o for o in out if torch.is_tensor(o) and o.dim() == 0][-1]
+            return out
+        return loss_fn(stateless.functional_call(model, d, (x,)), y)
+
+    def joint(ps, bs, x, y):
+        loss = loss_of(ps, bs, x, y)
+        grads = torch.autograd.grad(loss, ps, allow_unused=True)
+        return [loss] + [g if g is not None else torch.zeros_like(p) for g, p in zip(grads, ps)]
+
+    def forward(ps, bs, x, y):
+        return [loss_of(ps, bs, x, y)]
+
+    ps = [p.detach().clone().requires_grad_(autodiff == "torch") for _, p in params]
+    bs = [b.detach().clone() for _, b in buffers]
+    paths = _ModulePaths(model)
+    try:
+        gm = make_fx(joint if autodiff == "torch" else forward)(ps, bs, tokens, labels)
+    finally:
+        paths.close()
+    return Captured(gm, (ps, bs, tokens, labels), params, buffers, alias, paths.path, autodiff)
+
+
+# ---- conversion ------------------------------------------------------------------------------
+
+class _Poison:
+    """The value of a node that failed to convert: its users are skipped, not reported."""
+
+
+class _Convert:
+    def __init__(self, cap):
+        self.cap = cap
+        self.g = hpir.Graph()
+        self.vals = {}
+        self.results = {}
+        self.unmapped = collections.OrderedDict()  # (path, op, reason) -> count
+
+    # the context aten_map's entries see
+    def value_of(self, a):
+        v = self.vals[a]
+        if isinstance(v, _Poison):
+            raise _Skip()
+        return v
+
+    def v(self, a):
+        if not isinstance(a, torch.fx.Node):
+            raise Unsupported("a constant where a tensor is expected")
+        v = self.value_of(a)
+        if not isinstance(v, hpir.Value):
+            raise Unsupported("a tuple where a tensor is expected")
+        return v
+
+    def type_of(self, node):
+        r = self.results[node]
+        if not torch.is_tensor(r):
+            raise Unsupported("a non-tensor result")
+        return (dtype_name(r.dtype), tuple(r.shape))
+
+    def types_of(self, node):
+        r = self.results[node]
+        return [(dtype_name(t.dtype), tuple(t.shape)) if torch.is_tensor(t) else None for t in r]
+
+    def full(self, value, dtype):
+        if isinstance(value, bool):
+            value = float(value)
+        return self.g.node("full", [], [(dtype, ())], {"shape": [], "value": value,
+                                                       "dtype": dtype})
+
+    def _record(self):
+        self.results = {}
+        interp = _Recorder(self.cap.gm, self.results)
+        ps, bs, x, y = self.cap.inputs
+        with torch.no_grad() if self.cap.autodiff == "hp" else _nullcontext():
+            interp.run(ps, bs, x, y)
+
+    def run(self):
+        cap = self.cap
+        self._record()
+        nodes = list(cap.gm.graph.nodes)
+        self._order = {n: k for k, n in enumerate(nodes)}
+        self._last_fwd = max([self._order[n] for n in cap.paths if n in self._order] or [-1])
+        phs = [n for n in nodes if n.op == "placeholder"]
+        np_, nb = len(cap.params), len(cap.buffers)
+        if len(phs) != np_ + nb + 2:
+            raise ExportError("the traced graph has %d inputs, expected %d parameters, %d buffers "
+                              "and tokens, labels" % (len(phs), np_, nb))
+        problems = []
+        for k, n in enumerate(phs):
+            r = self.results[n]
+            t = (dtype_name(r.dtype), tuple(r.shape))
+            if k < np_:
+                fqn, p = cap.params[k]
+                a = {"kind": "param", "fqn": fqn, "init": _init_spec(p)}
+            elif k < np_ + nb:
+                fqn, b = cap.buffers[k - np_]
+                try:
+                    a = {"kind": "buffer", "fqn": fqn, "init": _buffer_init(fqn, b)}
+                except Unsupported as e:
+                    problems.append(str(e))
+                    a = {"kind": "buffer", "fqn": fqn}
+            else:
+                a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
+            self.vals[n] = self.g.node("placeholder", [], [t], a)
+        for n in nodes:
+            if n.op in ("placeholder", "output"):
+                continue
+            if n.op != "call_function":
+                self._fail(n, "%s %s" % (n.op, n.target), "a constant tensor captured in the graph")
+                continue
+            fn = aten_map.TABLE.get(n.target)
+            if fn is None:
+                self._fail(n, aten_map.op_name(n.target), None)
+                continue
+            try:
+                self.vals[n] = fn(self, n, list(n.args), dict(n.kwargs))
+            except _Skip:
+                self.vals[n] = _Poison()
+            except Unsupported as e:
+                self._fail(n, aten_map.op_name(n.target), str(e))
+        if problems or self.unmapped:
+            lines = ["the model uses what hp cannot run yet (nothing was written):"]
+            for (path, op, why), cnt in self.unmapped.items():
+                lines.append("  %s: %s x%d%s" % (path, op, cnt, " (%s)" % why if why else ""))
+            lines += ["  " + p for p in problems]
+            raise ExportError("\n".join(lines))
+        out = [n for n in nodes if n.op == "output"][0].args[0]
+        self.g.outputs = [self.v(a) for a in out]
+        return self.g.text()
+
+    def _fail(self, n, op, why):
+        path = self.cap.paths.get(n)
+        if path is None or path == "":
+            # outside every submodule: the model's own forward, or (after the last node a
+            # module claimed, in a joint capture) the backward
+            path = "(backward)" if self.cap.autodiff == "torch" and self._order[n] > self._last_fwd \
+                else "(model)"
+        key = (path, op, why)
+        self.unmapped[key] = self.unmapped.get(key, 0) + 1
+        self.vals[n] = _Poison()
+
+
+class _Skip(Exception):
+    pass
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class _Recorder(torch.fx.Interpreter):
+    def __init__(self, gm, results):
+        super().__init__(gm)
+        self.results_ = results
+
+    def run_node(self, n):
+        r = super().run_node(n)
+        self.results_[n] = r
+        return r
+
+
+def to_hpir(cap):
+    """The captured step as hp's text IR (raises ExportError listing what does not map)."""
+    return _Convert(cap).run()
+
+
+# ---- the job ---------------------------------------------------------------------------------
+
+def _find_hpctl(hpctl):
+    for c in (hpctl, os.environ.get("HPCTL"), shutil.which("hpctl")):
+        if c and os.path.exists(c):
+            return c
+    raise ExportError("hpctl not found: pass hpctl=PATH (--hpctl), set $HPCTL, or put it on PATH")
+
+
+def _flags(plan, train):
+    args = []
+    plan = dict(plan or {})
+    for pat in plan.pop("fsdp", []) or []:
+        args += ["--fsdp", pat]
+    for pl in plan.pop("place", []) or []:
+        args += ["--place", pl]
+    for k, v in list(plan.items()) + list((train or {}).items()):
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            args.append(flag)
+        elif v is not False and v is not None:
+            args += [flag, str(v)]
+    return args
+
+
+def export(model, example_inputs, loss_fn=default_loss, plan=None, train=None, out="job.pb",
+           weights=None, hpir_path=None, autodiff="torch", hpctl=None, extra_args=()):
+    """Exports model's training step to the job file `out` (returned). plan: {"mesh": "dp=2",
+    "fsdp": [patterns], "place": [...], ...}; train: {"steps": 10, "lr": 1e-3, ...}: both
+    become hpctl new flags (underscores as dashes). weights: where the model's state goes
+    (default: out's stem + .safetensors); hpir_path: keep the IR there (default: out's stem +
+    .hpir). Raises ExportError with the whole message on failure; nothing is written then."""
+    stem = os.path.splitext(out)[0]
+    weights = weights or stem + ".safetensors"
+    hpir_path = hpir_path or stem + ".hpir"
+    tool = _find_hpctl(hpctl)
+    was_training = model.training
+    model.train()
+    try:
+        try:
+            cap = capture(model, example_inputs, loss_fn, autodiff)
+            text = to_hpir(cap)
+        except Unsupported as e:
+            raise ExportError(str(e))
+    finally:
+        model.train(was_training)
+    tmpdir = tempfile.mkdtemp(prefix="hp_export-")
+    try:
+        ir = os.path.join(tmpdir, os.path.basename(stem) + ".hpir")
+        with open(ir, "w") as f:
+            f.write(text)
+        state = {n: p for n, p in cap.params}
+        state.update({n: b for n, b in cap.buffers})
+        tied = ",".join("%s=%s" % (a, f) for a, f in sorted(cap.alias.items()) if a != f)
+        wtmp = os.path.join(tmpdir, "weights.safetensors")
+        safetensors.save(wtmp, state, {"format": "pt", "producer": "hp_export",
+                                       "tied": tied})
+        cmd = [tool, "new", "--graph", ir, "--init-from", os.path.abspath(weights), "-o", out]
+        cmd += _flags(plan, train) + list(extra_args)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise ExportError(r.stderr.strip() or "hpctl new failed (exit %d)" % r.returncode)
+        shutil.move(wtmp, weights)
+        shutil.move(ir, hpir_path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return out

@@ -1,0 +1,476 @@
+"""The one table from ATen ops (as make_fx records them: `aten.addmm.default`) to hp's ops
+(graph/ops.def). Each entry takes the conversion context, the FX node and its arguments and
+emits hp nodes, returning the node's value(s); an op missing here, or an argument hp cannot
+represent (Unsupported), fails the export with every such op listed once.
+
+Most entries are one-to-one (hp's op names follow ATen). The others:
+  detach, alias, dropout p=0          fold away (the value itself)
+  _reshape_alias, _unsafe_view        view (hp values are contiguous: a reshape)
+  split, split_with_sizes             one slice per piece
+  masked_fill.Scalar                  where(mask, full(value), x)
+  div by a scalar, eq.Scalar          the scalar as a 0-d full
+  add/sub/mul by a scalar             add_scalar / mul_scalar
+  ones_like/zeros_like/full_like      ones / zeros / full of the input's shape
+  native_layer_norm without affine    ones / zeros as weight and bias
+"""
+import operator
+
+import torch
+
+from .hpir import Unsupported
+
+aten = torch.ops.aten
+
+
+def _t(cx, node):
+    return cx.type_of(node)
+
+
+def _one(op):
+    """ATen op with the same inputs and no attributes."""
+    def f(cx, node, args, kw):
+        return cx.g.node(op, [cx.v(a) for a in args if _is_node(a)], [_t(cx, node)])
+    return f
+
+
+def _is_node(a):
+    return isinstance(a, torch.fx.Node)
+
+
+def _shape_op(op):
+    def f(cx, node, args, kw):
+        t = _t(cx, node)
+        return cx.g.node(op, [cx.v(args[0])], [t], {"shape": t[1]})
+    return f
+
+
+def _fold(cx, node, args, kw):
+    return cx.v(args[0])
+
+
+def _reshape_alias(cx, node, args, kw):
+    # make_fx emits _reshape_alias for a reshape that can be a view; a reshape's values are
+    # the logical row-major order whatever the strides, which is what hp's view computes
+    t = _t(cx, node)
+    return cx.g.node("view", [cx.v(args[0])], [t], {"shape": t[1]})
+
+
+def _binary(op, scalar_op):
+    def f(cx, node, args, kw):
+        a, b = args[0], args[1]
+        alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
+        t = _t(cx, node)
+        if _is_node(a) and _is_node(b):
+            vb = cx.v(b)
+            if alpha != 1:
+                vb = cx.g.node("mul_scalar", [vb], [(vb.dtype, vb.shape)], {"value": alpha})
+            return cx.g.node(op, [cx.v(a), vb], [t])
+        if op == "div":
+            if not _is_node(a):
+                raise Unsupported("a scalar divided by a tensor")
+            return cx.g.node("div", [cx.v(a), cx.full(b, t[0])], [t])
+        if not _is_node(a):  # scalar op tensor: only the commutative ones
+            if op == "sub":
+                raise Unsupported("a scalar minus a tensor")
+            a, b = b, a
+        if op == "add":
+            return cx.g.node("add_scalar", [cx.v(a)], [t], {"value": b * alpha})
+        if op == "sub":
+            return cx.g.node("add_scalar", [cx.v(a)], [t], {"value": -b * alpha})
+        return cx.g.node(scalar_op, [cx.v(a)], [t], {"value": b})
+    return f
+
+
+def _rsub(cx, node, args, kw):
+    x, other = cx.v(args[0]), args[1]
+    alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
+    t = _t(cx, node)
+    if not _is_node(args[1]):
+        nx = cx.g.node("mul_scalar", [x], [t], {"value": -alpha})
+        return cx.g.node("add_scalar", [nx], [t], {"value": other})
+    raise Unsupported("rsub of two tensors")
+
+
+def _mul_scalar(cx, node, args, kw):
+    return cx.g.node("mul_scalar", [cx.v(args[0])], [_t(cx, node)], {"value": args[1]})
+
+
+def _pow(cx, node, args, kw):
+    return cx.g.node("pow", [cx.v(args[0])], [_t(cx, node)], {"exponent": args[1]})
+
+
+def _compare(op):
+    def f(cx, node, args, kw):
+        a = cx.v(args[0])
+        b = cx.v(args[1]) if _is_node(args[1]) else cx.full(args[1], a.dtype)
+        return cx.g.node(op, [a, b], [_t(cx, node)])
+    return f
+
+
+_APPROX = {"none": 0, "tanh": 1}
+
+
+def _gelu(cx, node, args, kw):
+    ap = kw.get("approximate", args[1] if len(args) > 1 else "none")
+    return cx.g.node("gelu", [cx.v(args[0])], [_t(cx, node)], {"approximate": _APPROX[ap]})
+
+
+def _gelu_backward(cx, node, args, kw):
+    ap = kw.get("approximate", args[2] if len(args) > 2 else "none")
+    return cx.g.node("gelu_backward", [cx.v(args[0]), cx.v(args[1])], [_t(cx, node)],
+                     {"approximate": _APPROX[ap]})
+
+
+def _threshold_backward(cx, node, args, kw):
+    return cx.g.node("threshold_backward", [cx.v(args[0]), cx.v(args[1])], [_t(cx, node)],
+                     {"value": args[2]})
+
+
+def _reduce(op):
+    def f(cx, node, args, kw):
+        dims = list(args[1]) if len(args) > 1 and args[1] is not None else []
+        keep = kw.get("keepdim", args[2] if len(args) > 2 else False)
+        if kw.get("dtype") is not None:
+            raise Unsupported("dtype=%s" % kw["dtype"])
+        a = {"dims": dims}
+        if keep:
+            a["keepdim"] = 1
+        return cx.g.node(op, [cx.v(args[0])], [_t(cx, node)], a)
+    return f
+
+
+def _transpose(cx, node, args, kw):
+    return cx.g.node("transpose", [cx.v(args[0])], [_t(cx, node)],
+                     {"dim0": args[1], "dim1": args[2]})
+
+
+def _permute(cx, node, args, kw):
+    return cx.g.node("permute", [cx.v(args[0])], [_t(cx, node)], {"perm": list(args[1])})
+
+
+def _dim_op(op):
+    def f(cx, node, args, kw):
+        return cx.g.node(op, [cx.v(args[0])], [_t(cx, node)], {"dim": args[1]})
+    return f
+
+
+def _slice(cx, node, args, kw):
+    x = cx.v(args[0])
+    dim = args[1] if len(args) > 1 else kw.get("dim", 0)
+    start = args[2] if len(args) > 2 else kw.get("start")
+    end = args[3] if len(args) > 3 else kw.get("end")
+    step = args[4] if len(args) > 4 else kw.get("step", 1)
+    n = x.shape[dim]
+    start = 0 if start is None else max(-n, min(start, n))
+    end = n if end is None else max(-n, min(end, n))
+    a = {"dim": dim, "start": start, "end": end}
+    if step != 1:
+        a["step"] = step
+    return cx.g.node("slice", [x], [_t(cx, node)], a)
+
+
+def _slice_backward(cx, node, args, kw):
+    g, sizes, dim, start, end, step = args[:6]
+    n = sizes[dim]
+    a = {"shape": list(sizes), "dim": dim, "start": max(-n, min(start, n)),
+         "end": max(-n, min(end, n))}
+    if step != 1:
+        a["step"] = step
+    return cx.g.node("slice_backward", [cx.v(g)], [_t(cx, node)], a)
+
+
+class _Split:
+    """A split's pieces, emitted as slices when getitem asks for them."""
+    def __init__(self, cx, x, dim, bounds, types):
+        self.cx, self.x, self.dim, self.bounds, self.types = cx, x, dim, bounds, types
+        self.done = {}
+
+    def __getitem__(self, k):
+        if k not in self.done:
+            s, e = self.bounds[k]
+            self.done[k] = self.cx.g.node("slice", [self.x], [self.types[k]],
+                                          {"dim": self.dim, "start": s, "end": e})
+        return self.done[k]
+
+
+def _split(cx, node, args, kw):
+    x = cx.v(args[0])
+    dim = args[2] if len(args) > 2 else kw.get("dim", 0)
+    dim = dim % len(x.shape)
+    n = x.shape[dim]
+    if isinstance(args[1], int):
+        sizes = [min(args[1], n - s) for s in range(0, n, args[1])] or [0]
+    else:
+        sizes = list(args[1])
+    bounds, at = [], 0
+    for s in sizes:
+        bounds.append((at, at + s))
+        at += s
+    return _Split(cx, x, dim, bounds, cx.types_of(node))
+
+
+def _cat(cx, node, args, kw):
+    dim = args[1] if len(args) > 1 else kw.get("dim", 0)
+    return cx.g.node("cat", [cx.v(a) for a in args[0]], [_t(cx, node)], {"dim": dim})
+
+
+def _addmm(cx, node, args, kw):
+    a = {}
+    beta, alpha = kw.get("beta", 1), kw.get("alpha", 1)
+    if beta != 1:
+        a["beta"] = beta
+    if alpha != 1:
+        a["alpha"] = alpha
+    return cx.g.node("addmm", [cx.v(x) for x in args[:3]], [_t(cx, node)], a)
+
+
+def _embedding(cx, node, args, kw):
+    pad = args[2] if len(args) > 2 else kw.get("padding_idx", -1)
+    if (args[3] if len(args) > 3 else kw.get("scale_grad_by_freq", False)):
+        raise Unsupported("scale_grad_by_freq=True")
+    a = {"padding_idx": pad} if pad != -1 else {}
+    return cx.g.node("embedding", [cx.v(args[0]), cx.v(args[1])], [_t(cx, node)], a)
+
+
+def _embedding_backward(cx, node, args, kw):
+    g, idx, num, pad, scale = args[:5]
+    if scale:
+        raise Unsupported("scale_grad_by_freq=True")
+    a = {"num_weights": num}
+    if pad != -1:
+        a["padding_idx"] = pad
+    return cx.g.node("embedding_dense_backward", [cx.v(g), cx.v(idx)], [_t(cx, node)], a)
+
+
+def _softmax(op):
+    def f(cx, node, args, kw):
+        if args[2]:
+            raise Unsupported("half_to_float=True")
+        return cx.g.node(op, [cx.v(args[0])], [_t(cx, node)], {"dim": args[1]})
+    return f
+
+
+def _softmax_backward(op):
+    def f(cx, node, args, kw):
+        return cx.g.node(op, [cx.v(args[0]), cx.v(args[1])], [_t(cx, node)], {"dim": args[2]})
+    return f
+
+
+def _nll(cx, node, args, kw):
+    x, target, weight, reduction, ignore = args[:5]
+    if weight is not None:
+        raise Unsupported("class weights")
+    return cx.g.node("nll_loss_forward", [cx.v(x), cx.v(target)], cx.types_of(node),
+                     {"reduction": reduction, "ignore_index": ignore})
+
+
+def _nll_backward(cx, node, args, kw):
+    g, x, target, weight, reduction, ignore, total = args[:7]
+    if weight is not None:
+        raise Unsupported("class weights")
+    return cx.g.node("nll_loss_backward", [cx.v(g), cx.v(x), cx.v(target), cx.v(total)],
+                     [_t(cx, node)], {"reduction": reduction, "ignore_index": ignore})
+
+
+def _affine(cx, p, x, value):
+    if p is not None:
+        return cx.v(p)
+    d = x.shape[-1]
+    return cx.g.node("full", [], [(x.dtype, (d,))], {"shape": [d], "value": value,
+                                                      "dtype": x.dtype})
+
+
+def _layer_norm(cx, node, args, kw):
+    x, shape, w, b, eps = args[:5]
+    x = cx.v(x)
+    if len(shape) != 1 or shape[0] != x.shape[-1]:
+        raise Unsupported("normalized_shape %s (hp normalizes the last dim only)" % list(shape))
+    return cx.g.node("native_layer_norm", [x, _affine(cx, w, x, 1.0), _affine(cx, b, x, 0.0)],
+                     cx.types_of(node), {"eps": eps})
+
+
+def _layer_norm_backward(cx, node, args, kw):
+    g, x, shape, mean, rstd, w, b = args[:7]
+    xv = cx.v(x)
+    if len(shape) != 1 or shape[0] != xv.shape[-1]:
+        raise Unsupported("normalized_shape %s (hp normalizes the last dim only)" % list(shape))
+    ws = cx.types_of(node)
+    d = xv.shape[-1]
+    types = [ws[0] if ws[0] else (xv.dtype, xv.shape), (xv.dtype, (d,)), (xv.dtype, (d,))]
+    return cx.g.node("native_layer_norm_backward",
+                     [cx.v(g), xv, cx.v(mean), cx.v(rstd), _affine(cx, w, xv, 1.0)], types)
+
+
+def _creation(op, value=None):
+    def f(cx, node, args, kw):
+        t = _t(cx, node)
+        a = {"shape": t[1], "dtype": t[0]}
+        if op == "full":
+            a["value"] = args[1] if value is None else value
+        return cx.g.node(op, [], [t], a)
+    return f
+
+
+def _like(op):
+    def f(cx, node, args, kw):
+        t = _t(cx, node)
+        a = {"shape": t[1], "dtype": t[0]}
+        if op == "full":
+            a["value"] = args[1]
+        return cx.g.node(op, [], [t], a)
+    return f
+
+
+def _tril(cx, node, args, kw):
+    k = args[1] if len(args) > 1 else kw.get("diagonal", 0)
+    return cx.g.node("tril", [cx.v(args[0])], [_t(cx, node)], {"diagonal": k} if k else {})
+
+
+def _masked_fill(cx, node, args, kw):
+    x, mask, value = cx.v(args[0]), cx.v(args[1]), args[2]
+    return cx.g.node("where", [mask, cx.full(value, x.dtype), x], [_t(cx, node)])
+
+
+def _where(cx, node, args, kw):
+    c = cx.v(args[0])
+    t = _t(cx, node)
+    a = cx.v(args[1]) if _is_node(args[1]) else cx.full(args[1], t[0])
+    b = cx.v(args[2]) if _is_node(args[2]) else cx.full(args[2], t[0])
+    return cx.g.node("where", [c, a, b], [t])
+
+
+def _arange(cx, node, args, kw):
+    t = _t(cx, node)
+    if node.target == aten.arange.default:
+        start, end, step = 0, args[0], 1
+    else:
+        start, end = args[0], args[1]
+        step = args[2] if len(args) > 2 else kw.get("step", 1)
+    if not all(isinstance(v, int) for v in (start, end, step)):
+        raise Unsupported("non-integer bounds")
+    a = {"start": start, "end": end, "dtype": t[0]}
+    if step != 1:
+        a["step"] = step
+    return cx.g.node("arange", [], [t], a)
+
+
+def _to_copy(cx, node, args, kw):
+    t = _t(cx, node)
+    return cx.g.node("_to_copy", [cx.v(args[0])], [t], {"dtype": t[0]})
+
+
+def _dropout(cx, node, args, kw):
+    x, p, train = args[0], args[1], args[2]
+    if train and p > 0:
+        raise Unsupported("p=%g > 0 (only p = 0 folds away for now)" % p)
+    xv = cx.v(x)
+    mask = cx.g.node("ones", [], [("bool", xv.shape)], {"shape": xv.shape, "dtype": "bool"})
+    return [xv, mask]
+
+
+def _dropout_backward(cx, node, args, kw):
+    if args[2] != 1:
+        raise Unsupported("scale %g (dropout with p > 0)" % args[2])
+    return cx.v(args[0])
+
+
+def _getitem(cx, node, args, kw):
+    seq = cx.value_of(args[0])
+    return seq[args[1]]
+
+
+TABLE = {
+    operator.getitem: _getitem,
+    aten.t.default: _one("t"),
+    aten.mm.default: _one("mm"),
+    aten.bmm.default: _one("bmm"),
+    aten.addmm.default: _addmm,
+    aten.transpose.int: _transpose,
+    aten.permute.default: _permute,
+    aten.view.default: _shape_op("view"),
+    aten._unsafe_view.default: _shape_op("view"),
+    aten._reshape_alias.default: _reshape_alias,
+    aten.expand.default: _shape_op("expand"),
+    aten.clone.default: _one("clone"),
+    aten.detach.default: _fold,
+    aten.alias.default: _fold,
+    aten.unsqueeze.default: _dim_op("unsqueeze"),
+    aten.squeeze.dim: _dim_op("squeeze"),
+    aten.slice.Tensor: _slice,
+    aten.slice_backward.default: _slice_backward,
+    aten.split.Tensor: _split,
+    aten.split_with_sizes.default: _split,
+    aten.cat.default: _cat,
+    aten.add.Tensor: _binary("add", "add_scalar"),
+    aten.sub.Tensor: _binary("sub", None),
+    aten.mul.Tensor: _binary("mul", "mul_scalar"),
+    aten.div.Tensor: _binary("div", None),
+    aten.add.Scalar: _binary("add", "add_scalar"),
+    aten.mul.Scalar: _mul_scalar,
+    aten.div.Scalar: _binary("div", None),
+    aten.rsub.Scalar: _rsub,
+    aten.pow.Tensor_Scalar: _pow,
+    aten.maximum.default: _one("maximum"),
+    aten.eq.Tensor: _compare("eq"),
+    aten.eq.Scalar: _compare("eq"),
+    aten.lt.Tensor: _compare("lt"),
+    aten.lt.Scalar: _compare("lt"),
+    aten.where.self: _where,
+    aten.neg.default: _one("neg"),
+    aten.exp.default: _one("exp"),
+    aten.log.default: _one("log"),
+    aten.sqrt.default: _one("sqrt"),
+    aten.rsqrt.default: _one("rsqrt"),
+    aten.tanh.default: _one("tanh"),
+    aten.sigmoid.default: _one("sigmoid"),
+    aten.silu.default: _one("silu"),
+    aten.relu.default: _one("relu"),
+    aten.gelu.default: _gelu,
+    aten.tanh_backward.default: _one("tanh_backward"),
+    aten.sigmoid_backward.default: _one("sigmoid_backward"),
+    aten.silu_backward.default: _one("silu_backward"),
+    aten.gelu_backward.default: _gelu_backward,
+    aten.threshold_backward.default: _threshold_backward,
+    aten.sum.dim_IntList: _reduce("sum"),
+    aten.sum.default: _reduce("sum"),
+    aten.mean.dim: _reduce("mean"),
+    aten.mean.default: _reduce("mean"),
+    aten.amax.default: _reduce("amax"),
+    aten.embedding.default: _embedding,
+    aten.embedding_dense_backward.default: _embedding_backward,
+    aten._softmax.default: _softmax("_softmax"),
+    aten._log_softmax.default: _softmax("_log_softmax"),
+    aten._softmax_backward_data.default: _softmax_backward("_softmax_backward_data"),
+    aten._log_softmax_backward_data.default: _softmax_backward("_log_softmax_backward_data"),
+    aten.nll_loss_forward.default: _nll,
+    aten.nll_loss_backward.default: _nll_backward,
+    aten.native_layer_norm.default: _layer_norm,
+    aten.native_layer_norm_backward.default: _layer_norm_backward,
+    aten.ones.default: _creation("ones"),
+    aten.zeros.default: _creation("zeros"),
+    aten.full.default: _creation("full"),
+    aten.ones_like.default: _like("ones"),
+    aten.zeros_like.default: _like("zeros"),
+    aten.full_like.default: _like("full"),
+    aten.tril.default: _tril,
+    aten.bitwise_not.default: _one("bitwise_not"),
+    aten.logical_not.default: _one("bitwise_not"),
+    aten.masked_fill.Scalar: _masked_fill,
+    aten.arange.default: _arange,
+    aten.arange.start: _arange,
+    aten.arange.start_step: _arange,
+    aten._to_copy.default: _to_copy,
+    aten.native_dropout.default: _dropout,
+    aten.native_dropout_backward.default: _dropout_backward,
+}
+
+
+def op_name(target):
+    """`aten.convolution` for the listing (the overload dropped), or the Python name."""
+    if target is operator.getitem:
+        return "getitem"
+    s = str(target)
+    parts = s.split(".")
+    if len(parts) == 3 and parts[0] == "aten":
+        return "aten." + parts[1]
+    return s

@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
+
+  export_ref.py export DIR AUTODIFF [HPCTL FLAGS...]  exports the GPT-2-style model below with
+                  hp_export (autodiff torch | hp) to DIR/job-AUTODIFF.pb, its weights to
+                  DIR/init.safetensors
+  export_ref.py train DIR STEPS                      trains the same model from
+                  DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
+                  of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
+                  clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
+                  and DIR/ref/model.safetensors (the final weights)
+  export_ref.py conv DIR                             exports a model with a Conv2d: must fail
+
+The model is nanoGPT's shape, written here: learned positions, LayerNorm with bias, a
+GELU-tanh MLP, causal attention with a mask computed in forward (no buffer), lm_head tied to
+the token embedding. Exit 3 when torch is missing.
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "client"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "worker"))
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    print("export_ref.py: python3-torch is missing", file=sys.stderr)
+    sys.exit(3)
+
+import adamw_ref  # noqa: E402
+import hp_export  # noqa: E402
+from hp_export import safetensors  # noqa: E402
+
+V, T, C, H, L, B = 64, 16, 32, 4, 2, 4
+LR, WARMUP, WD, CLIP = 1e-3, 2, 0.1, 1.0
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # No bias on the q/k/v projection: the key bias's gradient is zero in exact arithmetic
+        # (it shifts each row of scores by a constant, which softmax ignores), so AdamW turns
+        # each implementation's rounding noise there into lr-sized steps of random sign and
+        # no two implementations agree on it. Every other Linear and LayerNorm has its bias.
+        self.c_attn = nn.Linear(C, 3 * C, bias=False)
+        self.c_proj = nn.Linear(C, C)
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(b, t, H, c // H).transpose(1, 2)
+        k = k.view(b, t, H, c // H).transpose(1, 2)
+        v = v.view(b, t, H, c // H).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
+        att = att.masked_fill(~mask, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.c_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(C), Attention()
+        self.ln_2, self.mlp = nn.LayerNorm(C), MLP()
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(0.0),
+            h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+        self.lm_head = nn.Linear(C, V, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied
+
+    def forward(self, idx):
+        b, t = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for blk in self.transformer.h:
+            x = blk(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+def make():
+    torch.manual_seed(1234)
+    m = GPT()
+    with torch.no_grad():  # non-trivial norms, so their gradients are tested too
+        for n, p in m.named_parameters():
+            if "ln" in n:
+                p.add_(0.1 * torch.randn(p.shape))
+    return m
+
+
+class ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, 8)
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.head = nn.Linear(32, V)
+
+    def forward(self, idx):
+        x = self.conv(self.emb(idx).unsqueeze(1))
+        b, c, t, d = x.shape
+        return self.head(x.permute(0, 2, 1, 3).reshape(b, t, c * d))
+
+
+def batch(d):
+    with open(d + "/tokens.bin", "rb") as f:
+        buf = f.read()
+    n = struct.unpack("<256i", buf[:1024])[2]
+    toks = torch.tensor(struct.unpack("<%dH" % n, buf[1024:1024 + 2 * n]), dtype=torch.int64)
+    x = torch.stack([toks[k * T:k * T + T] for k in range(B)])
+    y = torch.stack([toks[k * T + 1:k * T + T + 1] for k in range(B)])
+    return x, y
+
+
+def do_export(d, autodiff, flags):
+    x = torch.zeros(B, T, dtype=torch.int64)
+    hp_export.export(make(), (x, x.clone()), hp_export.default_loss,
+                     out="%s/job-%s.pb" % (d, autodiff), weights=d + "/init.safetensors",
+                     autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
+                     train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
+                            "log_interval": 1},
+                     extra_args=flags)
+
+
+def do_train(d, steps):
+    m = make()
+    w, _ = safetensors.load(d + "/init.safetensors")
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            p.copy_(w[n])
+    params = [p for _, p in m.named_parameters()]
+    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=WD,
+                            foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, adamw_ref.build_lambda(steps, WARMUP, -1, "linear", 0.0))
+    x, y = batch(d)
+    os.makedirs(d + "/ref", exist_ok=True)
+    with open(d + "/ref/metrics.jsonl", "w") as f:
+        for s in range(steps):
+            opt.zero_grad()
+            loss = hp_export.default_loss(m(x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, CLIP)
+            opt.step()
+            sched.step()
+            f.write(json.dumps({"step": s + 1, "loss": loss.item()}) + "\n")
+    safetensors.save(d + "/ref/model.safetensors",
+                     {n: p.detach() for n, p in m.named_parameters()}, {"format": "pt"})
+
+
+def do_conv(d):
+    x = torch.zeros(B, T, dtype=torch.int64)
+    try:
+        hp_export.export(ConvNet(), (x, x.clone()), out=d + "/conv.pb",
+                         hpctl=os.environ.get("HPCTL"))
+    except hp_export.ExportError as e:
+        print(e)
+        return 1
+    return 0
+
+
+def main():
+    torch.set_num_threads(1)
+    mode, d = sys.argv[1], sys.argv[2]
+    if mode == "export":
+        do_export(d, sys.argv[3], sys.argv[4:])
+    elif mode == "train":
+        do_train(d, int(sys.argv[3]))
+    elif mode == "conv":
+        return do_conv(d)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
