@@ -300,16 +300,40 @@ done:
 
 /* ---- weights out -------------------------------------------------------------------------- */
 
-/* Parameter i whole on rank 0 (*full, hp_malloc'd; NULL elsewhere): every rank's piece
- * gathered over the world, each distinct piece placed at its box. */
-static hp_status gather_full(trainer *t, int i, float **full, hp_err *err) {
+/* Does rank 0 hold all of parameter i, unpadded (a replicated parameter)? The same answer on
+ * every rank: it decides whether they gather. */
+static bool rank0_holds_all(trainer *t, int i) {
+    const hp_param_slot *ps = &t->prog->params[i];
+    const hp_type *held = &t->prog->buffers[ps->buffer].type;
+    int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
+    if (hp_program_box(t->prog, i, 0, off, len, NULL) != HP_OK) return false;
+    for (int d = 0; d < ps->global.rank; d++)
+        if (off[d] != 0 || len[d] != ps->global.shape[d] || held->shape[d] != ps->global.shape[d])
+            return false;
+    return true;
+}
+
+/* Parameter i whole on rank 0, at *data (NULL elsewhere); *owned is what to free (NULL when
+ * *data is the device buffer itself). Every distinct piece is gathered over the world and
+ * placed at its box, unless rank 0 holds all of it. */
+static hp_status gather_full(trainer *t, int i, const float **data, float **owned, hp_err *err) {
     const hp_param_slot *ps = &t->prog->params[i];
     float *dev = hp__train_param(t, i);
     int64_t numel = hp__train_numel(t, i);
     size_t bytes = (size_t)numel * sizeof(float);
+    *data = NULL;
+    *owned = NULL;
+    if (rank0_holds_all(t, i)) { /* nothing to gather: rank 0's own buffer (or its copy) */
+        if (t->rank != 0) return HP_OK;
+        void *local = NULL;
+        HP_TRY(view(t, dev, bytes, &local, err));
+        *data = local;
+        *owned = local != dev ? local : NULL;
+        return HP_OK;
+    }
     void *local = NULL;
     HP_TRY(view(t, dev, bytes, &local, err));
-    float *all = NULL;
+    float *all = NULL, *full = NULL;
     hp_status st = HP_OK;
     if (t->world > 1) {
         if (!(all = hp_malloc(bytes * (size_t)t->world)))
@@ -317,25 +341,29 @@ static hp_status gather_full(trainer *t, int i, float **full, hp_err *err) {
         else
             st = t->comm->vt->all_gather(t->comm, local, all, bytes, err);
     }
-    *full = NULL;
     int64_t total = hp_type_numel(&ps->global);
     if (st == HP_OK && t->rank == 0 &&
-        !(*full = hp_calloc((size_t)(total ? total : 1), sizeof **full)))
+        !(full = hp_calloc((size_t)(total ? total : 1), sizeof *full)))
         st = hp_errf(err, HP_NOMEM, "out of memory gathering '%s'", ps->fqn);
     for (int r = 0; st == HP_OK && t->rank == 0 && r < t->world; r++) {
         if (!hp_program_owns(t->prog, i, r)) continue;
-        copy_ctx c = {t, all ? all + (size_t)r * (size_t)numel : local, *full, false};
+        copy_ctx c = {t, all ? all + (size_t)r * (size_t)numel : local, full, false};
         st = hp__train_param_runs(t, i, r, copy_run, &c, err);
     }
     hp_free(all);
     view_done(local, dev);
-    return st;
+    if (st != HP_OK) {
+        hp_free(full);
+        return st;
+    }
+    *data = *owned = full;
+    return HP_OK;
 }
 
 hp_status hp__train_export_weights(trainer *t, const char *path, hp_err *err) {
     int n = t->prog->n_params;
     hp_st_tensor *ts = hp_calloc((size_t)n + 1, sizeof *ts);
-    float **full = hp_calloc((size_t)n + 1, sizeof *full); /* whole, on rank 0 */
+    float **full = hp_calloc((size_t)n + 1, sizeof *full); /* what to free (rank 0) */
     hp_status st = HP_OK;
     if (!ts || !full) {
         st = hp_errf(err, HP_NOMEM, "out of memory");
@@ -343,12 +371,13 @@ hp_status hp__train_export_weights(trainer *t, const char *path, hp_err *err) {
     }
     for (int i = 0; i < n && st == HP_OK; i++) {
         const hp_param_slot *ps = &t->prog->params[i];
-        if ((st = gather_full(t, i, &full[i], err)) != HP_OK) break;
+        const float *data = NULL;
+        if ((st = gather_full(t, i, &data, &full[i], err)) != HP_OK) break;
         ts[i].name = ps->fqn;
         ts[i].dtype = HP_ST_F32;
         ts[i].rank = ps->global.rank;
         memcpy(ts[i].shape, ps->global.shape, sizeof(int64_t) * (size_t)ps->global.rank);
-        ts[i].data = full[i];
+        ts[i].data = data;
         ts[i].nbytes = (size_t)hp_type_numel(&ps->global) * sizeof(float);
     }
     hp_st_kv meta[2] = {{"format", "pt"}, {"producer", "hp"}};
