@@ -44,14 +44,14 @@
 
 static const struct {
     const char *path;
-    bool mutating;
+    bool mutating; /* or costly (GetPlan compiles): needs the token */
 } k_methods[M_COUNT] = {
     [M_SUBMIT] = {"/hp.v1.Coordinator/SubmitJob", true},
     [M_GET] = {"/hp.v1.Coordinator/GetJob", false},
     [M_LIST] = {"/hp.v1.Coordinator/ListJobs", false},
     [M_CANCEL] = {"/hp.v1.Coordinator/CancelJob", true},
     [M_WATCH] = {"/hp.v1.Coordinator/WatchJob", false},
-    [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", false},
+    [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", true}, /* compiles: the token's to ask */
     [M_TRACE] = {"/hp.v1.Coordinator/GetTrace", false},
     [M_CHECKPOINT] = {"/hp.v1.Coordinator/CheckpointJob", true},
 };
@@ -132,6 +132,7 @@ static void on_send(rpc_tag *t, int ok);
 static void call_free(rpc_call *c) {
     hp__rpc_wq_remove(c);
     hpd_submit_cancel(c->submit); /* its answer has no one to go to */
+    hpd_plan_cancel(c->plan);
     if (c->watching && c->watch) hpd_watch_stop(c->watch);
     hp__rpc_q_clear(c);
     hp_free(c->q);
@@ -544,6 +545,32 @@ static void h_cancel(rpc_call *c) {
     reply_job(c, &resp.base, &resp.job, &v);
 }
 
+static void on_planned(void *ctx, hp_status st, const uint8_t *plan, size_t plan_len,
+                       const hp_err *err) {
+    rpc_call *c = ctx;
+    c->plan = NULL;
+    if (st != HP_OK) {
+        reply_err(c, st, err);
+        return;
+    }
+    /* GetPlanResponse { PlanSummary plan = 1; }: wrap the packed summary by hand. */
+    uint8_t hdr[11];
+    size_t h = 0;
+    hdr[h++] = 0x0a; /* field 1, length-delimited */
+    uint64_t l = plan_len;
+    do {
+        uint8_t byte = l & 0x7f;
+        l >>= 7;
+        hdr[h++] = byte | (l ? 0x80 : 0);
+    } while (l);
+    grpc_slice sl = grpc_slice_malloc(h + plan_len);
+    memcpy(GRPC_SLICE_START_PTR(sl), hdr, h);
+    if (plan_len) memcpy(GRPC_SLICE_START_PTR(sl) + h, plan, plan_len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    hp__rpc_send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
+}
+
 static void h_plan(rpc_call *c) {
     Hp__V1__GetPlanRequest *req =
         (Hp__V1__GetPlanRequest *)hp__rpc_unpack_req(c, &hp__v1__get_plan_request__descriptor);
@@ -567,34 +594,18 @@ static void h_plan(rpc_call *c) {
         hp__rpc_reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    uint8_t *plan = NULL;
-    size_t plan_len = 0;
     hp_err err = {0};
-    hp_status st = hpd_plan(c->s->d, id, job, job_len, req->world_size, &plan, &plan_len, &err);
+    /* The compile runs on the pool; on_planned answers (never before this returns). */
+    hpd_plan_req *pr = NULL;
+    hp_status st =
+        hpd_plan_async(c->s->d, id, job, job_len, req->world_size, on_planned, c, &pr, &err);
     hp_free(job);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        hp_free(plan);
         reply_err(c, st, &err);
         return;
     }
-    /* GetPlanResponse { PlanSummary plan = 1; }: wrap the packed summary by hand. */
-    uint8_t hdr[11];
-    size_t h = 0;
-    hdr[h++] = 0x0a; /* field 1, length-delimited */
-    uint64_t l = plan_len;
-    do {
-        uint8_t byte = l & 0x7f;
-        l >>= 7;
-        hdr[h++] = byte | (l ? 0x80 : 0);
-    } while (l);
-    grpc_slice sl = grpc_slice_malloc(h + plan_len);
-    memcpy(GRPC_SLICE_START_PTR(sl), hdr, h);
-    if (plan_len) memcpy(GRPC_SLICE_START_PTR(sl) + h, plan, plan_len);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-    grpc_slice_unref(sl);
-    hp_free(plan);
-    hp__rpc_send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
+    c->plan = pr;
 }
 
 static void h_trace(rpc_call *c) {

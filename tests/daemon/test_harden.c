@@ -18,3 +18,8 @@ static void run_case(const char *name) {
 Test(harden, decode_bomb_refused_within_budget, .timeout = 300) {
     run_case("bomb");
 }
+
+/* GetPlan needs the token and compiles off the loop: a ListJobs meanwhile answers at once. */
+Test(harden, getplan_token_and_off_loop, .timeout = 300) {
+    run_case("plan");
+}
