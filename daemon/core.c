@@ -8,6 +8,7 @@
 #include "daemon/config.h"
 #include "daemon/jobsm.h"
 #include "daemon/observe.h"
+#include "daemon/pbcheck.h"
 
 #include "hp/device.h"
 #include "hp/program.h"
@@ -90,7 +91,11 @@ static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
     memcpy(j->packed, r->job, r->job_len);
     j->packed_len = r->job_len;
     snprintf(j->v.id, sizeof j->v.id, "%s", r->id);
-    snprintf(j->v.name, sizeof j->v.name, "%s", r->name);
+    /* Names and errors go out as proto `string`s: a tampered or old store's invalid UTF-8
+     * would make strict clients refuse the whole ListJobs reply. */
+    if (hp__utf8_sanitize(j->v.name, sizeof j->v.name, r->name))
+        hp__log("warn", "event=store_row_fixed job=%s what=\"name: invalid UTF-8 replaced by '?'\"",
+                r->id);
     j->v.state = (Hp__V1__JobState)r->state;
     j->v.created_unix_s = r->created;
     j->v.updated_unix_s = r->updated;
@@ -98,7 +103,7 @@ static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
     j->v.step = r->step;
     j->v.total_steps = r->total_steps;
     j->v.restarts = r->restarts;
-    snprintf(j->v.error, sizeof j->v.error, "%s", r->error);
+    hp__utf8_sanitize(j->v.error, sizeof j->v.error, r->error);
     snprintf(j->run_dir, sizeof j->run_dir, "%s", r->run_dir);
     snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
     j->attempt = r->restarts;

@@ -308,7 +308,7 @@ ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescript
     c->payload = NULL;
     const uint8_t *data = GRPC_SLICE_START_PTR(all);
     size_t len = GRPC_SLICE_LENGTH(all);
-    hpd_pb_limits lim = {.max_alloc = HPD_RPC_DECODE_MAX, .max_depth = 32, .check_strings = false};
+    hpd_pb_limits lim = {.max_alloc = HPD_RPC_DECODE_MAX, .max_depth = 32, .check_strings = true};
     hp_err err = {0};
     hp_status st = hp__pb_check(desc, data, len, &lim, NULL, &err);
     ProtobufCMessage *m = NULL;

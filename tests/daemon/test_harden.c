@@ -23,3 +23,13 @@ Test(harden, decode_bomb_refused_within_budget, .timeout = 300) {
 Test(harden, getplan_token_and_off_loop, .timeout = 300) {
     run_case("plan");
 }
+
+/* Embedded NUL bytes (gRPC ids, a worker Hello, HTTP %00) and a non-UTF-8 job name are refused. */
+Test(harden, nul_bytes_and_utf8_refused, .timeout = 300) {
+    run_case("nul");
+}
+
+/* A rank reporting step INT64_MAX (metrics, Done) does not push its job past the end. */
+Test(harden, rank_step_bounded, .timeout = 300) {
+    run_case("step");
+}
