@@ -85,6 +85,51 @@ def new_job(hpctl, path, layers=2, steps=10):
                    check=True, stdout=subprocess.DEVNULL)
 
 
+def worker_token(M, chan, token, jid):
+    wtok = None
+    deadline = time.time() + 30
+    while time.time() < deadline and not wtok:
+        try:
+            r = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(
+                job_id=jid, worker_commands=True).SerializeToString(), token=token))
+        except grpc.RpcError:  # still compiling: no attempt accepts workers yet
+            r = M.GetJobResponse()
+        for cmd in r.worker_commands:
+            for t in cmd.split():
+                if t.startswith("HP_TOKEN="):
+                    wtok = t[len("HP_TOKEN="):]
+        if not wtok:
+            time.sleep(0.05)
+    check(bool(wtok), "the external launcher's worker command carries a token")
+    return wtok
+
+
+def connect_rank(kv, M):
+    host, port = kv["workers"].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+
+    def send(fr):
+        b = fr.SerializeToString()
+        s.sendall(struct.pack("<I", len(b)) + b)
+
+    def recv():
+        hdr = b""
+        while len(hdr) < 4:
+            c = s.recv(4 - len(hdr))
+            if not c:
+                return None
+            hdr += c
+        n = struct.unpack("<I", hdr)[0]
+        body = b""
+        while len(body) < n:
+            c = s.recv(n - len(body))
+            if not c:
+                return None
+            body += c
+        return M.Frame.FromString(body)
+    return s, send, recv
+
+
 def case_bomb(a, M, chan, token, proc, kv, tmp):
     n = 10_000_000  # 20 MB of empty nodes: GetPlanRequest.job(2).graph(3).nodes(2)
     job = ld(3, b"\x12\x00" * n)
@@ -188,6 +233,17 @@ def case_nul(a, M, chan, token, proc, kv, tmp):
         except urllib.error.HTTPError as e:
             code = e.code
         check(code == 400, f"HTTP GET {p}: {code} (want 400)")
+    # A worker Hello for "id\0x" with the right token is dropped, not welcomed as id.
+    wtok = worker_token(M, chan, token, jid)
+    s, send, recv = connect_rank(kv, M)
+    send(M.Frame(seq=1, hello=M.Hello(protocol_version=1, job_id=bad, rank=0, token=wtok,
+                                      pid=os.getpid(), hostname="test", device="cpu")))
+    try:
+        w = recv()
+    except (ConnectionResetError, socket.timeout):
+        w = None
+    check(w is None, f"a Hello for id\\0junk is dropped (got {w and w.WhichOneof('body')})")
+    s.close()
 
 
 def case_step(a, M, chan, token, proc, kv, tmp):
@@ -197,41 +253,8 @@ def case_step(a, M, chan, token, proc, kv, tmp):
         job = M.Job.FromString(f.read())
     jid = M.SubmitJobResponse.FromString(unary(chan, "SubmitJob", M.SubmitJobRequest(job=job)
                                                .SerializeToString(), token=token)).job.id
-    wtok = None
-    deadline = time.time() + 30
-    while time.time() < deadline and not wtok:
-        r = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(
-            job_id=jid, worker_commands=True).SerializeToString(), token=token))
-        for cmd in r.worker_commands:
-            toks = cmd.split()
-            if "--token" in toks:
-                wtok = toks[toks.index("--token") + 1]
-        if not wtok:
-            time.sleep(0.05)
-    check(bool(wtok), "the external launcher's worker command carries a token")
-    host, port = kv["workers"].rsplit(":", 1)
-    s = socket.create_connection((host, int(port)), timeout=10)
-
-    def send(fr):
-        b = fr.SerializeToString()
-        s.sendall(struct.pack("<I", len(b)) + b)
-
-    def recv():
-        hdr = b""
-        while len(hdr) < 4:
-            c = s.recv(4 - len(hdr))
-            if not c:
-                return None
-            hdr += c
-        n = struct.unpack("<I", hdr)[0]
-        body = b""
-        while len(body) < n:
-            c = s.recv(n - len(body))
-            if not c:
-                return None
-            body += c
-        return M.Frame.FromString(body)
-
+    wtok = worker_token(M, chan, token, jid)
+    s, send, recv = connect_rank(kv, M)
     send(M.Frame(seq=1, hello=M.Hello(protocol_version=1, job_id=jid, rank=0, token=wtok,
                                       pid=os.getpid(), hostname="test", device="cpu")))
     w = recv()
