@@ -8,6 +8,7 @@
 #include "daemon/config.h"
 #include "daemon/jobsm.h"
 #include "daemon/observe.h"
+#include "daemon/pbcheck.h"
 
 #include "hp/device.h"
 #include "hp/program.h"
@@ -90,7 +91,11 @@ static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
     memcpy(j->packed, r->job, r->job_len);
     j->packed_len = r->job_len;
     snprintf(j->v.id, sizeof j->v.id, "%s", r->id);
-    snprintf(j->v.name, sizeof j->v.name, "%s", r->name);
+    /* Names and errors go out as proto `string`s: a tampered or old store's invalid UTF-8
+     * would make strict clients refuse the whole ListJobs reply. */
+    if (hp__utf8_sanitize(j->v.name, sizeof j->v.name, r->name))
+        hp__log("warn", "event=store_row_fixed job=%s what=\"name: invalid UTF-8 replaced by '?'\"",
+                r->id);
     j->v.state = (Hp__V1__JobState)r->state;
     j->v.created_unix_s = r->created;
     j->v.updated_unix_s = r->updated;
@@ -98,7 +103,7 @@ static hpd_job *job_new(const hpd_store_row *r, hp_err *err) {
     j->v.step = r->step;
     j->v.total_steps = r->total_steps;
     j->v.restarts = r->restarts;
-    snprintf(j->v.error, sizeof j->v.error, "%s", r->error);
+    hp__utf8_sanitize(j->v.error, sizeof j->v.error, r->error);
     snprintf(j->run_dir, sizeof j->run_dir, "%s", r->run_dir);
     snprintf(j->request_id, sizeof j->request_id, "%s", r->request_id);
     j->attempt = r->restarts;
@@ -621,18 +626,9 @@ static hp_status plan_summary(const hp_compiled *c, uint8_t **out, size_t *out_l
     return HP_OK;
 }
 
-hp_status hpd_plan(hpd *d, const char *id, const uint8_t *bytes, size_t len, int world_size,
-                   uint8_t **out, size_t *out_len, hp_err *err) {
-    *out = NULL;
-    *out_len = 0;
-    if (world_size < 0 || world_size > 65536)
-        return hp_errf(err, HP_INVALID, "world_size: %d must be in [0, 65536]", world_size);
-    if (id && *id) {
-        hpd_job *j = hp__job_find(d, id);
-        if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id);
-        bytes = j->packed;
-        len = j->packed_len;
-    }
+/* Decodes and compiles a job, then packs its summary (any thread: touches no hpd state). */
+static hp_status plan_compile(const uint8_t *bytes, size_t len, int world_size, uint8_t **out,
+                              size_t *out_len, hp_err *err) {
     hp_job *job = NULL;
     HP_TRY(hp_job_unpack(bytes, len, &job, err));
     hp_compiled *c = NULL;
@@ -645,6 +641,88 @@ hp_status hpd_plan(hpd *d, const char *id, const uint8_t *bytes, size_t len, int
     hp_compiled_free(c);
     hp_job_free(job);
     return st;
+}
+
+static hp_status plan_source(hpd *d, const char *id, const uint8_t **bytes, size_t *len,
+                             int world_size, hp_err *err) {
+    if (world_size < 0 || world_size > 65536)
+        return hp_errf(err, HP_INVALID, "world_size: %d must be in [0, 65536]", world_size);
+    if (id && *id) {
+        hpd_job *j = hp__job_find(d, id);
+        if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id);
+        *bytes = j->packed;
+        *len = j->packed_len;
+    }
+    return HP_OK;
+}
+
+hp_status hpd_plan(hpd *d, const char *id, const uint8_t *bytes, size_t len, int world_size,
+                   uint8_t **out, size_t *out_len, hp_err *err) {
+    *out = NULL;
+    *out_len = 0;
+    HP_TRY(plan_source(d, id, &bytes, &len, world_size, err));
+    return plan_compile(bytes, len, world_size, out, out_len, err);
+}
+
+struct hpd_plan_req {
+    uv_work_t work;
+    uint8_t *bytes;
+    size_t len;
+    int world_size;
+    hpd_plan_fn fn; /* NULL: cancelled */
+    void *ctx;
+    uint8_t *plan;
+    size_t plan_len;
+    hp_status st;
+    hp_err err;
+};
+
+static void plan_work(uv_work_t *w) { /* a pool thread */
+    hpd_plan_req *r = w->data;
+    r->st = plan_compile(r->bytes, r->len, r->world_size, &r->plan, &r->plan_len, &r->err);
+}
+
+static void plan_after(uv_work_t *w, int status) { /* the loop */
+    hpd_plan_req *r = w->data;
+    hp_status st = r->st;
+    if (status == UV_ECANCELED) st = hp_errf(&r->err, HP_LIMIT, "the coordinator is shutting down");
+    if (r->fn) r->fn(r->ctx, st, st == HP_OK ? r->plan : NULL, r->plan_len, &r->err);
+    hp_free(r->plan);
+    hp_free(r->bytes);
+    hp_free(r);
+}
+
+hp_status hpd_plan_async(hpd *d, const char *id, const uint8_t *bytes, size_t len, int world_size,
+                         hpd_plan_fn fn, void *ctx, hpd_plan_req **out, hp_err *err) {
+    *out = NULL;
+    if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
+    HP_TRY(plan_source(d, id, &bytes, &len, world_size, err));
+    hpd_plan_req *r = hp_calloc(1, sizeof *r);
+    uint8_t *copy = hp_malloc(len ? len : 1);
+    if (!r || !copy) {
+        hp_free(r);
+        hp_free(copy);
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    }
+    if (len) memcpy(copy, bytes, len);
+    r->bytes = copy;
+    r->len = len;
+    r->world_size = world_size;
+    r->fn = fn;
+    r->ctx = ctx;
+    r->work.data = r;
+    int rc = uv_queue_work(d->loop, &r->work, plan_work, plan_after);
+    if (rc != 0) {
+        hp_free(copy);
+        hp_free(r);
+        return hp_errf(err, HP_NOMEM, "cannot queue the plan: %s", uv_strerror(rc));
+    }
+    *out = r;
+    return HP_OK;
+}
+
+void hpd_plan_cancel(hpd_plan_req *r) {
+    if (r) r->fn = NULL;
 }
 
 /* ---- start, recovery, shutdown ------------------------------------------------------------ */

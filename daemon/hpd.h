@@ -83,6 +83,16 @@ void hpd_watch_stop(hpd_watch *w);
  * *out is an hp_malloc'd packed hp.v1.PlanSummary. */
 hp_status hpd_plan(hpd *d, const char *id, const uint8_t *job, size_t len, int world_size,
                    uint8_t **out, size_t *out_len, hp_err *err);
+/* hpd_plan with the compile on the thread pool: the job's bytes are copied (or, by id, looked
+ * up) now, fn runs later on the loop with the packed summary (borrowed for the call). Errors
+ * found at once (an unknown id, a bad world size, no memory) are returned and fn is not called.
+ * hpd_plan_cancel: fn is not called (the compile finishes and is dropped). */
+typedef struct hpd_plan_req hpd_plan_req;
+typedef void (*hpd_plan_fn)(void *ctx, hp_status st, const uint8_t *plan, size_t len,
+                            const hp_err *err);
+hp_status hpd_plan_async(hpd *d, const char *id, const uint8_t *job, size_t len, int world_size,
+                         hpd_plan_fn fn, void *ctx, hpd_plan_req **out, hp_err *err);
+void hpd_plan_cancel(hpd_plan_req *r);
 
 /* Asks the running ranks of job id to write a checkpoint after their current step
  * (CheckpointNow frames); the job keeps running. HP_NOT_FOUND: unknown id; HP_INVALID: the job

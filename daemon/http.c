@@ -111,10 +111,37 @@ const char *http_arg(const http_args *a, const char *key) {
 }
 
 /* ---- arguments ---------------------------------------------------------------------------- */
+static int hexval(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
 typedef struct args_ctx {
     http_args *a;
     const char *bad; /* why they are refused */
+    char dup[96];
 } args_ctx;
+
+/* MHD's unescaping, but %00 stays as the three characters: a decoded NUL would end the path
+ * ("/metrics%00" read as "/metrics"); on_request and on_arg refuse what still holds "%00". */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s) {
+    (void)cls;
+    (void)conn;
+    char *o = s;
+    for (const char *p = s; *p;) {
+        int hi, lo;
+        if (p[0] == '%' && (hi = hexval(p[1])) >= 0 && (lo = hexval(p[2])) >= 0 && (hi | lo)) {
+            *o++ = (char)(hi << 4 | lo);
+            p += 3;
+        } else {
+            *o++ = *p++;
+        }
+    }
+    *o = 0;
+    return (size_t)(o - s);
+}
 
 static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
                               const char *value, size_t value_size) {
@@ -124,6 +151,16 @@ static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *ke
         c->bad = "a query argument holds a NUL byte";
         return MHD_NO;
     }
+    if (strstr(key, "%00") || (value && strstr(value, "%00"))) {
+        c->bad = "a query argument holds a NUL byte (%00)";
+        return MHD_NO;
+    }
+    for (int i = 0; i < c->a->n; i++)
+        if (strcmp(c->a->key[i], key) == 0) {
+            snprintf(c->dup, sizeof c->dup, "query argument '%.40s' given more than once", key);
+            c->bad = c->dup;
+            return MHD_NO;
+        }
     if (c->a->n == HTTP_ARGS_MAX) {
         c->bad = "more than 32 query arguments";
         return MHD_NO;
@@ -335,6 +372,8 @@ answer:;
             http_error(&r, 400, "%s", ac.bad);
         else if (!url || url[0] != '/')
             http_error(&r, 400, "bad request target");
+        else if (strstr(url, "%00"))
+            http_error(&r, 400, "path: holds a NUL byte (%%00)");
         else
             route(h, url, &a, &r);
     }
@@ -488,12 +527,12 @@ hp_status hpd_http_start(hpd *d, const hpd_http_config *cfg, char *bound, size_t
         h->listen_fd = bind_listen(cfg->addr, bound, bound_len, err);
     }
     if (h->listen_fd < 0) goto fail;
-    h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
-                              0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd,
-                              MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT,
-                              MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_EXTERNAL_LOGGER,
-                              on_mhd_log, NULL, MHD_OPTION_END);
+    h->mhd = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+        on_request, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT,
+        MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
     if (!h->mhd) {
         hp_errf(err, HP_IO, "http: the server did not start (libmicrohttpd)");
         goto fail;

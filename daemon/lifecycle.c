@@ -507,6 +507,17 @@ void hp__core_flush_steps(hpd *d) {
         }
 }
 
+/* A step a rank reports is in [0, total_steps] (when the job has a total) and, for a heartbeat
+ * or metrics, not behind what it reported before in this attempt: anything else is a broken or
+ * hostile rank, logged and ignored (it must never become the job's step). */
+static bool step_ok(const hpd_job *j, int rank, const char *what, int64_t step, int64_t prev) {
+    if (step >= 0 && (j->v.total_steps <= 0 || step <= j->v.total_steps) && step >= prev)
+        return true;
+    hp__log("warn", "event=frame_refused job=%s rank=%d what=\"%s step %lld outside [%lld, %lld]\"",
+            j->v.id, rank, what, (long long)step, (long long)prev, (long long)j->v.total_steps);
+    return false;
+}
+
 void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Frame *f) {
     if (attempt != j->attempt || !j->ranks || rank < 0 || rank >= j->v.world_size) return;
     hpd_rank *rk = &j->ranks[rank];
@@ -517,10 +528,12 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
         return;
     switch (f->body_case) {
     case HP__V1__FRAME__BODY_HEARTBEAT:
-        if (f->heartbeat) rk->step = f->heartbeat->step;
+        if (f->heartbeat && step_ok(j, rank, "heartbeat", f->heartbeat->step, rk->step))
+            rk->step = f->heartbeat->step;
         break;
     case HP__V1__FRAME__BODY_METRICS:
-        if (f->metrics) on_metrics(d, j, rank, f->metrics);
+        if (f->metrics && step_ok(j, rank, "metrics", f->metrics->step, 0))
+            on_metrics(d, j, rank, f->metrics);
         break;
     case HP__V1__FRAME__BODY_LOG:
         if (f->log) {
@@ -538,6 +551,10 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
         break;
     case HP__V1__FRAME__BODY_DONE:
         if (!f->done) break;
+        if (f->done->ok && !step_ok(j, rank, "done", f->done->final_step, rk->step)) {
+            fail_rank(d, j, rank, "reported a final step outside the job's steps");
+            break;
+        }
         if (!f->done->ok) {
             fail_rank(d, j, rank, f->done->error && *f->done->error ? f->done->error : "failed");
             break;

@@ -26,6 +26,7 @@
 #include "daemon/rpc_internal.h"
 
 #include "daemon/core.h" /* hp__log */
+#include "daemon/pbcheck.h"
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -43,14 +44,14 @@
 
 static const struct {
     const char *path;
-    bool mutating;
+    bool mutating; /* or costly (GetPlan compiles): needs the token */
 } k_methods[M_COUNT] = {
     [M_SUBMIT] = {"/hp.v1.Coordinator/SubmitJob", true},
     [M_GET] = {"/hp.v1.Coordinator/GetJob", false},
     [M_LIST] = {"/hp.v1.Coordinator/ListJobs", false},
     [M_CANCEL] = {"/hp.v1.Coordinator/CancelJob", true},
     [M_WATCH] = {"/hp.v1.Coordinator/WatchJob", false},
-    [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", false},
+    [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", true}, /* compiles: the token's to ask */
     [M_TRACE] = {"/hp.v1.Coordinator/GetTrace", false},
     [M_CHECKPOINT] = {"/hp.v1.Coordinator/CheckpointJob", true},
 };
@@ -131,6 +132,7 @@ static void on_send(rpc_tag *t, int ok);
 static void call_free(rpc_call *c) {
     hp__rpc_wq_remove(c);
     hpd_submit_cancel(c->submit); /* its answer has no one to go to */
+    hpd_plan_cancel(c->plan);
     if (c->watching && c->watch) hpd_watch_stop(c->watch);
     hp__rpc_q_clear(c);
     hp_free(c->q);
@@ -264,17 +266,76 @@ static void reply_err(rpc_call *c, hp_status st, const hp_err *err) {
     hp__rpc_reply_status(c, hp__rpc_code_of(st), err->msg[0] ? err->msg : hp_status_str(st));
 }
 
-/* Unpacks the request payload (NULL: malformed or absent). */
+/* protobuf-c's allocations while unpacking a request, counted against the decode budget (a
+ * backstop behind hp__pb_check's estimate). malloc/free: what free_unpacked(NULL) frees with. */
+typedef struct decode_budget {
+    size_t used, max;
+    bool over;
+} decode_budget;
+
+static void *budget_alloc(void *data, size_t n) {
+    decode_budget *b = data;
+    if (n > b->max - b->used) {
+        b->over = true;
+        return NULL;
+    }
+    b->used += n;
+    return malloc(n);
+}
+
+static void budget_free(void *data, void *p) {
+    (void)data;
+    free(p);
+}
+
+/* Unpacks the request payload; NULL when it was refused, the call answered: malformed or absent
+ * (INVALID_ARGUMENT), over the decode budget (RESOURCE_EXHAUSTED), or a string field with a NUL
+ * byte or invalid UTF-8 (INVALID_ARGUMENT naming the field). The wire bytes are scanned before
+ * anything is allocated (hp__pb_check), so a request of millions of empty messages costs a scan,
+ * not gigabytes. Free the result with protobuf_c_message_free_unpacked(m, NULL). */
 ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescriptor *desc) {
-    if (!c->payload) return NULL;
+    char msg[HP_ERR_MSG_MAX + 32];
+    snprintf(msg, sizeof msg, "malformed %s", desc->short_name);
     grpc_byte_buffer_reader r;
-    if (!grpc_byte_buffer_reader_init(&r, c->payload)) return NULL;
+    if (!c->payload || !grpc_byte_buffer_reader_init(&r, c->payload)) {
+        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        return NULL;
+    }
     grpc_slice all = grpc_byte_buffer_reader_readall(&r);
     grpc_byte_buffer_reader_destroy(&r);
-    ProtobufCMessage *m =
-        protobuf_c_message_unpack(desc, NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
+    /* The payload is not needed again: the bytes live in `all` until unpacked. */
+    grpc_byte_buffer_destroy(c->payload);
+    c->payload = NULL;
+    const uint8_t *data = GRPC_SLICE_START_PTR(all);
+    size_t len = GRPC_SLICE_LENGTH(all);
+    hpd_pb_limits lim = {.max_alloc = HPD_RPC_DECODE_MAX, .max_depth = 32, .check_strings = true};
+    hp_err err = {0};
+    hp_status st = hp__pb_check(desc, data, len, &lim, NULL, &err);
+    ProtobufCMessage *m = NULL;
+    decode_budget b = {.max = HPD_RPC_DECODE_MAX};
+    if (st == HP_OK) {
+        ProtobufCAllocator a = {budget_alloc, budget_free, &b};
+        m = protobuf_c_message_unpack(desc, &a, len, data);
+    }
     grpc_slice_unref(all);
-    return m;
+    if (m) return m;
+    if (st == HP_OK && b.over) {
+        st = HP_LIMIT;
+        snprintf(err.msg, sizeof err.msg,
+                 "decoding the request would allocate more than %u MiB (the daemon's decode "
+                 "budget)",
+                 (unsigned)(HPD_RPC_DECODE_MAX >> 20));
+    }
+    if (st == HP_LIMIT || st == HP_INVALID) {
+        char *peer = grpc_call_get_peer(c->call);
+        hp__log("warn", "event=rpc_refused method=%s peer=%s bytes=%zu what=\"%s\"",
+                desc->short_name, peer ? peer : "?", len, err.msg);
+        gpr_free(peer);
+        snprintf(msg, sizeof msg, "%s: %s", desc->short_name, err.msg);
+    }
+    hp__rpc_reply_status(
+        c, st == HP_LIMIT ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT, msg);
+    return NULL;
 }
 
 /* Exactly one `authorization: Bearer <token>` header, compared in constant time. */
@@ -365,10 +426,7 @@ static void on_submitted(void *ctx, hp_status st, const hpd_job_view *v, const h
 static void h_submit(rpc_call *c) {
     Hp__V1__SubmitJobRequest *req =
         (Hp__V1__SubmitJobRequest *)hp__rpc_unpack_req(c, &hp__v1__submit_job_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed SubmitJobRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     if (!req->job) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
         hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job: missing");
@@ -398,10 +456,7 @@ static void h_submit(rpc_call *c) {
 static void h_get(rpc_call *c) {
     Hp__V1__GetJobRequest *req =
         (Hp__V1__GetJobRequest *)hp__rpc_unpack_req(c, &hp__v1__get_job_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetJobRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     hpd_job_view v;
     hp_err err = {0};
     if (req->worker_commands && !authorized(c)) {
@@ -433,10 +488,7 @@ static void h_get(rpc_call *c) {
 static void h_list(rpc_call *c) {
     Hp__V1__ListJobsRequest *req =
         (Hp__V1__ListJobsRequest *)hp__rpc_unpack_req(c, &hp__v1__list_jobs_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed ListJobsRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     if (req->page_size < 0) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
         hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "page_size: must be >= 0");
@@ -480,10 +532,7 @@ static void h_list(rpc_call *c) {
 static void h_cancel(rpc_call *c) {
     Hp__V1__CancelJobRequest *req =
         (Hp__V1__CancelJobRequest *)hp__rpc_unpack_req(c, &hp__v1__cancel_job_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CancelJobRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     hpd_job_view v;
     hp_err err = {0};
     hp_status st = hpd_cancel(c->s->d, req->job_id, req->reason, &v, &err);
@@ -496,13 +545,36 @@ static void h_cancel(rpc_call *c) {
     reply_job(c, &resp.base, &resp.job, &v);
 }
 
+static void on_planned(void *ctx, hp_status st, const uint8_t *plan, size_t plan_len,
+                       const hp_err *err) {
+    rpc_call *c = ctx;
+    c->plan = NULL;
+    if (st != HP_OK) {
+        reply_err(c, st, err);
+        return;
+    }
+    /* GetPlanResponse { PlanSummary plan = 1; }: wrap the packed summary by hand. */
+    uint8_t hdr[11];
+    size_t h = 0;
+    hdr[h++] = 0x0a; /* field 1, length-delimited */
+    uint64_t l = plan_len;
+    do {
+        uint8_t byte = l & 0x7f;
+        l >>= 7;
+        hdr[h++] = byte | (l ? 0x80 : 0);
+    } while (l);
+    grpc_slice sl = grpc_slice_malloc(h + plan_len);
+    memcpy(GRPC_SLICE_START_PTR(sl), hdr, h);
+    if (plan_len) memcpy(GRPC_SLICE_START_PTR(sl) + h, plan, plan_len);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
+    grpc_slice_unref(sl);
+    hp__rpc_send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
+}
+
 static void h_plan(rpc_call *c) {
     Hp__V1__GetPlanRequest *req =
         (Hp__V1__GetPlanRequest *)hp__rpc_unpack_req(c, &hp__v1__get_plan_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetPlanRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     const char *id = NULL;
     uint8_t *job = NULL;
     size_t job_len = 0;
@@ -522,43 +594,24 @@ static void h_plan(rpc_call *c) {
         hp__rpc_reply_status(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return;
     }
-    uint8_t *plan = NULL;
-    size_t plan_len = 0;
     hp_err err = {0};
-    hp_status st = hpd_plan(c->s->d, id, job, job_len, req->world_size, &plan, &plan_len, &err);
+    /* The compile runs on the pool; on_planned answers (never before this returns). */
+    hpd_plan_req *pr = NULL;
+    hp_status st =
+        hpd_plan_async(c->s->d, id, job, job_len, req->world_size, on_planned, c, &pr, &err);
     hp_free(job);
     protobuf_c_message_free_unpacked(&req->base, NULL);
     if (st != HP_OK) {
-        hp_free(plan);
         reply_err(c, st, &err);
         return;
     }
-    /* GetPlanResponse { PlanSummary plan = 1; }: wrap the packed summary by hand. */
-    uint8_t hdr[11];
-    size_t h = 0;
-    hdr[h++] = 0x0a; /* field 1, length-delimited */
-    uint64_t l = plan_len;
-    do {
-        uint8_t byte = l & 0x7f;
-        l >>= 7;
-        hdr[h++] = byte | (l ? 0x80 : 0);
-    } while (l);
-    grpc_slice sl = grpc_slice_malloc(h + plan_len);
-    memcpy(GRPC_SLICE_START_PTR(sl), hdr, h);
-    if (plan_len) memcpy(GRPC_SLICE_START_PTR(sl) + h, plan, plan_len);
-    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&sl, 1);
-    grpc_slice_unref(sl);
-    hp_free(plan);
-    hp__rpc_send_batch(c, bb, true, GRPC_STATUS_OK, NULL);
+    c->plan = pr;
 }
 
 static void h_trace(rpc_call *c) {
     Hp__V1__GetTraceRequest *req =
         (Hp__V1__GetTraceRequest *)hp__rpc_unpack_req(c, &hp__v1__get_trace_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed GetTraceRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     const char *bad = !*req->job_id   ? "job_id: missing"
                       : req->step < 0 ? "step: must be >= 0"
                                       : NULL;
@@ -596,10 +649,7 @@ static void h_trace(rpc_call *c) {
 static void h_checkpoint(rpc_call *c) {
     Hp__V1__CheckpointJobRequest *req = (Hp__V1__CheckpointJobRequest *)hp__rpc_unpack_req(
         c, &hp__v1__checkpoint_job_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed CheckpointJobRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     if (!*req->job_id) {
         protobuf_c_message_free_unpacked(&req->base, NULL);
         hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "job_id: missing");

@@ -28,5 +28,9 @@ void hpd_rpc_stop(hpd *d);
 #define HPD_RPC_GRACE_MS 2000
 /* The largest request the server accepts (a Job with an inline graph). */
 #define HPD_RPC_MAX_RECV (64 << 20)
+/* What decoding one request may allocate (protobuf-c's structs, estimated from the wire before
+ * decoding and counted while it runs): 8x the largest request, and nothing is allocated past it: a
+ * bomb costs a scan of its head. */
+#define HPD_RPC_DECODE_MAX ((size_t)512 << 20)
 
 #endif

@@ -74,6 +74,7 @@ typedef struct rpc_call {
     bool watch_over;        /* the watch delivered its final NULL */
     bool batch;             /* the client accepts JobEvent{batch} */
     hpd_submit_req *submit; /* SubmitJob: the compile check in flight (hpd_submit_async) */
+    hpd_plan_req *plan;     /* GetPlan: the compile in flight (hpd_plan_async) */
     bool flushing;          /* the flush timer is pumping it: send whatever waits */
     bool in_wq;             /* on s->wq (batched watchers the flush timer visits) */
     struct rpc_call *wq_next, *wq_prev;

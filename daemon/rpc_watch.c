@@ -211,10 +211,7 @@ static void on_flush(uv_timer_t *tm) {
 void hp__rpc_h_watch(rpc_call *c) {
     Hp__V1__WatchJobRequest *req =
         (Hp__V1__WatchJobRequest *)hp__rpc_unpack_req(c, &hp__v1__watch_job_request__descriptor);
-    if (!req) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, "malformed WatchJobRequest");
-        return;
-    }
+    if (!req) return; /* answered */
     hpd_watch *w = NULL;
     hp_err err = {0};
     c->batch = req->batch;

@@ -10,6 +10,7 @@
  * their callback.
  */
 #include "daemon/core.h"
+#include "daemon/pbcheck.h"
 
 #include "hp/frame.h"
 
@@ -140,6 +141,21 @@ static void handle_frame(hpd_conn *c, Hp__V1__Frame *f) {
     hp__core_frame(d, c->job, c->attempt, c->rank, f);
 }
 
+/* Before Hello: the next buffered frame's strings (its job id, token, host) hold no NUL byte and
+ * are UTF-8, checked on the wire bytes, since the decoded char * ends at a NUL ("j-2\0x" would
+ * be welcomed as "j-2"). True also when the frame is not complete yet. */
+static bool hello_strings_ok(hpd_conn *c, hp_err *err) {
+    const hp_frame_reader *r = &c->rd;
+    size_t avail = r->len - r->off;
+    if (avail < 4) return true;
+    const uint8_t *p = r->buf + r->off;
+    size_t n = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+    if (n > r->max || avail - 4 < n) return true; /* the reader refuses it, or waits */
+    hpd_pb_limits lim = {.max_alloc = HELLO_FRAME_MAX * 64, .max_depth = 8, .check_strings = true};
+    hp_status st = hp__pb_check(&hp__v1__frame__descriptor, p + 4, n, &lim, NULL, err);
+    return st != HP_INVALID && st != HP_LIMIT;
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     hpd_conn *c = s->data;
     if (c->closing) return;
@@ -157,6 +173,10 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     } else {
         while (!c->closing) {
             Hp__V1__Frame *f = NULL;
+            if (!c->job && !hello_strings_ok(c, &err)) {
+                drop(c, err.msg, true);
+                break;
+            }
             if (hp_frame_reader_next(&c->rd, &f, &err) != HP_OK) {
                 drop(c, err.msg, true);
                 break;

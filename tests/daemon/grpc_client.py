@@ -272,7 +272,7 @@ def run_checks(chan, M, token, job_path):
                                                .SerializeToString()))
     check(len(page.jobs) == 1 and page.next_page_token != "", "list pages (page_size 1)")
     plan = M.GetPlanResponse.FromString(unary(chan, "GetPlan", M.GetPlanRequest(job_id=jid)
-                                              .SerializeToString()))
+                                              .SerializeToString(), token=token))
     check(plan.plan.world_size >= 1, "GetPlan of the submitted job")
 
     # Many calls in flight at once (more than the armed request slots).

@@ -1,0 +1,320 @@
+#!/usr/bin/python3
+"""tests/daemon/harden_test.py — hostile peers against a real hpd (issue #14, the daemon side).
+
+Starts hpd on 127.0.0.1 port 0 (gRPC, HTTP, workers; --launcher external, so that this script
+plays the workers) with a temp state dir and runs one case:
+  bomb   a GetPlan / SubmitJob of millions of empty graph nodes is refused RESOURCE_EXHAUSTED
+         quickly, and hpd's peak RSS (VmHWM) grows by a bounded amount;
+  plan   GetPlan needs the token; a slow GetPlan does not delay a ListJobs sent meanwhile;
+  nul    ids with an embedded NUL (GetJob/CancelJob/WatchJob/GetPlan), a job name that is not
+         UTF-8, HTTP paths with %00 and a worker Hello for "j-...\\0x" are refused;
+  step   a rank reporting step INT64_MAX (metrics, Done) does not move its job past the end.
+Exit 0: passed; 1: a check failed.
+
+  harden_test.py --hpd BUILD/daemon/hpd --hpctl BUILD/client/hpctl --desc BUILD/proto/hp.desc --case C
+"""
+import argparse
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grpc_client import FAILS, Msgs, check, expect_code, unary  # noqa: E402
+import grpc  # noqa: E402
+
+SC = grpc.StatusCode
+
+
+def start_hpd(hpd, state_dir, extra=()):
+    p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
+                          "--worker-listen", "127.0.0.1:0", "--state-dir", state_dir,
+                          "--slots", "4", *extra],
+                         stdout=subprocess.PIPE, stderr=None, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        r, _, _ = select.select([p.stdout], [], [], 0.5)
+        if r:
+            line = p.stdout.readline()
+            if not line:
+                break
+            if line.startswith("hpd listening"):
+                kv = dict(t.split("=", 1) for t in line.split() if "=" in t)
+                return p, kv
+        if p.poll() is not None:
+            break
+    p.kill()
+    raise RuntimeError("hpd did not print its listening line")
+
+
+def proc_kb(pid, key):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def varint(n):
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def ld(field, payload):
+    return varint(field << 3 | 2) + varint(len(payload)) + payload
+
+
+def new_job(hpctl, path, layers=2, steps=10):
+    subprocess.run([hpctl, "new", "--model", "llama3:debugmodel", "--dim", "64", "--layers",
+                    str(layers), "--heads", "4", "--kv-heads", "2", "--ffn-hidden", "96",
+                    "--vocab", "256", "--batch", "2", "--seq", "32", "--steps", str(steps),
+                    "-o", path],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def worker_token(M, chan, token, jid):
+    wtok = None
+    deadline = time.time() + 30
+    while time.time() < deadline and not wtok:
+        try:
+            r = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(
+                job_id=jid, worker_commands=True).SerializeToString(), token=token))
+        except grpc.RpcError:  # still compiling: no attempt accepts workers yet
+            r = M.GetJobResponse()
+        for cmd in r.worker_commands:
+            for t in cmd.split():
+                if t.startswith("HP_TOKEN="):
+                    wtok = t[len("HP_TOKEN="):]
+        if not wtok:
+            time.sleep(0.05)
+    check(bool(wtok), "the external launcher's worker command carries a token")
+    return wtok
+
+
+def connect_rank(kv, M):
+    host, port = kv["workers"].rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=10)
+
+    def send(fr):
+        b = fr.SerializeToString()
+        s.sendall(struct.pack("<I", len(b)) + b)
+
+    def recv():
+        hdr = b""
+        while len(hdr) < 4:
+            c = s.recv(4 - len(hdr))
+            if not c:
+                return None
+            hdr += c
+        n = struct.unpack("<I", hdr)[0]
+        body = b""
+        while len(body) < n:
+            c = s.recv(n - len(body))
+            if not c:
+                return None
+            body += c
+        return M.Frame.FromString(body)
+    return s, send, recv
+
+
+def case_bomb(a, M, chan, token, proc, kv, tmp):
+    n = 10_000_000  # 20 MB of empty nodes: GetPlanRequest.job(2).graph(3).nodes(2)
+    job = ld(3, b"\x12\x00" * n)
+    for method, field, tok in (("GetPlan", 2, token), ("SubmitJob", 1, token)):
+        req = ld(field, job)
+        unary(chan, "ListJobs", b"", timeout=10)  # warm
+        rss0 = proc_kb(proc.pid, "VmRSS")
+        hwm0 = proc_kb(proc.pid, "VmHWM")
+        t0 = time.time()
+        expect_code(lambda: unary(chan, method, req, token=tok, timeout=60),
+                    SC.RESOURCE_EXHAUSTED, f"{method} of {n} empty nodes", "decode budget")
+        dt = time.time() - t0
+        hwm1 = proc_kb(proc.pid, "VmHWM")
+        rss1 = proc_kb(proc.pid, "VmRSS")
+        grow = max(hwm1, hwm0) - rss0
+        print(f"figure {method}: {len(req) >> 20} MiB request: RSS {rss0 >> 10} MiB before, "
+              f"peak {hwm1 >> 10} MiB, {rss1 >> 10} MiB after; refused in {dt:.2f} s")
+        check(hwm1 - rss0 < 256 << 10, f"{method}: peak RSS grew {grow >> 10} MiB (< 256)")
+        check(dt < 10, f"{method}: refused in {dt:.2f} s (< 10)")
+    # Still serving, and a normal job still goes through.
+    path = os.path.join(tmp, "job.pb")
+    new_job(a.hpctl, path)
+    with open(path, "rb") as f:
+        j = M.Job.FromString(f.read())
+    r = M.SubmitJobResponse.FromString(unary(chan, "SubmitJob", M.SubmitJobRequest(job=j)
+                                             .SerializeToString(), token=token))
+    check(r.job.id != "", "a normal SubmitJob after the bombs")
+
+
+def case_plan(a, M, chan, token, proc, kv, tmp):
+    path = os.path.join(tmp, "big.pb")
+    new_job(a.hpctl, path, layers=int(os.environ.get("HP_HARDEN_LAYERS", "512")))
+    with open(path, "rb") as f:
+        job = M.Job.FromString(f.read())
+    req = M.GetPlanRequest(job=job).SerializeToString()
+    expect_code(lambda: unary(chan, "GetPlan", req, timeout=60), SC.UNAUTHENTICATED,
+                "GetPlan without a token")
+    planm = chan.unary_unary("/hp.v1.Coordinator/GetPlan")
+    t0 = time.time()
+    fut = planm.future(req, metadata=[("authorization", "Bearer " + token)], timeout=300)
+    # Give the call time to reach hpd: wait for a first ListJobs to come back.
+    unary(chan, "ListJobs", b"", timeout=30)
+    t1 = time.time()
+    lst = chan.unary_unary("/hp.v1.Coordinator/ListJobs")
+    try:
+        lst(b"", timeout=1.0)
+        ok = True
+    except grpc.RpcError as e:
+        ok = False
+        print(f"ListJobs: {e.code()}")
+    t2 = time.time()
+    pending = not fut.done()
+    resp = M.GetPlanResponse.FromString(fut.result())
+    t3 = time.time()
+    print(f"figure GetPlan of a large job: {t3 - t0:.2f} s; ListJobs sent meanwhile: "
+          f"{(t2 - t1) * 1000:.0f} ms (GetPlan still running then: {pending})")
+    check(resp.plan.graph_nodes > 0, "GetPlan with the token answers a plan")
+    check(ok, f"ListJobs during a GetPlan answers within its 1 s deadline ({t2 - t1:.3f} s)")
+    check(pending or t3 - t0 < 1.0, "the GetPlan was still running while ListJobs answered")
+
+
+def case_nul(a, M, chan, token, proc, kv, tmp):
+    path = os.path.join(tmp, "job.pb")
+    new_job(a.hpctl, path)
+    with open(path, "rb") as f:
+        job = M.Job.FromString(f.read())
+    jid = M.SubmitJobResponse.FromString(unary(chan, "SubmitJob", M.SubmitJobRequest(job=job)
+                                               .SerializeToString(), token=token)).job.id
+    bad = jid + "\x00junk"
+    expect_code(lambda: unary(chan, "GetJob", M.GetJobRequest(job_id=bad).SerializeToString()),
+                SC.INVALID_ARGUMENT, "GetJob of id\\0junk", "job_id")
+    expect_code(lambda: unary(chan, "CancelJob", M.CancelJobRequest(job_id=bad)
+                              .SerializeToString(), token=token),
+                SC.INVALID_ARGUMENT, "CancelJob of id\\0junk", "job_id")
+    expect_code(lambda: unary(chan, "GetPlan", M.GetPlanRequest(job_id=bad).SerializeToString(),
+                              token=token), SC.INVALID_ARGUMENT, "GetPlan of id\\0junk", "job_id")
+    try:
+        list(chan.unary_stream("/hp.v1.Coordinator/WatchJob")(
+            M.WatchJobRequest(job_id=bad).SerializeToString(), timeout=10))
+        check(False, "WatchJob of id\\0junk: succeeded")
+    except grpc.RpcError as e:
+        check(e.code() == SC.INVALID_ARGUMENT and "job_id" in e.details(),
+              f"WatchJob of id\\0junk: {e.code()} {e.details()!r}")
+    got = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(job_id=jid)
+                                            .SerializeToString()))
+    check(got.job.state != M.state("CANCELLED"), "the job was not cancelled")
+    # A job name that is not UTF-8: raw bytes (Python refuses to build such a str).
+    raw = M.SubmitJobRequest(job=job).SerializeToString()
+    name = job.name.encode()
+    if name:
+        evil = raw.replace(varint(2 << 3 | 2) + varint(len(name)) + name,
+                           varint(2 << 3 | 2) + varint(len(name)) + b"\xff" + name[1:], 1)
+        expect_code(lambda: unary(chan, "SubmitJob", evil, token=token), SC.INVALID_ARGUMENT,
+                    "SubmitJob with a job name that is not UTF-8", "name")
+    # HTTP paths with %00.
+    base = "http://" + kv["http"]
+    for p in (f"/api/v1/jobs/{jid}%00x", "/metrics%00", "/static/chart.min.js%00.html"):
+        try:
+            with urllib.request.urlopen(base + p, timeout=10) as r:
+                code = r.status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        check(code == 400, f"HTTP GET {p}: {code} (want 400)")
+    # A worker Hello for "id\0x" with the right token is dropped, not welcomed as id.
+    wtok = worker_token(M, chan, token, jid)
+    s, send, recv = connect_rank(kv, M)
+    send(M.Frame(seq=1, hello=M.Hello(protocol_version=1, job_id=bad, rank=0, token=wtok,
+                                      pid=os.getpid(), hostname="test", device="cpu")))
+    try:
+        w = recv()
+    except (ConnectionResetError, socket.timeout):
+        w = None
+    check(w is None, f"a Hello for id\\0junk is dropped (got {w and w.WhichOneof('body')})")
+    s.close()
+
+
+def case_step(a, M, chan, token, proc, kv, tmp):
+    path = os.path.join(tmp, "job.pb")
+    new_job(a.hpctl, path, steps=3)
+    with open(path, "rb") as f:
+        job = M.Job.FromString(f.read())
+    jid = M.SubmitJobResponse.FromString(unary(chan, "SubmitJob", M.SubmitJobRequest(job=job)
+                                               .SerializeToString(), token=token)).job.id
+    wtok = worker_token(M, chan, token, jid)
+    s, send, recv = connect_rank(kv, M)
+    send(M.Frame(seq=1, hello=M.Hello(protocol_version=1, job_id=jid, rank=0, token=wtok,
+                                      pid=os.getpid(), hostname="test", device="cpu")))
+    w = recv()
+    check(w is not None and w.WhichOneof("body") == "welcome", "the fake rank is welcomed")
+    big = 2**63 - 1
+    send(M.Frame(seq=2, metrics=M.StepMetrics(step=big, rank=0, loss=1.0)))
+    send(M.Frame(seq=3, metrics=M.StepMetrics(step=1, rank=0, loss=1.0)))
+    send(M.Frame(seq=4, done=M.Done(final_step=big)))
+    deadline = time.time() + 10
+    st = None
+    while time.time() < deadline:
+        st = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(job_id=jid)
+                                               .SerializeToString())).job
+        if st.step >= 1:
+            break
+        time.sleep(0.05)
+    time.sleep(0.2)
+    st = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(job_id=jid)
+                                           .SerializeToString())).job
+    check(st.step <= st.total_steps, f"job step {st.step} of {st.total_steps} after a rank "
+          "reported INT64_MAX")
+    s.close()
+
+
+CASES = {"bomb": case_bomb, "plan": case_plan, "nul": case_nul, "step": case_step}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hpd", required=True)
+    ap.add_argument("--hpctl", required=True)
+    ap.add_argument("--desc", required=True)
+    ap.add_argument("--case", required=True, choices=sorted(CASES))
+    a = ap.parse_args()
+    M = Msgs(a.desc)
+    tmp = tempfile.mkdtemp(prefix="hp-harden-")
+    state = os.path.join(tmp, "state")
+    os.mkdir(state)
+    proc, kv = start_hpd(a.hpd, state, ("--launcher", "external"))
+    try:
+        with open(os.path.join(state, "token")) as f:
+            token = f.read().strip()
+        chan = grpc.insecure_channel(kv["grpc"], options=[
+            ("grpc.enable_http_proxy", 0), ("grpc.max_send_message_length", 64 << 20)])
+        grpc.channel_ready_future(chan).result(timeout=10)
+        CASES[a.case](a, M, chan, token, proc, kv, tmp)
+        chan.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if FAILS:
+        print(f"{len(FAILS)} check(s) failed", file=sys.stderr)
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
