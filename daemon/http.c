@@ -155,7 +155,8 @@ static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *ke
         c->bad = "a query argument holds a NUL byte (%00)";
         return MHD_NO;
     }
-    for (int i = 0; i < c->a->n; i++)
+    /* one value per argument, except `state`, a documented list (state=A&state=B,C) */
+    for (int i = 0; strcmp(key, "state") != 0 && i < c->a->n; i++)
         if (strcmp(c->a->key[i], key) == 0) {
             snprintf(c->dup, sizeof c->dup, "query argument '%.40s' given more than once", key);
             c->bad = c->dup;
