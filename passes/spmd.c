@@ -15,13 +15,16 @@
  * Partial -> Replicate all-reduce, Partial -> Shard(d) reduce-scatter (a transpose either side
  * when d is not 0; into compute only where a plan asks for it, as sequence parallelism does,
  * so the greedy choice never takes it), Replicate -> Shard(d) local_chunk (the rank's own chunk,
- * nothing exchanged; priced as a local copy), each followed by its wait_tensor; one
- * redistribution of a value to a placement serves all its consumers. Replicate -> Partial and
- * all-to-all (Shard(a) -> Shard(b)) are not offered yet: a rule that would need them is not
- * taken. An embedding whose weight is consumed Shard(0) on a mesh dim is the vocab-parallel
- * lookup: chunked_embedding with the rank's chunk start (local_chunk of a constant) as base,
- * and the gradient of such a weight chunked_embedding_backward (docs/placements.md). Graph outputs
- * are brought to their targets: the loss to Replicate, each gradient to its parameter's placement.
+ * nothing exchanged; priced as a local copy), Shard(a) -> Shard(b) all_to_all_single between
+ * views (the piece viewed and permuted to a global [n, n, ...] Shard(0) whose transpose the
+ * all-to-all is, then back; priced in propagation as the gather and chunk it replaces, so it
+ * goes into compute only where all-Replicate would gather more), each followed by its
+ * wait_tensor; one redistribution of a value to a placement serves all its consumers.
+ * Replicate -> Partial is not offered yet: a rule that would need it is not taken. An embedding
+ * whose weight is consumed Shard(0) on a mesh dim is the vocab-parallel lookup: chunked_embedding
+ * with the rank's chunk start (local_chunk of a constant) as base, and the gradient of such a
+ * weight chunked_embedding_backward (docs/placements.md). Graph outputs are brought to their
+ * targets: the loss to Replicate, each gradient to its parameter's placement.
  *
  * Storage and compute placements (FSDP). A placeholder may be stored Shard on a mesh dim and
  * consumed Replicate there (hp_spmd_opts.compute): its consumers never see the stored value,
@@ -35,7 +38,8 @@
  * (slice_backward) before the reduce-scatter that brings it to the storage placement.
  *
  * Limits of this version, refused with a message: an uneven split other than a gathered
- * storage one, and a tensor dim sharded by two mesh dims being gathered.
+ * storage one, a tensor dim sharded by two mesh dims being gathered, and an all-to-all of a
+ * tensor dim another mesh dim splits (propagation never chooses one).
  */
 #include "passes/passes_internal.h"
 
