@@ -832,12 +832,18 @@ hp_status hp__shape_reduce_scatter(const hp_node *n, const hp_type *in, hp_type 
     return HP_OK;
 }
 
+/* all_to_all_single: the bytes are group_size equal contiguous parts, part j to rank j. The
+ * parts are dim 0's chunks, or, where dim 0 is 1 (spmd's Shard(a) -> Shard(b): a rank's
+ * [1, n, ...] piece of a global [n, n, ...]), dim 1's. */
 hp_status hp__shape_all_to_all(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
     int64_t gs;
     HP_TRY(group_size(n, &gs, err));
     HP_TRY(need_dim0(&in[0], err));
-    if (in[0].shape[0] % gs)
-        return hp_errf(err, HP_INVALID, "dim 0 of %s is not divisible by group_size %lld",
+    bool by1 = in[0].shape[0] == 1 && in[0].rank >= 2 && in[0].shape[1] % gs == 0;
+    if (in[0].shape[0] % gs && !by1)
+        return hp_errf(err, HP_INVALID,
+                       "dim 0 of %s is not divisible by group_size %lld (nor is it 1 with dim 1 "
+                       "divisible)",
                        DIMS(&in[0]), (long long)gs);
     out[0] = in[0];
     return HP_OK;

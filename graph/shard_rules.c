@@ -708,9 +708,13 @@ int hp__shard_sdpa_backward(const hp_shard_query *q, hp_shard_rule *rules, int c
  * reduce_scatter Partial(op) -> Shard(0) (and, averaging, Replicate -> Shard(0): a rank's
  * chunk of a replicated value), all_reduce Partial(op) -> Replicate (op the node's reduce_op);
  * local_chunk Replicate -> Shard(dim) (a rank's own chunk);
- * all_to_all_single is composed with views by the redistribution pass and has no rule of its own
- * there. On every other mesh dim the data passes through unchanged, except a Shard(0) under a
- * gather or scatter along dim 0 (that would interleave) or a Shard(dim) under local_chunk. */
+ * all_to_all_single of a global [n, n, ...] (n the group's size) is in.transpose(0, 1),
+ * Shard(0) -> Shard(0): rank r holds in[r] (local [1, n, ...]), sends in[r, j] to rank j and
+ * receives out[r, k] = in[k, r] from rank k, exactly the primitive's exchange of n equal flat
+ * parts (spmd composes it with views into Shard(a) -> Shard(b)). On every other mesh dim the
+ * data passes through unchanged, except a Shard(0) under a gather or scatter along dim 0 (that
+ * would interleave), a Shard(0) or Shard(1) under all_to_all_single (the exchanged dims) or a
+ * Shard(dim) under local_chunk. */
 int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
     rb b = rb_init(q, rules, cap);
     const hp_attr *g = hp_node_attr(q->node, HP_ATTR_GROUP);
@@ -736,12 +740,17 @@ int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap)
         } else if (kind == HP_OP_LOCAL_CHUNK) {
             r = add(&b);
             r->out[0] = HP_SHARD(attr_dim(q, HP_ATTR_DIM, q->in[0].rank, 0));
+        } else if (kind == HP_OP_ALL_TO_ALL && q->in[0].rank >= 2 &&
+                   q->in[0].shape[0] == q->mesh_size && q->in[0].shape[1] == q->mesh_size) {
+            r = add(&b);
+            r->in[0] = r->out[0] = HP_SHARD(0);
         }
         return b.n;
     }
     bool along0 = kind != HP_OP_ALL_REDUCE && kind != HP_OP_LOCAL_CHUNK;
     int chunked = kind == HP_OP_LOCAL_CHUNK ? attr_dim(q, HP_ATTR_DIM, q->in[0].rank, 0) : 0;
-    for (int d = along0 ? 1 : 0; d < q->in[0].rank; d++) {
+    int from = kind == HP_OP_ALL_TO_ALL ? 2 : along0 ? 1 : 0;
+    for (int d = from; d < q->in[0].rank; d++) {
         if (kind == HP_OP_LOCAL_CHUNK && d == chunked) continue; /* a chunk of a shard */
         if (!divs(q, &q->in[0], d) || !divs(q, &q->out[0], d)) continue;
         r = add(&b);

@@ -15,13 +15,16 @@
  * Partial -> Replicate all-reduce, Partial -> Shard(d) reduce-scatter (a transpose either side
  * when d is not 0; into compute only where a plan asks for it, as sequence parallelism does,
  * so the greedy choice never takes it), Replicate -> Shard(d) local_chunk (the rank's own chunk,
- * nothing exchanged; priced as a local copy), each followed by its wait_tensor; one
- * redistribution of a value to a placement serves all its consumers. Replicate -> Partial and
- * all-to-all (Shard(a) -> Shard(b)) are not offered yet: a rule that would need them is not
- * taken. An embedding whose weight is consumed Shard(0) on a mesh dim is the vocab-parallel
- * lookup: chunked_embedding with the rank's chunk start (local_chunk of a constant) as base,
- * and the gradient of such a weight chunked_embedding_backward (docs/placements.md). Graph outputs
- * are brought to their targets: the loss to Replicate, each gradient to its parameter's placement.
+ * nothing exchanged; priced as a local copy), Shard(a) -> Shard(b) all_to_all_single between
+ * views (the piece viewed and permuted to a global [n, n, ...] Shard(0) whose transpose the
+ * all-to-all is, then back; priced in propagation as the gather and chunk it replaces, so it
+ * goes into compute only where all-Replicate would gather more), each followed by its
+ * wait_tensor; one redistribution of a value to a placement serves all its consumers.
+ * Replicate -> Partial is not offered yet: a rule that would need it is not taken. An embedding
+ * whose weight is consumed Shard(0) on a mesh dim is the vocab-parallel lookup: chunked_embedding
+ * with the rank's chunk start (local_chunk of a constant) as base, and the gradient of such a
+ * weight chunked_embedding_backward (docs/placements.md). Graph outputs are brought to their
+ * targets: the loss to Replicate, each gradient to its parameter's placement.
  *
  * Storage and compute placements (FSDP). A placeholder may be stored Shard on a mesh dim and
  * consumed Replicate there (hp_spmd_opts.compute): its consumers never see the stored value,
@@ -35,7 +38,8 @@
  * (slice_backward) before the reduce-scatter that brings it to the storage placement.
  *
  * Limits of this version, refused with a message: an uneven split other than a gathered
- * storage one, and a tensor dim sharded by two mesh dims being gathered.
+ * storage one, a tensor dim sharded by two mesh dims being gathered, and an all-to-all of a
+ * tensor dim another mesh dim splits (propagation never chooses one).
  */
 #include "passes/passes_internal.h"
 
@@ -125,7 +129,33 @@ static double move_cost(hp_placement a, hp_placement b, double bytes, int64_t n)
     /* a rank's own chunk: a local copy of its piece, dearer than nothing, cheaper than any
      * exchange */
     if (b.kind == HP_PLACE_SHARD && a.kind == HP_PLACE_REPLICATE) return bytes / (double)n;
+    /* all-to-all: a rank keeps one of its n parts and sends the others (bytes (n-1)/n), but it
+     * is priced as the gather and local chunk it replaces. Greedy propagation sees no
+     * consumer: the value moved to another split is as likely as any to be gathered later (the
+     * colwise logits moved to rows for _log_softmax, then gathered for the loss: two
+     * collectives where one gather did), so an all-to-all into compute is taken only where the
+     * all-Replicate alternative costs more than that gather, e.g. where the other inputs are
+     * already split on the new dim. */
+    if (b.kind == HP_PLACE_SHARD && a.kind == HP_PLACE_SHARD)
+        return COLLECTIVE_BYTES + bytes * (double)(n - 1) + bytes / (double)n;
     return INFINITY;
+}
+
+/* Whether Shard(a) -> Shard(b) on mesh dim i is offered for a value placed pl (and, on the
+ * mesh dims before i, going to tgt, NULL none): no other mesh dim splits a or b. */
+static bool a2a_ok(const spmd *s, const hp_placement *pl, const hp_placement *tgt, int i,
+                   hp_placement want) {
+    hp_placement have = pl[i];
+    if (have.kind != HP_PLACE_SHARD || want.kind != HP_PLACE_SHARD || have.dim == want.dim)
+        return true;
+    for (int k = 0; k < s->mesh->ndim; k++) {
+        if (k == i) continue;
+        hp_placement o[2] = {pl[k], tgt && k < i ? tgt[k] : pl[k]};
+        for (int j = 0; j < 2; j++)
+            if (o[j].kind == HP_PLACE_SHARD && (o[j].dim == have.dim || o[j].dim == want.dim))
+                return false;
+    }
+    return true;
 }
 
 /* The placements after swapping tensor dims 0 and d (a transpose). */
@@ -138,6 +168,96 @@ static void swap_dims(const hp_placement *a, int nd, int d, hp_placement *out) {
         else if (a[i].dim == d)
             out[i].dim = 0;
     }
+}
+
+/* The placements pl with each Shard(d) moved to Shard(map[d]). */
+static void map_dims(const hp_placement *pl, int nd, const int *map, hp_placement *out) {
+    for (int k = 0; k < nd; k++) {
+        out[k] = pl[k];
+        if (pl[k].kind == HP_PLACE_SHARD) out[k].dim = map[pl[k].dim];
+    }
+}
+
+/* Shard(a) -> Shard(b) on mesh dim i (n ranks): all_to_all_single between views. The rank's
+ * piece L is viewed with dim a split into (1, L[a]) and dim b into (n, L[b] / n) (on mesh dim
+ * i globally (n, A / n) and (n, B / n), the shard on a's leading factor: the view's rule), then
+ * permuted to [a-factor, b-factor, the rest] (globally [n, n, ...], Shard(0)); the all-to-all
+ * is the transpose of those two dims (rank r sends its part j to rank j), after which the
+ * b-factor is the split one; permuted back with the factors' roles swapped and viewed back,
+ * the value is Shard(b). Other mesh dims' Shards (of other dims) and Partials go through every
+ * step. */
+static hp_status all_to_all(spmd *s, hp_value v, int i, int b, hp_value *out, hp_err *err) {
+    const hp_graph_mesh *m = s->mesh;
+    int nd = m->ndim;
+    int64_t n = m->size[i];
+    hp_placement cur[HP_MESH_MAX_DIMS], t[HP_MESH_MAX_DIMS];
+    memcpy(cur, placed(s, v), sizeof(hp_placement) * (size_t)nd);
+    int a = cur[i].dim;
+    hp_type L = *hp_graph_type(s->rw.out, v);
+    if (!a2a_ok(s, cur, NULL, i, HP_SHARD(b)))
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "Shard(%d) -> Shard(%d) on mesh dim %s while another mesh dim splits one "
+                       "of those tensor dims is not supported yet",
+                       a, b, m->name[i]);
+    if (L.rank + 2 > HP_MAX_RANK || a >= L.rank || b >= L.rank)
+        return hp_errf(err, HP_UNSUPPORTED, "Shard(%d) -> Shard(%d) of a rank-%d value", a, b,
+                       L.rank);
+    if (L.shape[b] % n)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "Shard(%d) -> Shard(%d) on mesh dim %s: dim %d (%lld) does not split "
+                       "evenly over %lld ranks",
+                       a, b, m->name[i], b, (long long)L.shape[b], (long long)n);
+    /* the split view: pos[d] where L's dim d (or its leading factor) lands, orig its inverse */
+    int64_t sp[HP_MAX_RANK];
+    int pos[HP_MAX_RANK] = {0}, orig[HP_MAX_RANK] = {0}, r2 = 0;
+    for (int d = 0; d < L.rank; d++) {
+        pos[d] = r2;
+        orig[r2] = d;
+        if (d == a || d == b) {
+            sp[r2++] = d == a ? 1 : n;
+            orig[r2] = d;
+            sp[r2++] = d == a ? L.shape[a] : L.shape[b] / n;
+        } else {
+            sp[r2++] = L.shape[d];
+        }
+    }
+    int ja = pos[a], jb = pos[b];
+    /* perm: [ja, jb, the rest]; back: position jb <- W's dim 0, ja <- dim 1, the rest home */
+    int64_t perm[HP_MAX_RANK], back[HP_MAX_RANK];
+    int inv[HP_MAX_RANK] = {0}, inv_back[HP_MAX_RANK] = {0};
+    perm[0] = ja;
+    perm[1] = jb;
+    for (int d = 0, j = 2; d < r2; d++)
+        if (d != ja && d != jb) perm[j++] = d;
+    for (int j = 0; j < r2; j++) inv[perm[j]] = j;
+    back[jb] = 0;
+    back[ja] = 1;
+    for (int j = 2; j < r2; j++) back[perm[j]] = j;
+    for (int j = 0; j < r2; j++) inv_back[back[j]] = j;
+
+    hp_value x = v;
+    hp_attr va = hp_attr_ints(HP_ATTR_SHAPE, r2, sp);
+    map_dims(cur, nd, pos, t);
+    HP_TRY(emit(s, HP_OP_VIEW, &x, 1, &va, 1, t, &x, err));
+    memcpy(cur, t, sizeof t);
+    hp_attr pa = hp_attr_ints(HP_ATTR_PERM, r2, perm);
+    map_dims(cur, nd, inv, t);
+    HP_TRY(emit(s, HP_OP_PERMUTE, &x, 1, &pa, 1, t, &x, err));
+    memcpy(cur, t, sizeof t);
+    hp_attr ca[2] = {hp_attr_int(HP_ATTR_GROUP_SIZE, n), hp_attr_str(HP_ATTR_GROUP, m->name[i])};
+    HP_TRY(emit(s, HP_OP_ALL_TO_ALL, &x, 1, ca, 2, cur, &x, err));
+    HP_TRY(emit(s, HP_OP_WAIT_TENSOR, &x, 1, NULL, 0, cur, &x, err));
+    s->collectives++;
+    hp_attr ba = hp_attr_ints(HP_ATTR_PERM, r2, back);
+    map_dims(cur, nd, inv_back, t);
+    HP_TRY(emit(s, HP_OP_PERMUTE, &x, 1, &ba, 1, t, &x, err));
+    memcpy(cur, t, sizeof t);
+    hp_type o = L;
+    o.shape[a] *= n;
+    o.shape[b] /= n;
+    hp_attr oa = hp_attr_ints(HP_ATTR_SHAPE, o.rank, o.shape);
+    map_dims(cur, nd, orig, t);
+    return emit(s, HP_OP_VIEW, &x, 1, &oa, 1, t, out, err);
 }
 
 /* One step on mesh dim i: v (placements cur) to `want` there. */
@@ -160,6 +280,8 @@ static hp_status step(spmd *s, hp_value v, int i, hp_placement want, hp_value *o
         HP_TRY(emit(s, HP_OP_LOCAL_CHUNK, &v, 1, la, 3, cur, out, err));
         return emit(s, HP_OP_WAIT_TENSOR, out, 1, NULL, 0, cur, out, err);
     }
+    if (have.kind == HP_PLACE_SHARD && want.kind == HP_PLACE_SHARD)
+        return all_to_all(s, v, i, want.dim, out, err);
     char a[24], b[24];
     if (!gather && !reduce && !scatter)
         return hp_errf(err, HP_UNSUPPORTED, "no redistribution %s -> %s on mesh dim %s yet",
@@ -484,6 +606,8 @@ static hp_status choose(spmd *s, int id, const hp_node *n, const hp_type *gin, c
                  * choice, not a greedy one (graph outputs still scatter to their targets) */
                 if (have.kind == HP_PLACE_PARTIAL && want.kind == HP_PLACE_SHARD)
                     c = INFINITY;
+                else if (!a2a_ok(s, placed(s, ins[j]), tgt + j * nd, i, want))
+                    c = INFINITY; /* an all-to-all of a dim another mesh dim splits */
                 else
                     c += move_cost(have, want, local_bytes(s, ins[j]), s->mesh->size[i]);
             }

@@ -379,6 +379,8 @@ static const shape_case cases[] = {
     {HP_OP_ALL_REDUCE, {"f32[10]"}, {I(GROUP_SIZE, 4), I(REDUCE_OP, 7)}, 2, {0}, "reduce_op 7"},
     {HP_OP_ALL_TO_ALL, {"f32[8,3]"}, {I(GROUP_SIZE, 4)}, 1, {"f32[8,3]"}, NULL},
     {HP_OP_ALL_TO_ALL, {"f32[]"}, {I(GROUP_SIZE, 1)}, 1, {0}, "rank >= 1"},
+    {HP_OP_ALL_TO_ALL, {"f32[1,4,3]"}, {I(GROUP_SIZE, 4)}, 1, {"f32[1,4,3]"}, NULL},
+    {HP_OP_ALL_TO_ALL, {"f32[2,3]"}, {I(GROUP_SIZE, 4)}, 1, {0}, "not divisible"},
     {HP_OP_LOCAL_CHUNK, {"f32[8,6]"}, {I(DIM, 1), I(GROUP_SIZE, 3)}, 2, {"f32[8,2]"}, NULL},
     {HP_OP_LOCAL_CHUNK, {"f32[8,6]"}, {I(DIM, 1), I(GROUP_SIZE, 4)}, 2, {0}, "not divisible"},
     {HP_OP_WAIT_TENSOR, {"f32[8,3]"}, {{0}}, 0, {"f32[8,3]"}, NULL},

@@ -639,6 +639,64 @@ Test(shard_rules, local_chunk_is_replicate_to_shard_on_its_own_dim) {
     cr_expect(s0 && !s1 && p);
 }
 
+/* all_to_all_single on its own dim: a global [n, n, m] Shard(0) -> Shard(0), the transpose of
+ * dims 0 and 1. Checked numerically: each simulated rank's piece [1, n, m] exchanged as the
+ * primitive does (n equal flat parts, part j to rank j, output part k from rank k), the pieces
+ * put together, against the transpose of the full tensor; n = 2, 3. On another mesh dim only
+ * a Shard(2) (and Partial) passes. */
+Test(shard_rules, all_to_all_is_the_transpose_of_its_two_leading_dims) {
+    hp_attr a[2] = {hp_attr_int(HP_ATTR_GROUP_SIZE, 2), hp_attr_str(HP_ATTR_GROUP, "tp")};
+    hp_node n2a = {.op = HP_OP_ALL_TO_ALL, .n_in = 1, .n_out = 1, .n_attrs = 2, .attrs = a};
+    for (int n = 2; n <= 3; n++) {
+        enum { M = 5 };
+        a[0] = hp_attr_int(HP_ATTR_GROUP_SIZE, n);
+        hp_type t = TY(HP_F32, n, n, M);
+        hp_shard_rule r[HP_SHARD_MAX_RULES];
+        hp_shard_query q = {.node = &n2a, .in = &t, .out = &t, .mesh_size = n, .mesh_dim = "tp"};
+        cr_assert_eq(hp_op_get(HP_OP_ALL_TO_ALL)->shard(&q, r, HP_SHARD_MAX_RULES), 1);
+        cr_assert(hp_placement_eq(r[0].in[0], HP_SHARD(0)) &&
+                  hp_placement_eq(r[0].out[0], HP_SHARD(0)));
+        /* the local shape rule takes the [1, n, m] piece */
+        hp_type lt = TY(HP_F32, 1, n, M), lo;
+        hp_err e = {0};
+        cr_assert_eq(hp_op_get(HP_OP_ALL_TO_ALL)->shape(&n2a, &lt, &lo, &e), HP_OK, "%s", e.msg);
+        cr_assert(hp_type_eq(&lo, &lt));
+        double full[3 * 3 * M], got[3 * 3 * M];
+        hp_th_rand(full, n * n * M, 7 + (uint64_t)n, -1, 1);
+        int part = n * M / n;                       /* a rank holds n * M elements, n parts */
+        for (int rank = 0; rank < n; rank++)        /* receiver */
+            for (int k = 0; k < n; k++)             /* its output part k, from rank k */
+                for (int e2 = 0; e2 < part; e2++) { /* rank k's piece is full[k] */
+                    double v = full[k * n * M + rank * part + e2];
+                    got[rank * n * M + k * part + e2] = v; /* piece rank of the Shard(0) out */
+                }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++)
+                for (int m = 0; m < M; m++)
+                    cr_assert_eq(got[(i * n + j) * M + m], full[(j * n + i) * M + m],
+                                 "n %d: out[%d, %d, %d]", n, i, j, m);
+        q.mesh_dim = "dp"; /* another dim: dims 0 and 1 are exchanged, dim 2 passes */
+        hp_type o = TY(HP_F32, n, n, 6);
+        q.in = q.out = &o;
+        int k = hp_op_get(HP_OP_ALL_TO_ALL)->shard(&q, r, HP_SHARD_MAX_RULES);
+        bool s2 = false, s01 = false, p = false;
+        for (int i = 0; i < k; i++) {
+            s2 |= hp_placement_eq(r[i].in[0], HP_SHARD(2)) &&
+                  hp_placement_eq(r[i].out[0], HP_SHARD(2));
+            s01 |= hp_placement_eq(r[i].in[0], HP_SHARD(0)) ||
+                   hp_placement_eq(r[i].in[0], HP_SHARD(1));
+            p |= hp_placement_eq(r[i].in[0], HP_PARTIAL(HP_REDUCE_SUM));
+        }
+        cr_expect(s2 && !s01 && p, "n %d", n);
+    }
+    /* not [n, n, ...] globally: no rule of its own */
+    hp_type bad = TY(HP_F32, 4, 2, 3);
+    hp_shard_rule r[HP_SHARD_MAX_RULES];
+    hp_shard_query q = {.node = &n2a, .in = &bad, .out = &bad, .mesh_size = 3, .mesh_dim = "tp"};
+    a[0] = hp_attr_int(HP_ATTR_GROUP_SIZE, 3);
+    cr_expect_eq(hp_op_get(HP_OP_ALL_TO_ALL)->shard(&q, r, HP_SHARD_MAX_RULES), 0);
+}
+
 /* The vocab-parallel lookup and its gradient are rules of chunked_embedding(_backward). */
 Test(shard_rules, chunked_embedding_is_vocab_parallel) {
     hp_type in[3] = {TY(HP_F32, 16, 8), TY(HP_I64, 4, 3), TY(HP_I64, 2)}, out = TY(HP_F32, 4, 3, 8);

@@ -5,12 +5,15 @@
  * put exactly Megatron's all-reduces in: two of B·T·d per block in the forward, two in the
  * backward, nothing else. FSDP on the same mesh (parameters stored Shard on dp, gathered
  * before use) is the same step, with one gather (two with reshard_after_forward) and one
- * reduce-scatter per parameter on dp.
+ * reduce-scatter per parameter on dp. A value split on one dim that is wanted split on another
+ * (Shard(a) -> Shard(b)) is one all_to_all_single on its mesh dim's group, never a gather.
  */
+#include "hp/build.h"
 #include "hp/eval.h"
 #include "hp/models.h"
 #include "hp/passes.h"
 #include "hp/text.h"
+#include "tests/util/eval_harness.h"
 #include "tests/util/spmd_sim.h"
 
 #include <criterion/criterion.h>
@@ -446,5 +449,82 @@ Test(spmd, gathering_a_doubly_split_dim_is_refused) {
     free(tp);
     free(pl);
     free(compute);
+    hp_graph_free(g);
+}
+
+/* ---- Shard(a) -> Shard(b): all_to_all_single ---------------------------------------------- */
+
+/* loss = sum(a * b) for parameters a, b [4, 6, 4] (autodiff's joint graph). */
+static hp_graph *product_sum(void) {
+    hp_graph *g = hp_graph_new();
+    hp_init init = {.kind = HP_INIT_ZEROS};
+    hp_value a = hp_build_placeholder(g, HP_INPUT_PARAM, "a", TY(HP_F32, 4, 6, 4), &init);
+    hp_value b = hp_build_placeholder(g, HP_INPUT_PARAM, "b", TY(HP_F32, 4, 6, 4), &init);
+    hp_value loss = hp_un1(g, HP_OP_SUM, hp_bin(g, HP_OP_MUL, a, b),
+                           hp_attr_ints(HP_ATTR_DIMS, 3, (int64_t[]){0, 1, 2}));
+    hp_err err = {0};
+    cr_assert_eq(hp_autodiff(g, loss, &err), HP_OK, "%s", err.msg);
+    return g;
+}
+
+/* a stored Shard(0) and b Shard(1) on tp (and both Shard(2) on dp when there is one): the
+ * product needs one of them moved to the other's split, and each gradient (the other factor)
+ * comes out in the other's split and goes to its parameter's: all-to-alls on tp, no gather,
+ * the 1-rank step. */
+static void check_a2a(const hp_graph_mesh *mesh, int tp, int dp) {
+    hp_graph *g = product_sum();
+    int nd = mesh->ndim;
+    hp_placement *pl = calloc((size_t)(2 * nd), sizeof *pl);
+    pl[0 * nd + tp] = HP_SHARD(0);
+    pl[1 * nd + tp] = HP_SHARD(1);
+    if (dp >= 0) pl[0 * nd + dp] = pl[1 * nd + dp] = HP_SHARD(2);
+    hp_graph *spmd = hp_th_spmd_check(g, mesh, pl);
+    int a2a = count_on(spmd, HP_OP_ALL_TO_ALL, "tp"), gathers = 0, reduces = 0;
+    for (int i = 0; i < spmd->n_nodes; i++) {
+        gathers += spmd->nodes[i].op == HP_OP_ALL_GATHER;
+        reduces += spmd->nodes[i].op == HP_OP_ALL_REDUCE;
+    }
+    /* the forward's move of b to a's split; in the backward each gradient (g * the other
+     * factor, computed where that factor is stored: the ones are chunked locally) moved to its
+     * parameter's split; each a rank's [1, n, ...] piece */
+    cr_expect_eq(a2a, 3, "all_to_all_single on tp: %d", a2a);
+    cr_expect_eq(gathers, 0, "nothing gathered");
+    cr_expect_eq(reduces, dp >= 0 ? 2 : 1, "only the loss all-reduced (once per split mesh dim)");
+    for (int i = 0; i < spmd->n_nodes; i++) {
+        if (spmd->nodes[i].op != HP_OP_ALL_TO_ALL) continue;
+        const hp_type *t = &spmd->nodes[i].out[0];
+        cr_expect(t->rank >= 2 && t->shape[0] == 1 && t->shape[1] == mesh->size[tp]);
+    }
+    free(pl);
+    hp_graph_free(spmd);
+    hp_graph_free(g);
+}
+
+Test(spmd, shard_to_shard_is_all_to_all_tp2, .timeout = 60) {
+    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {2}};
+    check_a2a(&mesh, 0, -1);
+}
+
+Test(spmd, shard_to_shard_is_all_to_all_dp2_tp2, .timeout = 60) {
+    hp_graph_mesh mesh = {.ndim = 2, .name = {"dp", "tp"}, .size = {2, 2}};
+    check_a2a(&mesh, 1, 0);
+}
+
+/* An explicit output target: the loss Replicate, a's gradient (b, stored Shard(1)) asked
+ * Shard(2) on tp: one more all-to-all, placed as asked. */
+Test(spmd, shard_to_shard_output_target) {
+    hp_graph *g = product_sum();
+    hp_graph_mesh mesh = {.ndim = 1, .name = {"tp"}, .size = {2}};
+    hp_placement in[2] = {HP_SHARD(0), HP_SHARD(1)};
+    hp_placement out[3] = {HP_REPLICATE, HP_SHARD(2), HP_SHARD(1)};
+    hp_graph *spmd = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_pass_spmd(g, &mesh, in, out, &spmd, &err), HP_OK, "%s", err.msg);
+    const hp_placement *p = hp_value_placements(spmd, spmd->outputs[1]);
+    cr_expect(hp_placement_eq(p[0], HP_SHARD(2)));
+    cr_expect_eq(hp_graph_type(spmd, spmd->outputs[1])->shape[2], 2);
+    cr_expect_eq(count_on(spmd, HP_OP_ALL_GATHER, "tp"), 0);
+    cr_expect_geq(count_on(spmd, HP_OP_ALL_TO_ALL, "tp"), 2);
+    hp_graph_free(spmd);
     hp_graph_free(g);
 }

@@ -138,7 +138,12 @@ static hp_status sim_collective(void *ctx, const hp_node *n, const hp_tensor *in
     pthread_barrier_wait(&g->bar);
     int64_t numel = hp_type_numel(&in->type);
     hp_reduce_op op = (hp_reduce_op)hp_node_int(n, HP_ATTR_REDUCE_OP, HP_REDUCE_SUM);
-    if (n->op == HP_OP_ALL_GATHER) {
+    if (n->op == HP_OP_ALL_TO_ALL) { /* n equal flat parts: out part k is rank k's part me */
+        int64_t part = numel / size;
+        for (int k = 0; k < size; k++)
+            memcpy(out->data + k * part, g->slot[k]->data + me * part,
+                   sizeof(double) * (size_t)part);
+    } else if (n->op == HP_OP_ALL_GATHER) {
         for (int r = 0; r < size; r++) {
             hp_tensor piece = *g->slot[r];
             chunk_of(out, 0, r, &piece, false);

@@ -497,9 +497,10 @@ static void *cpu_rank(void *p) {
     return NULL;
 }
 
-Test(comm_shm_groups, cpu_backend_all_to_all_single, .timeout = 30) {
+/* ty: 12 f32 elements, two parts of 6 over 2 ranks: [4, 3] (dim 0's chunks) or [1, 2, 6]
+ * (spmd's Shard(a) -> Shard(b) piece: dim 0 is 1, dim 1's chunks). */
+static void cpu_all_to_all_single(hp_type ty) {
     hp_graph *g = hp_graph_new();
-    hp_type ty = {.dtype = HP_F32, .rank = 2, .shape = {4, 3}};
     hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, NULL, ty, NULL);
     hp_value y =
         hp_build(g, HP_OP_ALL_TO_ALL, &x, 1, (hp_attr[]){hp_attr_int(HP_ATTR_GROUP_SIZE, 2)}, 1);
@@ -557,4 +558,9 @@ Test(comm_shm_groups, cpu_backend_local_chunk, .timeout = 30) {
         hp_comm_free(cs[r]);
     }
     hp_graph_free(g);
+}
+
+Test(comm_shm_groups, cpu_backend_all_to_all_single, .timeout = 30) {
+    cpu_all_to_all_single((hp_type){.dtype = HP_F32, .rank = 2, .shape = {4, 3}});
+    cpu_all_to_all_single((hp_type){.dtype = HP_F32, .rank = 3, .shape = {1, 2, 6}});
 }

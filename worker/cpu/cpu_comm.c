@@ -61,7 +61,8 @@ static hp_status run_op(hp_comm *c, const comm_op *o, hp_err *err) {
         return c->vt->reduce_scatter(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
     case HP_OP_ALL_REDUCE:
         return c->vt->all_reduce(c, o->in, o->out, o->out_count, o->dt, o->reduce, err);
-    case HP_OP_ALL_TO_ALL: /* equal splits: dim 0 divides by group_size (the shape rule) */
+    case HP_OP_ALL_TO_ALL: /* n equal flat parts (the shape rule: dim 0, or dim 1 under a dim 0 of
+                              1) */
         return c->vt->all_to_all(c, o->in, o->out, o->in_bytes / (size_t)c->world, err);
     case HP_OP_LOCAL_CHUNK: { /* the rank's own chunk along dim: a local copy, no exchange */
         size_t row = o->in_bytes / (size_t)o->outer;
