@@ -275,9 +275,15 @@ static int env_int(const char *name, long long lo, long long hi, long long *out,
 /* A launcher's 0600 token file: the token stays off the command line (ps shows that). 2 (usage)
  * when it cannot be read or is empty. */
 static int read_token_file(const char *path, char *out, size_t len) {
-    FILE *f = fopen(path, "r");
+    hp_err err = {0};
+    int fd;
+    FILE *f = NULL;
+    if (hp_file_open_read(path, &fd, NULL, &err) == HP_OK && !(f = fdopen(fd, "r"))) {
+        snprintf(err.msg, sizeof err.msg, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
     if (!f) {
-        fprintf(stderr, "hp-worker: token file %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "hp-worker: token file %s\n", err.msg);
         return 2;
     }
     char fmt[16];

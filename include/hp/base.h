@@ -97,6 +97,13 @@ void *hp_arena_memdup(hp_arena *a, const void *p, size_t n);
 
 /* ---- files ---------------------------------------------------------------------------------- */
 
+/* Opens path for reading without ever blocking in open(): O_RDONLY|O_NONBLOCK|O_CLOEXEC (a
+ * FIFO or a device with no writer would otherwise hang the caller forever), fstat, refuse
+ * anything but a regular file (HP_IO, "PATH: not a regular file (a fifo)"), then clear
+ * O_NONBLOCK so reads behave as usual. On HP_OK *fd is the caller's to close and *size (may be
+ * NULL) is the file's size; on failure *fd is -1. Every reader of a user-named path uses it. */
+hp_status hp_file_open_read(const char *path, int *fd, uint64_t *size, hp_err *err);
+
 /* Reads a whole file (at most max_bytes) into a fresh hp_malloc'd buffer. A larger file is
  * HP_LIMIT, naming the path and the limit. */
 hp_status hp_file_read(const char *path, size_t max_bytes, uint8_t **data, size_t *len,

@@ -191,6 +191,15 @@ Test(hpctl, bad_files_exit_1) {
     snprintf(args, sizeof args, "inspect %s", tmpdir);
     expect_error(args, 1, "not a regular file");
 
+    /* a FIFO with no writer: refused at once (open never blocks), not waited on forever */
+    snprintf(path, sizeof path, "%s/fifo.pb", tmpdir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    for (const char **verb = (const char *[]){"inspect", "plan", NULL}; *verb; verb++) {
+        r = hp_th_hpctl(tmpdir, 20, "%s %s", *verb, path);
+        cr_expect_neq(r.code, 124, "%s: hung on the fifo", *verb);
+        hp_th_expect_cli_error(r, 1, "hpctl", "fifo.pb: not a regular file (a fifo)");
+    }
+
     /* an unwritable output */
     expect_error("new --model mlp -o /nonexistent-dir/x.pb", 1, "/nonexistent-dir/x.pb");
 }

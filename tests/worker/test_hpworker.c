@@ -4,12 +4,14 @@
  * refused at start where there is no CUDA. */
 #include "hp/checkpoint.h"
 #include "hp/device.h"
+#include "tests/util/cli_harness.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -177,5 +179,30 @@ Test(hpworker, cuda_job_without_cuda_fails_at_start) {
             "world %d: %s", world, text);
         cr_expect(strchr(text, '\n') == text + n - 1, "not one line: %s", text);
         cr_expect_eq(count_lines(out), 0, "it trained");
+    }
+}
+
+/* Every path hp-worker reads (the job, --data, --init-from, --token-file) as a FIFO with no
+ * writer: refused at once with the path named, never a hang in open(). The timeout turns a
+ * regression into a failure (exit 137) instead of a stuck test. */
+Test(hpworker, fifo_inputs_are_refused_not_waited_on) {
+    char job[300], fifo[300], out[300];
+    snprintf(job, sizeof job, "%s/job.pb", tmp);
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    make_job(job, 3, 0);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    char cases[4][1024];
+    snprintf(cases[0], sizeof cases[0], "--standalone %s --out %s", fifo, out);
+    snprintf(cases[1], sizeof cases[1], "--standalone %s --data %s --out %s", job, fifo, out);
+    snprintf(cases[2], sizeof cases[2], "--standalone %s --init-from %s --out %s", job, fifo, out);
+    snprintf(cases[3], sizeof cases[3], "--coordinator 127.0.0.1:1 --rank 0 --token-file %s", fifo);
+    for (int i = 0; i < 4; i++) {
+        const char *args = cases[i];
+        hp_th_run r = hp_th_run_bin_timeout(tmp, 20, "worker/hp-worker", "%s --threads 1", args);
+        cr_expect_neq(r.code, 137, "%s: hung on the fifo", args);
+        cr_expect(r.code == 1 || r.code == 2, "%s: exit %d: %s", args, r.code, r.err);
+        cr_expect(strstr(r.err, "fifo: not a regular file (a fifo)"), "%s: %s", args, r.err);
+        hp_th_run_free(&r);
     }
 }
