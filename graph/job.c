@@ -53,6 +53,7 @@ void hp_job_init_defaults(hp_job *job) {
     t->global_batch = 0;
     t->local_batch = 8;
     t->seq = 2048;
+    t->on_nonfinite = HP_NONFINITE_STOP;
 
     hp_resources *r = &job->resources;
     r->world_size = 1;
@@ -488,6 +489,9 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     if (t->decay != HP_DECAY_LINEAR && t->decay != HP_DECAY_COSINE && t->decay != HP_DECAY_NONE)
         return hp_errf(err, HP_INVALID, "train.decay: %d is not linear, cosine or none",
                        (int)t->decay);
+    if (t->on_nonfinite != HP_NONFINITE_STOP && t->on_nonfinite != HP_NONFINITE_SKIP)
+        return hp_errf(err, HP_INVALID, "train.on_nonfinite: %d is not stop or skip",
+                       (int)t->on_nonfinite);
     HP_TRY(check_f64(t->weight_decay, 0, false, 1e3, false, "train.weight_decay", err));
     HP_TRY(check_f64(t->beta1, 0, false, 1, true, "train.beta1", err));
     HP_TRY(check_f64(t->beta2, 0, false, 1, true, "train.beta2", err));
@@ -614,7 +618,8 @@ static bool train_eq(const hp_train_config *a, const hp_train_config *b) {
            !strncmp(a->data_path, b->data_path, sizeof a->data_path) &&
            !strncmp(a->init_from, b->init_from, sizeof a->init_from) &&
            a->global_batch == b->global_batch && a->local_batch == b->local_batch &&
-           a->seq == b->seq && a->n_profile_steps == b->n_profile_steps &&
+           a->seq == b->seq && a->on_nonfinite == b->on_nonfinite &&
+           a->n_profile_steps == b->n_profile_steps &&
            !memcmp(a->profile_steps, b->profile_steps,
                    (size_t)a->n_profile_steps * sizeof a->profile_steps[0]);
 }

@@ -61,6 +61,8 @@ static void usage(void) {
          "\n"
          "  --standalone JOB.pb    run the job in this process, no coordinator\n"
          "  --steps N              train N steps (default: the job's)\n"
+         "  --on-nonfinite stop|skip  a NaN/Inf loss or grad norm fails the run (default: the\n"
+         "                         job's, stop) or skips that step's update (counted)\n"
          "  --out DIR              write metrics.jsonl, checkpoints/ and model.safetensors here\n"
          "  --init-from FILE       initial weights (safetensors, PyTorch FQNs)\n"
          "  --data PATH            llm.c token shard(s) (.bin, dir or glob), or text:PATH\n"
@@ -384,7 +386,11 @@ int main(int argc, char **argv) {
             o.data = v;
         else if (!strcmp(a, "--resume"))
             o.resume = v;
-        else if (!strcmp(a, "--steps")) {
+        else if (!strcmp(a, "--on-nonfinite")) {
+            if (strcmp(v, "stop") && strcmp(v, "skip"))
+                return usage_error("--on-nonfinite: '%s' is not stop or skip", v);
+            o.on_nonfinite = !strcmp(v, "skip") ? HP_TRAIN_NONFINITE_SKIP : HP_TRAIN_NONFINITE_STOP;
+        } else if (!strcmp(a, "--steps")) {
             if (parse_int(a, v, 1, (long long)1e12, &n)) return 2;
             o.steps = n;
         } else if (!strcmp(a, "--threads")) {

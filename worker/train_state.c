@@ -12,6 +12,7 @@
 #include "hp/param_init.h"
 #include "hp/safetensors.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ---- staging between device and host -------------------------------------------------------- */
@@ -135,6 +136,10 @@ hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
             break;
         }
         st = hp_st_to_f32(w, full, n, err);
+        for (int64_t k = 0; st == HP_OK && k < n; k++)
+            if (!isfinite(full[k])) /* training from it would only ever report loss NaN */
+                st = hp_errf(err, HP_INVALID, "%s: tensor '%s' holds %g at element %lld", path,
+                             ps->fqn, (double)full[k], (long long)k);
         copy_ctx c = {t, hp__train_param(t, i), full, true};
         if (st == HP_OK) st = hp__train_param_runs(t, i, t->rank, copy_run, &c, err);
         hp_free(full);
