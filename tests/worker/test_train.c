@@ -14,6 +14,7 @@
 #include "worker/executor.h"
 #include "worker/train.h"
 
+#include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char tmp[256];
 
@@ -557,5 +559,58 @@ Test(train, init_from_with_nan_is_refused_naming_the_tensor) {
         free(ts);
     }
     hp_st_close(f);
+    hp_job_free(job);
+}
+
+/* Flips one byte near the end of path (inside its last tensor's data). */
+static void flip_last_bytes(const char *path) {
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f, "%s", path);
+    cr_assert_eq(fseek(f, -3, SEEK_END), 0);
+    int ch = fgetc(f);
+    cr_assert_eq(fseek(f, -3, SEEK_END), 0);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+}
+
+/* A corrupt tensor in the latest checkpoint: the resume falls back to the one before it and
+ * says why on the log; every checkpoint corrupt: a clear error, nothing trained. */
+Test(train, resume_falls_back_past_a_corrupt_checkpoint) {
+    hp_job *job = tiny_job(tiny_spec(), 8);
+    job->train.checkpoint_interval = 2;
+    hp_err e = {0};
+    char out[300], path[600], logp[400];
+    snprintf(out, sizeof out, "%s/run", tmp);
+    hp_train_result res;
+    hp_train_opts first = {.out_dir = out, .threads = 2, .log = stderr, .halt_after = 6};
+    cr_assert_eq(hp_train(job, &first, &res, &e), HP_OK, "%s", e.msg); /* checkpoints 2, 4, 6 */
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000006/rank-00000.safetensors", out);
+    flip_last_bytes(path);
+
+    snprintf(logp, sizeof logp, "%s/resume.log", tmp);
+    FILE *log = fopen(logp, "w+");
+    hp_train_opts again = {.out_dir = out, .resume = out, .threads = 2, .log = log};
+    cr_assert_eq(hp_train(job, &again, &res, &e), HP_OK, "%s", e.msg);
+    fclose(log);
+    cr_expect_eq(res.first_step, 5, "resumed at %lld", (long long)res.first_step);
+    char *text = hp_th_slurp(logp);
+    cr_expect(strstr(text, "warning: resume: checkpoint step=6 fails verification") &&
+                  strstr(text, "is corrupt: CRC-32C") &&
+                  strstr(text, "falling back to the previous one"),
+              "%s", text);
+    cr_expect(strstr(text, "resumed from step 4"), "%s", text);
+    free(text);
+
+    /* now every complete checkpoint is corrupt (the run above wrote 6 and 8 again) */
+    for (int s = 2; s <= 8; s += 2) {
+        snprintf(path, sizeof path, "%s/checkpoints/step-%08d/rank-00000.safetensors", out, s);
+        if (access(path, F_OK) == 0) flip_last_bytes(path);
+    }
+    again.log = stderr;
+    cr_assert_eq(hp_train(job, &again, &res, &e), HP_PARSE);
+    cr_expect(strstr(e.msg, "resume") && strstr(e.msg, "no usable checkpoint in") &&
+                  strstr(e.msg, "3 complete ones failed verification") &&
+                  strstr(e.msg, "step-00000008/rank-00000.safetensors"),
+              "%s", e.msg);
     hp_job_free(job);
 }
