@@ -156,6 +156,39 @@ void *hp_arena_memdup(hp_arena *a, const void *p, size_t n) {
     return d;
 }
 
+/* ---- UTF-8 ---------------------------------------------------------------------------------- */
+
+size_t hp_utf8_check(const char *str, size_t n, bool nul_ok) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            if (!c && !nul_ok) return i;
+            i++;
+            continue;
+        }
+        size_t k;
+        unsigned cp, min;
+        if (c >= 0xC2 && c <= 0xDF)
+            k = 1, cp = c & 0x1F, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF)
+            k = 2, cp = c & 0x0F, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4)
+            k = 3, cp = c & 0x07, min = 0x10000;
+        else
+            return i; /* a continuation byte, an overlong lead (C0, C1) or past F4 */
+        if (n - i <= k) return i;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return i;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += k + 1;
+    }
+    return n;
+}
+
 /* ---- files ---------------------------------------------------------------------------------- */
 
 static const char *file_kind(mode_t m) {

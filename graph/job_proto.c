@@ -568,6 +568,11 @@ hp_status hp_job_unpack(const uint8_t *data, size_t len, hp_job **out, hp_err *e
     hp_proto_alloc_init(&a, len);
     Hp__V1__Job *msg = hp__v1__job__unpack(&a.base, len, data ? data : empty);
     if (!msg) return hp_proto_unpack_error(&a, "job", len, err);
+    hp_status cs = hp_proto_check_strings(&hp__v1__job__descriptor, data, len, "job", err);
+    if (cs != HP_OK) {
+        hp__v1__job__free_unpacked(msg, &a.base);
+        return cs;
+    }
     hp_status s = hp_job_import(msg, out, err);
     hp__v1__job__free_unpacked(msg, &a.base);
     return s;

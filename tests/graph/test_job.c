@@ -3,6 +3,7 @@
  * hostile job files: truncated at every length, mutated and random bytes, bad fields set on
  * the message, oversized files, and allocation fault loops over unpack and pack.
  */
+#define _GNU_SOURCE /* memmem */
 #include "hp/job.h"
 #include "hp/models.h"
 #include "hp/proto_io.h"
@@ -522,6 +523,53 @@ Test(job_bad, hostile_fields) {
     expect_msg_error(m_graph_op, HP_NOT_FOUND, "node 20: unknown op 'matmul_fast'");
     expect_msg_error(m_graph_ref, HP_INVALID, "node 20");
     expect_msg_error(m_world, HP_INVALID, "resources.world_size: -2");
+}
+
+/* A string field patched on the wire: the message is built with `sentinel` in a string, packed,
+ * and the sentinel's bytes replaced by `with` (same length) before unpacking. */
+static void expect_wire_error(void (*edit)(Hp__V1__Job *), const char *sentinel, const char *with,
+                              const char *want) {
+    hp_job *job = full_job();
+    hp_arena arena;
+    hp_arena_init(&arena);
+    Hp__V1__Job *m;
+    hp_err err = {0};
+    cr_assert_eq(hp_job_export(job, &arena, &m, &err), HP_OK);
+    edit(m);
+    size_t len = hp__v1__job__get_packed_size(m);
+    uint8_t *buf = hp_malloc(len ? len : 1);
+    hp__v1__job__pack(m, buf);
+    uint8_t *at = memmem(buf, len, sentinel, strlen(sentinel));
+    cr_assert(at, "sentinel not on the wire");
+    memcpy(at, with, strlen(sentinel));
+    hp_job *back = NULL;
+    hp_status s = hp_job_unpack(buf, len, &back, &err);
+    cr_assert_null(back);
+    cr_expect_eq(s, HP_INVALID, "%s: got %s: %s", want, hp_status_str(s), err.msg);
+    cr_expect(strstr(err.msg, want), "error '%s' lacks '%s'", err.msg, want);
+    hp_free(buf);
+    hp_arena_fini(&arena);
+    hp_job_free(job);
+}
+
+MSG_EDIT(w_name, m->name = "j-000001QZQZjunk")
+MSG_EDIT(w_op, m->graph->nodes[20]->op = "mmQZQZevil")
+MSG_EDIT(w_fqn, m->plan->fsdp_fqns[0] = "tokQZQZ_embeddings")
+MSG_EDIT(w_path, m->train->data_path = "/dataQZQZ")
+MSG_EDIT(w_switch, m->passes->passes[0]->name = "fsdpQZQZ")
+
+/* protobuf-c hands a `string` over as a NUL-terminated char *: "mm\0evil" would read as "mm".
+ * Every string field of a job (graph included) is checked on the wire: no NUL, valid UTF-8. */
+Test(job_bad, nul_and_invalid_utf8_on_the_wire) {
+    const char nul[] = "\0ZQZ";
+    expect_wire_error(w_name, "QZQZ", nul, "job: Job.name: string has a NUL byte at byte 8");
+    expect_wire_error(w_op, "QZQZ", nul, "job: Node.op: string has a NUL byte at byte 2");
+    expect_wire_error(w_fqn, "QZQZ", nul, "job: ParallelPlan.fsdp_fqns: string has a NUL byte");
+    expect_wire_error(w_switch, "QZQZ", nul, "job: PassSwitch.name: string has a NUL byte");
+    expect_wire_error(w_path, "QZQZ", "\xc0\xafZQ",
+                      "job: TrainConfig.data_path: string has a byte that is not valid UTF-8 at "
+                      "byte 5");
+    expect_wire_error(w_name, "QZQZ", "\xed\xa0\x80Z", "Job.name: string has a byte that is not");
 }
 
 /* Counts over a fixed array's size, at message level (no bytes needed to claim them). */

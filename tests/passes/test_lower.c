@@ -1,6 +1,7 @@
 /* Lowering and the memory plan: a Llama-3 joint graph becomes a verified program whose
  * activation arena is well below the sum of its activations, with no two simultaneously live
  * buffers overlapping; the program survives its wire form; hostile programs are refused. */
+#define _GNU_SOURCE /* memmem */
 #include "hp/models.h"
 #include "hp/passes.h"
 #include "hp/program.h"
@@ -238,4 +239,37 @@ Test(lower, mesh_program_boxes_per_rank_and_on_the_wire) {
     hp_graph_free(placed);
     hp_graph_free(g);
     free(pl);
+}
+
+/* A program on the wire with a NUL byte or invalid UTF-8 inside a string (a parameter's FQN)
+ * is refused naming the field, never read as the string's prefix. */
+Test(lower, program_strings_checked_on_the_wire) {
+    hp_graph *g = tiny_llama();
+    hp_program *p = NULL;
+    hp_err e;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+    uint8_t *wire = NULL;
+    size_t len = 0;
+    cr_assert_eq(hp_program_pack(p, &wire, &len, &e), HP_OK, "%s", e.msg);
+    const char *fqn = p->params[0].fqn;
+    const char *patch[] = {"\0", "\xff"};
+    const char *want[] = {"string has a NUL byte at byte 1",
+                          "string has a byte that is not valid UTF-8 at byte 1"};
+    for (int k = 0; k < 2; k++) {
+        uint8_t *copy = malloc(len);
+        memcpy(copy, wire, len);
+        int hits = 0;
+        for (uint8_t *at = copy; (at = memmem(at, len - (size_t)(at - copy), fqn, strlen(fqn)));
+             at++, hits++)
+            at[1] = (uint8_t)patch[k][0];
+        cr_assert_gt(hits, 0, "'%s' not on the wire", fqn);
+        hp_program *q = NULL;
+        cr_expect_eq(hp_program_unpack(copy, len, &q, &e), HP_INVALID, "%s", e.msg);
+        cr_expect(strstr(e.msg, "program: ") && strstr(e.msg, want[k]), "%s", e.msg);
+        cr_expect_null(q);
+        free(copy);
+    }
+    hp_free(wire);
+    hp_program_free(p);
+    hp_graph_free(g);
 }
