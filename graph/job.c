@@ -459,6 +459,24 @@ static hp_status check_pass_name(const char *s, const char *what, hp_err *err) {
     return HP_OK;
 }
 
+static const char *const pass_names[] = {
+#define X(name) #name,
+#include "hp/pass_names.def"
+#undef X
+};
+
+/* A switch naming no pass would be ignored: refuse it, listing the passes there are. */
+static hp_status check_switch_known(const char *s, const char *what, hp_err *err) {
+    for (size_t i = 0; i < HP_ARRAY_LEN(pass_names); i++)
+        if (!strcmp(s, pass_names[i])) return HP_OK;
+    char known[256] = "", q[HP__QUOTE_MAX];
+    size_t o = 0;
+    for (size_t i = 0; i < HP_ARRAY_LEN(pass_names); i++)
+        o += (size_t)snprintf(known + o, sizeof known - o, "%s%s", i ? ", " : "", pass_names[i]);
+    return hp_errf(err, HP_INVALID, "%s: '%s' names no pass (the passes: %s)", what,
+                   hp__quote(s, q), known);
+}
+
 static hp_status validate_passes(const hp_pass_config *c, hp_err *err) {
     char what[64];
     HP_TRY(check_i64(c->bucket_bytes, 0, (int64_t)1 << 40, "passes.bucket_bytes", err));
@@ -472,10 +490,42 @@ static hp_status validate_passes(const hp_pass_config *c, hp_err *err) {
     for (int i = 0; i < c->n_switches; i++) {
         snprintf(what, sizeof what, "passes.passes[%d].name", i);
         HP_TRY(check_pass_name(c->switches[i].name, what, err));
+        HP_TRY(check_switch_known(c->switches[i].name, what, err));
         for (int j = 0; j < i; j++)
             if (!strcmp(c->switches[j].name, c->switches[i].name))
                 return hp_errf(err, HP_INVALID, "%s: '%s' repeats passes.passes[%d]", what,
                                c->switches[i].name, j);
+    }
+    return HP_OK;
+}
+
+/* The language-model data inputs a worker feeds ('tokens' and 'labels', [B, T] with B the
+ * global batch) must agree with train: whatever model.batch/seq say (hpctl new writes 0 for
+ * both), the graph is what runs. Only an unplaced graph: a placed one holds local pieces. */
+static hp_status check_data_inputs(const hp_job *job, int64_t global, hp_err *err) {
+    const hp_graph *g = job->graph;
+    if (!g || g->mesh.ndim > 0) return HP_OK;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        if (n->op != HP_OP_PLACEHOLDER || hp_node_int(n, HP_ATTR_KIND, -1) != HP_INPUT_DATA)
+            continue;
+        const hp_attr *a = hp_node_attr(n, HP_ATTR_FQN);
+        if (!a || (strcmp(a->s, "tokens") && strcmp(a->s, "labels")) || n->out[0].rank != 2)
+            continue;
+        const int64_t *sh = n->out[0].shape;
+        if (sh[1] != job->train.seq)
+            return hp_errf(err, HP_INVALID,
+                           "train.seq: %lld, but the graph's data input '%s' is [%lld, %lld] "
+                           "(seq %lld)",
+                           (long long)job->train.seq, a->s, (long long)sh[0], (long long)sh[1],
+                           (long long)sh[1]);
+        if (sh[0] != global)
+            return hp_errf(err, HP_INVALID,
+                           "train.local_batch: %lld x %lld data-parallel ranks = %lld, but the "
+                           "graph's data input '%s' is [%lld, %lld] (global batch %lld)",
+                           (long long)job->train.local_batch, (long long)hp_job_dp_size(job),
+                           (long long)global, a->s, (long long)sh[0], (long long)sh[1],
+                           (long long)sh[0]);
     }
     return HP_OK;
 }
@@ -523,7 +573,7 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     if (job->model.seq && job->model.seq != t->seq)
         return hp_errf(err, HP_INVALID, "model.seq: %lld differs from train.seq %lld",
                        (long long)job->model.seq, (long long)t->seq);
-    return HP_OK;
+    return check_data_inputs(job, global, err);
 }
 
 static hp_status validate_resources(const hp_resources *r, hp_err *err) {
