@@ -302,6 +302,11 @@ static int read_token_file(const char *path, char *out, size_t len) {
 static int run_agent(hp_agent_opts *ao, bool rank_given, const char *token_file) {
     long long n;
     bool set;
+    hp_err aerr = {0};
+    if (hp_agent_check_addr(ao->coordinator, &aerr) != HP_OK) { /* never wait on a bad one */
+        fprintf(stderr, "hp-worker: %s (try hp-worker --help)\n", aerr.msg);
+        return 2;
+    }
     if (!ao->job_id) ao->job_id = getenv("HP_JOB");
     /* --token, then --token-file, then $HP_TOKEN, then $HP_TOKEN_FILE */
     static char file_token[128];
