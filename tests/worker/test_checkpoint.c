@@ -1034,3 +1034,24 @@ Test(checkpoint, version2_without_checksums_still_reads) {
     hp_ckpt_close(c);
     model_fini(&md);
 }
+
+/* A FIFO (no writer) in place of a rank file or the index: refused at once, never a hang in
+ * open() (the suite's timeout would turn a regression into a failure). */
+Test(checkpoint, fifo_in_place_of_a_file_is_refused, .timeout = 20) {
+    model md;
+    model_init(&md, 5.0f);
+    write_world(tmpdir, &md, 7, 2, 0);
+    const char *r1 = tpath("step-00000007/rank-00001.safetensors");
+    cr_assert_eq(unlink(r1), 0);
+    cr_assert_eq(mkfifo(r1, 0600), 0);
+    expect_open_fails(HP_IO, "rank-00001.safetensors", "not a regular file (a fifo)");
+    cr_assert_eq(unlink(r1), 0);
+    write_world(tmpdir, &md, 7, 2, 0);
+    const char *idx = tpath("step-00000007/index.json");
+    cr_assert_eq(unlink(idx), 0);
+    cr_assert_eq(mkfifo(idx, 0600), 0);
+    int64_t step = 0;
+    cr_expect_eq(hp_ckpt_latest(tmpdir, &step, NULL), HP_NOT_FOUND, "a fifo index is no commit");
+    expect_open_fails(HP_IO, "index.json", "not a regular file (a fifo)");
+    model_fini(&md);
+}
