@@ -58,6 +58,9 @@ static void new_usage(FILE *f) {
           "                        parameter); its shapes fix the batch and sequence\n"
           "  --name NAME           job name (default: the flavor)\n"
           "  --decay KIND          linear | cosine | none (after warmup)\n"
+          "  --on-nonfinite WHAT   stop | skip: a step with a NaN/Inf loss or grad norm fails\n"
+          "                        the run (default) or skips its update (counted in the\n"
+          "                        metrics' skipped_steps)\n"
           "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
           "  --init-from PATH      initial weights (safetensors)\n"
           "  --device cpu|cuda     what the ranks compute on (default cpu); a device the\n"
@@ -314,6 +317,13 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             if (rc == HPCTL_OK) job->resources.max_restarts = (int)x;
         } else if (!strcmp(a, "--profile-steps")) {
             rc = parse_profile_steps(verb, v, job);
+        } else if (!strcmp(a, "--on-nonfinite")) {
+            if (!strcmp(v, "stop"))
+                job->train.on_nonfinite = HP_NONFINITE_STOP;
+            else if (!strcmp(v, "skip"))
+                job->train.on_nonfinite = HP_NONFINITE_SKIP;
+            else
+                rc = hpctl_fail(HPCTL_USAGE, verb, "--on-nonfinite: '%s' is not stop or skip", v);
         } else if (!strcmp(a, "--decay")) {
             if (!strcmp(v, "linear"))
                 job->train.decay = HP_DECAY_LINEAR;
@@ -554,6 +564,8 @@ static void print_text(const hp_job *job, const job_summary *s) {
            (long long)t->steps, t->lr, (long long)t->warmup_steps, decay_name(t->decay),
            t->min_lr_ratio, t->beta1, t->beta2, t->eps, t->weight_decay, t->grad_clip,
            (unsigned long long)t->seed);
+    if (t->on_nonfinite == HP_NONFINITE_SKIP)
+        printf("            a step with a non-finite loss or grad norm skips its update\n");
     printf("data        %s\n", t->data_path[0] ? t->data_path : "built-in corpus");
     printf("plan        mesh");
     for (int i = 0; i < job->plan.n_mesh; i++)
@@ -588,6 +600,8 @@ static int print_json(const hp_job *job, const job_summary *s) {
     if (!root) return hpctl_fail(HPCTL_ERROR, "inspect", "out of memory building JSON");
     json_object_set_new(root, "plan",
                         json_pack("{s:b}", "loss_parallel", (int)job->plan.loss_parallel));
+    json_object_set_new(json_object_get(root, "train"), "on_nonfinite",
+                        json_string(t->on_nonfinite == HP_NONFINITE_SKIP ? "skip" : "stop"));
     json_dumpf(root, stdout, JSON_INDENT(2));
     putchar('\n');
     json_decref(root);

@@ -690,7 +690,13 @@ int hpctl_logs(int argc, char **argv) {
     if (hp_rpc_state_dir(dir, sizeof dir, &err) != HP_OK)
         return hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
     snprintf(path, sizeof path, "%s/jobs/%s/rank-%lld.log", dir, id, (long long)rank);
-    FILE *f = fopen(path, "rb");
+    FILE *f = NULL;
+    int lfd;
+    if (hp_file_open_read(path, &lfd, NULL, &err) == HP_OK) {
+        if (!(f = fdopen(lfd, "rb"))) close(lfd);
+    } else if (access(path, F_OK) == 0) { /* there but not readable, or a fifo: say so */
+        return hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
+    }
     if (!f && !follow)
         return hpctl_fail(HPCTL_ERROR, verb,
                           "%s: no such file (logs are read from the daemon's state dir: run "

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define HP_RPC_TOKEN_MAX 4096
 #define HP_RPC_PEM_MAX   (1u << 20)
@@ -90,9 +91,7 @@ hp_status hp_rpc_find_token(const char *flag, char **out, hp_err *err) {
     char dir[4096], path[4200];
     if (hp_rpc_state_dir(dir, sizeof dir, NULL) != HP_OK) return HP_OK;
     snprintf(path, sizeof path, "%s/token", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return HP_OK; /* no token: reads still work */
-    fclose(f);
+    if (access(path, F_OK) != 0) return HP_OK; /* no token: reads still work */
     char *s = NULL;
     HP_TRY(read_text(path, HP_RPC_TOKEN_MAX, &s, err));
     size_t l = strlen(s);

@@ -156,30 +156,89 @@ void *hp_arena_memdup(hp_arena *a, const void *p, size_t n) {
     return d;
 }
 
+/* ---- UTF-8 ---------------------------------------------------------------------------------- */
+
+size_t hp_utf8_check(const char *str, size_t n, bool nul_ok) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            if (!c && !nul_ok) return i;
+            i++;
+            continue;
+        }
+        size_t k;
+        unsigned cp, min;
+        if (c >= 0xC2 && c <= 0xDF)
+            k = 1, cp = c & 0x1F, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF)
+            k = 2, cp = c & 0x0F, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4)
+            k = 3, cp = c & 0x07, min = 0x10000;
+        else
+            return i; /* a continuation byte, an overlong lead (C0, C1) or past F4 */
+        if (n - i <= k) return i;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return i;
+            cp = cp << 6 | (s[i + j] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+        i += k + 1;
+    }
+    return n;
+}
+
 /* ---- files ---------------------------------------------------------------------------------- */
+
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a fifo";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a plain file";
+}
+
+hp_status hp_file_open_read(const char *path, int *fd, uint64_t *size, hp_err *err) {
+    *fd = -1;
+    if (size) *size = 0;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        int e = errno;
+        close(f);
+        return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return hp_errf(err, HP_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(f);
+        return hp_errf(err, HP_IO, "%s: fcntl: %s", path, strerror(e));
+    }
+    *fd = f;
+    if (size) *size = (uint64_t)st.st_size;
+    return HP_OK;
+}
 
 hp_status hp_file_read(const char *path, size_t max_bytes, uint8_t **data, size_t *len,
                        hp_err *err) {
     *data = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
+    int fd;
+    uint64_t fsize;
+    HP_TRY(hp_file_open_read(path, &fd, &fsize, err));
+    if (fsize > max_bytes) {
         close(fd);
-        return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
+        return hp_errf(err, HP_LIMIT, "%s: file is %llu bytes, over the limit of %zu", path,
+                       (unsigned long long)fsize, max_bytes);
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return hp_errf(err, HP_IO, "%s: not a regular file", path);
-    }
-    if ((uint64_t)st.st_size > max_bytes) {
-        close(fd);
-        return hp_errf(err, HP_LIMIT, "%s: file is %lld bytes, over the limit of %zu", path,
-                       (long long)st.st_size, max_bytes);
-    }
-    size_t n = (size_t)st.st_size;
+    size_t n = (size_t)fsize;
     uint8_t *buf = hp_malloc(n + 1);
     if (!buf) {
         close(fd);

@@ -53,6 +53,7 @@ void hp_job_init_defaults(hp_job *job) {
     t->global_batch = 0;
     t->local_batch = 8;
     t->seq = 2048;
+    t->on_nonfinite = HP_NONFINITE_STOP;
 
     hp_resources *r = &job->resources;
     r->world_size = 1;
@@ -458,6 +459,24 @@ static hp_status check_pass_name(const char *s, const char *what, hp_err *err) {
     return HP_OK;
 }
 
+static const char *const pass_names[] = {
+#define X(name) #name,
+#include "hp/pass_names.def"
+#undef X
+};
+
+/* A switch naming no pass would be ignored: refuse it, listing the passes there are. */
+static hp_status check_switch_known(const char *s, const char *what, hp_err *err) {
+    for (size_t i = 0; i < HP_ARRAY_LEN(pass_names); i++)
+        if (!strcmp(s, pass_names[i])) return HP_OK;
+    char known[256] = "", q[HP__QUOTE_MAX];
+    size_t o = 0;
+    for (size_t i = 0; i < HP_ARRAY_LEN(pass_names); i++)
+        o += (size_t)snprintf(known + o, sizeof known - o, "%s%s", i ? ", " : "", pass_names[i]);
+    return hp_errf(err, HP_INVALID, "%s: '%s' names no pass (the passes: %s)", what,
+                   hp__quote(s, q), known);
+}
+
 static hp_status validate_passes(const hp_pass_config *c, hp_err *err) {
     char what[64];
     HP_TRY(check_i64(c->bucket_bytes, 0, (int64_t)1 << 40, "passes.bucket_bytes", err));
@@ -471,10 +490,42 @@ static hp_status validate_passes(const hp_pass_config *c, hp_err *err) {
     for (int i = 0; i < c->n_switches; i++) {
         snprintf(what, sizeof what, "passes.passes[%d].name", i);
         HP_TRY(check_pass_name(c->switches[i].name, what, err));
+        HP_TRY(check_switch_known(c->switches[i].name, what, err));
         for (int j = 0; j < i; j++)
             if (!strcmp(c->switches[j].name, c->switches[i].name))
                 return hp_errf(err, HP_INVALID, "%s: '%s' repeats passes.passes[%d]", what,
                                c->switches[i].name, j);
+    }
+    return HP_OK;
+}
+
+/* The language-model data inputs a worker feeds ('tokens' and 'labels', [B, T] with B the
+ * global batch) must agree with train: whatever model.batch/seq say (hpctl new writes 0 for
+ * both), the graph is what runs. Only an unplaced graph: a placed one holds local pieces. */
+static hp_status check_data_inputs(const hp_job *job, int64_t global, hp_err *err) {
+    const hp_graph *g = job->graph;
+    if (!g || g->mesh.ndim > 0) return HP_OK;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const hp_node *n = &g->nodes[i];
+        if (n->op != HP_OP_PLACEHOLDER || hp_node_int(n, HP_ATTR_KIND, -1) != HP_INPUT_DATA)
+            continue;
+        const hp_attr *a = hp_node_attr(n, HP_ATTR_FQN);
+        if (!a || (strcmp(a->s, "tokens") && strcmp(a->s, "labels")) || n->out[0].rank != 2)
+            continue;
+        const int64_t *sh = n->out[0].shape;
+        if (sh[1] != job->train.seq)
+            return hp_errf(err, HP_INVALID,
+                           "train.seq: %lld, but the graph's data input '%s' is [%lld, %lld] "
+                           "(seq %lld)",
+                           (long long)job->train.seq, a->s, (long long)sh[0], (long long)sh[1],
+                           (long long)sh[1]);
+        if (sh[0] != global)
+            return hp_errf(err, HP_INVALID,
+                           "train.local_batch: %lld x %lld data-parallel ranks = %lld, but the "
+                           "graph's data input '%s' is [%lld, %lld] (global batch %lld)",
+                           (long long)job->train.local_batch, (long long)hp_job_dp_size(job),
+                           (long long)global, a->s, (long long)sh[0], (long long)sh[1],
+                           (long long)sh[0]);
     }
     return HP_OK;
 }
@@ -488,6 +539,9 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     if (t->decay != HP_DECAY_LINEAR && t->decay != HP_DECAY_COSINE && t->decay != HP_DECAY_NONE)
         return hp_errf(err, HP_INVALID, "train.decay: %d is not linear, cosine or none",
                        (int)t->decay);
+    if (t->on_nonfinite != HP_NONFINITE_STOP && t->on_nonfinite != HP_NONFINITE_SKIP)
+        return hp_errf(err, HP_INVALID, "train.on_nonfinite: %d is not stop or skip",
+                       (int)t->on_nonfinite);
     HP_TRY(check_f64(t->weight_decay, 0, false, 1e3, false, "train.weight_decay", err));
     HP_TRY(check_f64(t->beta1, 0, false, 1, true, "train.beta1", err));
     HP_TRY(check_f64(t->beta2, 0, false, 1, true, "train.beta2", err));
@@ -519,7 +573,7 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     if (job->model.seq && job->model.seq != t->seq)
         return hp_errf(err, HP_INVALID, "model.seq: %lld differs from train.seq %lld",
                        (long long)job->model.seq, (long long)t->seq);
-    return HP_OK;
+    return check_data_inputs(job, global, err);
 }
 
 static hp_status validate_resources(const hp_resources *r, hp_err *err) {
@@ -614,7 +668,8 @@ static bool train_eq(const hp_train_config *a, const hp_train_config *b) {
            !strncmp(a->data_path, b->data_path, sizeof a->data_path) &&
            !strncmp(a->init_from, b->init_from, sizeof a->init_from) &&
            a->global_batch == b->global_batch && a->local_batch == b->local_batch &&
-           a->seq == b->seq && a->n_profile_steps == b->n_profile_steps &&
+           a->seq == b->seq && a->on_nonfinite == b->on_nonfinite &&
+           a->n_profile_steps == b->n_profile_steps &&
            !memcmp(a->profile_steps, b->profile_steps,
                    (size_t)a->n_profile_steps * sizeof a->profile_steps[0]);
 }

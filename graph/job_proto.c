@@ -28,6 +28,9 @@ static const enum_map modes[] = {{HP_PLAN_FSDP, HP__V1__PARALLEL_MODE__PARALLEL_
 static const enum_map decays[] = {{HP_DECAY_LINEAR, HP__V1__DECAY_KIND__DECAY_KIND_LINEAR},
                                   {HP_DECAY_COSINE, HP__V1__DECAY_KIND__DECAY_KIND_COSINE},
                                   {HP_DECAY_NONE, HP__V1__DECAY_KIND__DECAY_KIND_NONE}};
+static const enum_map nonfinites[] = {
+    {HP_NONFINITE_STOP, HP__V1__NONFINITE_ACTION__NONFINITE_ACTION_STOP},
+    {HP_NONFINITE_SKIP, HP__V1__NONFINITE_ACTION__NONFINITE_ACTION_SKIP}};
 static const enum_map devices[] = {{HP_DEVICE_CPU, HP__V1__DEVICE_KIND__DEVICE_KIND_CPU},
                                    {HP_DEVICE_CUDA, HP__V1__DEVICE_KIND__DEVICE_KIND_CUDA}};
 static const enum_map places[] = {{HP_PLACE_REPLICATE, HP__V1__PLACEMENT__KIND__REPLICATE},
@@ -245,6 +248,7 @@ static Hp__V1__TrainConfig *export_train(exporter *x, const hp_train_config *t) 
     m->global_batch = t->global_batch;
     m->local_batch = t->local_batch;
     m->seq = t->seq;
+    m->on_nonfinite = TO_PB(nonfinites, t->on_nonfinite);
     if (t->n_profile_steps > 0) {
         size_t n = (size_t)t->n_profile_steps;
         m->profile_steps = xalloc(x, n * sizeof *m->profile_steps);
@@ -467,6 +471,9 @@ static hp_status import_train(const Hp__V1__TrainConfig *m, hp_train_config *t, 
     t->global_batch = m->global_batch;
     t->local_batch = m->local_batch;
     t->seq = m->seq;
+    t->on_nonfinite = HP_NONFINITE_STOP; /* unset: files from before the field stop */
+    if (m->on_nonfinite != 0)
+        FROM_PB(nonfinites, m->on_nonfinite, &t->on_nonfinite, "train.on_nonfinite");
     if (m->n_profile_steps > HP_JOB_PROFILE_MAX)
         return hp_errf(err, HP_LIMIT, "train.profile_steps: %zu steps (at most %d)",
                        m->n_profile_steps, HP_JOB_PROFILE_MAX);
@@ -561,6 +568,11 @@ hp_status hp_job_unpack(const uint8_t *data, size_t len, hp_job **out, hp_err *e
     hp_proto_alloc_init(&a, len);
     Hp__V1__Job *msg = hp__v1__job__unpack(&a.base, len, data ? data : empty);
     if (!msg) return hp_proto_unpack_error(&a, "job", len, err);
+    hp_status cs = hp_proto_check_strings(&hp__v1__job__descriptor, data, len, "job", err);
+    if (cs != HP_OK) {
+        hp__v1__job__free_unpacked(msg, &a.base);
+        return cs;
+    }
     hp_status s = hp_job_import(msg, out, err);
     hp__v1__job__free_unpacked(msg, &a.base);
     return s;

@@ -61,6 +61,69 @@ hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_
                    len);
 }
 
+/* ---- strings on the wire --------------------------------------------------------------------- */
+
+static bool wire_varint(const uint8_t *p, size_t n, size_t *at, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && *at < n; shift += 7) {
+        uint8_t b = p[(*at)++];
+        *v |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+static hp_status check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t n,
+                               int depth, const char *what, hp_err *err) {
+    if (depth > HP_PROTO_MAX_DEPTH)
+        return hp_errf(err, HP_LIMIT, "%s: messages nested more than %d deep", what,
+                       HP_PROTO_MAX_DEPTH);
+    size_t at = 0;
+    while (at < n) {
+        uint64_t tag, v;
+        if (!wire_varint(p, n, &at, &tag)) return HP_OK; /* unpack accepted it: cannot happen */
+        switch (tag & 7) {
+        case 0:
+            if (!wire_varint(p, n, &at, &v)) return HP_OK;
+            continue;
+        case 1:
+            at += 8;
+            continue;
+        case 5:
+            at += 4;
+            continue;
+        case 2:
+            break;
+        default:
+            return HP_OK; /* groups: protobuf-c refuses them before we get here */
+        }
+        if (!wire_varint(p, n, &at, &v) || v > n - at) return HP_OK;
+        const uint8_t *b = p + at;
+        size_t len = (size_t)v;
+        at += len;
+        const ProtobufCFieldDescriptor *f =
+            tag >> 3 <= UINT32_MAX
+                ? protobuf_c_message_descriptor_get_field(d, (unsigned)(tag >> 3))
+                : NULL;
+        if (!f) continue;
+        if (f->type == PROTOBUF_C_TYPE_STRING) {
+            size_t bad = hp_utf8_check((const char *)b, len, false);
+            if (bad < len)
+                return hp_errf(err, HP_INVALID, "%s: %s.%s: string has %s at byte %zu", what,
+                               d->short_name, f->name,
+                               b[bad] ? "a byte that is not valid UTF-8" : "a NUL byte", bad);
+        } else if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            HP_TRY(check_strings(f->descriptor, b, len, depth + 1, what, err));
+        }
+    }
+    return HP_OK;
+}
+
+hp_status hp_proto_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                                 size_t len, const char *what, hp_err *err) {
+    return check_strings(desc, data, len, 0, what, err);
+}
+
 /* ---- strings --------------------------------------------------------------------------------- */
 
 const char *hp__quote(const char *s, char buf[HP__QUOTE_MAX]) {
@@ -709,6 +772,11 @@ hp_status hp_graph_unpack(const uint8_t *data, size_t len, hp_graph **out, hp_er
     hp_proto_alloc_init(&a, len);
     Hp__V1__Graph *msg = hp__v1__graph__unpack(&a.base, len, data ? data : empty);
     if (!msg) return hp_proto_unpack_error(&a, "graph", len, err);
+    hp_status cs = hp_proto_check_strings(&hp__v1__graph__descriptor, data, len, "graph", err);
+    if (cs != HP_OK) {
+        hp__v1__graph__free_unpacked(msg, &a.base);
+        return cs;
+    }
     hp_status s = hp_graph_import(msg, out, err);
     hp__v1__graph__free_unpacked(msg, &a.base);
     return s;

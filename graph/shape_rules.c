@@ -147,9 +147,12 @@ hp_status hp__shape_placeholder(const hp_node *n, const hp_type *in, hp_type *ou
     if (kind < HP_INPUT_PARAM || kind > HP_INPUT_DATA)
         return hp_errf(err, HP_INVALID, "kind %lld is not param (0), buffer (1) or data (2)",
                        (long long)kind);
-    if (kind != HP_INPUT_DATA && !attr(n, HP_ATTR_FQN))
-        return hp_errf(err, HP_INVALID, "a %s needs an fqn",
+    const hp_attr *fqn = attr(n, HP_ATTR_FQN);
+    if (kind != HP_INPUT_DATA && (!fqn || !fqn->s || !fqn->s[0]))
+        return hp_errf(err, HP_INVALID, "a %s needs a non-empty fqn",
                        kind == HP_INPUT_PARAM ? "parameter" : "buffer");
+    if (fqn && (!fqn->s || !fqn->s[0]))
+        return hp_errf(err, HP_INVALID, "a data input's fqn is empty");
     if (kind == HP_INPUT_PARAM) HP_TRY(need_float(&out[0], "a parameter", err));
     if (attr(n, HP_ATTR_INIT) && kind == HP_INPUT_DATA)
         return hp_errf(err, HP_INVALID, "a data input takes no init spec");

@@ -322,6 +322,11 @@ static hp_status parse_string(parser *ps, char *buf) {
         buf[o++] = c;
     }
     buf[o] = 0;
+    size_t bad = hp_utf8_check(buf, o, false); /* strings go out as proto `string`s */
+    if (bad < o)
+        return err_at(ps, t->line, t->col, HP_PARSE,
+                      "string is not valid UTF-8 (byte %zu of its value, 0x%02x)", bad,
+                      (unsigned char)buf[bad]);
     return lex(ps);
 }
 

@@ -1,8 +1,9 @@
 /* passes/memplan.c — the memory plan: liveness of every activation buffer over the
- * instruction list, then greedy-by-size placement (largest first, lowest offset that no
- * live-overlapping buffer occupies), as TFLite's and XLA's simple planners do. Placement is
- * O(n^2) in the worst case but with no sorting per buffer (the 405B graph plans in tens of ms).
- * Persistent classes (parameters, gradients) are laid out one after another. */
+ * instruction list, then placement by a sweep in instruction order: buffers whose last use is
+ * behind give their bytes back (coalesced), each new buffer takes the lowest free block that
+ * fits (address-ordered first fit over a treap of free blocks). O(n log n): the greedy-by-size
+ * planner it replaces compared every buffer with every placed one, O(n^2), and took seconds
+ * at 1024 layers. Persistent classes (parameters, gradients) are laid out one after another. */
 #include "passes/passes_internal.h"
 
 #include <stdlib.h>
@@ -18,26 +19,186 @@ typedef struct live {
     int64_t bytes, offset;
 } live;
 
-static int by_size_desc(const void *a, const void *b) {
+/* Allocation order: by definition, larger first among buffers defined together (they cannot
+ * share, and big-first leaves the smaller gaps to the small ones); ties by buffer id. */
+static int by_def(const void *a, const void *b) {
     const live *x = a, *y = b;
+    if (x->def != y->def) return x->def < y->def ? -1 : 1;
     if (x->bytes != y->bytes) return x->bytes > y->bytes ? -1 : 1;
-    return x->def - y->def;
+    return (x->buf > y->buf) - (x->buf < y->buf);
 }
 
-/* A placed activation: its bytes [offset, end) and its live range [def, last]. */
-typedef struct placed {
-    int64_t offset, end;
-    int32_t def, last;
-} placed;
+/* Release order: by last use. */
+static int by_last(const void *a, const void *b) {
+    const live *const *x = a, *const *y = b;
+    if ((*x)->last != (*y)->last) return (*x)->last < (*y)->last ? -1 : 1;
+    return ((*x)->buf > (*y)->buf) - ((*x)->buf < (*y)->buf);
+}
+
+/* ---- the free blocks of the arena: a treap keyed by offset, each node knowing the largest
+ * block under it, so the lowest-offset block that fits is found in O(log n) expected. ----- */
+
+typedef struct fnode {
+    int64_t off, size, max; /* max: the largest size in this subtree */
+    uint32_t prio;
+    int32_t l, r; /* -1: none */
+} fnode;
+
+typedef struct freeset {
+    fnode *n;
+    int32_t root, free_list; /* free_list: unused nodes, chained through .l */
+    uint32_t rng;
+} freeset;
+
+static int64_t fmax_of(const freeset *f, int32_t t) {
+    return t < 0 ? 0 : f->n[t].max;
+}
+
+static void fupdate(freeset *f, int32_t t) {
+    fnode *x = &f->n[t];
+    int64_t m = x->size, a = fmax_of(f, x->l), b = fmax_of(f, x->r);
+    x->max = m > a ? (m > b ? m : b) : (a > b ? a : b);
+}
+
+/* Splits t into offsets < key (*a) and >= key (*b). */
+static void fsplit(freeset *f, int32_t t, int64_t key, int32_t *a, int32_t *b) {
+    if (t < 0) {
+        *a = *b = -1;
+        return;
+    }
+    if (f->n[t].off < key) {
+        fsplit(f, f->n[t].r, key, &f->n[t].r, b);
+        *a = t;
+    } else {
+        fsplit(f, f->n[t].l, key, a, &f->n[t].l);
+        *b = t;
+    }
+    fupdate(f, t);
+}
+
+/* Joins a and b, every offset in a below every offset in b. */
+static int32_t fmerge(freeset *f, int32_t a, int32_t b) {
+    if (a < 0) return b;
+    if (b < 0) return a;
+    if (f->n[a].prio > f->n[b].prio) {
+        f->n[a].r = fmerge(f, f->n[a].r, b);
+        fupdate(f, a);
+        return a;
+    }
+    f->n[b].l = fmerge(f, a, f->n[b].l);
+    fupdate(f, b);
+    return b;
+}
+
+static void finsert(freeset *f, int64_t off, int64_t size) {
+    int32_t k = f->free_list;
+    f->free_list = f->n[k].l;
+    f->rng = f->rng * 1664525u + 1013904223u;
+    f->n[k] = (fnode){.off = off, .size = size, .max = size, .prio = f->rng, .l = -1, .r = -1};
+    int32_t a, b;
+    fsplit(f, f->root, off, &a, &b);
+    f->root = fmerge(f, fmerge(f, a, k), b);
+}
+
+/* Removes the block at exactly `off` (it must be there). */
+static void fremove(freeset *f, int64_t off) {
+    int32_t a, b, m, c;
+    fsplit(f, f->root, off, &a, &b);
+    fsplit(f, b, off + 1, &m, &c);
+    if (m >= 0) { /* one node: offsets are distinct */
+        f->n[m].l = f->free_list;
+        f->free_list = m;
+    }
+    f->root = fmerge(f, a, c);
+}
+
+/* The lowest-offset block of at least `need` bytes, or -1. */
+static int32_t ffirst_fit(const freeset *f, int64_t need) {
+    int32_t t = f->root;
+    while (t >= 0 && f->n[t].max >= need) {
+        if (fmax_of(f, f->n[t].l) >= need)
+            t = f->n[t].l;
+        else if (f->n[t].size >= need)
+            return t;
+        else
+            t = f->n[t].r;
+    }
+    return -1;
+}
+
+/* The block with the largest offset below `off` (-1: none), and the one at or above it. */
+static int32_t fbelow(const freeset *f, int64_t off) {
+    int32_t t = f->root, best = -1;
+    while (t >= 0) {
+        if (f->n[t].off < off) {
+            best = t;
+            t = f->n[t].r;
+        } else {
+            t = f->n[t].l;
+        }
+    }
+    return best;
+}
+
+static int32_t fabove(const freeset *f, int64_t off) {
+    int32_t t = f->root, best = -1;
+    while (t >= 0) {
+        if (f->n[t].off >= off) {
+            best = t;
+            t = f->n[t].l;
+        } else {
+            t = f->n[t].r;
+        }
+    }
+    return best;
+}
+
+/* Gives [off, off + size) back, merged with the free blocks it touches. */
+static void frelease(freeset *f, int64_t off, int64_t size) {
+    int32_t lo = fbelow(f, off);
+    if (lo >= 0 && f->n[lo].off + f->n[lo].size == off) {
+        int64_t o = f->n[lo].off;
+        size += f->n[lo].size;
+        fremove(f, o);
+        off = o;
+    }
+    int32_t hi = fabove(f, off + size);
+    if (hi >= 0 && f->n[hi].off == off + size) {
+        size += f->n[hi].size;
+        fremove(f, f->n[hi].off);
+    }
+    finsert(f, off, size);
+}
+
+/* A place for `need` bytes: the lowest free block that fits, else the free block ending at
+ * the top (grown), else the top. *top is the arena's high-water mark. */
+static int64_t fallocate(freeset *f, int64_t need, int64_t *top) {
+    int32_t t = ffirst_fit(f, need);
+    if (t < 0) {
+        int32_t last = fbelow(f, *top);
+        int64_t off = *top;
+        if (last >= 0 && f->n[last].off + f->n[last].size == *top) {
+            off = f->n[last].off;
+            fremove(f, off);
+        }
+        *top = off + need;
+        return off;
+    }
+    int64_t off = f->n[t].off, size = f->n[t].size;
+    fremove(f, off);
+    if (size > need) finsert(f, off + need, size - need);
+    return off;
+}
 
 hp_status hp__memplan(hp_program *p, hp_err *err) {
     int32_t nb = p->n_buffers;
     int32_t *def = hp_malloc((size_t)(nb + 1) * sizeof *def);
     int32_t *last = hp_malloc((size_t)(nb + 1) * sizeof *last);
     live *lv = hp_malloc((size_t)(nb + 1) * sizeof *lv);
-    placed *near = hp_malloc((size_t)(nb + 1) * sizeof *near);
+    live **by_end = hp_malloc((size_t)(nb + 1) * sizeof *by_end);
+    fnode *nodes = hp_malloc((size_t)(nb + 2) * sizeof *nodes); /* free blocks <= buffers + 1 */
     hp_status st = HP_OK;
-    if (!def || !last || !lv || !near) {
+    if (!def || !last || !lv || !by_end || !nodes) {
         st = hp_errf(err, HP_NOMEM, "out of memory planning memory");
         goto done;
     }
@@ -85,32 +246,29 @@ hp_status hp__memplan(hp_program *p, hp_err *err) {
             continue;
         }
         int32_t d = def[b], l = last[b] < d ? d : last[b];
-        lv[n++] = (live){.buf = b, .def = d, .last = l, .bytes = align_up(buf->bytes)};
+        lv[n++] =
+            (live){.buf = b, .def = d, .last = l, .bytes = align_up(buf->bytes), .offset = -1};
         p->stats.act_values_bytes += buf->bytes;
     }
-    qsort(lv, (size_t)n, sizeof *lv, by_size_desc);
-    /* The placed buffers sorted by offset: a new one walks them once, skipping those whose
-     * lifetime misses its own, and takes the first gap that fits (the lowest offset clear of
-     * every live-overlapping buffer). O(n) per buffer and no sorting inside the loop. */
+    /* A sweep over the instructions, as an allocator running the step would: before the
+     * buffers defined at instruction i are placed, every buffer last used before i gives its
+     * bytes back. Placement is address-ordered first fit over the free blocks. Two buffers
+     * share bytes only if their live ranges [def, last] are disjoint. O(n log n). */
+    qsort(lv, (size_t)n, sizeof *lv, by_def);
+    for (int32_t i = 0; i < n; i++) by_end[i] = &lv[i];
+    qsort(by_end, (size_t)n, sizeof *by_end, by_last);
+    freeset fs = {.n = nodes, .root = -1, .free_list = 0, .rng = 0x9e3779b9u};
+    for (int32_t i = 0; i < n + 1; i++) nodes[i].l = i + 1 < n + 1 ? i + 1 : -1;
     int64_t top = 0;
-    int32_t n_placed = 0;
+    int32_t e = 0;
     for (int32_t i = 0; i < n; i++) {
         live *x = &lv[i];
-        int64_t off = 0;
-        int32_t at = 0; /* insertion point: after every placed buffer at offset <= off */
-        for (int32_t j = 0; j < n_placed; j++) {
-            const placed *q = &near[j];
-            if (q->def > x->last || x->def > q->last) continue;
-            if (q->offset - off >= x->bytes) break;
-            if (q->end > off) off = q->end;
+        while (e < n && by_end[e]->last < x->def) {
+            if (by_end[e]->bytes > 0) frelease(&fs, by_end[e]->offset, by_end[e]->bytes);
+            e++;
         }
-        while (at < n_placed && near[at].offset <= off) at++;
-        memmove(&near[at + 1], &near[at], (size_t)(n_placed - at) * sizeof *near);
-        near[at] = (placed){.offset = off, .end = off + x->bytes, .def = x->def, .last = x->last};
-        n_placed++;
-        x->offset = off;
-        if (off + x->bytes > top) top = off + x->bytes;
-        p->buffers[x->buf].offset = off;
+        x->offset = x->bytes ? fallocate(&fs, x->bytes, &top) : 0;
+        p->buffers[x->buf].offset = x->offset;
     }
     next[HP_MEM_ACT] = top;
     for (int m = 0; m < HP_MEM_COUNT; m++) p->arena_bytes[m] = next[m];
@@ -127,6 +285,7 @@ done:
     hp_free(def);
     hp_free(last);
     hp_free(lv);
-    hp_free(near);
+    hp_free(by_end);
+    hp_free(nodes);
     return st;
 }

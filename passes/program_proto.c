@@ -270,6 +270,11 @@ hp_status hp_program_unpack(const uint8_t *data, size_t len, hp_program **out, h
     hp_proto_alloc_init(&a, len);
     Hp__V1__Program *m = hp__v1__program__unpack(&a.base, len, data);
     if (!m) return hp_proto_unpack_error(&a, "program", len, err);
+    hp_status cs = hp_proto_check_strings(&hp__v1__program__descriptor, data, len, "program", err);
+    if (cs != HP_OK) {
+        hp__v1__program__free_unpacked(m, &a.base);
+        return cs;
+    }
     hp_status st;
     hp_program *p = hp_calloc(1, sizeof *p);
     if (!p) {

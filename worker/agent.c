@@ -76,10 +76,24 @@ static hp_status split_addr(const char *s, char *host, size_t hlen, char *port, 
     size_t n = (size_t)(colon - s);
     if (h[0] == '[' && n >= 2 && h[n - 1] == ']') h++, n -= 2;
     if (n == 0 || n >= hlen) return hp_errf(err, HP_INVALID, "coordinator '%s': bad host", s);
+    /* getaddrinfo takes "99999" and connects to 99999 mod 65536: refuse it here */
+    const char *pt = colon + 1;
+    long v = 0;
+    for (const char *q = pt; *q && v <= 65535; q++)
+        v = *q >= '0' && *q <= '9' ? v * 10 + (*q - '0') : 65536;
+    if (v < 1 || v > 65535)
+        return hp_errf(err, HP_INVALID, "coordinator '%s': port '%s' is not a number in [1, 65535]",
+                       s, pt);
     memcpy(host, h, n);
     host[n] = 0;
     snprintf(port, plen, "%s", colon + 1);
     return HP_OK;
+}
+
+hp_status hp_agent_check_addr(const char *addr, hp_err *err) {
+    char host[256], port[32];
+    if (!addr) return hp_errf(err, HP_INVALID, "no coordinator address");
+    return split_addr(addr, host, sizeof host, port, sizeof port, err);
 }
 
 /* Connects, retrying refused connections until the deadline (the coordinator may be starting,

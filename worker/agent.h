@@ -58,4 +58,10 @@ typedef struct hp_agent_result {
  * (when the connection is still up) in every case after the Welcome. */
 hp_status hp_agent_run(const hp_agent_opts *o, hp_agent_result *res, hp_err *err);
 
+/* Checks a coordinator address without connecting: "HOST:PORT" or "[V6]:PORT", a non-empty
+ * host and a decimal port in [1, 65535]. HP_INVALID naming the address otherwise (the
+ * connect loop retries refused connections for the Welcome deadline; a port that can never
+ * answer must not wait that long). */
+hp_status hp_agent_check_addr(const char *addr, hp_err *err);
+
 #endif

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "worker/checkpoint_internal.h"
+#include "worker/crc32c.h"
 #include "worker/fsio.h"
 
 #define MAX_STEP_DIRS 1000000
@@ -223,7 +224,25 @@ static char *shards_json(const hp_ckpt_shard *ts, int n) {
     return s;
 }
 
-#define N_META 11
+/* The "hp.crc32c" metadata, {tensor name: "8 hex digits"}, the CRC-32C of each of the
+ * file's tensors' bytes as stored, as a fresh jansson-allocated string. */
+static char *crc_json(const hp_st_tensor *st, int k) {
+    json_t *o = json_object();
+    if (!o) return NULL;
+    for (int i = 0; i < k; i++) {
+        char hex[16];
+        snprintf(hex, sizeof hex, "%08" PRIx32, hp__crc32c(0, st[i].data, st[i].nbytes));
+        if (json_object_set_new(o, st[i].name, json_string(hex)) != 0) {
+            json_decref(o);
+            return NULL;
+        }
+    }
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+#define N_META 12
 
 hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt_scalars *sc,
                              const hp_ckpt_shard *ts, int n, hp_err *err) {
@@ -236,7 +255,8 @@ hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt
     for (int i = 0; i < n; i++) HP_TRY(check_shard(&ts[i], i, err));
 
     hp_status s = HP_OK;
-    char *sdir = hp__ckpt_step_dir(dir, sc->step), *path = NULL, *idx = NULL, *shards = NULL;
+    char *sdir = hp__ckpt_step_dir(dir, sc->step), *path = NULL, *idx = NULL, *shards = NULL,
+         *crcs = NULL;
     hp_st_tensor *st = hp_calloc((size_t)(3 * n + 1), sizeof *st);
     char **names = hp_calloc((size_t)(2 * n + 1), sizeof *names);
     void **packed = hp_calloc((size_t)(3 * n + 1), sizeof *packed); /* boxes copied out */
@@ -262,6 +282,7 @@ hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt
             k++;
         }
     }
+    if (!(crcs = crc_json(st, k))) goto nomem;
     char v[N_META][32];
     snprintf(v[0], 32, "%d", HP_CKPT_VERSION);
     snprintf(v[1], 32, "%" PRId64, sc->step);
@@ -284,6 +305,7 @@ hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt
         {"hp.data_fingerprint", v[7]},
         {"hp.loss_scale", v[8]},
         {"hp.shards", shards},
+        {"hp.crc32c", crcs},
     };
     if ((s = hp__mkdir(dir, err)) != HP_OK) goto out;
     struct stat sst;
@@ -309,6 +331,7 @@ out:
     hp_free(names);
     hp_free(st);
     hp_free(shards); /* jansson allocates through hp_malloc */
+    hp_free(crcs);
     hp_free(idx);
     hp_free(path);
     hp_free(sdir);
@@ -428,7 +451,8 @@ hp_status hp_ckpt_commit(const char *dir, int64_t step, int world, int keep, hp_
         goto out;
     }
     if ((s = hp__ckpt_new(step, world, &c, err)) != HP_OK) goto out;
-    if ((s = hp__ckpt_load_all(c, sdir, err)) != HP_OK) goto out;
+    /* the headers only: the bytes were checksummed as they were written */
+    if ((s = hp__ckpt_load_all(c, sdir, false, err)) != HP_OK) goto out;
     if (c->sc.step != step) {
         s = hp_errf(err, HP_PARSE, "%s: rank files say step %lld", sdir, (long long)c->sc.step);
         goto out;
@@ -526,16 +550,23 @@ static hp_status list_steps(const char *dir, step_ent **out, int *n, hp_err *err
 }
 
 hp_status hp_ckpt_latest(const char *dir, int64_t *step, hp_err *err) {
+    return hp_ckpt_latest_before(dir, INT64_MAX, step, err);
+}
+
+hp_status hp_ckpt_latest_before(const char *dir, int64_t before, int64_t *step, hp_err *err) {
     step_ent *v;
     int n;
     HP_TRY(list_steps(dir, &v, &n, err));
     int i = 0;
-    while (i < n && !v[i].complete) i++;
+    while (i < n && (!v[i].complete || v[i].step >= before)) i++;
     hp_status s = i < n ? HP_OK
-                        : hp_errf(err, HP_NOT_FOUND,
-                                  "%s: no complete checkpoint (%d step "
-                                  "director%s without %s)",
-                                  dir, n, n == 1 ? "y" : "ies", HP_CKPT_INDEX);
+                  : before < INT64_MAX
+                      ? hp_errf(err, HP_NOT_FOUND, "%s: no complete checkpoint before step %lld",
+                                dir, (long long)before)
+                      : hp_errf(err, HP_NOT_FOUND,
+                                "%s: no complete checkpoint (%d step "
+                                "director%s without %s)",
+                                dir, n, n == 1 ? "y" : "ies", HP_CKPT_INDEX);
     if (i < n) *step = v[i].step;
     hp_free(v);
     return s;

@@ -57,7 +57,8 @@ void hp__ckpt_copy_box(void *dst, const int64_t *ds, const int64_t *dorg, const 
 hp_status hp__ckpt_new(int64_t step, int world, hp_ckpt **out, hp_err *err);
 void hp__ckpt_free(hp_ckpt *c);
 /* Opens and validates every rank file of sdir (c->world of them) into c: files, records
- * (sorted, tiling checked), entries and scalars (all ranks equal). */
-hp_status hp__ckpt_load_all(hp_ckpt *c, const char *sdir, hp_err *err);
+ * (sorted, tiling checked), entries and scalars (all ranks equal). verify: also check every
+ * tensor's CRC-32C (version 3 files; HP_PARSE naming the file and tensor on a mismatch). */
+hp_status hp__ckpt_load_all(hp_ckpt *c, const char *sdir, bool verify, hp_err *err);
 
 #endif

@@ -7,6 +7,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "worker/checkpoint_internal.h"
+#include "worker/crc32c.h"
 #include "worker/fsio.h"
 
 typedef hp__ckpt_rec rec;
@@ -154,8 +156,48 @@ static rec *rec_push(hp_arena *a, rec **recs, int *n, int *cap) {
 
 /* Reads and checks rank file r's metadata and turns its "hp.shards" into records appended to
  * *recs (arena memory). */
-static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, hp_st_file **fp,
-                           hp_ckpt_scalars *sc, rec **recs, int *n_rec, int *cap, hp_err *err) {
+/* Version 3: "hp.crc32c" names every tensor of the file, and (verify) each one's bytes have
+ * that CRC-32C. Older versions carry no checksums. */
+static hp_status check_crcs(const hp_st_file *f, const char *path, bool verify, hp_err *err) {
+    const char *text = hp_st_meta_get(f, "hp.crc32c");
+    json_error_t je;
+    json_t *o = text ? json_loads(text, JSON_REJECT_DUPLICATES, &je) : NULL;
+    if (!o && text && hp__alloc_failing()) return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
+    hp_status s = HP_OK;
+    if (!json_is_object(o) || json_object_size(o) != (size_t)hp_st_count(f)) {
+        s = hp_errf(err, HP_PARSE, "%s: metadata 'hp.crc32c' is %s", path,
+                    !text                ? "missing (version 3 files carry checksums)"
+                    : !json_is_object(o) ? "not a JSON object"
+                                         : "not one checksum per tensor");
+        goto out;
+    }
+    for (int i = 0; i < hp_st_count(f); i++) {
+        const hp_st_tensor *t = hp_st_at(f, i);
+        const char *hex = json_string_value(json_object_get(o, t->name));
+        char *end = NULL;
+        unsigned long want = hex ? strtoul(hex, &end, 16) : 0;
+        if (!hex || strlen(hex) != 8 || *end) {
+            s = hp_errf(err, HP_PARSE, "%s: tensor '%s': 'hp.crc32c' has no 8-hex-digit checksum",
+                        path, t->name);
+            goto out;
+        }
+        if (!verify) continue;
+        uint32_t got = hp__crc32c(0, t->data, t->nbytes);
+        if (got != (uint32_t)want) {
+            s = hp_errf(err, HP_PARSE,
+                        "%s: tensor '%s' is corrupt: CRC-32C %08" PRIx32 ", the file says %s", path,
+                        t->name, got, hex);
+            goto out;
+        }
+    }
+out:
+    json_decref(o);
+    return s;
+}
+
+static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, bool verify,
+                           hp_st_file **fp, hp_ckpt_scalars *sc, rec **recs, int *n_rec, int *cap,
+                           hp_err *err) {
     char *path = hp__ckpt_rank_path(sdir, r);
     if (!path) return hp_errf(err, HP_NOMEM, "checkpoint: out of memory");
     hp_status s = hp_st_open(path, fp, err);
@@ -179,6 +221,7 @@ static hp_status load_rank(hp_arena *a, const char *sdir, int r, int world, hp_s
         s = hp_errf(err, HP_PARSE, "%s: metadata 'hp.version' is not 1..%d", path, HP_CKPT_VERSION);
         goto out;
     }
+    if (ver >= 3 && (s = check_crcs(f, path, verify, err)) != HP_OK) goto out;
     if (!parse_i64(hp_st_meta_get(f, "hp.rank"), &rank) || rank != r ||
         !parse_i64(hp_st_meta_get(f, "hp.world"), &w) || w != world) {
         s = hp_errf(
@@ -398,14 +441,14 @@ static hp_status check_tiling(const char *what, rec *recs, int n, int *n_fqn, hp
 
 /* Loads every rank file of sdir into c (files, records, scalars of rank 0) and checks that
  * they agree. */
-hp_status hp__ckpt_load_all(hp_ckpt *c, const char *sdir, hp_err *err) {
+hp_status hp__ckpt_load_all(hp_ckpt *c, const char *sdir, bool verify, hp_err *err) {
     c->files = hp_arena_alloc(&c->arena, (size_t)c->world * sizeof *c->files);
     if (!c->files) return hp_errf(err, HP_NOMEM, "checkpoint: out of memory");
     int cap = 0;
     for (int r = 0; r < c->world; r++) {
         hp_ckpt_scalars sc = {0};
-        HP_TRY(load_rank(&c->arena, sdir, r, c->world, &c->files[r], &sc, &c->recs, &c->n_rec, &cap,
-                         err));
+        HP_TRY(load_rank(&c->arena, sdir, r, c->world, verify, &c->files[r], &sc, &c->recs,
+                         &c->n_rec, &cap, err));
         if (r == 0) {
             c->sc = sc;
         } else if (!scalars_eq(&sc, &c->sc)) {
@@ -612,7 +655,7 @@ static hp_status open_index(hp_ckpt *c, const char *sdir, hp_err *err) {
                                err);
         if (s != HP_OK) goto out;
     }
-    if ((s = hp__ckpt_load_all(c, sdir, err)) != HP_OK) goto out;
+    if ((s = hp__ckpt_load_all(c, sdir, true, err)) != HP_OK) goto out;
     if (!scalars_eq(&sc, &c->sc) || sc.step != c->step) {
         s = hp_errf(err, HP_PARSE, "%s: 'scalars' differ from the rank files' (step %lld vs %lld)",
                     path, (long long)sc.step, (long long)c->sc.step);

@@ -130,8 +130,8 @@ static hp_status list_dir(const char *dir, bool bin_only, bool follow, name_list
 /* Reads up to cap bytes of path into buf; *got is what was read (a short file is fine). */
 static hp_status read_prefix(const char *path, uint8_t *buf, size_t cap, size_t *got, hp_err *err) {
     *got = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+    int fd;
+    HP_TRY(hp_file_open_read(path, &fd, NULL, err));
     while (*got < cap) {
         ssize_t r = read(fd, buf + *got, cap - *got);
         if (r < 0 && errno == EINTR) continue;
@@ -152,6 +152,8 @@ static hp_status open_text(const char *src, shard *sh, hp_err *err) {
     name_list files = {0};
     struct stat st;
     if (stat(src, &st) != 0) return hp_errf(err, HP_IO, "%s: %s", src, strerror(errno));
+    if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) /* a fifo would block the reader */
+        return hp_errf(err, HP_IO, "%s: not a regular file or directory", src);
     hp_status s = S_ISDIR(st.st_mode) ? list_dir(src, false, false, &files, err)
                                       : names_push(&files, src, err);
     if (s != HP_OK) goto out;
@@ -213,26 +215,17 @@ static uint32_t token_at(const shard *sh, int64_t i) {
 static hp_status open_shard(const char *path, int64_t vocab, shard *sh, hp_err *err) {
     sh->path = hp_strdup(path);
     if (!sh->path) return hp_errf(err, HP_NOMEM, "out of memory");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return hp_errf(err, HP_IO, "%s: not a regular file", path);
-    }
+    int fd;
+    uint64_t fsize;
+    HP_TRY(hp_file_open_read(path, &fd, &fsize, err));
     const size_t hdr = HP_LLMC_HEADER_INTS * 4;
-    if ((uint64_t)st.st_size < hdr) {
+    if (fsize < hdr || fsize > SIZE_MAX) {
         close(fd);
         return hp_errf(err, HP_PARSE,
-                       "%s: short file: %lld bytes, less than the %zu-byte llm.c shard header",
-                       path, (long long)st.st_size, hdr);
+                       "%s: %s file: %llu bytes, less than the %zu-byte llm.c shard header", path,
+                       fsize < hdr ? "short" : "huge", (unsigned long long)fsize, hdr);
     }
-    sh->map_len = (size_t)st.st_size;
+    sh->map_len = (size_t)fsize;
     void *map = mmap(NULL, sh->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);

@@ -61,6 +61,8 @@ static void usage(void) {
          "\n"
          "  --standalone JOB.pb    run the job in this process, no coordinator\n"
          "  --steps N              train N steps (default: the job's)\n"
+         "  --on-nonfinite stop|skip  a NaN/Inf loss or grad norm fails the run (default: the\n"
+         "                         job's, stop) or skips that step's update (counted)\n"
          "  --out DIR              write metrics.jsonl, checkpoints/ and model.safetensors here\n"
          "  --init-from FILE       initial weights (safetensors, PyTorch FQNs)\n"
          "  --data PATH            llm.c token shard(s) (.bin, dir or glob), or text:PATH\n"
@@ -275,9 +277,15 @@ static int env_int(const char *name, long long lo, long long hi, long long *out,
 /* A launcher's 0600 token file: the token stays off the command line (ps shows that). 2 (usage)
  * when it cannot be read or is empty. */
 static int read_token_file(const char *path, char *out, size_t len) {
-    FILE *f = fopen(path, "r");
+    hp_err err = {0};
+    int fd;
+    FILE *f = NULL;
+    if (hp_file_open_read(path, &fd, NULL, &err) == HP_OK && !(f = fdopen(fd, "r"))) {
+        snprintf(err.msg, sizeof err.msg, "%s: %s", path, strerror(errno));
+        close(fd);
+    }
     if (!f) {
-        fprintf(stderr, "hp-worker: token file %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "hp-worker: token file %s\n", err.msg);
         return 2;
     }
     char fmt[16];
@@ -294,6 +302,11 @@ static int read_token_file(const char *path, char *out, size_t len) {
 static int run_agent(hp_agent_opts *ao, bool rank_given, const char *token_file) {
     long long n;
     bool set;
+    hp_err aerr = {0};
+    if (hp_agent_check_addr(ao->coordinator, &aerr) != HP_OK) { /* never wait on a bad one */
+        fprintf(stderr, "hp-worker: %s (try hp-worker --help)\n", aerr.msg);
+        return 2;
+    }
     if (!ao->job_id) ao->job_id = getenv("HP_JOB");
     /* --token, then --token-file, then $HP_TOKEN, then $HP_TOKEN_FILE */
     static char file_token[128];
@@ -378,7 +391,11 @@ int main(int argc, char **argv) {
             o.data = v;
         else if (!strcmp(a, "--resume"))
             o.resume = v;
-        else if (!strcmp(a, "--steps")) {
+        else if (!strcmp(a, "--on-nonfinite")) {
+            if (strcmp(v, "stop") && strcmp(v, "skip"))
+                return usage_error("--on-nonfinite: '%s' is not stop or skip", v);
+            o.on_nonfinite = !strcmp(v, "skip") ? HP_TRAIN_NONFINITE_SKIP : HP_TRAIN_NONFINITE_STOP;
+        } else if (!strcmp(a, "--steps")) {
             if (parse_int(a, v, 1, (long long)1e12, &n)) return 2;
             o.steps = n;
         } else if (!strcmp(a, "--threads")) {

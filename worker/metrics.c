@@ -88,6 +88,7 @@ hp_status hp_metrics_compute(const hp_metrics_window *w, hp_metrics *out, hp_err
         .data_time_s = w->data_s / steps,
         .comm_time_s = w->comm_s / steps,
         .comm_busy_s = w->comm_busy_s / steps,
+        .skipped_steps = (double)w->skipped_steps,
         .flops_per_token = w->flops_per_token,
     };
     return HP_OK;

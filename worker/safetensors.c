@@ -354,25 +354,20 @@ hp_status hp_st_parse(const void *buf, size_t len, const char *what, hp_st_file 
 hp_status hp_st_open(const char *path, hp_st_file **out, hp_err *err) {
     *out = NULL;
     hp__json_init();
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return hp_errf(err, HP_IO, "%s: not a regular file", path);
-    }
-    if (st.st_size < 8) {
+    int fd;
+    uint64_t fsize;
+    HP_TRY(hp_file_open_read(path, &fd, &fsize, err));
+    if (fsize < 8) {
         close(fd);
         return hp_errf(err, HP_PARSE,
-                       "%s: file is %lld bytes, shorter than the 8-byte header length", path,
-                       (long long)st.st_size);
+                       "%s: file is %llu bytes, shorter than the 8-byte header length", path,
+                       (unsigned long long)fsize);
     }
-    size_t len = (size_t)st.st_size;
+    if (fsize > SIZE_MAX) {
+        close(fd);
+        return hp_errf(err, HP_LIMIT, "%s: file too large to map", path);
+    }
+    size_t len = (size_t)fsize;
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);

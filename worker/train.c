@@ -268,7 +268,7 @@ static hp_status finish_trace(trainer *t, int64_t step, hp_err *err) {
 
 /* The norm of the whole gradient: the pieces' sums of squares all-reduced over the ranks
  * (padding is zero), each distinct piece counted once (by its owner). */
-static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
+static hp_status global_grad_norm(trainer *t, double loss, double *norm, hp_err *err) {
     int n = t->prog->n_params, k = 0;
     hp_fspan *mine = hp_calloc((size_t)n + 1, sizeof *mine);
     if (!mine) return hp_errf(err, HP_NOMEM, "out of memory");
@@ -277,6 +277,9 @@ static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
     double sumsq = 0, t0 = hp_trace_now_s();
     hp_status st = t->be->vt->sum_squares(t->be, mine, k, &sumsq, err);
     hp_free(mine);
+    /* a rank whose loss is not finite makes the norm NaN on every rank: they all see the same
+     * non-finite step and stop or skip together */
+    if (!isfinite(loss)) sumsq = NAN;
     double t1 = hp_trace_now_s();
     hp_trace_add(t->trace, HP_TRACE_COMPUTE, "grad_norm", t0, t1, -1, -1);
     if (st == HP_OK && t->world > 1) {
@@ -290,6 +293,7 @@ static hp_status global_grad_norm(trainer *t, double *norm, hp_err *err) {
 
 typedef struct step_out {
     double loss, grad_norm, lr, data_s;
+    bool skipped; /* non-finite: no optimizer update */
 } step_out;
 
 static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) {
@@ -310,14 +314,30 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
     HP_TRY(st);
     HP_TRY(hp_exec_loss(t->ex, &o->loss, err));
     int n = t->prog->n_params;
-    HP_TRY(global_grad_norm(t, &o->grad_norm, err));
+    HP_TRY(global_grad_norm(t, o->loss, &o->grad_norm, err));
+    o->lr = hp_lr_at(&t->lr, step);
+    o->skipped = !isfinite(o->grad_norm);
+    if (o->skipped && !t->skip_nonfinite)
+        return hp_errf(err, HP_INVALID,
+                       "non-finite %s (loss %g, grad norm %g): stopping rather than training on it "
+                       "(hpctl new --on-nonfinite skip, or hp-worker --on-nonfinite skip, skips "
+                       "such steps)",
+                       isfinite(o->loss) ? "grad norm" : "loss", o->loss, o->grad_norm);
+    if (o->skipped) {
+        t->skipped_steps++;
+        if (t->rank == 0)
+            fprintf(t->log,
+                    "warning: step=%lld non-finite loss=%g grad_norm=%g: update skipped "
+                    "(skipped_steps=%lld)\n",
+                    (long long)step, o->loss, o->grad_norm, (long long)t->skipped_steps);
+        return prof ? finish_trace(t, step, err) : HP_OK;
+    }
     double t1 = hp_trace_now_s();
     double clip = t->job->train.grad_clip;
     if (clip > 0) {
         float coef = hp_clip_coef(o->grad_norm, clip);
         if (coef < 1) HP_TRY(t->be->vt->scale(t->be, t->grads, n, coef, err));
     }
-    o->lr = hp_lr_at(&t->lr, step);
     HP_TRY(t->be->vt->adamw(t->be, &t->adam, o->lr, step, t->adam_params, n, err));
     hp_trace_add(t->trace, HP_TRACE_COMPUTE, "optimizer", t1, hp_trace_now_s(), -1, -1);
     return prof ? finish_trace(t, step, err) : HP_OK;
@@ -380,6 +400,9 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     const hp_train_opts *o = t->opts;
     const hp_job *job = t->job;
     t->total_steps = o->steps > 0 ? o->steps : job->train.steps;
+    t->skip_nonfinite = o->on_nonfinite == HP_TRAIN_NONFINITE_JOB
+                            ? job->train.on_nonfinite == HP_NONFINITE_SKIP
+                            : o->on_nonfinite == HP_TRAIN_NONFINITE_SKIP;
     if (!job->graph && !o->program) return hp_errf(err, HP_INVALID, "the job has no graph");
     /* a device this hp-worker cannot run fails here, before compiling or joining the ranks */
     if (!o->backend) HP_TRY(hp_device_built(job->resources.device, err));
@@ -527,6 +550,7 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             w.grad_norm = o.grad_norm;
             w.lr = o.lr;
             w.memory_bytes = mem;
+            w.skipped_steps = t.skipped_steps;
             double exposed = hp_exec_exposed_seconds(t.ex), busy = t.be->vt->comm_busy(t.be);
             w.comm_s = exposed - exposed_mark;
             w.comm_busy_s = busy - busy_mark;
@@ -562,10 +586,14 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
     }
     if (opts->out_dir) {
         char path[HP__TRAIN_PATH_MAX];
+        if (t.skipped_steps > 0 && t.rank == 0)
+            fprintf(t.log, "warning: %lld of the run's updates were skipped (non-finite)\n",
+                    (long long)t.skipped_steps);
         snprintf(path, sizeof path, "%s/model.safetensors", opts->out_dir);
         if ((st = hp__train_export_weights(&t, path, err)) != HP_OK) hp_err_prefix(err, "export");
     }
 done:
+    res->skipped_steps = t.skipped_steps;
     teardown(&t);
     return st;
 }

@@ -27,8 +27,14 @@
 #include <signal.h>
 #include <stdio.h>
 
+#define HP_TRAIN_NONFINITE_JOB  0
+#define HP_TRAIN_NONFINITE_STOP (1 + HP_NONFINITE_STOP)
+#define HP_TRAIN_NONFINITE_SKIP (1 + HP_NONFINITE_SKIP)
+
 typedef struct hp_train_opts {
     int64_t steps;         /* 0: the job's train.steps */
+    int on_nonfinite;      /* HP_TRAIN_NONFINITE_JOB: the job's train.on_nonfinite; else 1 +
+                              hp_nonfinite_action (hp-worker --on-nonfinite) */
     const char *out_dir;   /* NULL: write nothing (no metrics file, checkpoints, weights) */
     const char *init_from; /* safetensors; NULL: the job's train.init_from ("" = fresh init) */
     const char *data;      /* token shards or "text:PATH"; NULL: the job's train.data_path */
@@ -81,7 +87,8 @@ typedef struct hp_train_opts {
 typedef struct hp_train_result {
     int64_t first_step, last_step; /* 1-based steps this call ran */
     double first_loss, last_loss;
-    bool interrupted; /* stopped by *stop */
+    int64_t skipped_steps; /* optimizer updates skipped: non-finite loss or grad norm */
+    bool interrupted;      /* stopped by *stop */
 } hp_train_result;
 
 /* Runs the job. Errors name the stage ("init: ...", "step 12: instruction 41 (node 57,

@@ -49,7 +49,9 @@ typedef struct trainer {
     hp_lr_schedule lr;
     double flops_per_token, peak_flops;
     uint64_t device_memory;
-    bool mfu_warned; /* said once that the achieved FLOP/s exceeded the peak */
+    bool mfu_warned;       /* said once that the achieved FLOP/s exceeded the peak */
+    bool skip_nonfinite;   /* --on-nonfinite skip: a non-finite step skips its update */
+    int64_t skipped_steps; /* updates skipped so far */
     char ckpt_dir[HP__TRAIN_PATH_MAX];
     hp_trace *trace;        /* profiled steps only; NULL when none are asked for */
     int32_t *instr_of_node; /* [graph nodes]: the instruction running each node, or -1 */

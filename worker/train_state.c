@@ -12,6 +12,7 @@
 #include "hp/param_init.h"
 #include "hp/safetensors.h"
 
+#include <math.h>
 #include <string.h>
 
 /* ---- staging between device and host -------------------------------------------------------- */
@@ -135,6 +136,10 @@ hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
             break;
         }
         st = hp_st_to_f32(w, full, n, err);
+        for (int64_t k = 0; st == HP_OK && k < n; k++)
+            if (!isfinite(full[k])) /* training from it would only ever report loss NaN */
+                st = hp_errf(err, HP_INVALID, "%s: tensor '%s' holds %g at element %lld", path,
+                             ps->fqn, (double)full[k], (long long)k);
         copy_ctx c = {t, hp__train_param(t, i), full, true};
         if (st == HP_OK) st = hp__train_param_runs(t, i, t->rank, copy_run, &c, err);
         hp_free(full);
@@ -273,11 +278,42 @@ static hp_status read_box(trainer *t, hp_ckpt *c, int i, hp_ckpt_part kind, void
     return land(t, dev, host, bytes, st, err);
 }
 
+/* Opens the newest checkpoint of root that verifies: one that fails (a corrupt tensor, a
+ * missing or unreadable rank file) is passed over for the one before it, with the reason
+ * logged; all failing is an error naming the newest's reason. Every rank sees the same files,
+ * so every rank lands on the same step. */
+static hp_status open_verified(trainer *t, const char *root, hp_ckpt **c, hp_err *err) {
+    int64_t at;
+    HP_TRY(hp_ckpt_latest(root, &at, err));
+    hp_err newest = {0};
+    int failed = 0;
+    for (;;) {
+        hp_err e = {0};
+        hp_status s = hp_ckpt_open(root, at, c, &e);
+        if (s == HP_OK) return HP_OK;
+        if (s == HP_NOMEM) return hp_errf(err, s, "%s", e.msg);
+        if (failed++ == 0) newest = e;
+        int64_t prev;
+        hp_status ps = hp_ckpt_latest_before(root, at, &prev, NULL);
+        if (t->rank == 0)
+            fprintf(t->log, "warning: resume: checkpoint step=%lld fails verification: %s; %s\n",
+                    (long long)at, e.msg,
+                    ps == HP_OK ? "falling back to the previous one" : "none older to try");
+        if (ps != HP_OK)
+            return hp_errf(
+                err, newest.status,
+                "resume: no usable checkpoint in %s: %d complete one%s failed verification; "
+                "the newest: %s",
+                root, failed, failed == 1 ? "" : "s", newest.msg);
+        at = prev;
+    }
+}
+
 hp_status hp__train_load_checkpoint(trainer *t, const char *dir, int64_t *step, hp_err *err) {
     char root[HP__TRAIN_PATH_MAX];
     hp__train_resume_root(dir, root, sizeof root);
     hp_ckpt *c = NULL;
-    HP_TRY(hp_ckpt_open(root, -1, &c, err));
+    HP_TRY(open_verified(t, root, &c, err));
     hp_status st = HP_OK;
     const hp_ckpt_scalars *sc = hp_ckpt_get_scalars(c);
     if (sc->data_fingerprint != hp_data_get_info(t->data)->fingerprint) {

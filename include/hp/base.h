@@ -9,6 +9,7 @@
 #define HP_BASE_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -96,6 +97,18 @@ char *hp_arena_strdup(hp_arena *a, const char *s);
 void *hp_arena_memdup(hp_arena *a, const void *p, size_t n);
 
 /* ---- files ---------------------------------------------------------------------------------- */
+
+/* Where the first byte of s[0..n) that is not valid UTF-8 (or is NUL, when nul_ok is false)
+ * begins; n when all is valid. Strict: no overlong forms, surrogates or code points past
+ * U+10FFFF. For every `string` read from a file or a peer. */
+size_t hp_utf8_check(const char *s, size_t n, bool nul_ok);
+
+/* Opens path for reading without ever blocking in open(): O_RDONLY|O_NONBLOCK|O_CLOEXEC (a
+ * FIFO or a device with no writer would otherwise hang the caller forever), fstat, refuse
+ * anything but a regular file (HP_IO, "PATH: not a regular file (a fifo)"), then clear
+ * O_NONBLOCK so reads behave as usual. On HP_OK *fd is the caller's to close and *size (may be
+ * NULL) is the file's size; on failure *fd is -1. Every reader of a user-named path uses it. */
+hp_status hp_file_open_read(const char *path, int *fd, uint64_t *size, hp_err *err);
 
 /* Reads a whole file (at most max_bytes) into a fresh hp_malloc'd buffer. A larger file is
  * HP_LIMIT, naming the path and the limit. */

@@ -21,9 +21,20 @@
  * assembles any box from whichever rank files hold it. A rank-0 tensor has no dims (off and
  * len are empty arrays) and is one element.
  *
- * Versions: this code writes version 2 (boxes). Version 1 (row ranges: "hp.shards" FQN ->
- * [start, end, global rows], index shards [[rank, start, end], ...]) still opens and reads:
- * a row range is the box [start, end) x every other dim whole.
+ * Checksums (version 3): each rank file's __metadata__ also holds "hp.crc32c", JSON mapping
+ * every tensor name in the file (FQN, "exp_avg/FQN", "exp_avg_sq/FQN") to the CRC-32C
+ * (Castagnoli) of its bytes as stored, 8 lowercase hex digits:
+ *   {"tok_embeddings.weight": "1c2f9a07", "exp_avg/tok_embeddings.weight": "...", ...}
+ * Per tensor, in the file it covers, so a corrupt tensor is named and a rank file checks on
+ * its own. hp_ckpt_open verifies every tensor of every rank file before returning (a
+ * mismatch is HP_PARSE naming the file and the tensor); hp_ckpt_commit checks that the
+ * checksums are there but does not re-read the bytes. A version-3 file without them is
+ * refused.
+ *
+ * Versions: this code writes version 3 (boxes + checksums). Version 2 (boxes, no checksums:
+ * nothing to verify) and version 1 (row ranges: "hp.shards" FQN -> [start, end, global rows],
+ * index shards [[rank, start, end], ...]) still open and read: a row range is the box
+ * [start, end) x every other dim whole.
  *
  * Protocol: every rank calls hp_ckpt_write_rank (each file: temp name, fsync, rename, fsync
  * the directory); after all have returned (the caller's barrier), one rank calls
@@ -57,7 +68,7 @@
 extern "C" {
 #endif
 
-#define HP_CKPT_VERSION   2 /* written; version 1 (row ranges) still reads */
+#define HP_CKPT_VERSION   3 /* written; 2 (no checksums) and 1 (row ranges) still read */
 #define HP_CKPT_INDEX     "index.json"
 #define HP_CKPT_MAX_WORLD 65536
 #define HP_CKPT_MAX_INDEX ((size_t)256 << 20) /* bytes of index.json read at most */
@@ -111,6 +122,9 @@ hp_status hp_ckpt_save(const char *dir, const hp_ckpt_scalars *sc, const hp_ckpt
 /* The newest complete checkpoint's step in dir. HP_NOT_FOUND when there is none (a missing
  * dir included); HP_IO when dir cannot be read. */
 hp_status hp_ckpt_latest(const char *dir, int64_t *step, hp_err *err);
+/* The newest complete checkpoint's step below `before` (a resume's fallback when the newest
+ * fails verification). HP_NOT_FOUND when there is none; HP_IO as hp_ckpt_latest. */
+hp_status hp_ckpt_latest_before(const char *dir, int64_t before, int64_t *step, hp_err *err);
 
 /* Keeps the `keep` newest complete checkpoints (keep <= 0 keeps all) and removes older ones,
  * plus incomplete step directories older than the newest complete one (interrupted writes;
@@ -136,7 +150,8 @@ typedef enum { HP_CKPT_PARAM, HP_CKPT_EXP_AVG, HP_CKPT_EXP_AVG_SQ } hp_ckpt_part
 
 /* Opens checkpoint `step` of dir (step < 0: the latest complete one) and validates the index
  * against every rank file it names (present, well-formed, same step and world, each listed
- * shard there with the right dtype and shape). Errors: HP_NOT_FOUND (no such complete
+ * shard there with the right dtype and shape, every tensor's CRC-32C when the files carry
+ * them: this reads all of the checkpoint's bytes once). Errors: HP_NOT_FOUND (no such complete
  * checkpoint), HP_PARSE naming the file and field, HP_IO, HP_NOMEM. */
 hp_status hp_ckpt_open(const char *dir, int64_t step, hp_ckpt **out, hp_err *err);
 void hp_ckpt_close(hp_ckpt *c); /* NULL is fine */

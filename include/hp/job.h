@@ -103,6 +103,9 @@ typedef struct hp_pass_config {
 
 /* ---- training -------------------------------------------------------------------------------- */
 typedef enum { HP_DECAY_LINEAR = 0, HP_DECAY_COSINE = 1, HP_DECAY_NONE = 2 } hp_decay_kind;
+/* A step whose loss or global grad norm is not finite: stop the run (naming the step), or
+ * skip its optimizer update and count it (metrics "skipped_steps"). */
+typedef enum { HP_NONFINITE_STOP = 0, HP_NONFINITE_SKIP = 1 } hp_nonfinite_action;
 
 typedef struct hp_train_config {
     int64_t steps;
@@ -122,6 +125,7 @@ typedef struct hp_train_config {
     int64_t seq;
     int n_profile_steps; /* steps to trace (worker/trace.h), each >= 1 */
     int64_t profile_steps[HP_JOB_PROFILE_MAX];
+    hp_nonfinite_action on_nonfinite; /* default stop */
 } hp_train_config;
 
 typedef enum { HP_DEVICE_CPU = 0, HP_DEVICE_CUDA = 1 } hp_device_kind;

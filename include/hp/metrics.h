@@ -53,6 +53,7 @@ typedef struct hp_metrics_window {
     double peak_flops;                    /* device peak FLOP/s; <= 0 or NaN: unknown */
     uint64_t memory_bytes;                /* peak over the window */
     uint64_t device_memory;               /* device size in bytes; 0: unknown */
+    int64_t skipped_steps;                /* updates skipped so far (non-finite), >= 0 */
 } hp_metrics_window;
 
 /* Fills *out from *w. Errors (HP_INVALID, naming the field): any bound above violated or a

@@ -53,6 +53,18 @@ void hp_proto_alloc_init(hp_proto_alloc *a, size_t msg_len);
  * ("<what>: malformed message (N bytes)"). */
 hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_t len, hp_err *err);
 
+/* protobuf-c copies a `string` field into a NUL-terminated char * without looking inside, so
+ * "mm\0evil" on the wire reads as "mm" and invalid UTF-8 passes through to clients that
+ * refuse it. This walks the encoded message (len bytes, already unpacked successfully with
+ * desc) and checks every `string` field, nested messages included: no NUL byte (HP_INVALID)
+ * and valid UTF-8 (HP_INVALID: no overlong forms, surrogates or code points past U+10FFFF).
+ * The message names the field ("what: Node.op: string has a NUL byte at byte 2"). Unknown
+ * fields are skipped; nesting deeper than HP_PROTO_MAX_DEPTH is HP_LIMIT. Every decoder of
+ * untrusted bytes calls it after unpack. */
+#define HP_PROTO_MAX_DEPTH 64
+hp_status hp_proto_check_strings(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
+                                 size_t len, const char *what, hp_err *err);
+
 /* ---- message level (for embedding a graph in other messages: jobs, RPCs) --------------------- */
 
 /* Builds msg describing g. Every message, array and string of the result is allocated in

@@ -153,6 +153,8 @@ Test(hpctl, usage_errors_exit_2) {
     expect_error("new --model llama3:debugmodel --lr nan -o x.pb", 2, "--lr: 'nan'");
     expect_error("new --model llama3:debugmodel --heads 5 -o x.pb", 2, "heads");
     expect_error("new --model llama3:debugmodel --decay step -o x.pb", 2, "--decay: 'step'");
+    expect_error("new --model llama3:debugmodel --on-nonfinite ignore -o x.pb", 2,
+                 "--on-nonfinite: 'ignore' is not stop or skip");
     expect_error("new --model llama3:debugmodel --bogus 1 -o x.pb", 2, "unknown flag '--bogus'");
     expect_error("new --model llama3:debugmodel --batch", 2, "--batch: missing value");
     expect_error("new --model llama3:debugmodel --device tpu -o x.pb", 2,
@@ -191,6 +193,40 @@ Test(hpctl, bad_files_exit_1) {
     snprintf(args, sizeof args, "inspect %s", tmpdir);
     expect_error(args, 1, "not a regular file");
 
+    /* a FIFO with no writer: refused at once (open never blocks), not waited on forever */
+    snprintf(path, sizeof path, "%s/fifo.pb", tmpdir);
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    for (const char **verb = (const char *[]){"inspect", "plan", NULL}; *verb; verb++) {
+        r = hp_th_hpctl(tmpdir, 20, "%s %s", *verb, path);
+        cr_expect_neq(r.code, 124, "%s: hung on the fifo", *verb);
+        hp_th_expect_cli_error(r, 1, "hpctl", "fifo.pb: not a regular file (a fifo)");
+    }
+
     /* an unwritable output */
     expect_error("new --model mlp -o /nonexistent-dir/x.pb", 1, "/nonexistent-dir/x.pb");
+}
+
+/* --on-nonfinite: stop by default, skip when asked; written into the job file (train field
+ * 20) and shown by inspect. */
+Test(hpctl, on_nonfinite_flag) {
+    char args[512];
+    hp_err e;
+    for (int skip = 0; skip < 2; skip++) {
+        snprintf(args, sizeof args, "new --model mlp %s -o %s/j.pb",
+                 skip ? "--on-nonfinite skip" : "", tmpdir);
+        hp_th_run r = hpctl(args);
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        hp_th_run_free(&r);
+        hp_job *job = NULL;
+        snprintf(args, sizeof args, "%s/j.pb", tmpdir);
+        cr_assert_eq(hp_job_read_file(args, &job, &e), HP_OK, "%s", e.msg);
+        cr_expect_eq(job->train.on_nonfinite, skip ? HP_NONFINITE_SKIP : HP_NONFINITE_STOP);
+        hp_job_free(job);
+        snprintf(args, sizeof args, "inspect %s/j.pb --json", tmpdir);
+        r = hpctl(args);
+        cr_assert_eq(r.code, 0, "%s", r.err);
+        cr_expect(strstr(r.out, skip ? "\"on_nonfinite\": \"skip\"" : "\"on_nonfinite\": \"stop\""),
+                  "%s", r.out);
+        hp_th_run_free(&r);
+    }
 }

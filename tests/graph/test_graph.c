@@ -79,8 +79,21 @@ Test(graph, placeholder_rules) {
     cr_assert(hp_value_ok(w));
     hp_value nameless = hp_build_placeholder(g, HP_INPUT_PARAM, NULL, f32(2, s), NULL);
     cr_assert(!hp_value_ok(nameless));
-    cr_assert(strstr(g->err.msg, "node 1 (placeholder): a parameter needs an fqn"), "%s",
+    cr_assert(strstr(g->err.msg, "node 1 (placeholder): a parameter needs a non-empty fqn"), "%s",
               g->err.msg);
+    hp_graph_free(g);
+
+    /* an empty fqn names nothing either (a job file could carry one) */
+    g = hp_graph_new();
+    hp_value empty = hp_build_placeholder(g, HP_INPUT_BUFFER, "", f32(2, s), NULL);
+    cr_assert(!hp_value_ok(empty));
+    cr_assert(strstr(g->err.msg, "node 0 (placeholder): a buffer needs a non-empty fqn"), "%s",
+              g->err.msg);
+    hp_graph_free(g);
+    g = hp_graph_new();
+    empty = hp_build_placeholder(g, HP_INPUT_DATA, "", hp_type_make(HP_I64, 2, s), NULL);
+    cr_assert(!hp_value_ok(empty));
+    cr_assert(strstr(g->err.msg, "a data input's fqn is empty"), "%s", g->err.msg);
     hp_graph_free(g);
 
     g = hp_graph_new();

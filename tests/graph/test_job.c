@@ -3,6 +3,8 @@
  * hostile job files: truncated at every length, mutated and random bytes, bad fields set on
  * the message, oversized files, and allocation fault loops over unpack and pack.
  */
+#define _GNU_SOURCE /* memmem */
+#include "hp/build.h"
 #include "hp/job.h"
 #include "hp/models.h"
 #include "hp/proto_io.h"
@@ -191,6 +193,11 @@ EDIT(e_local, j->train.local_batch = 0)
 EDIT(e_seq, j->train.seq = -1)
 EDIT(e_global, j->train.global_batch = 3)
 EDIT(e_model_seq, j->train.seq = 16)
+/* what hpctl new writes: model.batch/seq 0, so only the graph's data inputs can disagree */
+EDIT(e_graph_seq, j->model.seq = j->model.batch = 0; j->train.seq = 7)
+EDIT(e_graph_batch, j->model.seq = j->model.batch = 0; j->train.local_batch = 3;
+     j->train.global_batch = 0)
+EDIT(e_switch_unknown, snprintf(j->passes.switches[1].name, HP_PASS_NAME_MAX, "fsdpp"))
 
 static const bad_case bad_cases[] = {
     {"name: must not be empty", e_name_empty},
@@ -240,6 +247,13 @@ static const bad_case bad_cases[] = {
     {"train.seq: -1", e_seq},
     {"train.global_batch: 3 must equal local_batch x the mesh's dp size", e_global},
     {"model.seq: 8 differs from train.seq 16", e_model_seq},
+    {"train.seq: 7, but the graph's data input 'tokens' is [8, 8] (seq 8)", e_graph_seq},
+    {"train.local_batch: 3 x 2 data-parallel ranks = 6, but the graph's data input 'tokens' is "
+     "[8, 8] (global batch 8)",
+     e_graph_batch},
+    {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, loss_parallel, "
+     "spmd, fsdp, overlap, bucketing)",
+     e_switch_unknown},
 };
 
 Test(job, every_field_is_validated) {
@@ -524,6 +538,53 @@ Test(job_bad, hostile_fields) {
     expect_msg_error(m_world, HP_INVALID, "resources.world_size: -2");
 }
 
+/* A string field patched on the wire: the message is built with `sentinel` in a string, packed,
+ * and the sentinel's bytes replaced by `with` (same length) before unpacking. */
+static void expect_wire_error(void (*edit)(Hp__V1__Job *), const char *sentinel, const char *with,
+                              const char *want) {
+    hp_job *job = full_job();
+    hp_arena arena;
+    hp_arena_init(&arena);
+    Hp__V1__Job *m;
+    hp_err err = {0};
+    cr_assert_eq(hp_job_export(job, &arena, &m, &err), HP_OK);
+    edit(m);
+    size_t len = hp__v1__job__get_packed_size(m);
+    uint8_t *buf = hp_malloc(len ? len : 1);
+    hp__v1__job__pack(m, buf);
+    uint8_t *at = memmem(buf, len, sentinel, strlen(sentinel));
+    cr_assert(at, "sentinel not on the wire");
+    memcpy(at, with, strlen(sentinel));
+    hp_job *back = NULL;
+    hp_status s = hp_job_unpack(buf, len, &back, &err);
+    cr_assert_null(back);
+    cr_expect_eq(s, HP_INVALID, "%s: got %s: %s", want, hp_status_str(s), err.msg);
+    cr_expect(strstr(err.msg, want), "error '%s' lacks '%s'", err.msg, want);
+    hp_free(buf);
+    hp_arena_fini(&arena);
+    hp_job_free(job);
+}
+
+MSG_EDIT(w_name, m->name = "j-000001QZQZjunk")
+MSG_EDIT(w_op, m->graph->nodes[20]->op = "mmQZQZevil")
+MSG_EDIT(w_fqn, m->plan->fsdp_fqns[0] = "tokQZQZ_embeddings")
+MSG_EDIT(w_path, m->train->data_path = "/dataQZQZ")
+MSG_EDIT(w_switch, m->passes->passes[0]->name = "fsdpQZQZ")
+
+/* protobuf-c hands a `string` over as a NUL-terminated char *: "mm\0evil" would read as "mm".
+ * Every string field of a job (graph included) is checked on the wire: no NUL, valid UTF-8. */
+Test(job_bad, nul_and_invalid_utf8_on_the_wire) {
+    const char nul[] = "\0ZQZ";
+    expect_wire_error(w_name, "QZQZ", nul, "job: Job.name: string has a NUL byte at byte 8");
+    expect_wire_error(w_op, "QZQZ", nul, "job: Node.op: string has a NUL byte at byte 2");
+    expect_wire_error(w_fqn, "QZQZ", nul, "job: ParallelPlan.fsdp_fqns: string has a NUL byte");
+    expect_wire_error(w_switch, "QZQZ", nul, "job: PassSwitch.name: string has a NUL byte");
+    expect_wire_error(w_path, "QZQZ", "\xc0\xafZQ",
+                      "job: TrainConfig.data_path: string has a byte that is not valid UTF-8 at "
+                      "byte 5");
+    expect_wire_error(w_name, "QZQZ", "\xed\xa0\x80Z", "Job.name: string has a byte that is not");
+}
+
 /* Counts over a fixed array's size, at message level (no bytes needed to claim them). */
 Test(job_bad, oversized_counts) {
     void (*edits[])(Hp__V1__Job *) = {m_mesh_many, m_dump_many, m_places_many, m_fqns_many,
@@ -705,5 +766,40 @@ Test(job, fsdp_names_are_parameters_or_modules) {
                       strstr(err.msg, "names no parameter or module"),
                   "%s", err.msg);
     }
+    hp_graph_free(g);
+}
+
+/* A parameter (or buffer) with an empty FQN is refused, in a job file as in a built graph. */
+Test(job_bad, empty_parameter_fqn) {
+    hp_job *job = full_job();
+    hp_arena arena;
+    hp_arena_init(&arena);
+    Hp__V1__Job *m;
+    hp_err err = {0};
+    cr_assert_eq(hp_job_export(job, &arena, &m, &err), HP_OK);
+    Hp__V1__Node *n0 = m->graph->nodes[0];
+    bool found = false;
+    for (size_t i = 0; i < n0->n_attrs; i++)
+        if (!strcmp(n0->attrs[i]->name, "fqn")) {
+            n0->attrs[i]->str = "";
+            found = true;
+        }
+    cr_assert(found, "node 0 has no fqn attribute");
+    size_t len = hp__v1__job__get_packed_size(m);
+    uint8_t *buf = hp_malloc(len);
+    hp__v1__job__pack(m, buf);
+    hp_job *back = NULL;
+    cr_expect_eq(hp_job_unpack(buf, len, &back, &err), HP_INVALID, "%s", err.msg);
+    cr_expect(strstr(err.msg, "node 0") && strstr(err.msg, "a parameter needs a non-empty fqn"),
+              "%s", err.msg);
+    cr_expect_null(back);
+    hp_free(buf);
+    hp_arena_fini(&arena);
+    hp_job_free(job);
+
+    hp_graph *g = hp_graph_new();
+    hp_build_placeholder(g, HP_INPUT_PARAM, "", hp_type_make(HP_F32, 1, (int64_t[]){4}), NULL);
+    cr_expect(hp_graph_failed(g));
+    cr_expect(strstr(g->err.msg, "non-empty fqn"), "%s", g->err.msg);
     hp_graph_free(g);
 }

@@ -178,6 +178,30 @@ Test(text_errors, nul_byte_and_length) {
     hp_graph_free(g);
 }
 
+/* An op name with a NUL inside ("mm\0evil") is never read as "mm"; a string that is not
+ * valid UTF-8 (raw or through \x escapes) is refused: strings go out as proto `string`s. */
+Test(text_errors, nul_in_names_and_invalid_utf8_in_strings) {
+    const char op[] = "hpir 1\n%0: f32[2] = placeholder() {kind=data, fqn=\"x\"}\n"
+                      "%1: f32[2] = relu\0evil(%0)\nreturn %1\n";
+    check_bad(op, sizeof op - 1, HP_PARSE, "line 3:18: unexpected byte 0x00");
+    const char *bad[] = {"\xc3\x28", "\\xc0\\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
+        char text[256];
+        snprintf(text, sizeof text,
+                 "hpir 1\n%%0: f32[2] = placeholder() {kind=data, fqn=\"x%s\"}\nreturn %%0\n",
+                 bad[i]);
+        check_bad(text, strlen(text), HP_PARSE, "string is not valid UTF-8 (byte 1 of its value");
+    }
+    /* valid UTF-8 still reads past the lexer (the fqn rules then apply) */
+    const char *ok =
+        "hpir 1\n%0: f32[2] = placeholder() {kind=data, fqn=\"x\xc3\xa9\"}\nreturn %0\n";
+    hp_graph *g = NULL;
+    hp_err err = {0};
+    hp_graph_parse(ok, strlen(ok), &g, &err);
+    cr_expect(!strstr(err.msg, "UTF-8"), "%s", err.msg);
+    hp_graph_free(g);
+}
+
 Test(text_errors, text_length_limit) {
     /* refused before a byte is read, so the short buffer is never overrun */
     check_bad("hpir 1\n", HP_TEXT_MAX_FILE + 1, HP_LIMIT, "over the limit of 1073741824");

@@ -1,13 +1,16 @@
 /* Lowering and the memory plan: a Llama-3 joint graph becomes a verified program whose
  * activation arena is well below the sum of its activations, with no two simultaneously live
  * buffers overlapping; the program survives its wire form; hostile programs are refused. */
+#define _GNU_SOURCE /* memmem */
 #include "hp/models.h"
 #include "hp/passes.h"
 #include "hp/program.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static hp_graph *tiny_llama(void) {
     hp_model_spec spec;
@@ -238,4 +241,74 @@ Test(lower, mesh_program_boxes_per_rank_and_on_the_wire) {
     hp_graph_free(placed);
     hp_graph_free(g);
     free(pl);
+}
+
+/* A program on the wire with a NUL byte or invalid UTF-8 inside a string (a parameter's FQN)
+ * is refused naming the field, never read as the string's prefix. */
+Test(lower, program_strings_checked_on_the_wire) {
+    hp_graph *g = tiny_llama();
+    hp_program *p = NULL;
+    hp_err e;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+    uint8_t *wire = NULL;
+    size_t len = 0;
+    cr_assert_eq(hp_program_pack(p, &wire, &len, &e), HP_OK, "%s", e.msg);
+    const char *fqn = p->params[0].fqn;
+    const char *patch[] = {"\0", "\xff"};
+    const char *want[] = {"string has a NUL byte at byte 1",
+                          "string has a byte that is not valid UTF-8 at byte 1"};
+    for (int k = 0; k < 2; k++) {
+        uint8_t *copy = malloc(len);
+        memcpy(copy, wire, len);
+        int hits = 0;
+        for (uint8_t *at = copy; (at = memmem(at, len - (size_t)(at - copy), fqn, strlen(fqn)));
+             at++, hits++)
+            at[1] = (uint8_t)patch[k][0];
+        cr_assert_gt(hits, 0, "'%s' not on the wire", fqn);
+        hp_program *q = NULL;
+        cr_expect_eq(hp_program_unpack(copy, len, &q, &e), HP_INVALID, "%s", e.msg);
+        cr_expect(strstr(e.msg, "program: ") && strstr(e.msg, want[k]), "%s", e.msg);
+        cr_expect_null(q);
+        free(copy);
+    }
+    hp_free(wire);
+    hp_program_free(p);
+    hp_graph_free(g);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* hp_lower's best time over 3 runs on the debugmodel's joint graph at `layers` layers. */
+static double lower_seconds(int layers, bool check) {
+    hp_model_spec spec;
+    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &spec, NULL), HP_OK);
+    spec.n_layers = layers;
+    spec.batch = 2, spec.seq = 64;
+    hp_graph *g = NULL;
+    hp_err e;
+    cr_assert_eq(hp_model_build_joint(&spec, &g, &e), HP_OK, "%s", e.msg);
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        hp_program *p = NULL;
+        double t0 = now_s();
+        cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+        if (check && r == 0) check_no_live_overlap(p);
+        hp_program_free(p);
+    }
+    hp_graph_free(g);
+    return best;
+}
+
+/* Lowering (with its memory plan) grows about linearly with the graph: 4x the layers may take
+ * at most 8x the time (O(n log n) measures ~3x; the old O(n^2) placement ~14x). */
+Test(lower, scales_near_linearly_with_graph_size) {
+    double small = lower_seconds(128, true), big = lower_seconds(512, false);
+    cr_expect_lt(big, 8 * small + 0.01, "128 layers %.1f ms, 512 layers %.1f ms (ratio %.1f)",
+                 small * 1e3, big * 1e3, big / small);
 }

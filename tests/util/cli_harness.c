@@ -55,6 +55,24 @@ hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ..
     return r;
 }
 
+hp_th_run hp_th_run_bin_timeout(const char *tmpdir, int timeout_s, const char *bin, const char *fmt,
+                                ...) {
+    char args[2048], cmd[4096], p[1100];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "timeout -s KILL %d %s/%s %s >%s/out 2>%s/err", timeout_s,
+             HP_BINARY_DIR, bin, args, tmpdir, tmpdir);
+    int st = system(cmd);
+    hp_th_run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
+    snprintf(p, sizeof p, "%s/out", tmpdir);
+    r.out = hp_th_slurp(p);
+    snprintf(p, sizeof p, "%s/err", tmpdir);
+    r.err = hp_th_slurp(p);
+    return r;
+}
+
 char *hp_th_slurp_or_empty(const char *path) {
     if (access(path, F_OK) != 0) {
         char *s = strdup("");

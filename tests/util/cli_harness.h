@@ -23,6 +23,9 @@ char *hp_th_slurp(const char *path);
 hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void hp_th_run_free(hp_th_run *r);
+/* hp_th_run_bin, killed after timeout_s seconds (exit 124): for inputs that could hang it. */
+hp_th_run hp_th_run_bin_timeout(const char *tmpdir, int timeout_s, const char *bin, const char *fmt,
+                                ...) __attribute__((format(printf, 4, 5)));
 
 /* The whole file, malloc'd and NUL-terminated; "" when it does not exist. */
 char *hp_th_slurp_or_empty(const char *path);

@@ -8,6 +8,7 @@
 #define _GNU_SOURCE /* memmem */
 #include "hp/checkpoint.h"
 #include "hp/safetensors.h"
+#include "worker/crc32c.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -399,7 +400,7 @@ Test(checkpoint, corrupt_files_rejected) {
     fclose(f);
     expect_open_fails(HP_PARSE, "index.json", NULL);
     copy_file(saved_idx, idx);
-    replace_in_file(idx, "\"version\":2", "\"version\":9");
+    replace_in_file(idx, "\"version\":3", "\"version\":9");
     expect_open_fails(HP_PARSE, "index.json", "version 9");
     copy_file(saved_idx, idx);
     replace_in_file(idx, "\"world\":2", "\"world\":3");
@@ -707,7 +708,7 @@ Test(checkpoint, mesh_boxes_reshard) {
     cr_assert_not_null(ix);
     cr_assert_gt(fread(text, 1, sizeof text - 1, ix), 0);
     fclose(ix);
-    cr_expect(strstr(text, "\"version\":2"), "%s", text);
+    cr_expect(strstr(text, "\"version\":3"), "%s", text);
     cr_expect(strstr(text, "{\"rank\":3,\"off\":[3,2],\"len\":[2,1]}"), "%s", text);
 }
 
@@ -914,7 +915,7 @@ Test(checkpoint, version1_fixture) {
     fclose(f);
 
     for (int pass = 0; pass < 2; pass++) {
-        /* pass 0: as found; pass 1: after a commit rewrote the index as version 2 */
+        /* pass 0: as found; pass 1: after a commit rewrote the index as version 3 */
         hp_ckpt *c;
         hp_err err;
         cr_assert_eq(hp_ckpt_open(tmpdir, -1, &c, &err), HP_OK, "pass %d: %s", pass, err.msg);
@@ -945,7 +946,112 @@ Test(checkpoint, version1_fixture) {
     char text[2048] = {0};
     cr_assert_gt(fread(text, 1, sizeof text - 1, f), 0);
     fclose(f);
-    cr_expect(strstr(text, "\"version\":2") &&
+    cr_expect(strstr(text, "\"version\":3") &&
                   strstr(text, "{\"rank\":1,\"off\":[3,0],\"len\":[2,3]}"),
               "%s", text);
+}
+
+/* ---- checksums (version 3) ------------------------------------------------------------------ */
+
+Test(checkpoint, crc32c_known_values) {
+    /* the check value of CRC-32C (RFC 3720 / the Castagnoli catalogue) */
+    cr_expect_eq(hp__crc32c(0, "123456789", 9), 0xE3069283u);
+    cr_expect_eq(hp__crc32c(0, "", 0), 0u);
+    static uint8_t zeros[32], buf[1000];
+    cr_expect_eq(hp__crc32c(0, zeros, 32), 0x8A9136AAu); /* RFC 3720 B.4: 32 zero bytes */
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)(i * 131 + 7);
+    for (size_t off = 0; off < 9; off++) /* every alignment, hardware == portable, chained */
+        for (size_t n = 0; n + off <= sizeof buf; n += 97) {
+            uint32_t a = hp__crc32c(0, buf + off, n), b = hp__crc32c_portable(0, buf + off, n);
+            cr_expect_eq(a, b, "off %zu n %zu", off, n);
+            cr_expect_eq(hp__crc32c(hp__crc32c(0, buf + off, n / 2), buf + off + n / 2, n - n / 2),
+                         a);
+        }
+}
+
+/* One flipped byte of a tensor's data: the open fails naming the rank file and the tensor. */
+Test(checkpoint, corrupt_tensor_byte_is_caught) {
+    model md;
+    model_init(&md, 2.0f);
+    write_world(tmpdir, &md, 7, 2, 0);
+    const char *r1 = tpath("step-00000007/rank-00001.safetensors");
+    hp_st_file *f = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_st_open(r1, &f, &err), HP_OK, "%s", err.msg);
+    cr_assert(hp_st_meta_get(f, "hp.crc32c"), "rank files carry checksums");
+    hp_st_close(f);
+    struct stat st;
+    cr_assert_eq(stat(r1, &st), 0);
+    FILE *fp = fopen(r1, "r+b");
+    cr_assert_eq(fseek(fp, st.st_size - 3, SEEK_SET), 0); /* inside the last tensor */
+    int ch = fgetc(fp);
+    cr_assert_eq(fseek(fp, st.st_size - 3, SEEK_SET), 0);
+    fputc(ch ^ 0x10, fp);
+    fclose(fp);
+    expect_open_fails(HP_PARSE, "rank-00001.safetensors", "is corrupt: CRC-32C");
+    /* commit does not re-read the bytes (they were checksummed as written) */
+    cr_expect_eq(hp_ckpt_commit(tmpdir, 7, 2, 0, &err), HP_OK, "%s", err.msg);
+    /* a version-3 file without checksums is refused, not read unverified */
+    const char *r0 = tpath("step-00000007/rank-00000.safetensors");
+    patch_file(r0, "\"hp.crc32c\"", "\"hp.crc32x\"");
+    expect_open_fails(HP_PARSE, "rank-00000.safetensors", "'hp.crc32c' is missing");
+    model_fini(&md);
+}
+
+/* Version-2 checkpoints (written before checksums) still open and read, unverified. */
+Test(checkpoint, version2_without_checksums_still_reads) {
+    model md;
+    model_init(&md, 3.0f);
+    write_world(tmpdir, &md, 7, 2, 0);
+    hp_err err = {0};
+    for (int r = 0; r < 2; r++) { /* rewrite each rank file as version 2 wrote it */
+        const char *path = tpath("step-00000007/rank-%05d.safetensors", r);
+        hp_st_file *f = NULL;
+        cr_assert_eq(hp_st_open(path, &f, &err), HP_OK, "%s", err.msg);
+        int n = hp_st_count(f), nm = hp_st_meta_count(f), k = 0;
+        hp_st_tensor *ts = calloc((size_t)n, sizeof *ts);
+        hp_st_kv *meta = calloc((size_t)nm, sizeof *meta);
+        for (int i = 0; i < n; i++) ts[i] = *hp_st_at(f, i);
+        for (int i = 0; i < nm; i++) {
+            const hp_st_kv *kv = hp_st_meta_at(f, i);
+            if (!strcmp(kv->key, "hp.crc32c")) continue;
+            meta[k] = *kv;
+            if (!strcmp(kv->key, "hp.version")) meta[k].value = "2";
+            k++;
+        }
+        char tmp2[300];
+        snprintf(tmp2, sizeof tmp2, "%s.v2", path);
+        cr_assert_eq(hp_st_write(tmp2, ts, n, meta, k, &err), HP_OK, "%s", err.msg);
+        hp_st_close(f);
+        cr_assert_eq(rename(tmp2, path), 0);
+        free(ts);
+        free(meta);
+    }
+    replace_in_file(tpath("step-00000007/index.json"), "\"version\":3", "\"version\":2");
+    hp_ckpt *c = NULL;
+    cr_assert_eq(hp_ckpt_open(tmpdir, 7, &c, &err), HP_OK, "%s", err.msg);
+    check_read_as(c, &md, 3);
+    hp_ckpt_close(c);
+    model_fini(&md);
+}
+
+/* A FIFO (no writer) in place of a rank file or the index: refused at once, never a hang in
+ * open() (the suite's timeout would turn a regression into a failure). */
+Test(checkpoint, fifo_in_place_of_a_file_is_refused, .timeout = 20) {
+    model md;
+    model_init(&md, 5.0f);
+    write_world(tmpdir, &md, 7, 2, 0);
+    const char *r1 = tpath("step-00000007/rank-00001.safetensors");
+    cr_assert_eq(unlink(r1), 0);
+    cr_assert_eq(mkfifo(r1, 0600), 0);
+    expect_open_fails(HP_IO, "rank-00001.safetensors", "not a regular file (a fifo)");
+    cr_assert_eq(unlink(r1), 0);
+    write_world(tmpdir, &md, 7, 2, 0);
+    const char *idx = tpath("step-00000007/index.json");
+    cr_assert_eq(unlink(idx), 0);
+    cr_assert_eq(mkfifo(idx, 0600), 0);
+    int64_t step = 0;
+    cr_expect_eq(hp_ckpt_latest(tmpdir, &step, NULL), HP_NOT_FOUND, "a fifo index is no commit");
+    expect_open_fails(HP_IO, "index.json", "not a regular file (a fifo)");
+    model_fini(&md);
 }

@@ -14,6 +14,7 @@
 #include "worker/executor.h"
 #include "worker/train.h"
 
+#include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char tmp[256];
 
@@ -298,6 +300,8 @@ typedef struct opaque {
     hp_backend base;
     hp_backend *in;
     int copies_in, copies_out;
+    int sumsq_calls, poison_sumsq; /* the poison_sumsq'th sum of squares (1-based) is NaN */
+    int adamw_calls;
 } opaque;
 
 #define IN(b) (((opaque *)(b))->in)
@@ -347,10 +351,14 @@ static void o_destroy(hp_backend *b) {
 }
 static hp_status o_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
                          const hp_adamw_param *p, int n, hp_err *err) {
+    ((opaque *)b)->adamw_calls++;
     return IN(b)->vt->adamw(IN(b), cfg, lr, step, p, n, err);
 }
 static hp_status o_sumsq(hp_backend *b, const hp_fspan *x, int n, double *out, hp_err *err) {
-    return IN(b)->vt->sum_squares(IN(b), x, n, out, err);
+    opaque *o = (opaque *)b;
+    hp_status st = IN(b)->vt->sum_squares(IN(b), x, n, out, err);
+    if (++o->sumsq_calls == o->poison_sumsq) *out = NAN; /* as an overflowed gradient would */
+    return st;
 }
 static hp_status o_scale(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err) {
     return IN(b)->vt->scale(IN(b), x, n, coef, err);
@@ -452,5 +460,157 @@ Test(train, cuda_job_is_refused_not_run_on_the_cpu) {
     cr_assert(strstr(e.msg, "device cuda") && strstr(e.msg, "without CUDA"), "%s", e.msg);
     cr_assert_null(strchr(e.msg, '\n'), "not one line: %s", e.msg);
     cr_assert_eq(res.last_step, 0);
+    hp_job_free(job);
+}
+
+/* A step whose grad norm is NaN stops the run with an error naming the step (the default, and
+ * what hpctl new writes); nothing of that step is applied. */
+Test(train, nonfinite_grad_norm_stops_naming_the_step) {
+    hp_job *job = tiny_job(tiny_spec(), 4);
+    opaque *o = opaque_new();
+    o->poison_sumsq = 2;
+    hp_train_opts opts = {.threads = 2, .log = stderr, .backend = &o->base};
+    hp_train_result res;
+    hp_err e = {0};
+    cr_assert_eq(hp_train(job, &opts, &res, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "step 2: non-finite grad norm"), "%s", e.msg);
+    cr_expect(strstr(e.msg, "--on-nonfinite skip"), "%s", e.msg);
+    cr_expect_eq(o->adamw_calls, 1, "the NaN step was applied");
+    hp_backend_free(&o->base);
+    hp_job_free(job);
+}
+
+/* --on-nonfinite skip (the job's train.on_nonfinite, or the option over it): the NaN step
+ * skips its optimizer update, the run goes on, and metrics count the skipped steps. */
+Test(train, on_nonfinite_skip_skips_the_update_and_counts_it) {
+    for (int via_opts = 0; via_opts < 2; via_opts++) {
+        hp_job *job = tiny_job(tiny_spec(), 4);
+        if (!via_opts) job->train.on_nonfinite = HP_NONFINITE_SKIP;
+        opaque *o = opaque_new();
+        o->poison_sumsq = 2;
+        char out[300], path[400];
+        snprintf(out, sizeof out, "%s/skip%d", tmp, via_opts);
+        hp_train_opts opts = {.out_dir = out,
+                              .threads = 2,
+                              .log = stderr,
+                              .backend = &o->base,
+                              .on_nonfinite = via_opts ? HP_TRAIN_NONFINITE_SKIP : 0};
+        hp_train_result res;
+        hp_err e = {0};
+        cr_assert_eq(hp_train(job, &opts, &res, &e), HP_OK, "%s", e.msg);
+        cr_expect_eq(res.skipped_steps, 1);
+        cr_expect_eq(res.last_step, 4);
+        cr_expect_eq(o->adamw_calls, 3, "updates: %d", o->adamw_calls);
+        cr_expect(isfinite(res.last_loss));
+        snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+        FILE *f = fopen(path, "r");
+        cr_assert(f, "%s", path);
+        char line[8192];
+        int64_t want[] = {0, 1, 1, 1};
+        for (int i = 0; i < 4; i++) {
+            cr_assert(fgets(line, sizeof line, f), "line %d", i + 1);
+            char key[64];
+            snprintf(key, sizeof key, "\"skipped_steps\":%lld", (long long)want[i]);
+            cr_expect(strstr(line, key), "step %d: %s", i + 1, line);
+        }
+        fclose(f);
+        hp_backend_free(&o->base);
+        hp_job_free(job);
+    }
+}
+
+/* Initial weights holding a NaN or an infinity are refused on load, naming the tensor. */
+Test(train, init_from_with_nan_is_refused_naming_the_tensor) {
+    hp_job *job = tiny_job(tiny_spec(), 2);
+    char out[300], path[400], bad[400];
+    snprintf(out, sizeof out, "%s/first", tmp);
+    hp_train_opts opts = {.out_dir = out, .threads = 2, .log = stderr};
+    hp_train_result res;
+    hp_err e = {0};
+    cr_assert_eq(hp_train(job, &opts, &res, &e), HP_OK, "%s", e.msg);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    hp_st_file *f = NULL;
+    cr_assert_eq(hp_st_open(path, &f, &e), HP_OK, "%s", e.msg);
+    const float poison[] = {NAN, INFINITY};
+    for (int p = 0; p < 2; p++) {
+        int n = hp_st_count(f);
+        hp_st_tensor *ts = calloc((size_t)n, sizeof *ts);
+        float *victim = NULL;
+        const char *name = NULL;
+        for (int i = 0; i < n; i++) {
+            ts[i] = *hp_st_at(f, i);
+            if (strstr(ts[i].name, "layers.1.attention.wq")) {
+                victim = malloc(ts[i].nbytes);
+                memcpy(victim, ts[i].data, ts[i].nbytes);
+                victim[3] = poison[p];
+                ts[i].data = victim;
+                name = ts[i].name;
+            }
+        }
+        cr_assert(victim, "no layers.1.attention.wq in the export");
+        snprintf(bad, sizeof bad, "%s/bad%d.safetensors", tmp, p);
+        cr_assert_eq(hp_st_write(bad, ts, n, NULL, 0, &e), HP_OK, "%s", e.msg);
+        hp_train_opts o2 = {.init_from = bad, .threads = 2, .log = stderr};
+        cr_assert_eq(hp_train(job, &o2, &res, &e), HP_INVALID);
+        char want[200];
+        snprintf(want, sizeof want, "tensor '%s' holds %s at element 3", name, p ? "inf" : "nan");
+        cr_expect(strstr(e.msg, want), "%s", e.msg);
+        free(victim);
+        free(ts);
+    }
+    hp_st_close(f);
+    hp_job_free(job);
+}
+
+/* Flips one byte near the end of path (inside its last tensor's data). */
+static void flip_last_bytes(const char *path) {
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f, "%s", path);
+    cr_assert_eq(fseek(f, -3, SEEK_END), 0);
+    int ch = fgetc(f);
+    cr_assert_eq(fseek(f, -3, SEEK_END), 0);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+}
+
+/* A corrupt tensor in the latest checkpoint: the resume falls back to the one before it and
+ * says why on the log; every checkpoint corrupt: a clear error, nothing trained. */
+Test(train, resume_falls_back_past_a_corrupt_checkpoint) {
+    hp_job *job = tiny_job(tiny_spec(), 8);
+    job->train.checkpoint_interval = 2;
+    hp_err e = {0};
+    char out[300], path[600], logp[400];
+    snprintf(out, sizeof out, "%s/run", tmp);
+    hp_train_result res;
+    hp_train_opts first = {.out_dir = out, .threads = 2, .log = stderr, .halt_after = 6};
+    cr_assert_eq(hp_train(job, &first, &res, &e), HP_OK, "%s", e.msg); /* checkpoints 2, 4, 6 */
+    snprintf(path, sizeof path, "%s/checkpoints/step-00000006/rank-00000.safetensors", out);
+    flip_last_bytes(path);
+
+    snprintf(logp, sizeof logp, "%s/resume.log", tmp);
+    FILE *log = fopen(logp, "w+");
+    hp_train_opts again = {.out_dir = out, .resume = out, .threads = 2, .log = log};
+    cr_assert_eq(hp_train(job, &again, &res, &e), HP_OK, "%s", e.msg);
+    fclose(log);
+    cr_expect_eq(res.first_step, 5, "resumed at %lld", (long long)res.first_step);
+    char *text = hp_th_slurp(logp);
+    cr_expect(strstr(text, "warning: resume: checkpoint step=6 fails verification") &&
+                  strstr(text, "is corrupt: CRC-32C") &&
+                  strstr(text, "falling back to the previous one"),
+              "%s", text);
+    cr_expect(strstr(text, "resumed from step 4"), "%s", text);
+    free(text);
+
+    /* now every complete checkpoint is corrupt (the run above wrote 6 and 8 again) */
+    for (int s = 2; s <= 8; s += 2) {
+        snprintf(path, sizeof path, "%s/checkpoints/step-%08d/rank-00000.safetensors", out, s);
+        if (access(path, F_OK) == 0) flip_last_bytes(path);
+    }
+    again.log = stderr;
+    cr_assert_eq(hp_train(job, &again, &res, &e), HP_PARSE);
+    cr_expect(strstr(e.msg, "resume") && strstr(e.msg, "no usable checkpoint in") &&
+                  strstr(e.msg, "3 complete ones failed verification") &&
+                  strstr(e.msg, "step-00000008/rank-00000.safetensors"),
+              "%s", e.msg);
     hp_job_free(job);
 }
