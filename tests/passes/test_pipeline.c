@@ -676,18 +676,19 @@ Test(pipeline, overlap_and_bucketing_on_fsdp_x_tp) {
     hp_compiled_free(ov);
     hp_compiled_free(plain);
     hp_compiled_free(both);
+}
 
-    /* hp/pass_names.def (what hp_job_validate lets a switch name) lists the pipeline's passes, in
-     * order: a pass added to one and not the other fails here. */
-    Test(pipeline, pass_names_def_matches_the_pipeline) {
-        static const char *const names[] = {
+/* hp/pass_names.def (what hp_job_validate lets a switch name) lists the pipeline's passes, in
+ * order: a pass added to one and not the other fails here. */
+Test(pipeline, pass_names_def_matches_the_pipeline) {
+    static const char *const names[] = {
 #define X(name) #name,
 #include "hp/pass_names.def"
 #undef X
-        };
-        int n = 0;
-        const hp__pass_entry *e = hp__passes(&n);
-        cr_assert_eq(n, (int)HP_ARRAY_LEN(names), "pipeline %d passes, pass_names.def %zu", n,
-                     HP_ARRAY_LEN(names));
-        for (int i = 0; i < n; i++) cr_expect_str_eq(e[i].name, names[i], "pass %d", i);
-    }
+    };
+    int n = 0;
+    const hp__pass_entry *e = hp__passes(&n);
+    cr_assert_eq(n, (int)HP_ARRAY_LEN(names), "pipeline %d passes, pass_names.def %zu", n,
+                 HP_ARRAY_LEN(names));
+    for (int i = 0; i < n; i++) cr_expect_str_eq(e[i].name, names[i], "pass %d", i);
+}

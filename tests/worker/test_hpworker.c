@@ -196,52 +196,49 @@ Test(hpworker, world_flag_on_an_nd_mesh_is_refused) {
     hp_th_run r =
         hp_th_run_bin(tmp, "worker/hp-worker", "--standalone %s --world 2 --out %s/o", job, tmp);
     hp_th_expect_cli_error(r, 2, "hp-worker", "--world 2: the job's mesh (dp=2,tp=2) has 4 ranks");
+}
 
-    /* Every path hp-worker reads (the job, --data, --init-from, --token-file) as a FIFO with no
-     * writer: refused at once with the path named, never a hang in open(). The timeout turns a
-     * regression into a failure (exit 137) instead of a stuck test. */
-    Test(hpworker, fifo_inputs_are_refused_not_waited_on) {
-        char job[300], fifo[300], out[300];
-        snprintf(job, sizeof job, "%s/job.pb", tmp);
-        snprintf(fifo, sizeof fifo, "%s/fifo", tmp);
-        snprintf(out, sizeof out, "%s/run", tmp);
-        make_job(job, 3, 0);
-        cr_assert_eq(mkfifo(fifo, 0600), 0);
-        char cases[4][1024];
-        snprintf(cases[0], sizeof cases[0], "--standalone %s --out %s", fifo, out);
-        snprintf(cases[1], sizeof cases[1], "--standalone %s --data %s --out %s", job, fifo, out);
-        snprintf(cases[2], sizeof cases[2], "--standalone %s --init-from %s --out %s", job, fifo,
-                 out);
-        snprintf(cases[3], sizeof cases[3], "--coordinator 127.0.0.1:1 --rank 0 --token-file %s",
-                 fifo);
-        for (int i = 0; i < 4; i++) {
-            const char *args = cases[i];
-            hp_th_run r =
-                hp_th_run_bin_timeout(tmp, 20, "worker/hp-worker", "%s --threads 1", args);
-            cr_expect_neq(r.code, 137, "%s: hung on the fifo", args);
-            cr_expect(r.code == 1 || r.code == 2, "%s: exit %d: %s", args, r.code, r.err);
-            cr_expect(strstr(r.err, "fifo: not a regular file (a fifo)"), "%s: %s", args, r.err);
-            hp_th_run_free(&r);
-        }
+/* Every path hp-worker reads (the job, --data, --init-from, --token-file) as a FIFO with no
+ * writer: refused at once with the path named, never a hang in open(). The timeout turns a
+ * regression into a failure (exit 137) instead of a stuck test. */
+Test(hpworker, fifo_inputs_are_refused_not_waited_on) {
+    char job[300], fifo[300], out[300];
+    snprintf(job, sizeof job, "%s/job.pb", tmp);
+    snprintf(fifo, sizeof fifo, "%s/fifo", tmp);
+    snprintf(out, sizeof out, "%s/run", tmp);
+    make_job(job, 3, 0);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    char cases[4][1024];
+    snprintf(cases[0], sizeof cases[0], "--standalone %s --out %s", fifo, out);
+    snprintf(cases[1], sizeof cases[1], "--standalone %s --data %s --out %s", job, fifo, out);
+    snprintf(cases[2], sizeof cases[2], "--standalone %s --init-from %s --out %s", job, fifo, out);
+    snprintf(cases[3], sizeof cases[3], "--coordinator 127.0.0.1:1 --rank 0 --token-file %s", fifo);
+    for (int i = 0; i < 4; i++) {
+        const char *args = cases[i];
+        hp_th_run r = hp_th_run_bin_timeout(tmp, 20, "worker/hp-worker", "%s --threads 1", args);
+        cr_expect_neq(r.code, 137, "%s: hung on the fifo", args);
+        cr_expect(r.code == 1 || r.code == 2, "%s: exit %d: %s", args, r.code, r.err);
+        cr_expect(strstr(r.err, "fifo: not a regular file (a fifo)"), "%s: %s", args, r.err);
+        hp_th_run_free(&r);
     }
+}
 
-    /* A coordinator address that can never answer (port out of range, not a number, no host) is
-     * refused at once as a usage error, not retried for the 60 s Welcome deadline. */
-    Test(hpworker, bad_coordinator_address_refused_at_once) {
-        const char *bad[] = {"127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:http",
-                             ":8080",           "127.0.0.1:",  "127.0.0.1"};
-        for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-            struct timespec t0, t1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-            hp_th_run r =
-                hp_th_run_bin_timeout(tmp, 20, "worker/hp-worker",
-                                      "--coordinator '%s' --job j-1 --rank 0 --token t", bad[i]);
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-            cr_expect_eq(r.code, 2, "%s: exit %d: %s", bad[i], r.code, r.err);
-            cr_expect_lt(s, 5.0, "%s: took %.1f s", bad[i], s);
-            cr_expect(strstr(r.err, "hp-worker: coordinator '") && strstr(r.err, bad[i]), "%s: %s",
-                      bad[i], r.err);
-            hp_th_run_free(&r);
-        }
+/* A coordinator address that can never answer (port out of range, not a number, no host) is
+ * refused at once as a usage error, not retried for the 60 s Welcome deadline. */
+Test(hpworker, bad_coordinator_address_refused_at_once) {
+    const char *bad[] = {"127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:http",
+                         ":8080",           "127.0.0.1:",  "127.0.0.1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        hp_th_run r = hp_th_run_bin_timeout(
+            tmp, 20, "worker/hp-worker", "--coordinator '%s' --job j-1 --rank 0 --token t", bad[i]);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        cr_expect_eq(r.code, 2, "%s: exit %d: %s", bad[i], r.code, r.err);
+        cr_expect_lt(s, 5.0, "%s: took %.1f s", bad[i], s);
+        cr_expect(strstr(r.err, "hp-worker: coordinator '") && strstr(r.err, bad[i]), "%s: %s",
+                  bad[i], r.err);
+        hp_th_run_free(&r);
     }
+}
