@@ -32,42 +32,12 @@ static bool varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     return false;
 }
 
-size_t hp__utf8_check(const char *str, size_t n) {
-    const uint8_t *s = (const uint8_t *)str;
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t k;
-        uint32_t cp, min;
-        if ((c & 0xe0) == 0xc0)
-            k = 1, cp = c & 0x1f, min = 0x80;
-        else if ((c & 0xf0) == 0xe0)
-            k = 2, cp = c & 0x0f, min = 0x800;
-        else if ((c & 0xf8) == 0xf0)
-            k = 3, cp = c & 0x07, min = 0x10000;
-        else
-            return i;
-        if (n - i <= k) return i;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + j] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return i;
-        i += k + 1;
-    }
-    return n;
-}
-
 bool hp__utf8_sanitize(char *dst, size_t n, const char *s) {
     if (!n) return false;
     size_t len = strnlen(s, n - 1), o = 0;
     bool changed = false;
     while (o < len) {
-        size_t ok = hp__utf8_check(s + o, len - o);
+        size_t ok = hp_utf8_check(s + o, len - o, true);
         memcpy(dst + o, s + o, ok);
         o += ok;
         if (o < len) {
@@ -203,7 +173,7 @@ static hp_status walk(scan *s, const ProtobufCMessageDescriptor *desc, const uin
                 if (nul)
                     return hp_errf(s->err, HP_INVALID, "%s: holds a NUL byte (at offset %zu)",
                                    s->path, (size_t)(nul - val));
-                size_t bad = hp__utf8_check((const char *)val, vlen);
+                size_t bad = hp_utf8_check((const char *)val, vlen, true);
                 if (bad < vlen)
                     return hp_errf(s->err, HP_INVALID, "%s: not valid UTF-8 (at offset %zu)",
                                    s->path, bad);

@@ -27,9 +27,6 @@ typedef struct hpd_pb_limits {
 hp_status hp__pb_check(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
                        const hpd_pb_limits *lim, size_t *est, hp_err *err);
 
-/* The first invalid UTF-8 sequence's offset in s[0, n), or n when s is valid UTF-8 (overlongs,
- * surrogates and code points past U+10FFFF are invalid). */
-size_t hp__utf8_check(const char *s, size_t n);
 
 /* Copies s into dst (size n, NUL-terminated) with each byte of an invalid UTF-8 sequence
  * replaced by '?'. Returns true when something was replaced. */
