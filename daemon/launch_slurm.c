@@ -10,11 +10,17 @@
  * -t all --name=hp-... -o %i|%T|%r` and lists the exit files of every attempt it tracks; its
  * output comes back through a pipe. A new rank exit → HPD_LEV_EXIT; a new squeue state →
  * HPD_LEV_STATE; NODE_FAIL, PREEMPTED, BOOT_FAIL, TIMEOUT, DEADLINE, OUT_OF_MEMORY or a requeue
- * → HPD_LEV_LOST (and scancel); a terminal state or the job's absence from squeue on two polls
- * → the ranks not yet reported end with HPD_EXIT_UNKNOWN and the attempt is forgotten.
+ * → HPD_LEV_LOST (and scancel); a terminal state → the ranks not yet reported end with
+ * HPD_EXIT_UNKNOWN and the attempt is forgotten. A job absent from squeue on two polls with
+ * ranks not yet reported (purged after MinJobAge while hpd was down, a missed poll) is asked of
+ * `sacct -j ID -P -n` (a child process too): its final state maps as squeue's would (lost
+ * states → HPD_LEV_LOST), COMPLETED with every step 0:0 → exit 0 for the rest, else unknown;
+ * where sacct fails or has no record (accounting_storage/none) the attempt is lost, logged as
+ * event=slurm_sacct_unavailable with sacct's own words.
  * stop(SIGTERM) is `scancel --signal=TERM` (the steps only), stop(SIGKILL) is `scancel` (Slurm
  * signals, waits KillWait, kills). The state dir must be on a filesystem the nodes share (logs,
- * exits, token).
+ * exits, token). In an allocation srun's own status is never a rank's: the exit files are, read
+ * by the first poll that starts after srun ended.
  *
  * Lifetimes: an sjob lives from start (or adopt) until its last rank is reported and no
  * command of its is in flight. Commands hold the loop alive (their handles are referenced;
@@ -24,6 +30,7 @@
 #include "daemon/core.h" /* hp__log */
 #include "daemon/launch.h"
 #include "daemon/launch_cmd.h"
+#include "daemon/launch_slurm.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -50,26 +57,31 @@ typedef struct sjob {
     bool ran;           /* was RUNNING once (PENDING after that: requeued) */
     bool *reported;     /* [world] exit reported */
     int n_reported;
-    bool submitting;   /* sbatch in flight */
-    bool over;         /* the Slurm job (or srun step) ended: report what is left, forget */
-    bool lost;         /* HPD_LEV_LOST sent */
-    int pending_sig;   /* stop() before sbatch answered: scancel once it has */
-    int misses;        /* polls that did not list it */
-    uv_process_t srun; /* in-allocation mode */
+    bool submitting;    /* sbatch in flight */
+    bool over;          /* the Slurm job (or srun step) ended: report what is left, forget */
+    bool lost;          /* HPD_LEV_LOST sent */
+    int pending_sig;    /* stop() before sbatch answered: scancel once it has */
+    int misses;         /* polls that did not list it */
+    bool sacct_running; /* sacct in flight (it left squeue before its end was seen) */
+    int sacct_tries;    /* sacct runs that found it still active */
+    uv_process_t srun;  /* in-allocation mode */
     bool srun_running;
+    uint64_t over_after; /* over only once a poll started after this one (srun's exit) */
+    struct slurm *owner;
 } sjob;
 
 typedef struct slurm {
     hpd_launcher base;
     uv_loop_t *loop;
     char worker[PATH_MAX];
-    char sbatch[PATH_MAX], squeue[PATH_MAX], scancel[PATH_MAX], srun[PATH_MAX];
+    char sbatch[PATH_MAX], squeue[PATH_MAX], scancel[PATH_MAX], srun[PATH_MAX], sacct[PATH_MAX];
     char partition[128], account[128], qos[128], time_limit[32];
     char alloc[32]; /* $SLURM_JOB_ID when hpd runs inside an allocation */
     int poll_ms;
     bool in_alloc;
     uv_timer_t timer;
-    bool polling; /* a poll command in flight */
+    bool polling;      /* a poll command in flight */
+    uint64_t poll_seq; /* polls started */
     sjob *jobs;
     uint64_t serial;
 } slurm;
@@ -105,7 +117,7 @@ static void sjob_free(slurm *s, sjob *j) {
 /* Reports every rank not yet reported (status unknown) and forgets the attempt. Events may
  * re-enter the launcher (stop, alive): j is unlinked first. */
 static void finish(slurm *s, sjob *j) {
-    if (j->submitting || j->srun_running) {
+    if (j->submitting || j->srun_running || j->sacct_running) {
         j->over = true; /* finished when its command returns */
         return;
     }
@@ -259,7 +271,11 @@ static void on_sbatch(void *ctx, const hpd_cmd_result *r) {
 static void on_srun_closed(uv_handle_t *h) {
     sjob *j = h->data;
     j->srun_running = false;
-    j->over = true; /* the next poll reads the exit files, then finishes it */
+    j->over = true;
+    /* The ranks' exit files are all written now (each wrapper wrote its own before it ended):
+     * a poll that listed them before srun ended may have missed some, so only the next poll
+     * finishes the attempt (else the ranks it missed would end "unknown"). */
+    j->over_after = j->owner->poll_seq;
 }
 
 static void on_srun_exit(uv_process_t *p, int64_t code, int sig) {
@@ -299,7 +315,8 @@ static hp_status write_script(slurm *s, const hpd_attempt_spec *a, char *path, s
      * TERM so that it outlives the signal that stops the worker. */
     fprintf(f,
             " --output=%s --open-mode=append \\\n"
-            "    /bin/sh -c 'trap : TERM INT; \"$@\"; rc=$?; "
+            "    /bin/sh -c 'trap : TERM INT; [ \"$SLURM_PROCID\" != 0 ] || "
+            "echo \"$SLURM_JOB_ID.$SLURM_STEP_ID\" >\"$HP_EXIT_DIR/step\"; \"$@\"; rc=$?; "
             "echo $rc >\"$HP_EXIT_DIR/rank-$SLURM_PROCID.tmp\" && "
             "mv \"$HP_EXIT_DIR/rank-$SLURM_PROCID.tmp\" \"$HP_EXIT_DIR/rank-$SLURM_PROCID.exit\"; "
             "exit $rc' hp-rank \\\n"
@@ -326,6 +343,7 @@ static sjob *sjob_new(slurm *s, const char *job_id, int attempt, int world, cons
     j->attempt = attempt;
     j->world = world;
     j->serial = ++s->serial;
+    j->owner = s;
     j->next = s->jobs;
     s->jobs = j;
     return j;
@@ -457,6 +475,7 @@ static bool final_state(const char *st) {
 
 typedef struct poll_ctx {
     slurm *s;
+    uint64_t seq; /* this poll's number */
     int n;
     uint64_t *serials; /* the polled attempts, by index */
 } poll_ctx;
@@ -491,6 +510,190 @@ static void on_state(slurm *s, sjob *j, const char *st, const char *reason) {
         emit(s, j, HPD_LEV_LOST, -1, 0, why);
         if (!final_state(st)) scancel(s, j, SIGKILL); /* requeued or suspended: end it */
     }
+}
+
+/* ---- sacct: how a job that left squeue ended ------------------------------------------------ */
+static int unreported(const sjob *j) {
+    int n = 0;
+    for (int r = 0; r < j->world; r++) n += !j->reported[r];
+    return n;
+}
+
+/* "CODE:SIGNAL", both decimal in [0, 255]. */
+static bool parse_exit(const char *t, size_t n, int *code, int *sig) {
+    char buf[32];
+    if (n == 0 || n >= sizeof buf) return false;
+    memcpy(buf, t, n);
+    buf[n] = 0;
+    char *colon = strchr(buf, ':');
+    if (!colon || colon == buf || !colon[1]) return false;
+    *colon = 0;
+    if (strspn(buf, "0123456789") != strlen(buf) ||
+        strspn(colon + 1, "0123456789") != strlen(colon + 1) || strlen(buf) > 3 ||
+        strlen(colon + 1) > 3)
+        return false;
+    *code = atoi(buf);
+    *sig = atoi(colon + 1);
+    return *code <= 255 && *sig <= 255;
+}
+
+/* State's first word ("CANCELLED by 0"), which must be [A-Z_]+. */
+static bool parse_state(const char *t, size_t n, char *out, size_t len) {
+    size_t w = 0;
+    while (w < n && t[w] != ' ') w++;
+    if (w == 0 || w >= len) return false;
+    for (size_t i = 0; i < w; i++)
+        if (!(isupper((unsigned char)t[i]) || t[i] == '_')) return false;
+    memcpy(out, t, w);
+    out[w] = 0;
+    return true;
+}
+
+hp_status hpd__slurm_parse_sacct(const char *text, size_t len, const char *ref, hpd__sacct_job *out,
+                                 hp_err *err) {
+    memset(out, 0, sizeof *out);
+    size_t rl = ref ? strlen(ref) : 0;
+    if (rl == 0 || strspn(ref, "0123456789") != rl)
+        return hp_errf(err, HP_INVALID, "'%.40s' is not a Slurm job id", ref ? ref : "(null)");
+    bool found = false;
+    for (size_t i = 0; i < len;) {
+        const char *l = text + i;
+        size_t n = 0;
+        while (i + n < len && l[n] != '\n') n++;
+        i += n + 1;
+        if (n && l[n - 1] == '\r') n--;
+        if (n == 0) continue;
+        const char *b1 = memchr(l, '|', n);
+        const char *b2 = b1 ? memchr(b1 + 1, '|', (size_t)(l + n - b1 - 1)) : NULL;
+        char st[32];
+        int code = 0, sig = 0;
+        if (!b2 || memchr(b2 + 1, '|', (size_t)(l + n - b2 - 1)) || b1 == l ||
+            !parse_state(b1 + 1, (size_t)(b2 - b1 - 1), st, sizeof st) ||
+            !parse_exit(b2 + 1, (size_t)(l + n - b2 - 1), &code, &sig)) {
+            char q[84];
+            size_t k = 0;
+            for (size_t c = 0; c < n && k < 80; c++)
+                q[k++] = (l[c] == '"' || l[c] == '\'' || (unsigned char)l[c] < 0x20 ||
+                          (unsigned char)l[c] >= 0x7f)
+                             ? '?'
+                             : l[c];
+            q[k] = 0;
+            return hp_errf(err, HP_INVALID, "sacct printed '%s%s', not JobID|State|CODE:SIGNAL", q,
+                           n > 80 ? "..." : "");
+        }
+        size_t idn = (size_t)(b1 - l);
+        if (idn < rl || memcmp(l, ref, rl) != 0) continue; /* another job's line */
+        if (idn == rl) {
+            found = true;
+            snprintf(out->state, sizeof out->state, "%s", st);
+            out->exit_code = code;
+            out->exit_signal = sig;
+        } else if (l[rl] == '.' && idn > rl + 1 &&
+                   strspn(l + rl + 1, "0123456789") == idn - rl - 1) {
+            out->steps++; /* ID.N: a step srun started (ID.batch, ID.extern are not) */
+            snprintf(out->step_state, sizeof out->step_state, "%s", st);
+            out->step_exit_code = code;
+            out->step_exit_signal = sig;
+            out->steps_bad += strcmp(st, "COMPLETED") != 0 || code || sig;
+        }
+    }
+    if (!found) return hp_errf(err, HP_NOT_FOUND, "sacct has no record of job %s", ref);
+    return HP_OK;
+}
+
+/* sacct could not say how the job ended: what hpd knows stands (the exits it recorded, the
+ * ranks' own Done reports to the core); the rest of the attempt is lost, which the core counts
+ * as a restart while max_restarts allows. */
+static void sacct_unavailable(slurm *s, sjob *j, const char *why) {
+    hp__log("warn",
+            "event=slurm_sacct_unavailable job=%s attempt=%d ref=%s why=\"%s\" unreported=%d "
+            "fallback=\"the exits and Done reports hpd has; the other ranks lost\"",
+            j->job_id, j->attempt, j->ref, why, unreported(j));
+    if (!j->lost) {
+        j->lost = true;
+        char text[360];
+        snprintf(text, sizeof text,
+                 "slurm job %s left squeue before hpd saw its end; sacct cannot say how (%.200s)",
+                 j->ref, why);
+        emit(s, j, HPD_LEV_LOST, -1, 0, text);
+    }
+    j->over = true;
+    finish(s, j);
+}
+
+#define SACCT_TRIES 5 /* sacct saying "still running" while squeue has no such job */
+
+static void on_sacct(void *ctx, const hpd_cmd_result *r) {
+    cmd_ctx *c = ctx;
+    slurm *s = c->s;
+    sjob *j = find(s, c->job_id, c->attempt);
+    hp_free(c);
+    if (!j) return;
+    j->sacct_running = false;
+    char why[400];
+    hpd__sacct_job a;
+    hp_err e = {0};
+    if (r->error || r->status != 0) {
+        char line[320];
+        first_line(r, line, sizeof line);
+        snprintf(why, sizeof why, "sacct %s (status %d): %s", r->error ? r->error : "failed",
+                 r->status, line[0] ? line : "(no output)");
+        sacct_unavailable(s, j, why);
+        return;
+    }
+    if (hpd__slurm_parse_sacct(r->out, r->out_len, j->ref, &a, &e) != HP_OK) {
+        sacct_unavailable(s, j, e.msg);
+        return;
+    }
+    hp__log("info",
+            "event=slurm_sacct job=%s attempt=%d ref=%s state=%s exit=%d:%d steps=%d "
+            "step_state=%s step_exit=%d:%d",
+            j->job_id, j->attempt, j->ref, a.state, a.exit_code, a.exit_signal, a.steps,
+            a.steps ? a.step_state : "-", a.step_exit_code, a.step_exit_signal);
+    if (!final_state(a.state)) {
+        /* squeue missed it, Slurm still has it (PENDING, RUNNING, REQUEUED...): keep watching */
+        if (++j->sacct_tries >= SACCT_TRIES) {
+            snprintf(why, sizeof why, "sacct still says %s after %d tries, squeue lists nothing",
+                     a.state, j->sacct_tries);
+            sacct_unavailable(s, j, why);
+            return;
+        }
+        j->misses = 0;
+        on_state(s, j, a.state, "");
+        return;
+    }
+    on_state(s, j, a.state, ""); /* NODE_FAIL, PREEMPTED, TIMEOUT, OUT_OF_MEMORY: lost */
+    /* A step's code is the highest of its tasks': 0 says every rank exited 0. Anything else
+     * names no rank, so the ranks without an exit file end unknown. */
+    if (!strcmp(a.state, "COMPLETED") && !a.exit_code && !a.exit_signal && a.steps > 0 &&
+        !a.steps_bad) {
+        for (int rk = 0; rk < j->world; rk++)
+            if (!j->reported[rk]) {
+                j->reported[rk] = true;
+                emit(s, j, HPD_LEV_EXIT, rk, 0, NULL);
+            }
+    }
+    j->over = true;
+    finish(s, j);
+}
+
+static void sacct(slurm *s, sjob *j) {
+    char *argv[] = {s->sacct, "-j",         j->ref, "--format=JobID,State,ExitCode",
+                    "-P",     "--noheader", NULL};
+    cmd_ctx *c = ctx_new(s, j);
+    hp_err e = {0};
+    if (!c) {
+        sacct_unavailable(s, j, "out of memory");
+        return;
+    }
+    if (hpd_cmd_run(s->loop, argv, NULL, CMD_TIMEOUT_MS, 64 * 1024, on_sacct, c, &e) != HP_OK) {
+        hp_free(c);
+        sacct_unavailable(s, j, e.msg);
+        return;
+    }
+    j->sacct_running = true;
+    hp__log("info", "event=slurm_sacct_query job=%s attempt=%d ref=%s note=\"gone from squeue\"",
+            j->job_id, j->attempt, j->ref);
 }
 
 static void on_poll(void *ctx, const hpd_cmd_result *r) {
@@ -536,9 +739,18 @@ static void on_poll(void *ctx, const hpd_cmd_result *r) {
     for (int i = 0; i < p->n; i++) {
         sjob *j = polled(p, i);
         if (!j) continue;
-        /* Gone from squeue (purged after MinJobAge, or never seen by a new hpd): over. */
-        if (j->ref[0] && sq_ok && !listed[i] && ++j->misses >= 2) j->over = true;
-        if (j->over && !j->submitting && !j->srun_running) finish(s, j);
+        /* Gone from squeue (purged after MinJobAge, or never seen by a new hpd) with ranks not
+         * yet reported: ask sacct how it ended; nothing left to learn: over. */
+        if (j->ref[0] && sq_ok && !listed[i] && !j->over && !j->sacct_running && ++j->misses >= 2) {
+            if (unreported(j) > 0) {
+                sacct(s, j); /* may finish (and free) j when sacct cannot start */
+                continue;
+            }
+            j->over = true;
+        }
+        if (j->over && p->seq > j->over_after && !j->submitting && !j->srun_running &&
+            !j->sacct_running)
+            finish(s, j);
     }
     hp_free(listed);
 out:
@@ -557,6 +769,7 @@ static void on_tick(uv_timer_t *t) {
     if (p) p->serials = hp_calloc((size_t)n, sizeof *p->serials);
     if (!p || !argv || !names || !p->serials) goto fail;
     p->s = s;
+    p->seq = ++s->poll_seq;
     int k = 0;
     argv[k++] = "/bin/sh";
     argv[k++] = "-c";
@@ -589,13 +802,37 @@ fail:
     hp_free(names);
 }
 
+/* In an allocation, SIGKILL to srun leaves the step's tasks running (they hold the CPUs the
+ * next attempt's step needs): SIGKILL the step itself, its id ("ALLOC.STEP") from the file rank
+ * 0's wrapper wrote. */
+static const char STEP_KILL_SH[] =
+    "f=$2/step; [ -s \"$f\" ] || exit 0; exec \"$1\" --signal=KILL \"$(cat \"$f\")\"";
+
+static void step_kill(slurm *s, sjob *j) {
+    char *argv[] = {"/bin/sh", "-c", (char *)STEP_KILL_SH, "hp-step-kill", s->scancel,
+                    j->dir,    NULL};
+    cmd_ctx *c = ctx_new(s, j);
+    hp_err e = {0};
+    if (!c) hp_errf(&e, HP_NOMEM, "out of memory");
+    if (!c || hpd_cmd_run(s->loop, argv, NULL, CMD_TIMEOUT_MS, 4096, on_scancel, c, &e) != HP_OK) {
+        hp_free(c);
+        hp__log("error", "event=scancel_failed job=%s attempt=%d error=\"%s\"", j->job_id,
+                j->attempt, e.msg);
+        return;
+    }
+    hp__log("info", "event=scancel job=%s attempt=%d step=in-allocation signal=KILL", j->job_id,
+            j->attempt);
+}
+
 /* ---- the vtable ---------------------------------------------------------------------------- */
 static void slurm_stop(hpd_launcher *base, const char *job_id, int attempt, int signum) {
     slurm *s = (slurm *)base;
     sjob *j = find(s, job_id, attempt);
     if (!j) return;
     if (s->in_alloc) {
-        if (j->srun_running) uv_kill(-j->srun.pid, signum); /* srun passes it to the tasks */
+        if (!j->srun_running) return;
+        uv_kill(-j->srun.pid, signum); /* srun passes TERM to the tasks; KILL ends srun only */
+        if (signum == SIGKILL) step_kill(s, j);
         return;
     }
     if (j->submitting) {
@@ -679,6 +916,7 @@ hp_status hpd_launcher_slurm_new(uv_loop_t *loop, const hpd_slurm_opts *o,
     tool(s->squeue, sizeof s->squeue, o->bin_dir, "squeue");
     tool(s->scancel, sizeof s->scancel, o->bin_dir, "scancel");
     tool(s->srun, sizeof s->srun, o->bin_dir, "srun");
+    tool(s->sacct, sizeof s->sacct, o->bin_dir, "sacct");
     snprintf(s->partition, sizeof s->partition, "%s", o->partition ? o->partition : "");
     snprintf(s->account, sizeof s->account, "%s", o->account ? o->account : "");
     snprintf(s->qos, sizeof s->qos, "%s", o->qos ? o->qos : "");

@@ -4,8 +4,12 @@
  * to SUCCEEDED with the loss falling; hpctl cancel ending the Slurm job; a rank killed with
  * SIGKILL → RESTARTING → resumed → SUCCEEDED with the final weights of an uninterrupted run;
  * hpd killed with SIGKILL while a Slurm job runs → restarted → the job found, cancelled and
- * relaunched; deploy/slurm/train.sbatch submitted to the same cluster to completion.
- * Skips (saying why) where Slurm is not installed or the test is not root. */
+ * relaunched; deploy/slurm/train.sbatch submitted to the same cluster to completion; a job
+ * whose Slurm record is gone while hpd was down (sacct unavailable: no accounting here) lost
+ * and restarted; hpd inside an allocation (hpd.sbatch) reporting a SIGKILLed rank as its own
+ * 137 and resuming. Skips (saying why) where Slurm is not installed or the test is not root.
+ * The sacct output parser (suite slurm_parse) runs everywhere, on recorded outputs. */
+#include "daemon/launch_slurm.h"
 #include "tests/util/cli_harness.h"
 #include "tests/util/hpd_harness.h"
 
@@ -27,6 +31,7 @@ typedef hp_th_run run;
 static char g_dir[256];   /* temp dir: slurm/, state/, job files */
 static char g_slurm[300]; /* the cluster's dir */
 static char g_skip[256];  /* why the cluster cannot run here ("": it can) */
+static int g_base;        /* the cluster's first port */
 static hp_th_hpd g_h = {.pid = -1};
 static char g_log[300]; /* hpd's stderr */
 static const char *const k_hpd_args[] = {"--http", "127.0.0.1:0",     "--slots", "4", "--launcher",
@@ -88,9 +93,9 @@ static void setup(void) {
     free(why);
     snprintf(g_slurm, sizeof g_slurm, "%s/slurm", g_dir);
     /* own ports per process: tests of other worktrees may run a cluster at the same time */
-    int base = 17000 + (int)(getpid() % 300) * 110;
+    g_base = 17000 + (int)(getpid() % 300) * 110;
     char *out = sh(&code, "%s/tests/daemon/slurm_cluster.sh start %s %d 2>&1", hp_th_source_dir(),
-                   g_slurm, base);
+                   g_slurm, g_base);
     cr_assert_eq(code, 0, "the Slurm cluster did not start: %s", out);
     free(out);
     char conf[400];
@@ -522,4 +527,221 @@ Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
     free(ref2);
     free(ref);
     free(id);
+}
+
+/* A job whose Slurm record is gone while hpd was down (as after MinJobAge, or a controller that
+ * lost its state) and whose ranks left no exit files: squeue does not list it, sacct cannot say
+ * how it ended (this cluster has no accounting), so the attempt is lost, logged with sacct's own
+ * words, and restarted from the checkpoint. */
+Test(slurm, job_gone_from_slurm_while_hpd_was_down_is_lost_and_restarted) {
+    NEED_SLURM();
+    new_job("g.pb", 200, "--checkpoint-interval 25 --max-restarts 2");
+    char *id = submit("g.pb");
+    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
+    cr_assert_geq(step(id), 30, "no progress");
+    char *ref = field(id, "launch_ref");
+    cr_assert(ref[0]);
+    kill(g_h.pid, SIGKILL);
+    waitpid(g_h.pid, NULL, 0);
+    g_h.pid = -1;
+    /* the controller restarts with an empty state: job REF is unknown to squeue and sacct; the
+     * exit files go too, as when the node died before the wrappers could write them */
+    int code;
+    free(sh(&code, "%s/tests/daemon/slurm_cluster.sh stop %s", hp_th_source_dir(), g_slurm));
+    free(sh(&code, "rm -rf %s/state/* %s/spool/* %s/state/jobs/%s/attempt-0/rank-*.exit", g_slurm,
+            g_slurm, g_dir, id));
+    char *out = sh(&code, "%s/tests/daemon/slurm_cluster.sh start %s %d 2>&1", hp_th_source_dir(),
+                   g_slurm, g_base);
+    cr_assert_eq(code, 0, "the Slurm cluster did not restart: %s", out);
+    free(out);
+    start_hpd();
+    char *st = wait_state(id, "SUCCEEDED", 150);
+    cr_expect_str_eq(st, "SUCCEEDED");
+    free(st);
+    char *log = hp_th_slurp(g_log);
+    char want[200];
+    snprintf(want, sizeof want, "event=slurm_sacct_unavailable job=%s attempt=0 ref=%s why=\"sacct",
+             id, ref);
+    char *line = strstr(log, want);
+    cr_expect(line, "no '%s' in hpd's log", want);
+    cr_expect(strstr(log, "why=\"slurm job ") && strstr(log, "left squeue before hpd saw its end"),
+              "the attempt was not lost for it");
+    if (line) {
+        line[strcspn(line, "\n")] = 0; /* the rest of the log is gone from here on */
+        cr_expect(strstr(line, "accounting"), "the line does not say why: %s", line);
+    }
+    free(log);
+    json_t *j = status(id);
+    cr_expect_geq(json_integer_value(json_object_get(j, "restarts")), 1);
+    json_decref(j);
+    free(ref);
+    free(id);
+}
+
+/* hpd inside an allocation (hpd.sbatch, srun mode): rank 1 SIGKILLed is reported as rank 1's
+ * own 137 (not srun's aggregate status), the job goes RESTARTING and resumes to SUCCEEDED in a
+ * new step of the same allocation. */
+Test(slurm, srun_mode_killed_rank_is_its_own_failure_and_restarts) {
+    NEED_SLURM();
+    new_job("s.pb", 1500, "--checkpoint-interval 25 --max-restarts 2"); /* ~15 s at 100 steps/s */
+    int code;
+    char *alloc =
+        sh(&code,
+           "cd %s && HPD=%s/daemon/hpd HPCTL=%s/client/hpctl HP_WORKER=%s/worker/hp-worker "
+           "HP_ADVERTISE=127.0.0.1 HP_STATE_DIR=%s/sstate sbatch --parsable --ntasks=2 "
+           "--output=%s/hpd-s.log %s/deploy/slurm/hpd.sbatch %s/s.pb 2>&1",
+           g_dir, hp_th_binary_dir(), hp_th_binary_dir(), hp_th_binary_dir(), g_dir, g_dir,
+           hp_th_source_dir(), g_dir);
+    cr_assert_eq(code, 0, "sbatch hpd.sbatch: %s", alloc);
+    alloc[strcspn(alloc, "\n;")] = 0;
+    /* the job hpd.sbatch submitted, and hpd's address */
+    char id[64] = "";
+    char path[600];
+    snprintf(path, sizeof path, "%s/sstate/hpd.ready", g_dir);
+    for (int i = 0; i < 600 && !id[0]; i++) {
+        char *o = sh(&code, "ls %s/sstate/jobs 2>/dev/null | head -n 1", g_dir);
+        snprintf(id, sizeof id, "%.*s", (int)strcspn(o, "\n"), o);
+        free(o);
+        if (!id[0]) usleep(100000);
+    }
+    cr_assert(id[0], "hpd.sbatch submitted no job");
+    char *ready = hp_th_slurp_or_empty(path);
+    char server[128] = "";
+    char *g = strstr(ready, "grpc=");
+    if (g) snprintf(server, sizeof server, "%.*s", (int)strcspn(g + 5, " \n"), g + 5);
+    free(ready);
+    cr_assert(server[0], "no grpc= in %s", path);
+    char old_server[128], old_state[300];
+    snprintf(old_server, sizeof old_server, "%s", getenv("HP_SERVER"));
+    snprintf(old_state, sizeof old_state, "%s", getenv("HP_STATE_DIR"));
+    setenv("HP_SERVER", server, 1);
+    snprintf(path, sizeof path, "%s/sstate", g_dir);
+    setenv("HP_STATE_DIR", path, 1);
+    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
+    cr_assert_geq(step(id), 30, "no progress");
+    pid_t pid = worker_pid(id, 1);
+    cr_assert(pid > 0, "no hp-worker of %s rank 1", id);
+    cr_assert_eq(kill(pid, SIGKILL), 0);
+    setenv("HP_SERVER", old_server, 1);
+    setenv("HP_STATE_DIR", old_state, 1);
+    /* hpd.sbatch (and its hpd) ends once the job SUCCEEDED: watch the allocation, not hpd */
+    bool ended = false;
+    for (int i = 0; i < 1500 && !ended; i++) {
+        char *q = sh(&code, "squeue -h -t all -j %s -o %%T", alloc);
+        ended = !strncmp(q, "COMPLETED", 9) || !strncmp(q, "FAILED", 6);
+        free(q);
+        if (!ended) usleep(100000);
+    }
+    cr_expect(ended, "allocation %s did not end", alloc);
+    snprintf(path, sizeof path, "%s/hpd-s.log", g_dir);
+    char *text = hp_th_slurp_or_empty(path);
+    char done[96];
+    snprintf(done, sizeof done, "%s SUCCEEDED", id);
+    cr_expect(strstr(text, done), "hpd.sbatch's output: %s", text);
+    free(text);
+    snprintf(path, sizeof path, "%s/sstate/hpd.log", g_dir);
+    char *log = hp_th_slurp_or_empty(path);
+    char want[200];
+    snprintf(want, sizeof want, "event=worker_exit job=%s attempt=0 rank=1 status=137", id);
+    cr_expect(strstr(log, want), "no '%s' in hpd's log:\n%s", want, log);
+    snprintf(want, sizeof want, "job=%s from=RUNNING to=RESTARTING", id);
+    cr_expect(strstr(log, want), "no '%s' in hpd's log", want);
+    /* rank 0 ends with its own status: Slurm ends the step once a task dies of a signal
+     * (SIGKILLing rank 0's wrapper too), so that is "unknown" (-1), or what rank 0 exited with
+     * first (1 when its collective saw the peer die); never srun's aggregate 137 */
+    snprintf(want, sizeof want, "event=worker_exit job=%s attempt=0 rank=0 status=", id);
+    char *r0 = strstr(log, want);
+    cr_expect(r0, "no exit of rank 0 in hpd's log");
+    if (r0) {
+        int s0 = atoi(r0 + strlen(want));
+        cr_expect(s0 != 137, "rank 0 was given srun's status %d", s0);
+    }
+    snprintf(want, sizeof want, "event=launch_state job=%s attempt=1 state=RUNNING (srun", id);
+    cr_expect(strstr(log, want), "no '%s' in hpd's log", want);
+    free(log);
+    free(alloc);
+}
+
+/* ---- the sacct parser, on recorded outputs (no cluster needed) ----------------------------- */
+static hp_status parse(const char *text, const char *ref, hpd__sacct_job *a, hp_err *e) {
+    return hpd__slurm_parse_sacct(text, strlen(text), ref, a, e);
+}
+
+Test(slurm_parse, completed_job_with_its_steps) {
+    hpd__sacct_job a;
+    hp_err e = {0};
+    cr_assert_eq(parse("1234|COMPLETED|0:0\n1234.batch|COMPLETED|0:0\n"
+                       "1234.extern|COMPLETED|0:0\n1234.0|COMPLETED|0:0\n",
+                       "1234", &a, &e),
+                 HP_OK, "%s", e.msg);
+    cr_expect_str_eq(a.state, "COMPLETED");
+    cr_expect_eq(a.exit_code, 0);
+    cr_expect_eq(a.steps, 1, "batch and extern are not srun steps");
+    cr_expect_str_eq(a.step_state, "COMPLETED");
+    cr_expect_eq(a.steps_bad, 0);
+}
+
+Test(slurm_parse, failures_cancels_and_lost_states) {
+    hpd__sacct_job a;
+    hp_err e = {0};
+    /* a rank SIGKILLed: the step says 0:9 or 137:0, never which rank */
+    cr_assert_eq(
+        parse("77|FAILED|137:0\r\n77.batch|FAILED|137:0\r\n77.0|FAILED|0:9\r\n", "77", &a, &e),
+        HP_OK, "%s", e.msg);
+    cr_expect_str_eq(a.state, "FAILED");
+    cr_expect_eq(a.exit_code, 137);
+    cr_expect_eq(a.step_exit_signal, 9);
+    cr_expect_eq(a.steps_bad, 1);
+    cr_assert_eq(parse("99|CANCELLED by 0|0:15\n99.0|CANCELLED by 0|0:15\n", "99", &a, &e), HP_OK);
+    cr_expect_str_eq(a.state, "CANCELLED", "the first word of 'CANCELLED by 0'");
+    cr_expect_eq(a.exit_signal, 15);
+    const char *lost[] = {"NODE_FAIL", "PREEMPTED", "TIMEOUT", "OUT_OF_MEMORY"};
+    for (size_t i = 0; i < sizeof lost / sizeof *lost; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "5|%s|0:0\n5.0|CANCELLED|0:9\n", lost[i]);
+        cr_assert_eq(parse(text, "5", &a, &e), HP_OK, "%s: %s", lost[i], e.msg);
+        cr_expect_str_eq(a.state, lost[i]);
+        cr_expect_eq(a.steps_bad, 1);
+    }
+    /* another job's lines (12345 is not 1234), then 1234 itself */
+    cr_assert_eq(parse("12345|FAILED|1:0\n1234|PENDING|0:0\n", "1234", &a, &e), HP_OK);
+    cr_expect_str_eq(a.state, "PENDING");
+    cr_expect_eq(a.steps, 0);
+}
+
+Test(slurm_parse, no_record_and_garbage_are_clear_errors) {
+    hpd__sacct_job a;
+    hp_err e = {0};
+    cr_expect_eq(parse("", "1234", &a, &e), HP_NOT_FOUND);
+    cr_expect(strstr(e.msg, "no record of job 1234"), "%s", e.msg);
+    cr_expect_eq(parse("12345|COMPLETED|0:0\n", "1234", &a, &e), HP_NOT_FOUND);
+    const char *bad[] = {
+        "sacct: error: Slurm accounting storage is disabled\n",
+        "1234|COMPLETED\n",
+        "1234|COMPLETED|x:0\n",
+        "1234|completed|0:0\n",
+        "1234|COMPLETED|0:0|extra\n",
+        "|COMPLETED|0:0\n",
+        "1234||0:0\n",
+        "1234|COMPLETED|999:0\n",
+        "1234|COMPLETED|:\n",
+        "1234|COMPLETED|-1:0\n",
+        "1234|\"COMPLETED\"|0:0\n",
+        "1234|COMPLETED|0:0\n\x01\x02|\xff|\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        e.msg[0] = 0;
+        cr_expect_eq(parse(bad[i], "1234", &a, &e), HP_INVALID, "accepted: %s", bad[i]);
+        cr_expect(strstr(e.msg, "not JobID|State|CODE:SIGNAL"), "%s", e.msg);
+        cr_expect(!strchr(e.msg, '"') && !strchr(e.msg, '\n'), "unquoted: %s", e.msg);
+    }
+    /* NUL bytes and a line far over any buffer: bounded by len, an error, no crash */
+    char big[9000];
+    memset(big, 'A', sizeof big);
+    cr_expect_eq(hpd__slurm_parse_sacct(big, sizeof big, "1234", &a, &e), HP_INVALID);
+    cr_expect_lt(strlen(e.msg), 200u);
+    const char nul[] = "1234|COMP\0LETED|0:0\n";
+    cr_expect_eq(hpd__slurm_parse_sacct(nul, sizeof nul - 1, "1234", &a, &e), HP_INVALID);
+    cr_expect_eq(parse("1234|COMPLETED|0:0\n", "12a", &a, &e), HP_INVALID);
+    cr_expect_eq(parse("1234|COMPLETED|0:0\n", "", &a, &e), HP_INVALID);
 }
