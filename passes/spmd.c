@@ -431,7 +431,7 @@ static hp_status recompute(spmd *s, int32_t u, int32_t p, hp_value *out, hp_err 
     int na = t->n_attrs;
     hp_attr attrs[HP_ATTR_COUNT];
     hp_placement in_pl[HP_MESH_MAX_DIMS], pl[HP_MESH_MAX_DIMS];
-    memcpy(attrs, t->attrs, sizeof(hp_attr) * (size_t)na);
+    if (na) memcpy(attrs, t->attrs, sizeof(hp_attr) * (size_t)na);
     memcpy(pl, t->pl, sizeof(hp_placement) * (size_t)nd);
     memcpy(in_pl, placed(s, t->in[0]), sizeof(hp_placement) * (size_t)nd);
     HP_TRY(redistribute(s, b, in_pl, &b, err));
