@@ -71,7 +71,7 @@ static int open_client(const char *verb, const remote_opts *o, hp_rpc_client **c
     hp_rpc_opts ro = {o->server, token, o->tls_ca, o->timeout_ms};
     hp_status st = hp_rpc_client_open(&ro, c, &err);
     hp_free(token);
-    if (st != HP_OK) return hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
+    if (st != HP_OK) return hpctl_fail(hp_status_exit(st), verb, "%s", err.msg);
     return HPCTL_OK;
 }
 

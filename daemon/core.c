@@ -246,8 +246,9 @@ static bool replay_one(void *ctx, int64_t step, int rank, const uint8_t *rec, si
 hp_status hpd_watch_start(hpd *d, const char *id, int64_t from_step, bool logs, hpd_event_fn fn,
                           void *ctx, hpd_watch **out, hp_err *err) {
     *out = NULL;
+    char q[HP_QUOTE_MAX]; /* the id as the peer sent it, escaped */
     hpd_job *j = hp__job_find(d, id);
-    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", hp_quote(q, sizeof q, id, 64));
     hpd_watch *w = hp_calloc(1, sizeof *w);
     if (!w) return hp_errf(err, HP_NOMEM, "out of memory");
     w->d = d;
@@ -334,8 +335,9 @@ uv_loop_t *hpd_loop(hpd *d) {
 }
 
 hp_status hpd_get(hpd *d, const char *id, hpd_job_view *out, hp_err *err) {
+    char q[HP_QUOTE_MAX]; /* the id as the peer sent it, escaped */
     hpd_job *j = hp__job_find(d, id);
-    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", hp_quote(q, sizeof q, id, 64));
     *out = j->v;
     return HP_OK;
 }
@@ -388,12 +390,10 @@ static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, hp
      * no backend for is refused now, not after a launch, and never run on the CPU. */
     HP_TRY(hp_device_built((*job)->resources.device, err));
     hp_compiled *c = NULL;
+    /* The kind stays: a job that does not compile is INVALID, one that needs what this build
+     * lacks UNSUPPORTED, a compiler fault INTERNAL (hp/status.def maps each for the caller). */
     hp_status st = hp_compile(*job, (*job)->resources.world_size, &c, err);
     hp_compiled_free(c);
-    if (st != HP_OK) {
-        if (st != HP_NOMEM) st = HP_INVALID; /* the job does not compile: the caller's fault */
-        if (err) err->status = st;
-    }
     return st;
 }
 
@@ -546,8 +546,10 @@ hp_status hpd_list(hpd *d, const Hp__V1__JobState *states, int n_states, int pag
     long below = LONG_MAX;
     if (page_token && *page_token) {
         below = id_seq(page_token);
+        char q[HP_QUOTE_MAX];
         if (below <= 0)
-            return hp_errf(err, HP_INVALID, "page_token: '%s' is not a job id", page_token);
+            return hp_errf(err, HP_INVALID, "page_token: %s is not a job id",
+                           hp_quote(q, sizeof q, page_token, 64));
     }
     /* The list is oldest first; walk it into an index to go newest first. */
     hpd_job **all = hp_malloc(sizeof *all * (size_t)(d->n_jobs ? d->n_jobs : 1));
@@ -576,8 +578,9 @@ hp_status hpd_list(hpd *d, const Hp__V1__JobState *states, int n_states, int pag
 }
 
 hp_status hpd_cancel(hpd *d, const char *id, const char *reason, hpd_job_view *out, hp_err *err) {
+    char q[HP_QUOTE_MAX]; /* the id as the peer sent it, escaped */
     hpd_job *j = hp__job_find(d, id);
-    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", hp_quote(q, sizeof q, id, 64));
     if (!hpd_sm_is_final(j->v.state)) {
         char why[300];
         snprintf(why, sizeof why, "cancelled: %s", reason && *reason ? reason : "by request");
@@ -632,11 +635,7 @@ static hp_status plan_compile(const uint8_t *bytes, size_t len, int world_size, 
     hp_job *job = NULL;
     HP_TRY(hp_job_unpack(bytes, len, &job, err));
     hp_compiled *c = NULL;
-    hp_status st = hp_compile(job, world_size, &c, err);
-    if (st != HP_OK && st != HP_NOMEM) {
-        st = HP_INVALID;
-        if (err) err->status = st;
-    }
+    hp_status st = hp_compile(job, world_size, &c, err); /* the kind stays, as at submit */
     if (st == HP_OK) st = plan_summary(c, out, out_len, err);
     hp_compiled_free(c);
     hp_job_free(job);
@@ -648,8 +647,9 @@ static hp_status plan_source(hpd *d, const char *id, const uint8_t **bytes, size
     if (world_size < 0 || world_size > 65536)
         return hp_errf(err, HP_INVALID, "world_size: %d must be in [0, 65536]", world_size);
     if (id && *id) {
+        char q[HP_QUOTE_MAX]; /* the id as the peer sent it, escaped */
         hpd_job *j = hp__job_find(d, id);
-        if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id);
+        if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", hp_quote(q, sizeof q, id, 64));
         *bytes = j->packed;
         *len = j->packed_len;
     }

@@ -208,7 +208,7 @@ static void get_job(hpd_http *h, const hpd_snap_job *e, http_reply *r) {
     if (rc != HP_OK) {
         json_decref(ranks);
         json_decref(trans);
-        http_error(r, 500, "store: %s", err.msg);
+        http_error(r, (unsigned)hp_status_http(rc), "store: %s", err.msg);
         return;
     }
     json_t *job = job_json(e);
@@ -285,7 +285,8 @@ static void get_metrics(hpd_http *h, const hpd_snap_job *e, const http_args *a, 
     pthread_mutex_unlock(&h->store_mu);
     if (rc != HP_OK || w.oom) {
         json_decref(w.records);
-        http_error(r, 500, "%s", w.oom ? "out of memory" : err.msg);
+        http_error(r, (unsigned)hp_status_http(w.oom ? HP_NOMEM : rc), "%s",
+                   w.oom ? "out of memory" : err.msg);
         return;
     }
     int64_t next = w.more ? w.next_step : w.n ? w.last_step + 1 : since;
@@ -387,7 +388,7 @@ static void get_trace(hpd_http *h, const hpd_snap_job *e, const http_args *a, ht
     hp_free(steps);
     if (st != HP_OK) {
         /* too big: the request can ask for fewer ranks (rank=R, repeated) */
-        http_error(r, st == HP_NOT_FOUND ? 404 : st == HP_LIMIT ? 400 : 500, "%s", err.msg);
+        http_error(r, (unsigned)hp_status_http(st), "%s", err.msg);
         return;
     }
     char *body = malloc(len + 1);

@@ -80,11 +80,12 @@ void hp__stop_attempt(hpd *d, hpd_job *j, const char *reason, bool checkpoint) {
  * (worker/train.c), so the first step after which any rank has the frame is the step they all
  * checkpoint, once per request. */
 hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err) {
+    char q[HP_QUOTE_MAX]; /* the id as the peer sent it, escaped */
     hpd_job *j = hp__job_find(d, id);
-    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", hp_quote(q, sizeof q, id, 64));
     if (d->stopping) return hp_errf(err, HP_LIMIT, "the coordinator is shutting down");
     if (j->v.state != ST_RUNNING || !j->ranks || j->stop_ms)
-        return hp_errf(err, HP_INVALID, "job %s is %s: only a RUNNING job can checkpoint", j->v.id,
+        return hp_errf(err, HP_STATE, "job %s is %s: only a RUNNING job can checkpoint", j->v.id,
                        j->v.state == ST_RUNNING ? "stopping" : hpd_sm_state_str(j->v.state));
     Hp__V1__CheckpointNow c;
     hp__v1__checkpoint_now__init(&c);
@@ -96,7 +97,7 @@ hp_status hpd_checkpoint(hpd *d, const char *id, hpd_job_view *out, hp_err *err)
     int sent = 0;
     for (int r = 0; r < j->v.world_size; r++)
         if (j->ranks[r].conn && hp__conn_send(j->ranks[r].conn, &f, NULL) == HP_OK) sent++;
-    if (sent == 0) return hp_errf(err, HP_INVALID, "job %s: no rank is connected", j->v.id);
+    if (sent == 0) return hp_errf(err, HP_STATE, "job %s: no rank is connected", j->v.id);
     hp__log("info", "event=checkpoint_requested job=%s step=%lld ranks=%d", j->v.id,
             (long long)j->v.step, sent);
     *out = j->v;
@@ -436,8 +437,10 @@ hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **
     if (h->protocol_version != HP_PROTOCOL_VERSION)
         return hp_errf(err, HP_UNSUPPORTED, "protocol_version %u (want %d)", h->protocol_version,
                        HP_PROTOCOL_VERSION);
+    char q[HP_QUOTE_MAX]; /* what the peer sent, escaped */
     hpd_job *j = hp__job_find(d, h->job_id);
-    if (!j) return hp_errf(err, HP_NOT_FOUND, "unknown job %.64s", h->job_id);
+    if (!j)
+        return hp_errf(err, HP_NOT_FOUND, "unknown job %s", hp_quote(q, sizeof q, h->job_id, 64));
     if (!active(j) || !j->ranks || j->stop_ms)
         return hp_errf(err, HP_INVALID, "job %s is %s: not accepting workers", j->v.id,
                        hpd_sm_state_str(j->v.state));
@@ -460,8 +463,8 @@ hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **
     rk->last_seen_ms = hp__now_ms();
     *out = j;
     *attempt = j->attempt;
-    hp__log("info", "event=worker_hello job=%s rank=%d pid=%d host=%.64s", j->v.id, h->rank, h->pid,
-            h->hostname);
+    hp__log("info", "event=worker_hello job=%s rank=%d pid=%d host=%s", j->v.id, h->rank, h->pid,
+            hp_quote(q, sizeof q, h->hostname, 64));
     int n = 0;
     for (int r = 0; r < j->v.world_size; r++) n += j->ranks[r].hello;
     if (n == j->v.world_size && j->v.state == ST_LAUNCHING) {
@@ -681,8 +684,9 @@ hp_status hp__worker_cmd(hpd *d, hpd_job *j, int rank, char *buf, size_t len, hp
 hp_status hpd_worker_commands(hpd *d, const char *id, char ***cmds, int *n, hp_err *err) {
     *cmds = NULL;
     *n = 0;
+    char q[HP_QUOTE_MAX]; /* the id as the peer sent it, escaped */
     hpd_job *j = hp__job_find(d, id);
-    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", id ? id : "(null)");
+    if (!j) return hp_errf(err, HP_NOT_FOUND, "no job %s", hp_quote(q, sizeof q, id, 64));
     char one[1024];
     HP_TRY(hp__worker_cmd(d, j, 0, one, sizeof one, err));
     char **v = hp_calloc((size_t)j->v.world_size, sizeof *v);

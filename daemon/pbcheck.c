@@ -49,43 +49,6 @@ bool hp__utf8_sanitize(char *dst, size_t n, const char *s) {
     return changed;
 }
 
-char *hp__pb_quote(char *dst, size_t n, const char *s, size_t max_in) {
-    size_t o = 0;
-    if (n < 8) {
-        if (n) dst[0] = 0;
-        return dst;
-    }
-    dst[o++] = '"';
-    size_t i = 0;
-    for (; s && s[i] && i < max_in; i++) {
-        unsigned char c = (unsigned char)s[i];
-        char esc[5];
-        int k;
-        if (c == '"' || c == '\\')
-            k = snprintf(esc, sizeof esc, "\\%c", c);
-        else if (c == '\n')
-            k = snprintf(esc, sizeof esc, "\\n");
-        else if (c == '\r')
-            k = snprintf(esc, sizeof esc, "\\r");
-        else if (c == '\t')
-            k = snprintf(esc, sizeof esc, "\\t");
-        else if (c < 0x20 || c >= 0x7f)
-            k = snprintf(esc, sizeof esc, "\\x%02x", c);
-        else
-            esc[0] = (char)c, esc[1] = 0, k = 1;
-        if (o + (size_t)k + 5 > n) break; /* room for ..." and the NUL */
-        memcpy(dst + o, esc, (size_t)k);
-        o += (size_t)k;
-    }
-    if (s && s[i]) {
-        memcpy(dst + o, "...", 3);
-        o += 3;
-    }
-    dst[o++] = '"';
-    dst[o] = 0;
-    return dst;
-}
-
 static hp_status charge(scan *s, size_t bytes) {
     if (bytes > s->lim->max_alloc || s->est > s->lim->max_alloc - bytes)
         return hp_errf(s->err, HP_LIMIT,

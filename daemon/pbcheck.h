@@ -27,14 +27,8 @@ typedef struct hpd_pb_limits {
 hp_status hp__pb_check(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
                        const hpd_pb_limits *lim, size_t *est, hp_err *err);
 
-
 /* Copies s into dst (size n, NUL-terminated) with each byte of an invalid UTF-8 sequence
  * replaced by '?'. Returns true when something was replaced. */
 bool hp__utf8_sanitize(char *dst, size_t n, const char *s);
-
-/* Writes s as a double-quoted, escaped string (\" \\ \n \r \t, \xHH for other control bytes
- * and for bytes >= 0x80) into dst (size n), at most max_in bytes of s then "..."; for echoing
- * what a peer sent into errors and logs. Returns dst. */
-char *hp__pb_quote(char *dst, size_t n, const char *s, size_t max_in);
 
 #endif

@@ -247,17 +247,13 @@ static void reply_msg(rpc_call *c, const ProtobufCMessage *m) {
 
 grpc_status_code hp__rpc_code_of(hp_status st) {
     switch (st) {
-    case HP_INVALID:
-    case HP_PARSE:
-    case HP_UNSUPPORTED:
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    case HP_NOT_FOUND:
-        return GRPC_STATUS_NOT_FOUND;
-    case HP_LIMIT:
-        return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    default:
-        return GRPC_STATUS_INTERNAL;
+#define X(code, text, grpc, http, exit)                                                            \
+    case HP_##code:                                                                                \
+        return GRPC_STATUS_##grpc;
+#include "hp/status.def"
+#undef X
     }
+    return GRPC_STATUS_INTERNAL;
 }
 
 /* Replies with the status a core call returned (authoritative: err may be unset) and its
@@ -333,8 +329,8 @@ ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescript
         gpr_free(peer);
         snprintf(msg, sizeof msg, "%s: %s", desc->short_name, err.msg);
     }
-    hp__rpc_reply_status(
-        c, st == HP_LIMIT ? GRPC_STATUS_RESOURCE_EXHAUSTED : GRPC_STATUS_INVALID_ARGUMENT, msg);
+    if (st == HP_OK) st = HP_INVALID; /* it passed the scan but does not decode: malformed */
+    hp__rpc_reply_status(c, hp__rpc_code_of(st), msg);
     return NULL;
 }
 
@@ -659,12 +655,7 @@ static void h_checkpoint(rpc_call *c) {
     hp_err err = {0};
     hp_status st = hpd_checkpoint(c->s->d, req->job_id, &v, &err);
     protobuf_c_message_free_unpacked(&req->base, NULL);
-    if (st == HP_INVALID) { /* well-formed, but the job is not running */
-        hp__rpc_reply_status(c, GRPC_STATUS_FAILED_PRECONDITION,
-                             err.msg[0] ? err.msg : "the job is not running");
-        return;
-    }
-    if (st != HP_OK) {
+    if (st != HP_OK) { /* HP_STATE, the job is not running: FAILED_PRECONDITION */
         reply_err(c, st, &err);
         return;
     }

@@ -12,15 +12,34 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-const char *hp_status_str(hp_status s) {
-    switch (s) {
-#define X(name, text)                                                                              \
-    case HP_##name:                                                                                \
-        return text;
-        HP_STATUS_LIST(X)
+/* One row of hp/status.def; a value outside it (a corrupt hp_err) reads as UNKNOWN. */
+typedef struct status_row {
+    const char *text, *name;
+    int http, exit;
+} status_row;
+
+static const status_row status_rows[] = {
+#define X(code, text, grpc, http, exit) [HP_##code] = {text, #code, http, exit},
+#include "hp/status.def"
 #undef X
-    }
-    return "unknown status";
+};
+
+static const status_row *status_row_of(hp_status s) {
+    static const status_row unknown = {"unknown status", "UNKNOWN", 500, 1};
+    return (unsigned)s < HP_ARRAY_LEN(status_rows) ? &status_rows[s] : &unknown;
+}
+
+const char *hp_status_str(hp_status s) {
+    return status_row_of(s)->text;
+}
+const char *hp_status_name(hp_status s) {
+    return status_row_of(s)->name;
+}
+int hp_status_http(hp_status s) {
+    return status_row_of(s)->http;
+}
+int hp_status_exit(hp_status s) {
+    return status_row_of(s)->exit;
 }
 
 hp_status hp_errf(hp_err *err, hp_status status, const char *fmt, ...) {
@@ -297,4 +316,41 @@ fail:;
     unlink(tmp);
     hp_free(tmp);
     return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
+}
+
+char *hp_quote(char *dst, size_t n, const char *s, size_t max_in) {
+    size_t o = 0;
+    if (n < 8) {
+        if (n) dst[0] = 0;
+        return dst;
+    }
+    dst[o++] = '"';
+    size_t i = 0;
+    for (; s && s[i] && i < max_in; i++) {
+        unsigned char c = (unsigned char)s[i];
+        char esc[5];
+        int k;
+        if (c == '"' || c == '\\')
+            k = snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c == '\n')
+            k = snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\r')
+            k = snprintf(esc, sizeof esc, "\\r");
+        else if (c == '\t')
+            k = snprintf(esc, sizeof esc, "\\t");
+        else if (c < 0x20 || c >= 0x7f)
+            k = snprintf(esc, sizeof esc, "\\x%02x", c);
+        else
+            esc[0] = (char)c, esc[1] = 0, k = 1;
+        if (o + (size_t)k + 5 > n) break; /* room for ..." and the NUL */
+        memcpy(dst + o, esc, (size_t)k);
+        o += (size_t)k;
+    }
+    if (s && s[i]) {
+        memcpy(dst + o, "...", 3);
+        o += 3;
+    }
+    dst[o++] = '"';
+    dst[o] = 0;
+    return dst;
 }

@@ -493,7 +493,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "hp-worker: rank %d: %s\n", o.rank, err.msg);
         else
             fprintf(stderr, "hp-worker: %s\n", err.msg);
-        return 1;
+        return hp_status_exit(st);
     }
     if (res.last_step >= res.first_step && o.rank == 0)
         printf("done: steps %lld..%lld, loss %.4f -> %.4f\n", (long long)res.first_step,

@@ -17,25 +17,28 @@
 extern "C" {
 #endif
 
-/* Status codes. X(NAME, "text"). */
-#define HP_STATUS_LIST(X)                                                                          \
-    X(OK, "ok")                                                                                    \
-    X(INVALID, "invalid argument")                                                                 \
-    X(NOMEM, "out of memory")                                                                      \
-    X(IO, "i/o error")                                                                             \
-    X(PARSE, "parse error")                                                                        \
-    X(UNSUPPORTED, "unsupported")                                                                  \
-    X(NOT_FOUND, "not found")                                                                      \
-    X(LIMIT, "limit exceeded")                                                                     \
-    X(INTERNAL, "internal error")
+/* Status codes: the table is hp/status.def (code, name, text, gRPC status, HTTP status, exit
+ * code); define X(NAME, "text", GRPC, HTTP, EXIT) and include it to expand one line per row. */
 
 typedef enum {
-#define X(name, text) HP_##name,
-    HP_STATUS_LIST(X)
+#define X(name, text, grpc, http, exit) HP_##name,
+#include "hp/status.def"
 #undef X
 } hp_status;
 
+enum {
+    HP_STATUS_COUNT = 0
+#define X(name, text, grpc, http, exit) +1
+#include "hp/status.def"
+#undef X
+};
+
+/* The phrase ("invalid argument"), the name ("INVALID"), the HTTP status and the exit code of a
+ * status, from hp/status.def; an unknown value gets "unknown status", "UNKNOWN", 500 and 1. */
 const char *hp_status_str(hp_status s);
+const char *hp_status_name(hp_status s);
+int hp_status_http(hp_status s);
+int hp_status_exit(hp_status s);
 
 #define HP_ERR_MSG_MAX 512
 
@@ -64,6 +67,13 @@ void hp__assert_fail(const char *expr, const char *file, int line) __attribute__
 #define HP_ASSERT(e) ((e) ? (void)0 : hp__assert_fail(#e, __FILE__, __LINE__))
 
 #define HP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Writes s as a double-quoted, escaped string (\" \\ \n \r \t, \xHH for other control bytes
+ * and for bytes >= 0x80) into dst (size n >= 8, else ""), at most max_in bytes of s, then "..."
+ * when cut; for echoing what a file or a peer sent into errors and logs, where a raw newline
+ * would forge a line. Returns dst. HP_QUOTE_MAX fits a quoted id of up to 64 bytes. */
+char *hp_quote(char *dst, size_t n, const char *s, size_t max_in);
+#define HP_QUOTE_MAX 272
 
 /* ---- allocator ------------------------------------------------------------------------------
  * All heap memory of the libraries goes through these, so that tests can fail the Nth

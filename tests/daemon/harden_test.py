@@ -34,11 +34,11 @@ import grpc  # noqa: E402
 SC = grpc.StatusCode
 
 
-def start_hpd(hpd, state_dir, extra=()):
+def start_hpd(hpd, state_dir, extra=(), stderr=None):
     p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0",
                           "--worker-listen", "127.0.0.1:0", "--state-dir", state_dir,
                           "--slots", "4", *extra],
-                         stdout=subprocess.PIPE, stderr=None, text=True)
+                         stdout=subprocess.PIPE, stderr=stderr, text=True)
     deadline = time.time() + 30
     while time.time() < deadline:
         r, _, _ = select.select([p.stdout], [], [], 0.5)
@@ -279,7 +279,33 @@ def case_step(a, M, chan, token, proc, kv, tmp):
     s.close()
 
 
-CASES = {"bomb": case_bomb, "plan": case_plan, "nul": case_nul, "step": case_step}
+def case_quote(a, M, chan, token, proc, kv, tmp):
+    """A peer's id with a newline is escaped in the error and in the log: no forged line."""
+    forged = "level=error event=fake"
+    bad = "j-000001\n" + forged
+    try:
+        unary(chan, "GetJob", M.GetJobRequest(job_id=bad).SerializeToString())
+        check(False, "GetJob of an id with a newline: succeeded")
+    except grpc.RpcError as e:
+        d = e.details()
+        check(e.code() == SC.NOT_FOUND, f"GetJob of id\\n...: {e.code()}")
+        check("\n" not in d and "\r" not in d, f"GetJob error has no raw newline: {d!r}")
+        check('"j-000001\\nlevel=error event=fake"' in d, f"GetJob error shows the escaped id: {d!r}")
+    try:
+        unary(chan, "CancelJob", M.CancelJobRequest(job_id=bad).SerializeToString(), token=token)
+    except grpc.RpcError as e:
+        check("\n" not in e.details(), f"CancelJob error has no raw newline: {e.details()!r}")
+    # the log: every line is the daemon's own (none starts with what the peer sent)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    with open(os.path.join(tmp, "hpd.log")) as f:
+        lines = f.read().splitlines()
+    check(not any(ln.startswith(forged) for ln in lines),
+          "the log has no line the peer forged")
+
+
+CASES = {"bomb": case_bomb, "plan": case_plan, "nul": case_nul, "step": case_step,
+         "quote": case_quote}
 
 
 def main():
@@ -293,7 +319,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="hp-harden-")
     state = os.path.join(tmp, "state")
     os.mkdir(state)
-    proc, kv = start_hpd(a.hpd, state, ("--launcher", "external"))
+    log = open(os.path.join(tmp, "hpd.log"), "w")
+    proc, kv = start_hpd(a.hpd, state, ("--launcher", "external"), stderr=log)
     try:
         with open(os.path.join(state, "token")) as f:
             token = f.read().strip()
@@ -308,6 +335,10 @@ def main():
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        log.close()
+        if FAILS:
+            with open(os.path.join(tmp, "hpd.log")) as f:
+                sys.stderr.write(f.read())
         shutil.rmtree(tmp, ignore_errors=True)
     if FAILS:
         print(f"{len(FAILS)} check(s) failed", file=sys.stderr)

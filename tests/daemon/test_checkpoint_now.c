@@ -190,7 +190,7 @@ Test(checkpoint_now, errors) {
     /* a 2-rank job fills the slots; the next one waits in the queue */
     hpd_job *a = submit(0, 2, 1000000), *q = submit(1, 1, 10);
     cr_expect_eq(q->v.state, HP__V1__JOB_STATE__JOB_STATE_QUEUED);
-    cr_expect_eq(hpd_checkpoint(d, q->v.id, &v, &e), HP_INVALID);
+    cr_expect_eq(hpd_checkpoint(d, q->v.id, &v, &e), HP_STATE);
     cr_expect(strstr(e.msg, "QUEUED"), "%s", e.msg);
     (void)a;
 }

@@ -33,3 +33,9 @@ Test(harden, nul_bytes_and_utf8_refused, .timeout = 300) {
 Test(harden, rank_step_bounded, .timeout = 300) {
     run_case("step");
 }
+
+/* A job id with a newline (`j-000001\nlevel=error event=fake`) is echoed escaped: the gRPC error
+ * has no raw newline and the log no forged line. */
+Test(harden, peer_input_escaped_in_errors_and_logs, .timeout = 300) {
+    run_case("quote");
+}

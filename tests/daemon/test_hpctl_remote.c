@@ -249,9 +249,9 @@ Test(hpctl_remote, errors) {
     run_free(&r);
 }
 
-/* `hpctl new FLAGS` (a tiny GQA Llama) then `submit`: refused with one line holding `want`, and
- * no job created. */
-static void expect_refused_at_submit(const char *flags, const char *want) {
+/* `hpctl new FLAGS` (a tiny GQA Llama) then `submit`: refused with the gRPC status `code` and one
+ * line holding `want`, and no job created. */
+static void expect_refused_at_submit(const char *flags, const char *code, const char *want) {
     run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
                   "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 %s -o %s/refused.pb",
                   flags, g_dir);
@@ -259,8 +259,9 @@ static void expect_refused_at_submit(const char *flags, const char *want) {
     run_free(&r);
     r = hpctl("submit %s/refused.pb", g_dir);
     cr_expect_eq(r.code, 1, "submit of a %s job: exit %d, out %s", flags, r.code, r.out);
-    cr_expect(strstr(r.err, "hpctl: submit: INVALID_ARGUMENT") && strstr(r.err, want), "stderr: %s",
-              r.err);
+    char head[64];
+    snprintf(head, sizeof head, "hpctl: submit: %s: ", code);
+    cr_expect(strstr(r.err, head) && strstr(r.err, want), "stderr: %s", r.err);
     cr_expect(strchr(r.err, '\n') && strchr(r.err, '\n')[1] == 0, "not one line: %s", r.err);
     run_free(&r);
     r = hpctl("list --json");
@@ -272,10 +273,19 @@ static void expect_refused_at_submit(const char *flags, const char *want) {
 }
 
 /* A cuda job where hpd's workers (this build's hp-worker) have no CUDA: refused at submit
- * with one line naming the cause, and no job is created. */
+ * with one line naming the cause, and no job is created. Unsupported here, not a bad request:
+ * UNIMPLEMENTED (hp/status.def). */
 Test(hpctl_remote, cuda_job_refused_at_submit) {
     if (hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK) cr_skip_test("this build has CUDA");
-    expect_refused_at_submit("--device cuda", "device cuda: this hp-worker was built without CUDA");
+    expect_refused_at_submit("--device cuda", "UNIMPLEMENTED",
+                             "device cuda: this hp-worker was built without CUDA");
+}
+
+/* A job that compiles to HP_UNSUPPORTED (a plan hp cannot carry out yet) keeps its kind through
+ * hpd: UNIMPLEMENTED, not INVALID_ARGUMENT. */
+Test(hpctl_remote, unsupported_plan_is_unimplemented) {
+    expect_refused_at_submit("--mesh tp=2 --tp-plan llama --fsdp 'layers.*'", "UNIMPLEMENTED",
+                             "FSDP marks shard parameters over the mesh dim named dp");
 }
 
 /* The step of a job as the daemon reports it. */
