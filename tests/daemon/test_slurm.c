@@ -92,10 +92,18 @@ static void setup(void) {
     }
     free(why);
     snprintf(g_slurm, sizeof g_slurm, "%s/slurm", g_dir);
-    /* own ports per process: tests of other worktrees may run a cluster at the same time */
-    g_base = 17000 + (int)(getpid() % 300) * 110;
-    char *out = sh(&code, "%s/tests/daemon/slurm_cluster.sh start %s %d 2>&1", hp_th_source_dir(),
-                   g_slurm, g_base);
+    /* own ports per process: tests of other worktrees may run a cluster at the same time. A
+     * start that fails (a port taken after all) is stopped, so nothing is left running, and
+     * tried again on other ports; .fini does not run when .init fails. */
+    char *out = NULL;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        g_base = 17000 + (int)((getpid() + attempt * 101) % 300) * 110;
+        free(out);
+        out = sh(&code, "%s/tests/daemon/slurm_cluster.sh start %s %d 2>&1", hp_th_source_dir(),
+                 g_slurm, g_base);
+        if (code == 0) break;
+        free(sh(NULL, "%s/tests/daemon/slurm_cluster.sh stop %s", hp_th_source_dir(), g_slurm));
+    }
     cr_assert_eq(code, 0, "the Slurm cluster did not start: %s", out);
     free(out);
     char conf[400];
