@@ -19,9 +19,14 @@
 
 static char dir[4000], index_path[4096];
 
-static void check(int ok) {
-    if (!ok) abort();
-}
+/* A property that does not hold: abort (libFuzzer keeps the input), saying which. */
+#define check(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

@@ -9,14 +9,20 @@
  */
 #include "hp/frame.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX ((size_t)1 << 16) /* small, so that the length limit is reached */
 
-static void check(int ok) {
-    if (!ok) abort();
-}
+/* A property that does not hold: abort (libFuzzer keeps the input), saying which. */
+#define check(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
 
 static void roundtrip(const Hp__V1__Frame *f) {
     uint8_t *enc = NULL;

@@ -7,12 +7,18 @@
  */
 #include "hp/safetensors.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void check(int ok) {
-    if (!ok) abort();
-}
+/* A property that does not hold: abort (libFuzzer keeps the input), saying which. */
+#define check(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
