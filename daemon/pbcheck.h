@@ -27,7 +27,6 @@ typedef struct hpd_pb_limits {
 hp_status hp__pb_check(const ProtobufCMessageDescriptor *desc, const uint8_t *data, size_t len,
                        const hpd_pb_limits *lim, size_t *est, hp_err *err);
 
-
 /* Copies s into dst (size n, NUL-terminated) with each byte of an invalid UTF-8 sequence
  * replaced by '?'. Returns true when something was replaced. */
 bool hp__utf8_sanitize(char *dst, size_t n, const char *s);
