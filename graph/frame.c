@@ -11,6 +11,7 @@
 
 #include "hp/proto_io.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #define HEADER 4
@@ -67,6 +68,34 @@ hp_status hp_frame_reader_feed(hp_frame_reader *r, const void *data, size_t n, h
     return HP_OK;
 }
 
+/* Whether m or a message inside it kept an unknown field numbered 0. protobuf-c rejects tag 0
+ * written in one byte but keeps it as an unknown field when the varint is padded ("82 00"),
+ * and would then re-encode it in one byte, which no decoder accepts (found by fuzz_frame).
+ * Field 0 is never valid protobuf: such a frame is refused. */
+static bool has_field_zero(const ProtobufCMessage *m) {
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0) return true;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *fd = &d->fields[i];
+        if (fd->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+        const char *base = (const char *)m;
+        if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + fd->quantifier_offset);
+            ProtobufCMessage *const *v = *(ProtobufCMessage *const *const *)(base + fd->offset);
+            for (size_t j = 0; j < n; j++)
+                if (v[j] && has_field_zero(v[j])) return true;
+            continue;
+        }
+        if ((fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + fd->quantifier_offset) != fd->id)
+            continue;
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + fd->offset);
+        if (sub && has_field_zero(sub)) return true;
+    }
+    return false;
+}
+
 hp_status hp_frame_reader_next(hp_frame_reader *r, Hp__V1__Frame **f, hp_err *err) {
     *f = NULL;
     const uint8_t *p = r->buf + r->off;
@@ -83,6 +112,10 @@ hp_status hp_frame_reader_next(hp_frame_reader *r, Hp__V1__Frame **f, hp_err *er
     /* On failure the bytes stay: HP_NOMEM may be retried; after HP_PARSE/HP_LIMIT the caller
      * drops the connection, as the contract says. */
     if (!msg) return hp_proto_unpack_error(&a, "frame", n, err);
+    if (has_field_zero(&msg->base)) {
+        hp__v1__frame__free_unpacked(msg, &a.base);
+        return hp_errf(err, HP_PARSE, "frame: not a valid message (%zu bytes): field number 0", n);
+    }
     r->off += HEADER + n;
     if (r->off == r->len) r->off = r->len = 0;
     *f = msg;

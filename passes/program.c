@@ -291,7 +291,8 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
     for (;;) {
         va_list ap;
         va_start(ap, fmt);
-        int n = vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        /* NULL + 0 is undefined (clang's UBSan reports it): the first call sizes with NULL */
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->cap - b->len, fmt, ap);
         va_end(ap);
         if (n < 0) return;
         if ((size_t)n < b->cap - b->len) {

@@ -204,7 +204,8 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
         if (mi->n_inputs &&
             !(ins->in = hp_arena_memdup(&p->arena, mi->inputs, mi->n_inputs * sizeof(int32_t))))
             return hp_errf(err, HP_NOMEM, "out of memory reading the program");
-        if (mi->n_outputs) memcpy(ins->out, mi->outputs, mi->n_outputs * sizeof(int32_t));
+        if (mi->n_outputs) /* outputs is NULL when there are none: memcpy(.., NULL, 0) is UB */
+            memcpy(ins->out, mi->outputs, mi->n_outputs * sizeof(int32_t));
     }
     size_t n_slots = m->n_params + m->n_buffer_inputs;
     for (size_t i = 0; i < n_slots; i++) {

@@ -9,6 +9,7 @@ set -euo pipefail
 
 pkgs=(
     build-essential cmake pkg-config git clang-format
+    clang libclang-rt-dev bc
     protobuf-c-compiler libprotobuf-c-dev
     libcriterion-dev
     libopenblas-dev

@@ -44,7 +44,9 @@ static volatile sig_atomic_t stop_requested;
 
 static void on_signal(int sig) {
     (void)sig;
-    stop_requested = 1;
+    /* atomic: the agent's I/O thread sets the same flag (a Stop frame) while the handler runs
+     * on the main thread; a plain store would race with it (found by TSan). */
+    __atomic_store_n(&stop_requested, 1, __ATOMIC_RELAXED);
 }
 
 static int usage_error(const char *fmt, const char *arg) {

@@ -2,25 +2,22 @@
  * Properties: no crash, no leak, no sanitizer report; an accepted input verifies, prints,
  * and the printed text parses back to an equal graph that prints the same text.
  *
- * Not part of the default build (tests/CMakeLists.txt builds only test_*.c files). Build the
- * libraries as for fuzz_job.c (clang, HP_SANITIZE=ON, -fsanitize=fuzzer-no-link), then:
- *
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -I. -Ibuild-fuzz/proto \
- *       tests/fuzz/fuzz_hpir.c build-fuzz/graph/libhp_graph.a build-fuzz/proto/libhp_proto.a \
- *       -lprotobuf-c -lm -o build-fuzz/fuzz_hpir
- *   mkdir -p build-fuzz/hpir && cp tests/golden/small_mlp.hpir build-fuzz/hpir/
- *   build-fuzz/fuzz_hpir -max_len=8192 build-fuzz/hpir
- *
- * `hpctl inspect job.pb --hpir > build-fuzz/hpir/llama.hpir` adds a whole model to the seeds.
+ * Built with -DHP_FUZZ=ON (tests/fuzz/CMakeLists.txt); seeds in tests/fuzz/corpus/hpir/.
  */
 #include "hp/text.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void check(int ok) {
-    if (!ok) abort();
-}
+/* A property that does not hold: abort (libFuzzer keeps the input), saying which. */
+#define check(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -2,29 +2,23 @@
  * hp_graph_unpack). Properties: no crash, no leak, no sanitizer report; an accepted input
  * validates, and re-encodes to bytes that decode to an equal job (graph).
  *
- * Not part of the default build (tests/CMakeLists.txt builds only test_*.c files). To run
- * it, build the libraries with clang and coverage instrumentation, then link the target:
- *
- *   CC=clang cmake -S . -B build-fuzz -DHP_SANITIZE=ON -DHP_BUILD_TESTS=OFF \
- *       -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link
- *   cmake --build build-fuzz --target hp_graph -j
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -I. -Ibuild-fuzz/proto \
- *       tests/fuzz/fuzz_job.c build-fuzz/graph/libhp_graph.a build-fuzz/proto/libhp_proto.a \
- *       -lprotobuf-c -lm -o build-fuzz/fuzz_job
- *   mkdir -p build-fuzz/corpus && build-fuzz/fuzz_job -max_len=65536 build-fuzz/corpus
- *
- * Seed the corpus with real jobs (`hpctl new ... -o build-fuzz/corpus/llama.pb`) to reach the
- * graph importer quickly.
+ * Built with -DHP_FUZZ=ON (tests/fuzz/CMakeLists.txt); seeds in tests/fuzz/corpus/job/.
  */
 #include "hp/job.h"
 #include "hp/proto_io.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void check(int ok) {
-    if (!ok) abort();
-}
+/* A property that does not hold: abort (libFuzzer keeps the input), saying which. */
+#define check(c)                                                                                   \
+    do {                                                                                           \
+        if (!(c)) {                                                                                \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);                  \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
 
 static void fuzz_job(const uint8_t *data, size_t size) {
     hp_job *job = NULL;

@@ -271,3 +271,24 @@ Test(frame, fault_injection) {
     }
     cr_assert_eq(ok_runs, 1);
 }
+
+/* Field number 0 with its tag varint padded ("82 00"), at the top and inside a Hello:
+ * protobuf-c keeps it as an unknown field, and re-encoding it would make bytes no decoder
+ * accepts (found by tests/fuzz/fuzz_frame.c). The reader refuses it. */
+Test(frame, field_number_zero) {
+    static const uint8_t top[] = {5, 0, 0, 0, 0x08, 0x03, 0x82, 0x00, 0x00};
+    static const uint8_t nested[] = {7, 0, 0, 0, 0x08, 0x03, 0x52, 0x03, 0x82, 0x00, 0x00};
+    const uint8_t *cases[] = {top, nested};
+    const size_t lens[] = {sizeof top, sizeof nested};
+    for (int i = 0; i < 2; i++) {
+        hp_frame_reader r;
+        hp_frame_reader_init(&r, 100);
+        cr_assert_eq(hp_frame_reader_feed(&r, cases[i], lens[i], NULL), HP_OK);
+        Hp__V1__Frame *f;
+        hp_err err = {0};
+        cr_assert_eq(hp_frame_reader_next(&r, &f, &err), HP_PARSE, "case %d", i);
+        cr_assert_null(f);
+        cr_assert(strstr(err.msg, "field number 0"), "%s", err.msg);
+        hp_frame_reader_fini(&r);
+    }
+}

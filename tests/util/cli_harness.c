@@ -44,7 +44,7 @@ hp_th_run hp_th_run_bin(const char *tmpdir, const char *bin, const char *fmt, ..
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s/%s %s >%s/out 2>%s/err", HP_BINARY_DIR, bin, args, tmpdir,
+    snprintf(cmd, sizeof cmd, "%s/%s %s >%s/out 2>%s/err", hp_th_binary_dir(), bin, args, tmpdir,
              tmpdir);
     int st = system(cmd);
     hp_th_run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
@@ -63,7 +63,7 @@ hp_th_run hp_th_run_bin_timeout(const char *tmpdir, int timeout_s, const char *b
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
     snprintf(cmd, sizeof cmd, "timeout -s KILL %d %s/%s %s >%s/out 2>%s/err", timeout_s,
-             HP_BINARY_DIR, bin, args, tmpdir, tmpdir);
+             hp_th_binary_dir(), bin, args, tmpdir, tmpdir);
     int st = system(cmd);
     hp_th_run r = {.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1};
     snprintf(p, sizeof p, "%s/out", tmpdir);

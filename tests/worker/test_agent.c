@@ -2,6 +2,7 @@
  * coordinator: a TCP listener on 127.0.0.1 port 0 in a thread, speaking the frame codec. It
  * answers Hello with a Welcome carrying a program compiled here, records what the worker
  * sends (Hello, heartbeats, StepMetrics, Done), and can send Stop mid-run. */
+#include "tests/util/cli_harness.h"
 #include "hp/checkpoint.h"
 #include "hp/frame.h"
 #include "hp/job.h"
@@ -259,7 +260,7 @@ static int run_worker(fake *fk, const char *token) {
         cr_assert_geq(pid, 0);
         if (pid == 0) {
             char bin[512], addr[64], out[512], errp[512], rank[16];
-            snprintf(bin, sizeof bin, "%s/worker/hp-worker", HP_BINARY_DIR);
+            snprintf(bin, sizeof bin, "%s/worker/hp-worker", hp_th_binary_dir());
             snprintf(addr, sizeof addr, "127.0.0.1:%d", fk->port);
             snprintf(out, sizeof out, "%s/stdout%d.txt", tmp, r);
             snprintf(errp, sizeof errp, r ? "%s/stderr%d.txt" : "%s/stderr.txt", tmp, r);
@@ -458,7 +459,7 @@ Test(agent, no_welcome_times_out) {
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         char bin[512], addr[64], errp[512];
-        snprintf(bin, sizeof bin, "%s/worker/hp-worker", HP_BINARY_DIR);
+        snprintf(bin, sizeof bin, "%s/worker/hp-worker", hp_th_binary_dir());
         snprintf(addr, sizeof addr, "127.0.0.1:%d", fk.port);
         snprintf(errp, sizeof errp, "%s/stderr.txt", tmp);
         if (!freopen(errp, "w", stderr)) _exit(127);
@@ -483,7 +484,7 @@ Test(agent, usage_errors) {
     snprintf(cmd, sizeof cmd,
              "env -u HP_TOKEN -u HP_JOB -u SLURM_PROCID %s/worker/hp-worker --coordinator "
              "127.0.0.1:1 --rank 0 2>/dev/null",
-             HP_BINARY_DIR);
+             hp_th_binary_dir());
     int rc = system(cmd);
     cr_assert(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "rc 0x%x", rc);
 }

@@ -1,6 +1,7 @@
 /* FSDP end to end, with the real binaries: the tiny Llama-3 trained 10 steps on world 2 and
  * world 3 (a world whose shapes need padding) gives the losses and final weights of world 1
  * over the same global batch, to 1e-5; a dead rank fails the run cleanly, naming it. */
+#include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
@@ -42,12 +43,12 @@ static int train(int world, const char *extra) {
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "%s/client/hpctl new " MODEL " " MARKS " %s --mesh dp=%d -o %s/w%d.pb >/dev/null",
-             HP_BINARY_DIR, extra, world, tmp, world);
+             hp_th_binary_dir(), extra, world, tmp, world);
     run(cmd);
     snprintf(cmd, sizeof cmd,
              "HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone %s/w%d.pb --threads 1 "
              "--out %s/out%d >/dev/null",
-             HP_BINARY_DIR, tmp, world, tmp, world);
+             hp_th_binary_dir(), tmp, world, tmp, world);
     return system(cmd);
 }
 
@@ -82,7 +83,7 @@ Test(fsdp_train, a_dead_rank_fails_the_run) {
     snprintf(cmd, sizeof cmd,
              "%s/client/hpctl new " MODEL " " MARKS
              " --steps 100000 --mesh dp=2 -o %s/long.pb >/dev/null",
-             HP_BINARY_DIR, tmp);
+             hp_th_binary_dir(), tmp);
     run(cmd);
     snprintf(cmd, sizeof cmd,
              "cd %s; (HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone %s/long.pb "
@@ -90,7 +91,7 @@ Test(fsdp_train, a_dead_rank_fails_the_run) {
              "for i in $(seq 300); do [ -s run/metrics.jsonl ] && break; sleep 0.05; done; "
              /* only this test's rank 1: other tests may be running ranks too */
              "pkill -KILL -f -- '[-]-standalone %s/long.pb .*[-]-rank 1 ' ; wait",
-             tmp, HP_BINARY_DIR, tmp, tmp);
+             tmp, hp_th_binary_dir(), tmp, tmp);
     run(cmd);
     char path[512], buf[4096] = {0};
     snprintf(path, sizeof path, "%s/rc.txt", tmp);
@@ -117,12 +118,12 @@ Test(fsdp_train, kill_and_resume_world_2_and_reshard_to_3) {
     snprintf(cmd, sizeof cmd,
              "%s/client/hpctl new " MODEL " " MARKS " --steps 60 --checkpoint-interval 10 "
              "--mesh dp=2 -o %s/r.pb >/dev/null",
-             HP_BINARY_DIR, tmp);
+             hp_th_binary_dir(), tmp);
     run(cmd);
     snprintf(cmd, sizeof cmd,
              "cd %s && HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone r.pb --threads 1 "
              "--out full >/dev/null",
-             tmp, HP_BINARY_DIR);
+             tmp, hp_th_binary_dir());
     run(cmd);
     /* the killed run: wait for step 12, SIGKILL rank 1, expect the launcher to fail */
     snprintf(cmd, sizeof cmd,
@@ -136,7 +137,7 @@ Test(fsdp_train, kill_and_resume_world_2_and_reshard_to_3) {
              "--resume cut >/dev/null && "
              "HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone r.pb --world 3 --threads 1 "
              "--out cut3 --resume cut3 >/dev/null",
-             tmp, HP_BINARY_DIR, tmp, tmp, HP_BINARY_DIR, HP_BINARY_DIR);
+             tmp, hp_th_binary_dir(), tmp, tmp, hp_th_binary_dir(), hp_th_binary_dir());
     run(cmd);
     snprintf(path_rc, sizeof path_rc, "%s/rc.txt", tmp);
     FILE *rcf = fopen(path_rc, "r");

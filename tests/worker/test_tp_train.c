@@ -5,6 +5,7 @@
  * split over dp, gathered before use) with and without resharding after the forward. A
  * checkpoint written at step 5 on dp=2 x tp=2 resumes at dp=4 (FSDP) and at world 1 and ends
  * where the uninterrupted world-1 run does. */
+#include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
@@ -44,13 +45,13 @@ static const char *train(const char *name, const char *plan) {
     static char out[512];
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s/client/hpctl new " MODEL " %s -o %s/%s.pb >/dev/null",
-             HP_BINARY_DIR, plan, tmp, name);
+             hp_th_binary_dir(), plan, tmp, name);
     run(cmd);
     snprintf(out, sizeof out, "%s/%s", tmp, name);
     snprintf(cmd, sizeof cmd,
              "HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone %s/%s.pb --threads 1 "
              "--out %s >/dev/null",
-             HP_BINARY_DIR, tmp, name, out);
+             hp_th_binary_dir(), tmp, name, out);
     run(cmd);
     return out;
 }
@@ -100,13 +101,13 @@ static const char *resume(const char *from, const char *name, const char *plan) 
     run(cmd);
     snprintf(cmd, sizeof cmd,
              "%s/client/hpctl new " MODEL " --checkpoint-interval 5 %s -o %s/%s.pb >/dev/null",
-             HP_BINARY_DIR, plan, tmp, name);
+             hp_th_binary_dir(), plan, tmp, name);
     run(cmd);
     snprintf(out, sizeof out, "%s/%s", tmp, name);
     snprintf(cmd, sizeof cmd,
              "HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone %s/%s.pb --threads 1 "
              "--resume %s/%s-ck --out %s >/dev/null",
-             HP_BINARY_DIR, tmp, name, tmp, name, out);
+             hp_th_binary_dir(), tmp, name, tmp, name, out);
     run(cmd);
     return out;
 }
