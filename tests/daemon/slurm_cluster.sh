@@ -78,8 +78,16 @@ CONF
     export SLURM_CONF=$dir/slurm.conf
     /usr/sbin/slurmctld -f "$SLURM_CONF"
     /usr/sbin/slurmd -f "$SLURM_CONF" -N localhost
-    for _ in $(seq 1 120); do
-        st=$(sinfo -h -n localhost -o %T 2>/dev/null || true)
+    # 60 s in all: a controller that died (a port taken) fails at once, and sinfo, which
+    # blocks while no controller answers, gets 3 s per call
+    deadline=$((SECONDS + 60))
+    st=
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        if [ -f "$dir/slurmctld.pid" ] && ! kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+            st="slurmctld exited"
+            break
+        fi
+        st=$(timeout 3 sinfo -h -n localhost -o %T 2>/dev/null || true)
         if [ "$st" = "idle" ]; then
             echo "SLURM_CONF=$SLURM_CONF"
             exit 0

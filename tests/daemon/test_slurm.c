@@ -97,7 +97,8 @@ static void setup(void) {
      * tried again on other ports; .fini does not run when .init fails. */
     char *out = NULL;
     for (int attempt = 0; attempt < 3; attempt++) {
-        g_base = 17000 + (int)((getpid() + attempt * 101) % 300) * 110;
+        /* below the kernel's ephemeral ports (32768..), where the tests' port-0 sockets live */
+        g_base = 17000 + (int)((getpid() + attempt * 37) % 140) * 110;
         free(out);
         out = sh(&code, "%s/tests/daemon/slurm_cluster.sh start %s %d 2>&1", hp_th_source_dir(),
                  g_slurm, g_base);
