@@ -341,10 +341,12 @@ Test(hpctl_remote, tensor_parallel_job_runs_like_world1) {
 }
 
 /* A worker killed with SIGKILL mid-run: the job goes RESTARTING, resumes from its last
- * checkpoint and SUCCEEDS with the final weights of an uninterrupted run, byte for byte. */
+ * checkpoint and SUCCEEDS with the final weights of an uninterrupted run, byte for byte. The
+ * job is long (400 tiny steps) so that it is still running when the kill comes: on an idle
+ * machine 40 steps ended between seeing step 8 and the pkill. */
 Test(hpctl_remote, killed_worker_restarts_from_the_checkpoint) {
     run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
-                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 64 --steps 40 "
+                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 64 --steps 400 "
                   "--checkpoint-interval 5 --max-restarts 2 -o %s/r.pb",
                   g_dir);
     cr_assert_eq(r.code, 0, "%s", r.err);
