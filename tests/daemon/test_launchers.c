@@ -156,7 +156,9 @@ static bool log_has(const char *what) {
 Test(launchers, external_workers_started_from_the_printed_commands) {
     const char *args[] = {"--http", "off", "--launcher", "external", NULL};
     start(args);
-    new_job("job.pb", 2, 12, "--checkpoint-interval 4 --max-restarts 1 ");
+    /* 300 tiny steps: long enough that attempt 0 is still running when rank 1 is killed (a
+     * 12-step job could finish between seeing RUNNING and the kill on an idle machine) */
+    new_job("job.pb", 2, 300, "--checkpoint-interval 4 --max-restarts 1 ");
     char *id = submit("job.pb");
     char *st = wait_state(id, "LAUNCHING", 30);
     cr_assert_str_eq(st, "LAUNCHING", "external: the job waits for its workers");
@@ -210,7 +212,7 @@ Test(launchers, external_workers_started_from_the_printed_commands) {
     }
     wait_exit(p0, 30);
     st = wait_state(id, "LAUNCHING", 30);
-    cr_assert_str_eq(st, "LAUNCHING", "the restart waits for workers again");
+    cr_assert_str_eq(st, "LAUNCHING", "the restart waits for workers again (state %s)", st);
     free(st);
     /* A worker of the finished attempt is refused. */
     cr_expect_neq(wait_exit(spawn(cmds[0], "stale"), 30), 0, "attempt 0's token was accepted");
