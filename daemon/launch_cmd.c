@@ -226,3 +226,10 @@ hp_status hpd_cmd_run(uv_loop_t *loop, char *const *argv, char **env, int timeou
     uv_timer_start(&c->timer, on_timeout, (uint64_t)(timeout_ms > 0 ? timeout_ms : 30000), 0);
     return HP_OK;
 }
+
+void hpd_cmd_tool(char *out, size_t len, const char *dir, const char *name) {
+    if (dir && *dir)
+        snprintf(out, len, "%s/%s", dir, name);
+    else
+        snprintf(out, len, "%s", name);
+}

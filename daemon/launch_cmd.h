@@ -35,4 +35,7 @@ typedef void (*hpd_cmd_fn)(void *ctx, const hpd_cmd_result *r);
 hp_status hpd_cmd_run(uv_loop_t *loop, char *const *argv, char **env, int timeout_ms,
                       size_t max_out, hpd_cmd_fn fn, void *ctx, hp_err *err);
 
+/* The path of a scheduler tool: dir/name when dir is set, else name (uv_spawn searches PATH). */
+void hpd_cmd_tool(char *out, size_t len, const char *dir, const char *name);
+
 #endif

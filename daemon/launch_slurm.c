@@ -887,14 +887,6 @@ static const hpd_launcher_vt slurm_vt = {
     .free = slurm_free,
 };
 
-/* dir/name when dir is set, else name (uv_spawn searches PATH). */
-static void tool(char *out, size_t len, const char *dir, const char *name) {
-    if (dir && *dir)
-        snprintf(out, len, "%s/%s", dir, name);
-    else
-        snprintf(out, len, "%s", name);
-}
-
 hp_status hpd_launcher_slurm_new(uv_loop_t *loop, const hpd_slurm_opts *o,
                                  hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
                                  hp_err *err) {
@@ -912,11 +904,11 @@ hp_status hpd_launcher_slurm_new(uv_loop_t *loop, const hpd_slurm_opts *o,
         hp__log("info", "event=slurm_worker path=%s note=\"taken from the nodes' PATH\"",
                 s->worker);
     }
-    tool(s->sbatch, sizeof s->sbatch, o->bin_dir, "sbatch");
-    tool(s->squeue, sizeof s->squeue, o->bin_dir, "squeue");
-    tool(s->scancel, sizeof s->scancel, o->bin_dir, "scancel");
-    tool(s->srun, sizeof s->srun, o->bin_dir, "srun");
-    tool(s->sacct, sizeof s->sacct, o->bin_dir, "sacct");
+    hpd_cmd_tool(s->sbatch, sizeof s->sbatch, o->bin_dir, "sbatch");
+    hpd_cmd_tool(s->squeue, sizeof s->squeue, o->bin_dir, "squeue");
+    hpd_cmd_tool(s->scancel, sizeof s->scancel, o->bin_dir, "scancel");
+    hpd_cmd_tool(s->srun, sizeof s->srun, o->bin_dir, "srun");
+    hpd_cmd_tool(s->sacct, sizeof s->sacct, o->bin_dir, "sacct");
     snprintf(s->partition, sizeof s->partition, "%s", o->partition ? o->partition : "");
     snprintf(s->account, sizeof s->account, "%s", o->account ? o->account : "");
     snprintf(s->qos, sizeof s->qos, "%s", o->qos ? o->qos : "");

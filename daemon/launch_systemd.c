@@ -737,13 +737,6 @@ static const hpd_launcher_vt sd_vt = {
     .free = sd_free,
 };
 
-static void tool(char *out, size_t len, const char *dir, const char *name) {
-    if (dir && *dir)
-        snprintf(out, len, "%s/%s", dir, name);
-    else
-        snprintf(out, len, "%s", name);
-}
-
 hp_status hpd_launcher_systemd_new(uv_loop_t *loop, const hpd_systemd_opts *o,
                                    hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
                                    hp_err *err) {
@@ -757,8 +750,8 @@ hp_status hpd_launcher_systemd_new(uv_loop_t *loop, const hpd_systemd_opts *o,
     s->base.ctx = ctx;
     s->loop = loop;
     hpd_launcher_worker_path(o->worker_path, s->worker, sizeof s->worker);
-    tool(s->systemd_run, sizeof s->systemd_run, o->bin_dir, "systemd-run");
-    tool(s->systemctl, sizeof s->systemctl, o->bin_dir, "systemctl");
+    hpd_cmd_tool(s->systemd_run, sizeof s->systemd_run, o->bin_dir, "systemd-run");
+    hpd_cmd_tool(s->systemctl, sizeof s->systemctl, o->bin_dir, "systemctl");
     snprintf(s->slice, sizeof s->slice, "%s", o->slice ? o->slice : "");
     s->user = o->user;
     s->token_file = o->token_file;
