@@ -84,6 +84,9 @@ static void new_usage(FILE *f) {
           "                        embedding and output projection vocab-sharded too)\n"
           "  --loss-parallel       cross entropy on vocab-sharded logits over 'tp' (the\n"
           "                        logits are not gathered)\n"
+          "  --param-dtype DT      mixed precision: all-gather and compute parameters in DT\n"
+          "                        (f32 or bf16; the f32 master weights stay f32)\n"
+          "  --reduce-dtype DT     reduce gradients in DT (f32, the only one supported)\n"
           "\n"
           "model and training:\n",
           f);
@@ -271,6 +274,18 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             if (rc == HPCTL_OK) *(int64_t *)((char *)job + nf->offset) = x;
         } else if (nf) {
             rc = hpctl_parse_f64(verb, a, v, nf->lo, nf->hi, (double *)((char *)job + nf->offset));
+        } else if (!strcmp(a, "--param-dtype") || !strcmp(a, "--reduce-dtype")) {
+            hp_dtype dt;
+            hp_err e = {0};
+            if (hp_dtype_parse(v, &dt, &e) != HP_OK || !hp_dtype_is_float(dt) || dt == HP_F16)
+                rc = hpctl_fail(HPCTL_USAGE, verb, "%s: '%s' is not f32 or bf16", a, v);
+            else if (a[2] == 'p')
+                job->plan.param_dtype = dt;
+            else if (dt != HP_F32)
+                rc = hpctl_fail(HPCTL_USAGE, verb,
+                                "%s: '%s' is not supported; gradients are reduced in f32", a, v);
+            else
+                job->plan.reduce_dtype = dt;
         } else if (!strcmp(a, "--model")) {
             *model = v;
         } else if (!strcmp(a, "--graph")) {
@@ -570,10 +585,12 @@ static void print_text(const hp_job *job, const job_summary *s) {
     printf("plan        mesh");
     for (int i = 0; i < job->plan.n_mesh; i++)
         printf("%s%s=%d", i ? "," : " ", job->plan.mesh[i].name, job->plan.mesh[i].size);
-    printf(", mode %s, %d FSDP marks, %d patterns, %d placement constraints, loss parallel %s\n",
+    printf(", mode %s, %d FSDP marks, %d patterns, %d placement constraints, loss parallel %s, "
+           "param dtype %s, reduce dtype %s\n",
            job->plan.mode == HP_PLAN_FSDP ? "fsdp" : "auto", job->plan.n_fsdp_fqns,
            job->plan.n_fsdp_patterns, job->plan.n_constraints,
-           job->plan.loss_parallel ? "on" : "off");
+           job->plan.loss_parallel ? "on" : "off", hp_dtype_name(job->plan.param_dtype),
+           hp_dtype_name(job->plan.reduce_dtype));
     printf("resources   world %d, device %s\n", job->resources.world_size,
            hp_device_name(job->resources.device));
 }
@@ -599,7 +616,9 @@ static int print_json(const hp_job *job, const job_summary *s) {
         job->resources.world_size, "device", hp_device_name(job->resources.device));
     if (!root) return hpctl_fail(HPCTL_ERROR, "inspect", "out of memory building JSON");
     json_object_set_new(root, "plan",
-                        json_pack("{s:b}", "loss_parallel", (int)job->plan.loss_parallel));
+                        json_pack("{s:b, s:s, s:s}", "loss_parallel", (int)job->plan.loss_parallel,
+                                  "param_dtype", hp_dtype_name(job->plan.param_dtype),
+                                  "reduce_dtype", hp_dtype_name(job->plan.reduce_dtype)));
     json_object_set_new(json_object_get(root, "train"), "on_nonfinite",
                         json_string(t->on_nonfinite == HP_NONFINITE_SKIP ? "skip" : "stop"));
     json_dumpf(root, stdout, JSON_INDENT(2));

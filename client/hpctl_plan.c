@@ -54,6 +54,7 @@ static const char *seconds(double s, char *buf) {
 typedef struct comm_kind {
     int count;
     int64_t bytes;
+    unsigned dtypes; /* 1 << dtype of each one's input (mixed precision shows here) */
 } comm_kind;
 
 static void comm_by_kind(const hp_graph *g, comm_kind *k) {
@@ -62,7 +63,19 @@ static void comm_by_kind(const hp_graph *g, comm_kind *k) {
         if (!(hp_op_get(g->nodes[i].op)->flags & HP_OPF_COLLECTIVE)) continue;
         k[g->nodes[i].op].count++;
         k[g->nodes[i].op].bytes += hp_collective_bytes(g, i);
+        k[g->nodes[i].op].dtypes |= 1u << hp_graph_type(g, g->nodes[i].in[0])->dtype;
     }
+}
+
+/* "bf16", "f32+bf16": the dtypes a comm_kind moved. */
+static const char *dtypes_text(unsigned m, char *buf, size_t len) {
+    size_t at = 0;
+    buf[0] = 0;
+    for (int dt = 0; dt < HP_DTYPE_COUNT; dt++)
+        if (m & (1u << dt) && at < len)
+            at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? "+" : "",
+                                   hp_dtype_name((hp_dtype)dt));
+    return buf;
 }
 
 /* A parameter's placement on each mesh dim of the plan, from the compiled graph: the value's
@@ -141,19 +154,22 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
                job->plan.mesh[d].size, job->plan.mesh[d].link.bandwidth / 1e9,
                job->plan.mesh[d].link.latency * 1e6);
     printf(", device %s\n", hp_device_name(job->resources.device));
+    printf("precision   param %s (all-gathers and compute), reduce %s (gradients); master "
+           "weights and AdamW state f32\n",
+           hp_dtype_name(job->plan.param_dtype), hp_dtype_name(job->plan.reduce_dtype));
     hp_err derr = {0};
     if (hp_device_built(job->resources.device, &derr) != HP_OK) /* priced, but not runnable */
         printf("note: %s: hpd and hp-worker of this build refuse the job\n", derr.msg);
     printf("\n");
 
-    printf("%-14s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
+    printf("%-16s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
            "collectives", "comm/step/rank", "time");
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         bool lower = !strcmp(r->name, "lower");
         char out[32];
         snprintf(out, sizeof out, lower ? "%d instr" : "%d", r->nodes_out);
-        printf("%-14s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
+        printf("%-16s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
                out, r->collectives, HUMAN(r->comm_bytes), r->ran ? SECONDS(r->seconds) : "-");
     }
     if (c->n_warnings) {
@@ -207,7 +223,9 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
     const char *sep = " (";
     for (int op = 0; op < HP_OP_COUNT; op++) {
         if (!k[op].count) continue;
-        printf("%s%s %d: %s", sep, hp_op_get((hp_op)op)->name, k[op].count, HUMAN(k[op].bytes));
+        char dts[48];
+        printf("%s%s %d: %s %s", sep, hp_op_get((hp_op)op)->name, k[op].count, HUMAN(k[op].bytes),
+               dtypes_text(k[op].dtypes, dts, sizeof dts));
         sep = ", ";
     }
     printf("%s\n", strcmp(sep, ", ") ? "" : ")");
@@ -243,11 +261,14 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
         json_array_append_new(warnings, json_string(c->warnings[i]));
     comm_kind k[HP_OP_COUNT];
     comm_by_kind(c->graph, k);
-    for (int op = 0; op < HP_OP_COUNT; op++)
+    for (int op = 0; op < HP_OP_COUNT; op++) {
+        char dts[48];
         if (k[op].count)
-            json_object_set_new(
-                kinds, hp_op_get((hp_op)op)->name,
-                json_pack("{s:i, s:I}", "count", k[op].count, "bytes", (json_int_t)k[op].bytes));
+            json_object_set_new(kinds, hp_op_get((hp_op)op)->name,
+                                json_pack("{s:i, s:I, s:s}", "count", k[op].count, "bytes",
+                                          (json_int_t)k[op].bytes, "dtype",
+                                          dtypes_text(k[op].dtypes, dts, sizeof dts)));
+    }
     for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++)
         json_array_append_new(assume, json_string(assumptions[i]));
     json_t *params = json_array(), *by_dim = json_object();
@@ -293,6 +314,9 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
         root, "model",
         json_pack("{s:s, s:s}", "family", job->model.family, "flavor", job->model.flavor));
     json_object_set_new(root, "world", json_integer(c->world));
+    json_object_set_new(root, "mixed_precision",
+                        json_pack("{s:s, s:s}", "param_dtype", hp_dtype_name(job->plan.param_dtype),
+                                  "reduce_dtype", hp_dtype_name(job->plan.reduce_dtype)));
     json_object_set_new(root, "device", json_string(hp_device_name(job->resources.device)));
     hp_err derr = {0};
     json_object_set_new(root, "device_runnable",

@@ -27,6 +27,8 @@ void hp_job_init_defaults(hp_job *job) {
     p->mesh[0].link = HP_LINK_INTRA_NODE;
     p->mode = HP_PLAN_FSDP;
     p->reshard_after_forward = true;
+    p->param_dtype = HP_F32;
+    p->reduce_dtype = HP_F32;
     p->mem_low = 0.0;
     p->mem_high = 1.0;
 
@@ -378,6 +380,7 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
     }
     if (p->mode != HP_PLAN_FSDP && p->mode != HP_PLAN_AUTO)
         return hp_errf(err, HP_INVALID, "plan.mode: %d is not fsdp or auto", (int)p->mode);
+    HP_TRY(hp_plan_check_precision(p->param_dtype, p->reduce_dtype, err));
 
     if (p->n_fsdp_fqns < 0 || p->n_fsdp_fqns > HP_PLAN_MAX_ITEMS)
         return hp_errf(err, HP_LIMIT, "plan.fsdp_fqns: %d entries, limit %d", p->n_fsdp_fqns,
@@ -597,6 +600,29 @@ hp_status hp__job_validate(const hp_job *job, bool verify_graph, hp_err *err) {
     return HP_OK;
 }
 
+hp_status hp_plan_check_precision(hp_dtype param, hp_dtype reduce, hp_err *err) {
+    if ((unsigned)param >= HP_DTYPE_COUNT || !hp_dtype_is_float(param))
+        return hp_errf(err, HP_INVALID,
+                       "plan.mixed_precision.param_dtype: %s is not a floating "
+                       "dtype (f32 or bf16)",
+                       (unsigned)param < HP_DTYPE_COUNT ? hp_dtype_name(param) : "?");
+    if ((unsigned)reduce >= HP_DTYPE_COUNT || !hp_dtype_is_float(reduce))
+        return hp_errf(err, HP_INVALID,
+                       "plan.mixed_precision.reduce_dtype: %s is not a floating "
+                       "dtype (f32)",
+                       (unsigned)reduce < HP_DTYPE_COUNT ? hp_dtype_name(reduce) : "?");
+    if (param == HP_F16)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.mixed_precision.param_dtype: f16 is not "
+                       "supported (it needs loss scaling); use bf16 or f32");
+    if (reduce != HP_F32)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.mixed_precision.reduce_dtype: %s is not "
+                       "supported; gradients are reduced in f32",
+                       hp_dtype_name(reduce));
+    return HP_OK;
+}
+
 hp_status hp_job_validate(const hp_job *job, hp_err *err) {
     return hp__job_validate(job, true, err);
 }
@@ -619,6 +645,7 @@ static bool plan_eq(const hp_plan *a, const hp_plan *b) {
     if (a->n_mesh != b->n_mesh || a->mode != b->mode ||
         a->reshard_after_forward != b->reshard_after_forward || a->mem_low != b->mem_low ||
         a->loss_parallel != b->loss_parallel || a->mem_high != b->mem_high ||
+        a->param_dtype != b->param_dtype || a->reduce_dtype != b->reduce_dtype ||
         a->n_constraints != b->n_constraints)
         return false;
     for (int d = 0; d < a->n_mesh; d++) {

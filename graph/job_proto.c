@@ -39,6 +39,11 @@ static const enum_map places[] = {{HP_PLACE_REPLICATE, HP__V1__PLACEMENT__KIND__
 static const enum_map reduces[] = {{HP_REDUCE_SUM, HP__V1__REDUCE_KIND__REDUCE_KIND_SUM},
                                    {HP_REDUCE_AVG, HP__V1__REDUCE_KIND__REDUCE_KIND_AVG}};
 
+static const enum_map dtypes[] = {
+    {HP_F32, HP__V1__DTYPE__DTYPE_F32}, {HP_BF16, HP__V1__DTYPE__DTYPE_BF16},
+    {HP_F16, HP__V1__DTYPE__DTYPE_F16}, {HP_I32, HP__V1__DTYPE__DTYPE_I32},
+    {HP_I64, HP__V1__DTYPE__DTYPE_I64}, {HP_BOOL, HP__V1__DTYPE__DTYPE_BOOL}};
+
 static int to_pb(const enum_map *m, size_t n, int c) {
     for (size_t i = 0; i < n; i++)
         if (m[i].c == c) return m[i].pb;
@@ -184,6 +189,15 @@ static Hp__V1__ParallelPlan *export_plan(exporter *x, const hp_plan *p) {
     m->mode = TO_PB(modes, p->mode);
     m->reshard_after_forward = p->reshard_after_forward;
     m->loss_parallel = p->loss_parallel;
+    if (p->param_dtype != HP_F32 || p->reduce_dtype != HP_F32) {
+        Hp__V1__MixedPrecision *mp;
+        XNEW(x, mp, hp__v1__mixed_precision__init);
+        if (mp) {
+            mp->param_dtype = TO_PB(dtypes, p->param_dtype);
+            mp->reduce_dtype = TO_PB(dtypes, p->reduce_dtype);
+            m->mixed_precision = mp;
+        }
+    }
     Hp__V1__MemoryBudget *b;
     XNEW(x, b, hp__v1__memory_budget__init);
     if (b) {
@@ -409,6 +423,13 @@ static hp_status import_plan(const Hp__V1__ParallelPlan *m, hp_plan *p, hp_err *
     FROM_PB(modes, m->mode, &p->mode, "plan.mode");
     p->reshard_after_forward = m->reshard_after_forward;
     p->loss_parallel = m->loss_parallel;
+    p->param_dtype = p->reduce_dtype = HP_F32; /* absent or unset: f32 */
+    if (m->mixed_precision && m->mixed_precision->param_dtype)
+        FROM_PB(dtypes, m->mixed_precision->param_dtype, &p->param_dtype,
+                "plan.mixed_precision.param_dtype");
+    if (m->mixed_precision && m->mixed_precision->reduce_dtype)
+        FROM_PB(dtypes, m->mixed_precision->reduce_dtype, &p->reduce_dtype,
+                "plan.mixed_precision.reduce_dtype");
     p->mem_low = m->param_memory_budget ? m->param_memory_budget->low : 0.0;
     p->mem_high = m->param_memory_budget ? m->param_memory_budget->high : 1.0;
 

@@ -57,6 +57,9 @@ static bool multi_rank(const hp_pass_ctx *ctx) {
 }
 /* On placed graphs too: both keep the mesh and every placement, and bucketing merges only
  * collectives of one mesh dim (group and size), op, dtype and reduce op. */
+static bool mixed_on(const hp_pass_ctx *ctx) {
+    return ctx->job->plan.param_dtype != HP_F32 || ctx->job->plan.reduce_dtype != HP_F32;
+}
 static bool overlap_on(const hp_pass_ctx *ctx) {
     return ctx->job->passes.enable_overlap;
 }
@@ -175,6 +178,7 @@ static const hp__pass_entry pipeline[] = {
     {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on},
     {"spmd", pass_spmd, placed},
     {"fsdp", hp_pass_fsdp, multi_rank},
+    {"mixed_precision", hp_pass_mixed_precision, mixed_on},
     {"overlap", hp_pass_overlap, overlap_on},
     {"bucketing", hp_pass_bucketing, buckets_on},
     /* then: hp_lower (lowering + memory plan), hp_program_verify */
@@ -303,6 +307,21 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
                        "which is not implemented yet; remove it",
                        job->plan.mem_low, job->plan.mem_high);
     hp_pass_ctx probe = {.job = job, .world = world};
+    HP_TRY(hp_plan_check_precision(job->plan.param_dtype, job->plan.reduce_dtype, err));
+    if (mixed_on(&probe)) {
+        const hp__pass_entry *mp = hp__pass_find("mixed_precision");
+        if (placed(&probe))
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "plan (mesh %s): mixed precision (param_dtype %s) is not supported "
+                           "with tensor parallelism or an N-D mesh yet; use a 1-D data-parallel "
+                           "mesh (world 1, DDP or FSDP) or param_dtype f32",
+                           mesh, hp_dtype_name(job->plan.param_dtype));
+        if (mp && !pass_on(mp, &probe))
+            return hp_errf(err, HP_INVALID,
+                           "passes: mixed_precision is switched off but the plan sets "
+                           "param_dtype %s; drop the switch or the policy",
+                           hp_dtype_name(job->plan.param_dtype));
+    }
     bool has_dp = false; /* FSDP in the placement passes shards over the mesh dim "dp" */
     for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
         has_dp |= !strcmp(job->plan.mesh[d].name, "dp");

@@ -83,6 +83,11 @@ typedef struct hp_plan {
     /* Loss parallel: the cross entropy runs on vocab-sharded logits over the mesh dim "tp"
      * (the loss_parallel pass; the mesh must have that dim). */
     bool loss_parallel;
+    /* Mixed precision (FSDP2's MixedPrecisionPolicy, passes/mixed_precision.c): parameters are
+     * cast from their f32 master shard to param_dtype before the all-gather and computed in
+     * it; gradients are cast to reduce_dtype before their reduction and reach the optimizer in
+     * f32. Default (f32, f32): no casts. hp_job_validate accepts (f32, f32) and (bf16, f32). */
+    hp_dtype param_dtype, reduce_dtype;
 } hp_plan;
 
 /* ---- the compiler's pass config -------------------------------------------------------------- */
@@ -184,6 +189,11 @@ bool hp_fqn_match(const char *pattern, const char *fqn);
  * O((n + P) log P). */
 hp_status hp_plan_mark_names(const hp_graph *g, char *const *names, int n, bool *marked,
                              hp_err *err);
+
+/* The mixed-precision pairs a plan may hold: (f32, f32) and (bf16, f32). Anything else is
+ * HP_INVALID (not a floating dtype) or HP_UNSUPPORTED (f16, a reduce dtype other than f32),
+ * naming the field. */
+hp_status hp_plan_check_precision(hp_dtype param, hp_dtype reduce, hp_err *err);
 
 /* Checks every field's range and the fields against each other (mesh product == world size,
  * batch sizes, marks and constraints naming graph inputs, ...) and verifies the graph.

@@ -267,7 +267,7 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     json_t *e2 = json_object_get(w2, "estimate");
     cr_expect_gt(json_real_value(json_object_get(e2, "step_s")), 0);
     cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
-    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 8); /* 7 passes + lower */
+    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 9); /* 8 passes + lower */
     json_decref(w1);
     json_decref(w2);
     json_decref(w3);
@@ -361,4 +361,79 @@ Test(hpctl_plan, errors) {
     expect_error(hpctl("new --model mlp --prefetch 99 -o x.pb"), 2, "--prefetch: 99 is outside");
     expect_error(hpctl("new --model llama3:debugmodel --batch 3 --mesh dp=2 -o x.pb"), 2,
                  "do not split over the mesh's 2 ranks");
+}
+
+/* bytes_per_step of one collective kind in a --json report (0 when absent), and its dtype. */
+static int64_t comm_kind_bytes(json_t *root, const char *op, const char **dtype) {
+    json_t *k =
+        json_object_get(json_object_get(json_object_get(root, "communication"), "by_op"), op);
+    if (dtype) *dtype = k ? json_string_value(json_object_get(k, "dtype")) : NULL;
+    return k ? json_integer_value(json_object_get(k, "bytes")) : 0;
+}
+
+/* --param-dtype bf16: the FSDP all-gathers move bf16, exactly half the f32 plan's bytes; the
+ * reduce-scatters stay f32 (reduce_dtype) and keep their bytes; the report says so. */
+Test(hpctl_plan, bf16_param_dtype_halves_all_gather_bytes) {
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2 " ALL_FSDP
+             " --bucket-mb 0 -o %s/f32.pb",
+             tmpdir));
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2 " ALL_FSDP
+             " --bucket-mb 0 --param-dtype bf16 --reduce-dtype f32 -o %s/bf16.pb",
+             tmpdir));
+    json_t *a = plan_json("f32.pb", ""), *b = plan_json("bf16.pb", "");
+    const char *da, *db;
+    int64_t ga = comm_kind_bytes(a, "all_gather_into_tensor", &da);
+    int64_t gb = comm_kind_bytes(b, "all_gather_into_tensor", &db);
+    cr_assert_gt(ga, 0);
+    cr_expect_eq(gb * 2, ga, "bf16 all-gathers %lld bytes, f32 %lld", (long long)gb, (long long)ga);
+    cr_expect_str_eq(da, "f32");
+    cr_expect_str_eq(db, "bf16");
+    int64_t ra = comm_kind_bytes(a, "reduce_scatter_tensor", &da);
+    int64_t rb = comm_kind_bytes(b, "reduce_scatter_tensor", &db);
+    cr_expect_eq(rb, ra, "reduce-scatters stay f32");
+    cr_expect_str_eq(db, "f32");
+    json_t *mp = json_object_get(b, "mixed_precision");
+    cr_expect_str_eq(json_string_value(json_object_get(mp, "param_dtype")), "bf16");
+    cr_expect_str_eq(json_string_value(json_object_get(mp, "reduce_dtype")), "f32");
+    /* the master shards (and so the optimizer) stay f32 */
+    cr_expect_eq(mem(b, "params"), mem(a, "params"));
+    cr_expect_eq(mem(b, "optimizer"), mem(a, "optimizer"));
+    json_decref(a);
+    json_decref(b);
+    hp_th_run r = hpctl("plan %s/bf16.pb", tmpdir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "precision   param bf16"), "%s", r.out);
+    cr_expect(strstr(r.out, "mixed_precision  yes"), "%s", r.out);
+    char want[96];
+    snprintf(want, sizeof want, "all_gather_into_tensor ");
+    cr_expect(strstr(r.out, want) && strstr(r.out, " bf16"), "%s", r.out);
+    hp_th_run_free(&r);
+}
+
+/* Policies the compiler does not implement are refused, naming the flag or the plan. */
+Test(hpctl_plan, mixed_precision_errors) {
+    expect_error(hpctl("new --model mlp --param-dtype f16 -o x.pb"), 2,
+                 "--param-dtype: 'f16' is not f32 or bf16");
+    expect_error(hpctl("new --model mlp --param-dtype i32 -o x.pb"), 2,
+                 "--param-dtype: 'i32' is not f32 or bf16");
+    expect_error(hpctl("new --model mlp --reduce-dtype bf16 -o x.pb"), 2,
+                 "--reduce-dtype: 'bf16' is not supported; gradients are reduced in f32");
+    expect_error(hpctl("new --model mlp --param-dtype -o x.pb"), 2, "--param-dtype");
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
+             "--param-dtype bf16 -o %s/tp.pb",
+             tmpdir));
+    expect_error(hpctl("plan %s/tp.pb", tmpdir), 1,
+                 "mixed precision (param_dtype bf16) is not supported with tensor parallelism");
+    /* DDP (nothing marked) and world 1 compile */
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2 --param-dtype bf16 "
+             "-o %s/ddp.pb",
+             tmpdir));
+    json_t *d = plan_json("ddp.pb", "");
+    const char *dt;
+    cr_expect_gt(comm_kind_bytes(d, "all_reduce", &dt), 0);
+    cr_expect_str_eq(dt, "f32", "DDP's gradient all-reduces run in reduce_dtype");
+    json_decref(d);
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --param-dtype bf16 -o %s/one.pb",
+             tmpdir));
+    ok(hpctl("plan %s/one.pb", tmpdir));
 }

@@ -70,11 +70,15 @@ def read_inputs(d):
 
 
 def rms_norm(x, w, eps):
+    if x.dtype == torch.bfloat16:  # fused, as hp's kernel: f32 inside, one rounding
+        return rms_norm(x.float(), w.float(), eps).to(torch.bfloat16)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
 def rope(x, theta):
     """x [B, T, H, Dh]: pairs (2i, 2i+1) as complex numbers times e^(i t theta^(-2i/Dh))."""
+    if x.dtype == torch.bfloat16:  # complex bf16 does not exist: f32, rounded once
+        return rope(x.float(), theta).to(torch.bfloat16)
     B, T, H, Dh = x.shape
     freqs = 1.0 / (theta ** (torch.arange(0, Dh, 2, dtype=torch.float64) / Dh))
     angles = torch.outer(torch.arange(T, dtype=torch.float64), freqs)  # [T, Dh/2]
@@ -95,10 +99,13 @@ def attention(x, p, cfg):
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, h, T, Dh]
     k = k.repeat_interleave(H // Hkv, dim=1)  # query head h reads kv head h // (H/Hkv)
     v = v.repeat_interleave(H // Hkv, dim=1)
+    dt = q.dtype  # bf16: fused attention as hp's kernel (f32 inside, output rounded once)
+    if dt == torch.bfloat16:
+        q, k, v = q.float(), k.float(), v.float()
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(Dh)  # [B, H, T, T]
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
     scores = scores.masked_fill(mask, float("-inf"))
-    o = torch.softmax(scores, dim=-1) @ v  # [B, H, T, Dh]
+    o = (torch.softmax(scores, dim=-1) @ v).to(dt)  # [B, H, T, Dh]
     return F.linear(o.transpose(1, 2).reshape(B, T, H * Dh), p["wo"])
 
 
@@ -114,6 +121,8 @@ def forward(cfg, w, tokens, labels):
                       g("feed_forward.w2"))
         h = h + ff
     logits = F.linear(rms_norm(h, w["norm.weight"], eps), w["output.weight"])
+    if logits.dtype == torch.bfloat16:  # the loss in f32, as torchtitan's pred.float()
+        logits = logits.float()
     return F.cross_entropy(logits.reshape(-1, cfg["vocab"]), labels.reshape(-1))
 
 

@@ -48,6 +48,7 @@ static hp_job *full_job(void) {
     p->mode = HP_PLAN_AUTO;
     p->reshard_after_forward = false;
     p->loss_parallel = true;
+    p->param_dtype = HP_BF16; /* round-trips through plan.mixed_precision */
     p->mem_low = 0.1;
     p->mem_high = 0.6;
     cr_assert_eq(hp_job_add_fsdp_fqn(job, "tok_embeddings.weight", &err), HP_OK, "%s", err.msg);
@@ -164,6 +165,9 @@ EDIT(e_mesh_lat, j->plan.mesh[1].link.latency = NAN)
 EDIT(e_mode, j->plan.mode = 5)
 EDIT(e_fqn, j->plan.fsdp_fqns[0][0] = 'X')
 EDIT(e_budget, j->plan.mem_low = 0.7)
+EDIT(e_mp_f16, j->plan.param_dtype = HP_F16)
+EDIT(e_mp_int, j->plan.param_dtype = HP_I32)
+EDIT(e_mp_reduce_bf16, j->plan.reduce_dtype = HP_BF16)
 EDIT(e_loss_parallel_no_tp, snprintf(j->plan.mesh[1].name, sizeof j->plan.mesh[1].name, "mp"))
 EDIT(e_constraint_fqn, j->plan.constraints[0].input_fqn[0] = 'X')
 EDIT(e_constraint_out, j->plan.constraints[1].output = 99)
@@ -219,6 +223,10 @@ static const bad_case bad_cases[] = {
     {"plan.fsdp_fqns[0]: 'Xok_embeddings.weight' names no parameter or module", e_fqn},
     {"plan.param_memory_budget: (0.7, 0.6)", e_budget},
     {"plan.loss_parallel: the mesh has no 'tp' dim", e_loss_parallel_no_tp},
+    {"plan.mixed_precision.param_dtype: f16 is not supported", e_mp_f16},
+    {"plan.mixed_precision.param_dtype: i32 is not a floating dtype", e_mp_int},
+    {"plan.mixed_precision.reduce_dtype: bf16 is not supported; gradients are reduced in f32",
+     e_mp_reduce_bf16},
     {"plan.constraints[0]: no graph input 'Xutput.weight'", e_constraint_fqn},
     {"plan.constraints[1]: output 99 outside", e_constraint_out},
     {"plan.constraints[1]: 1 placements, the mesh has 2 dims", e_constraint_n},
@@ -252,7 +260,7 @@ static const bad_case bad_cases[] = {
      "[8, 8] (global batch 8)",
      e_graph_batch},
     {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, loss_parallel, "
-     "spmd, fsdp, overlap, bucketing)",
+     "spmd, fsdp, mixed_precision, overlap, bucketing)",
      e_switch_unknown},
 };
 

@@ -260,6 +260,8 @@ static inline hp_value cc_rand_input(hp_th *h, hp_type t, uint64_t seed, double 
     hp_th_rand(x, n, seed, lo, hi);
     if (!hp_dtype_is_float(t.dtype))
         for (int64_t i = 0; i < n; i++) x[i] = t.dtype == HP_BOOL ? (x[i] > 0) : floor(x[i]);
+    else /* representable, so that the evaluator and the kernel read the same values */
+        for (int64_t i = 0; i < n; i++) x[i] = hp_eval_round(t.dtype, x[i]);
     hp_value v = hp_th_input(h, t, x);
     free(x);
     return v;

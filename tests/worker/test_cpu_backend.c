@@ -96,20 +96,21 @@ static hp_status launch_one(hp_backend *be, hp_op op, const hp_type *types, int 
     return st;
 }
 
+/* f16 storage is not implemented (bf16 is: test_cpu_ops.c's bf16 cases): refused naming the
+ * op and the dtype. */
 Test(cpu_backend, unsupported_dtype_names_op_and_dtype) {
     hp_backend *be = cc_backend(2);
     hp_err e = {0};
     hp_type bf = TY(HP_BF16, 4, 4), f16 = TY(HP_F16, 3, 3);
-    cr_assert_eq(launch_one(be, HP_OP_EXP, &bf, 1, NULL, NULL, 0, &e), HP_UNSUPPORTED);
-    cr_assert(strstr(e.msg, "exp") && strstr(e.msg, "bf16"), "message: %s", e.msg);
+    cr_assert_eq(launch_one(be, HP_OP_EXP, &f16, 1, NULL, NULL, 0, &e), HP_UNSUPPORTED);
+    cr_assert(strstr(e.msg, "exp") && strstr(e.msg, "f16"), "message: %s", e.msg);
     hp_type two[2] = {f16, f16};
     cr_assert_eq(launch_one(be, HP_OP_MM, two, 2, NULL, NULL, 0, &e), HP_UNSUPPORTED);
     cr_assert(strstr(e.msg, "mm") && strstr(e.msg, "f16"), "message: %s", e.msg);
     hp_type bf2[2] = {bf, bf};
-    cr_assert_eq(launch_one(be, HP_OP_ADD, bf2, 2, NULL, NULL, 0, &e), HP_UNSUPPORTED);
-    cr_assert(strstr(e.msg, "add") && strstr(e.msg, "bf16"), "message: %s", e.msg);
+    cr_assert_eq(launch_one(be, HP_OP_ADD, bf2, 2, NULL, NULL, 0, &e), HP_OK, "%s", e.msg);
     /* data movement takes any dtype */
-    cr_assert_eq(launch_one(be, HP_OP_T, &bf, 1, NULL, NULL, 0, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(launch_one(be, HP_OP_T, &f16, 1, NULL, NULL, 0, &e), HP_OK, "%s", e.msg);
     hp_backend_free(be);
 }
 

@@ -6,10 +6,23 @@
  *
  * Tolerances (cpu_check.h): 1e-5 for elementwise, shape, cast, embedding and loss ops; 1e-4
  * for matmul, reductions, softmax and norms — absolute below magnitude 1, relative above.
+ * bf16_matches_eval runs every case with its floating tensors in bf16, within 1e-2.
  */
 #include "cpu_check.h"
 
 #include "hp/build.h"
+
+/* The floating dtype the cases build their tensors in: f32 for matches_eval, bf16 for
+ * bf16_matches_eval (the cpu backend's bf16 storage: f32 compute, rounded on store). */
+static hp_dtype FT = HP_F32;
+
+/* bf16 keeps 8 significant bits: the kernel (f32 compute, one rounding) and the evaluator
+ * (f64 compute, one rounding) may land one bf16 ulp (<= 2^-7 relative) apart. */
+#define TOL_BF16 1e-2
+#undef TOL_SIMPLE
+#undef TOL_REDUCE
+#define TOL_SIMPLE (FT == HP_F32 ? 1e-5 : TOL_BF16)
+#define TOL_REDUCE (FT == HP_F32 ? 1e-4 : TOL_BF16)
 
 #define TH 3 /* threads: more than the cores of a small CI machine, to exercise the pool */
 
@@ -42,7 +55,7 @@ static hp_attr ints(hp_attr_key k, int n, const int64_t *v) {
 /* ---- creation ------------------------------------------------------------------------------- */
 
 static void case_creation(hp_backend *be, hp_op op) {
-    const hp_dtype dts[] = {HP_F32, HP_I32, HP_I64, HP_BOOL};
+    const hp_dtype dts[] = {FT, HP_I32, HP_I64, HP_BOOL};
     const int64_t shapes[][3] = {{3, 5, 0}, {0, 4, 0}, {70000, 0, 0}};
     const int ranks[] = {2, 2, 1};
     for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++)
@@ -74,7 +87,7 @@ static const struct {
 
 static void case_binary(hp_backend *be, hp_op op) {
     bool cmp = op == HP_OP_EQ || op == HP_OP_LT;
-    hp_dtype dts[] = {HP_F32, HP_I32, HP_I64, HP_BOOL};
+    hp_dtype dts[] = {FT, HP_I32, HP_I64, HP_BOOL};
     for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++) {
         if (dts[d] == HP_BOOL && !cmp) continue;
         for (size_t s = 0; s < HP_ARRAY_LEN(bshapes); s++) {
@@ -87,7 +100,7 @@ static void case_binary(hp_backend *be, hp_op op) {
             hp_value a = cc_rand_input(&h, t[0], 7 + s, lo, hi);
             hp_value b =
                 cc_rand_input(&h, t[1], 9 + s, op == HP_OP_DIV ? 1 : lo, op == HP_OP_DIV ? 7 : hi);
-            if (cmp && dts[d] == HP_F32) {
+            if (cmp && dts[d] == FT) {
                 for (int k = 0; k < 2; k++) {
                     int64_t n = hp_type_numel(&h.in[k].type);
                     for (int64_t i = 0; i < n; i++) h.in[k].data[i] = floor(h.in[k].data[i]);
@@ -101,7 +114,7 @@ static void case_binary(hp_backend *be, hp_op op) {
 }
 
 static void case_where(hp_backend *be, hp_op op) {
-    const hp_dtype dts[] = {HP_F32, HP_I64, HP_BOOL};
+    const hp_dtype dts[] = {FT, HP_I64, HP_BOOL};
     for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++)
         for (size_t s = 0; s < HP_ARRAY_LEN(bshapes); s++) {
             hp_th h;
@@ -124,7 +137,7 @@ static const struct {
 
 static void unary_range(hp_backend *be, hp_op op, const hp_attr *a, int na, double lo, double hi) {
     for (size_t s = 0; s < HP_ARRAY_LEN(ushapes); s++) {
-        hp_type t = hp_type_make(HP_F32, ushapes[s].rank, ushapes[s].s);
+        hp_type t = hp_type_make(FT, ushapes[s].rank, ushapes[s].s);
         one(be, op, &t, 1, a, na, lo, hi, TOL_SIMPLE);
     }
 }
@@ -174,7 +187,7 @@ static void case_backward_pair(hp_backend *be, hp_op op) {
     int variants = op == HP_OP_GELU_BACKWARD || op == HP_OP_THRESHOLD_BACKWARD ? 2 : 1;
     for (int var = 0; var < variants; var++)
         for (size_t s = 0; s < HP_ARRAY_LEN(ushapes); s++) {
-            hp_type t = hp_type_make(HP_F32, ushapes[s].rank, ushapes[s].s);
+            hp_type t = hp_type_make(FT, ushapes[s].rank, ushapes[s].s);
             hp_attr a = op == HP_OP_GELU_BACKWARD ? hp_attr_int(HP_ATTR_APPROXIMATE, var)
                                                   : hp_attr_float(HP_ATTR_VALUE, var * 0.3);
             hp_th h;
@@ -219,9 +232,9 @@ static void case_reduce(hp_backend *be, hp_op op) {
         {2, {300, 200}, 0, {0}},      {1, {70001}, 1, {0}},         {0, {0}, 0, {0}},
         {3, {2, 9000, 3}, 1, {1}},    {3, {5000, 3, 7}, 2, {0, 2}}, {2, {3, 0}, 1, {1}},
     };
-    hp_dtype dts[] = {HP_F32, HP_I32, HP_I64};
+    hp_dtype dts[] = {FT, HP_I32, HP_I64};
     for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++) {
-        if (op == HP_OP_MEAN && dts[d] != HP_F32) continue;
+        if (op == HP_OP_MEAN && dts[d] != FT) continue;
         for (size_t c = 0; c < HP_ARRAY_LEN(cases); c++)
             for (int keep = 0; keep < 2; keep++) {
                 hp_type t = hp_type_make(dts[d], cases[c].rank, cases[c].s);
@@ -236,7 +249,7 @@ static void case_reduce(hp_backend *be, hp_op op) {
 /* ---- shapes --------------------------------------------------------------------------------- */
 
 static void case_view(hp_backend *be, hp_op op) {
-    hp_type t = TY(HP_F32, 4, 6);
+    hp_type t = TY(FT, 4, 6);
     const int64_t s1[] = {2, 12}, s2[] = {-1, 3}, s3[] = {24};
     const int64_t *shapes[] = {s1, s2, s3};
     const int ranks[] = {2, 2, 1};
@@ -250,7 +263,7 @@ static void case_view(hp_backend *be, hp_op op) {
 }
 
 static void case_simple_copy(hp_backend *be, hp_op op) {
-    hp_type ts[] = {TY(HP_F32, 3, 1, 4), TY(HP_I32, 1, 300, 200), TY(HP_BOOL, 5, 1)};
+    hp_type ts[] = {TY(FT, 3, 1, 4), TY(HP_I32, 1, 300, 200), TY(HP_BOOL, 5, 1)};
     for (size_t i = 0; i < HP_ARRAY_LEN(ts); i++) {
         const int64_t squeeze_dims[] = {-2, 0, -1};
         hp_attr a = hp_attr_int(HP_ATTR_DIM, op == HP_OP_SQUEEZE ? squeeze_dims[i] : -1);
@@ -263,10 +276,10 @@ static void case_permute(hp_backend *be, hp_op op) {
     if (op == HP_OP_PERMUTE) {
         const int64_t perms[][4] = {{0, 2, 1, 3}, {3, 2, 1, 0}, {-1, 0, 1, 2}, {1, 0, 2, 3}};
         for (size_t i = 0; i < HP_ARRAY_LEN(perms); i++) {
-            hp_type t = TY(HP_F32, 2, 3, 4, 5);
+            hp_type t = TY(FT, 2, 3, 4, 5);
             hp_attr a = ints(HP_ATTR_PERM, 4, perms[i]);
             one(be, op, &t, 1, &a, 1, -1, 1, TOL_SIMPLE);
-            hp_type big = TY(HP_F32, 2, 70, 8, 33); /* [B, T, H, D] -> [B, H, T, D] and more */
+            hp_type big = TY(FT, 2, 70, 8, 33); /* [B, T, H, D] -> [B, H, T, D] and more */
             one(be, op, &big, 1, &a, 1, -1, 1, TOL_SIMPLE);
         }
         hp_type t2 = TY(HP_I64, 130, 70);
@@ -275,12 +288,12 @@ static void case_permute(hp_backend *be, hp_op op) {
     } else if (op == HP_OP_TRANSPOSE) {
         const int64_t d[][2] = {{0, 1}, {1, -1}, {-3, 2}, {1, 1}};
         for (size_t i = 0; i < HP_ARRAY_LEN(d); i++) {
-            hp_type t = TY(HP_F32, 6, 65, 40);
+            hp_type t = TY(FT, 6, 65, 40);
             hp_attr a[2] = {hp_attr_int(HP_ATTR_DIM0, d[i][0]), hp_attr_int(HP_ATTR_DIM1, d[i][1])};
             one(be, op, &t, 1, a, 2, -1, 1, TOL_SIMPLE);
         }
     } else {
-        hp_type ts[] = {TY(HP_F32, 130, 70), TY(HP_F32, 5), TY(HP_F32, 3, 1), TY(HP_BF16, 40, 33)};
+        hp_type ts[] = {TY(FT, 130, 70), TY(FT, 5), TY(FT, 3, 1), TY(HP_BF16, 40, 33)};
         for (size_t i = 0; i < HP_ARRAY_LEN(ts); i++) one(be, op, &ts[i], 1, NULL, 0, -1, 1, 0);
     }
 }
@@ -295,8 +308,8 @@ static void case_expand(hp_backend *be, hp_op op) {
              {0, 2, {0}, {3, 3}},
              {2, 3, {1, 7}, {-1, 4, 7}}};
     for (size_t i = 0; i < HP_ARRAY_LEN(c); i++) {
-        hp_type t = hp_type_make(HP_F32, c[i].ri, c[i].in);
-        if (i == 4) t = hp_type_make(HP_F32, 3, (int64_t[]){2, 1, 7});
+        hp_type t = hp_type_make(FT, c[i].ri, c[i].in);
+        if (i == 4) t = hp_type_make(FT, 3, (int64_t[]){2, 1, 7});
         hp_attr a = ints(HP_ATTR_SHAPE, c[i].ro, c[i].out);
         one(be, op, &t, 1, &a, 1, -1, 1, TOL_SIMPLE);
     }
@@ -309,7 +322,7 @@ static const struct {
 
 static void case_slice(hp_backend *be, hp_op op) {
     for (size_t i = 0; i < HP_ARRAY_LEN(slices); i++) {
-        hp_type t = TY(HP_F32, 6, 65, 40);
+        hp_type t = TY(FT, 6, 65, 40);
         hp_attr a[4] = {
             hp_attr_int(HP_ATTR_DIM, slices[i].dim), hp_attr_int(HP_ATTR_START, slices[i].start),
             hp_attr_int(HP_ATTR_END, slices[i].end), hp_attr_int(HP_ATTR_STEP, slices[i].step)};
@@ -342,7 +355,7 @@ static void case_cat(hp_backend *be, hp_op op) {
         for (int k = 0; k < 3; k++) {
             int64_t s[3] = {4, 5, 6};
             s[(dims[d] + 3) % 3] = k == 1 ? 0 : 3 + k * 40; /* one empty input */
-            in[k] = cc_rand_input(&h, hp_type_make(d == 2 ? HP_I64 : HP_F32, 3, s), k, -9, 9);
+            in[k] = cc_rand_input(&h, hp_type_make(d == 2 ? HP_I64 : FT, 3, s), k, -9, 9);
         }
         hp_attr a = hp_attr_int(HP_ATTR_DIM, dims[d]);
         hp_value v = node1(&h, op, in, 3, &a, 1);
@@ -362,14 +375,13 @@ static void matmul_one(hp_backend *be, hp_op op, int64_t bt, int64_t m, int64_t 
     bool batched = op == HP_OP_BMM, ta = flags & HP_CALL_TRANS_A, tb = flags & HP_CALL_TRANS_B;
     hp_value bias = HP_NO_VALUE;
     if (op == HP_OP_ADDMM) {
-        hp_type bts[] = {TY(HP_F32, n), TY(HP_F32, 1, n), TY(HP_F32, m, 1), TY(HP_F32, m, n),
-                         TY0(HP_F32)};
+        hp_type bts[] = {TY(FT, n), TY(FT, 1, n), TY(FT, m, 1), TY(FT, m, n), TY0(FT)};
         bias = cc_rand_input(&h, bts[bias_kind], 5, -1, 1);
     }
-    hp_type at = batched ? (ta ? TY(HP_F32, bt, k, m) : TY(HP_F32, bt, m, k))
-                         : (ta ? TY(HP_F32, k, m) : TY(HP_F32, m, k));
-    hp_type btp = batched ? (tb ? TY(HP_F32, bt, n, k) : TY(HP_F32, bt, k, n))
-                          : (tb ? TY(HP_F32, n, k) : TY(HP_F32, k, n));
+    hp_type at =
+        batched ? (ta ? TY(FT, bt, k, m) : TY(FT, bt, m, k)) : (ta ? TY(FT, k, m) : TY(FT, m, k));
+    hp_type btp =
+        batched ? (tb ? TY(FT, bt, n, k) : TY(FT, bt, k, n)) : (tb ? TY(FT, n, k) : TY(FT, k, n));
     hp_value a = cc_rand_input(&h, at, 1, -1, 1), b = cc_rand_input(&h, btp, 2, -1, 1);
     if (ta) a = batched ? hp_transpose(h.g, a, 1, 2) : hp_t(h.g, a);
     if (tb) b = batched ? hp_transpose(h.g, b, -1, -2) : hp_t(h.g, b);
@@ -415,14 +427,14 @@ static void case_embedding(hp_backend *be, hp_op op) {
             hp_value v0;
             hp_value idx;
             if (op == HP_OP_EMBEDDING) {
-                v0 = cc_rand_input(&h, TY(HP_F32, v, dm), 1, -1, 1);
+                v0 = cc_rand_input(&h, TY(FT, v, dm), 1, -1, 1);
                 idx = cc_rand_input(&h, it, 2, 0, (double)v);
                 hp_attr a = hp_attr_int(HP_ATTR_PADDING_IDX, 3);
                 hp_value y = node1(&h, op, (hp_value[]){v0, idx}, 2, &a, big);
                 cc_check(be, &h, y, 0, TOL_SIMPLE);
             } else {
                 hp_type gt = it;
-                gt.dtype = HP_F32;
+                gt.dtype = FT;
                 gt.shape[gt.rank++] = dm;
                 v0 = cc_rand_input(&h, gt, 1, -1, 1);
                 idx = cc_rand_input(&h, it, 2, 0, big ? 20 : (double)v); /* repeats */
@@ -446,11 +458,11 @@ static void case_chunked_embedding(hp_backend *be, hp_op op) {
         hp_value idx = cc_rand_input(&h, it, 2, 0, 30);
         hp_value base = cc_rand_input(&h, TY(its[d], 4), 3, 0, 25);
         if (op == HP_OP_CHUNKED_EMBEDDING) {
-            hp_value w = cc_rand_input(&h, TY(HP_F32, 20, 8), 1, -1, 1);
+            hp_value w = cc_rand_input(&h, TY(FT, 20, 8), 1, -1, 1);
             hp_value y = node1(&h, op, (hp_value[]){w, idx, base}, 3, NULL, 0);
             cc_check(be, &h, y, 0, TOL_SIMPLE);
         } else {
-            hp_value g = cc_rand_input(&h, TY(HP_F32, 3, 7, 8), 1, -1, 1);
+            hp_value g = cc_rand_input(&h, TY(FT, 3, 7, 8), 1, -1, 1);
             hp_attr a = hp_attr_int(HP_ATTR_NUM_WEIGHTS, 20);
             hp_value y = node1(&h, op, (hp_value[]){g, idx, base}, 3, &a, 1);
             cc_check(be, &h, y, 0, TOL_REDUCE);
@@ -468,7 +480,7 @@ static void case_softmax(hp_backend *be, hp_op op) {
              {2, {64, 2048}, 1}, {2, {3, 0}, -1},   {1, {1}, 0}};
     bool back = op == HP_OP_SOFTMAX_BACKWARD || op == HP_OP_LOG_SOFTMAX_BACKWARD;
     for (size_t i = 0; i < HP_ARRAY_LEN(c); i++) {
-        hp_type t = hp_type_make(HP_F32, c[i].rank, c[i].s);
+        hp_type t = hp_type_make(FT, c[i].rank, c[i].s);
         hp_attr a = hp_attr_int(HP_ATTR_DIM, c[i].dim);
         if (!back) {
             one(be, op, &t, 1, &a, 1, -20, 20, TOL_REDUCE);
@@ -506,14 +518,14 @@ static void case_nll(hp_backend *be, hp_op op) {
                                 hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
                 hp_value v;
                 if (op == HP_OP_NLL_LOSS_FORWARD) {
-                    hp_value lp = cc_rand_input(&h, TY(HP_F32, n, c), 1, -9, 0);
+                    hp_value lp = cc_rand_input(&h, TY(FT, n, c), 1, -9, 0);
                     hp_value t = cc_input(&h, TY(its[ig], n), tg);
                     v = node1(&h, op, (hp_value[]){lp, t}, 2, a, 2);
                 } else {
-                    hp_value g = cc_rand_input(&h, red ? TY0(HP_F32) : TY(HP_F32, n), 1, 0.5, 2);
-                    hp_value lp = cc_rand_input(&h, TY(HP_F32, n, c), 2, -9, 0);
+                    hp_value g = cc_rand_input(&h, red ? TY0(FT) : TY(FT, n), 1, 0.5, 2);
+                    hp_value lp = cc_rand_input(&h, TY(FT, n, c), 2, -9, 0);
                     hp_value t = cc_input(&h, TY(its[ig], n), tg);
-                    hp_value tw = cc_input(&h, TY0(HP_F32), &count);
+                    hp_value tw = cc_input(&h, TY0(FT), &count);
                     v = node1(&h, op, (hp_value[]){g, lp, t, tw}, 4, a, 2);
                 }
                 cc_check(be, &h, v, 0, TOL_SIMPLE);
@@ -528,8 +540,8 @@ static void case_rms_norm(hp_backend *be, hp_op op) {
         int64_t s[3];
     } c[] = {{3, {4, 6, 32}}, {2, {3, 256}}, {2, {300, 64}}, {1, {7}}, {2, {129, 5}}};
     for (size_t i = 0; i < HP_ARRAY_LEN(c); i++) {
-        hp_type t = hp_type_make(HP_F32, c[i].rank, c[i].s);
-        hp_type w = TY(HP_F32, c[i].s[c[i].rank - 1]);
+        hp_type t = hp_type_make(FT, c[i].rank, c[i].s);
+        hp_type w = TY(FT, c[i].s[c[i].rank - 1]);
         hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
         hp_th h;
         hp_th_init(&h);
@@ -540,6 +552,7 @@ static void case_rms_norm(hp_backend *be, hp_op op) {
         } else {
             hp_type rt = t;
             rt.rank--;
+            rt.dtype = HP_F32; /* the saved statistics stay f32 under bf16 */
             hp_value gy = cc_rand_input(&h, t, 1, -1, 1), x = cc_rand_input(&h, t, 2, -2, 2);
             hp_value wv = cc_rand_input(&h, w, 3, 0.5, 1.5), r = cc_rand_input(&h, rt, 4, 0.5, 2);
             v = node1(&h, op, (hp_value[]){gy, x, wv, r}, 4, NULL, 0);
@@ -555,9 +568,10 @@ static void case_layer_norm(hp_backend *be, hp_op op) {
         int64_t s[3];
     } c[] = {{3, {4, 6, 32}}, {2, {3, 256}}, {2, {300, 64}}, {1, {7}}, {2, {129, 5}}};
     for (size_t i = 0; i < HP_ARRAY_LEN(c); i++) {
-        hp_type t = hp_type_make(HP_F32, c[i].rank, c[i].s);
-        hp_type w = TY(HP_F32, c[i].s[c[i].rank - 1]), st = t;
+        hp_type t = hp_type_make(FT, c[i].rank, c[i].s);
+        hp_type w = TY(FT, c[i].s[c[i].rank - 1]), st = t;
         st.shape[st.rank - 1] = 1;
+        st.dtype = HP_F32; /* the saved statistics stay f32 under bf16 */
         hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
         hp_th h;
         hp_th_init(&h);
@@ -580,9 +594,9 @@ static void case_layer_norm(hp_backend *be, hp_op op) {
 /* tril (every dtype, diagonals inside and outside the matrix), bitwise_not, arange. */
 static void case_mask(hp_backend *be, hp_op op) {
     if (op == HP_OP_TRIL) {
-        const hp_dtype dts[] = {HP_F32, HP_I64, HP_BOOL};
+        const hp_dtype dts[] = {FT, HP_I64, HP_BOOL};
         const int64_t diags[] = {0, -2, 3, 9};
-        hp_type ts[] = {TY(HP_F32, 5, 5), TY(HP_F32, 3, 4, 7), TY(HP_F32, 2, 0, 3)};
+        hp_type ts[] = {TY(FT, 5, 5), TY(FT, 3, 4, 7), TY(FT, 2, 0, 3)};
         for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++)
             for (size_t k = 0; k < HP_ARRAY_LEN(diags); k++)
                 for (size_t s = 0; s < HP_ARRAY_LEN(ts); s++) {
@@ -595,7 +609,7 @@ static void case_mask(hp_backend *be, hp_op op) {
         hp_type ts[] = {TY(HP_BOOL, 3, 70000), TY(HP_I32, 5), TY(HP_I64, 2, 3), TY0(HP_BOOL)};
         for (size_t s = 0; s < HP_ARRAY_LEN(ts); s++) one(be, op, &ts[s], 1, NULL, 0, -9, 9, 0);
     } else {
-        const hp_dtype dts[] = {HP_I64, HP_I32, HP_F32};
+        const hp_dtype dts[] = {HP_I64, HP_I32, FT};
         const int64_t r[][3] = {{0, 16, 1}, {-3, 40000, 7}, {5, 2, 1}};
         for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++)
             for (size_t k = 0; k < HP_ARRAY_LEN(r); k++) {
@@ -615,7 +629,7 @@ static void case_rotary(hp_backend *be, hp_op op) {
     const double thetas[] = {10000, 500000};
     for (int inv = 0; inv < 2; inv++)
         for (size_t i = 0; i < HP_ARRAY_LEN(thetas); i++) {
-            hp_type ts[] = {TY(HP_F32, 2, 9, 3, 8), TY(HP_F32, 1, 300, 4, 16)};
+            hp_type ts[] = {TY(FT, 2, 9, 3, 8), TY(FT, 1, 300, 4, 16)};
             for (size_t k = 0; k < HP_ARRAY_LEN(ts); k++) {
                 hp_attr a[2] = {hp_attr_float(HP_ATTR_THETA, thetas[i]),
                                 hp_attr_int(HP_ATTR_INVERSE, inv)};
@@ -629,10 +643,10 @@ static void case_rotary(hp_backend *be, hp_op op) {
 static void case_sdpa(hp_backend *be, hp_op op) {
     hp_th h;
     hp_th_init(&h);
-    hp_value go = cc_rand_input(&h, TY(HP_F32, 2, 4, 37, 8), 1, -1, 1);
-    hp_value q = cc_rand_input(&h, TY(HP_F32, 2, 4, 37, 16), 2, -1, 1);
-    hp_value k = cc_rand_input(&h, TY(HP_F32, 2, 2, 37, 16), 3, -1, 1);
-    hp_value v = cc_rand_input(&h, TY(HP_F32, 2, 2, 37, 8), 4, -1, 1);
+    hp_value go = cc_rand_input(&h, TY(FT, 2, 4, 37, 8), 1, -1, 1);
+    hp_value q = cc_rand_input(&h, TY(FT, 2, 4, 37, 16), 2, -1, 1);
+    hp_value k = cc_rand_input(&h, TY(FT, 2, 2, 37, 16), 3, -1, 1);
+    hp_value v = cc_rand_input(&h, TY(FT, 2, 2, 37, 8), 4, -1, 1);
     hp_attr a[2] = {hp_attr_float(HP_ATTR_SCALE, 0.25), hp_attr_int(HP_ATTR_CAUSAL, 1)};
     hp_value o = node1(&h, HP_OP_SDPA, (hp_value[]){q, k, v}, 3, a, 2);
     if (op == HP_OP_SDPA) {
@@ -646,7 +660,7 @@ static void case_sdpa(hp_backend *be, hp_op op) {
 
 /* Collectives with group_size 1 (a copy on one rank) and wait_tensor. */
 static void case_collective(hp_backend *be, hp_op op) {
-    hp_type t = TY(HP_F32, 6, 5);
+    hp_type t = TY(FT, 6, 5);
     hp_attr a[2] = {hp_attr_int(HP_ATTR_GROUP_SIZE, 1), hp_attr_int(HP_ATTR_REDUCE_OP, 1)};
     bool reduce = op == HP_OP_REDUCE_SCATTER || op == HP_OP_ALL_REDUCE;
     if (op == HP_OP_LOCAL_CHUNK) { /* one rank: its chunk is the whole */
@@ -762,6 +776,22 @@ ParameterizedTestParameters(cpu_ops, matches_eval) {
 ParameterizedTest(size_t *i, cpu_ops, matches_eval, .timeout = 60) {
     const op_case *c = &cases[*i];
     cr_log_info("op %s", hp_op_get(c->op)->name);
+    hp_backend *be = cc_backend(TH);
+    c->fn(be, c->op);
+    hp_backend_free(be);
+}
+
+/* Every case again with its floating tensors in bf16: inputs, outputs and the evaluator's
+ * rounding all bf16 (integer and bool tensors as before). */
+ParameterizedTestParameters(cpu_ops, bf16_matches_eval) {
+    for (size_t i = 0; i < HP_ARRAY_LEN(cases); i++) case_index[i] = i;
+    return cr_make_param_array(size_t, case_index, HP_ARRAY_LEN(cases));
+}
+
+ParameterizedTest(size_t *i, cpu_ops, bf16_matches_eval, .timeout = 60) {
+    const op_case *c = &cases[*i];
+    cr_log_info("op %s in bf16", hp_op_get(c->op)->name);
+    FT = HP_BF16;
     hp_backend *be = cc_backend(TH);
     c->fn(be, c->op);
     hp_backend_free(be);

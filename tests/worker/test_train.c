@@ -147,14 +147,16 @@ static int run_py(const char *mode, const char *cfg) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-Test(train, matches_pytorch_adamw_five_steps) {
+/* hp and train_ref.py train the same tiny Llama from the same weights on the same batch;
+ * losses must agree within loss_rel, final weights within w_rel of each tensor's largest |w|.
+ * bf16: both run the mixed-precision policy (param_dtype bf16, reduce_dtype f32). */
+static void pytorch_check(int steps, bool bf16, double loss_rel, double w_rel) {
     hp_model_spec spec = tiny_spec();
-    const int steps = 5;
     char cfg[512];
     snprintf(cfg, sizeof cfg,
              "dim=64 n_layers=2 n_heads=4 n_kv_heads=2 ffn_hidden=96 vocab=128 batch=2 seq=16 "
-             "steps=%d warmup=2 lr=0.001 wd=0.1 clip=1.0 min_lr=0",
-             steps);
+             "steps=%d warmup=2 lr=0.001 wd=0.1 clip=1.0 min_lr=0 bf16=%d",
+             steps, (int)bf16);
     int rc = run_py("init", cfg);
     cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
     cr_assert_eq(rc, 0, "train_ref.py init failed");
@@ -170,6 +172,7 @@ Test(train, matches_pytorch_adamw_five_steps) {
     cr_assert_eq(rc, 0, "train_ref.py train failed");
 
     hp_job *job = tiny_job(spec, steps);
+    if (bf16) job->plan.param_dtype = HP_BF16;
     snprintf(init, sizeof init, "%s/init.safetensors", tmp);
     char out[300];
     snprintf(out, sizeof out, "%s/hp", tmp);
@@ -184,9 +187,13 @@ Test(train, matches_pytorch_adamw_five_steps) {
     FILE *f = fopen(path, "r");
     for (int i = 0; i < steps; i++) cr_assert_eq(fscanf(f, "%lf", &want[i]), 1);
     fclose(f);
-    for (int i = 0; i < steps; i++)
-        cr_expect(fabs(got[i] - want[i]) <= 1e-4 * fabs(want[i]),
+    double worst = 0;
+    for (int i = 0; i < steps; i++) {
+        worst = fmax(worst, fabs(got[i] - want[i]) / fabs(want[i]));
+        cr_expect(fabs(got[i] - want[i]) <= loss_rel * fabs(want[i]),
                   "step %d: loss %.9g vs torch %.9g", i + 1, got[i], want[i]);
+    }
+    cr_log_info("%s: worst loss difference %.3g relative", bf16 ? "bf16" : "f32", worst);
 
     /* final weights */
     hp_st_file *a = NULL, *b = NULL;
@@ -207,13 +214,23 @@ Test(train, matches_pytorch_adamw_five_steps) {
             maxabs = fmax(maxabs, fabs(y[k]));
             maxerr = fmax(maxerr, fabs(x[k] - y[k]));
         }
-        cr_expect(maxerr <= 1e-4 * maxabs, "%s: error %g vs max %g", w->name, maxerr, maxabs);
+        cr_expect(maxerr <= w_rel * maxabs, "%s: error %g vs max %g", w->name, maxerr, maxabs);
         free(x);
         free(y);
     }
     hp_st_close(a);
     hp_st_close(b);
     hp_job_free(job);
+}
+
+Test(train, matches_pytorch_adamw_five_steps) {
+    pytorch_check(5, false, 1e-4, 1e-4);
+}
+
+/* FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=f32) on both sides, 10 steps:
+ * bf16 compute differs in rounding order only, so losses agree within 1e-2. */
+Test(train, matches_pytorch_bf16_policy_ten_steps) {
+    pytorch_check(10, true, 1e-2, 2e-2);
 }
 
 /* ---- resume -----------------------------------------------------------------------------------

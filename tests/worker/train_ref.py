@@ -7,7 +7,11 @@
                                     llm.c shard holding exactly B windows of T+1 tokens: the
                                     same batch every step), with torch.optim.AdamW, torchtitan's
                                     LR schedule and clip_grad_norm_; writes DIR/ref_losses.txt
-                                    (one loss a line, %.17g) and DIR/ref_final.safetensors
+                                    (one loss a line, %.17g) and DIR/ref_final.safetensors;
+                                    with bf16=1, FSDP2's MixedPrecisionPolicy(param_dtype=bf16,
+                                    reduce_dtype=f32): each step computes with bf16 parameters
+                                    cast from the f32 masters (gradients flow back through the
+                                    cast in f32), AdamW on the f32 masters
 
 The model is tests/graph/llama_ref.py's (written from the spec, independent of hp's IR).
 Exit status 3 when torch is missing.
@@ -85,7 +89,10 @@ def train(d, c):
     losses = []
     for _ in range(c["steps"]):
         opt.zero_grad()
-        loss = llama_ref.forward(c, params, x, y)
+        if c.get("bf16", 0):
+            loss = llama_ref.forward(c, {n: params[n].to(torch.bfloat16) for n in names}, x, y)
+        else:
+            loss = llama_ref.forward(c, params, x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([params[n] for n in names], c["clip"])
         opt.step()

@@ -334,6 +334,112 @@ static hp_status cpu_collective(hp_backend *b, int stream, const hp_kernel_call 
     return HP_OK;
 }
 
+/* ---- bf16 storage ----------------------------------------------------------------------------
+ * The kernels compute in f32. A call with bf16 operands runs staged: each bf16 input is
+ * widened into f32 staging (exact), the f32 kernel runs on a copy of the call (and node) whose
+ * bf16 types read f32, and each bf16 output is rounded to nearest even from its f32 staging on
+ * store. So every op has a bf16 form that computes and accumulates in f32 and rounds once per
+ * stored element, as the reference evaluator does (hp/eval.h). Ops that only move elements
+ * (views, permutes, slices, cat, _to_copy) take bf16 natively and are not staged. */
+
+static bool moves_bf16(hp_op op) {
+    switch (op) {
+    case HP_OP_VIEW:
+    case HP_OP_RESHAPE:
+    case HP_OP_PERMUTE:
+    case HP_OP_TRANSPOSE:
+    case HP_OP_T:
+    case HP_OP_EXPAND:
+    case HP_OP_SLICE:
+    case HP_OP_SLICE_BACKWARD:
+    case HP_OP_CAT:
+    case HP_OP_UNSQUEEZE:
+    case HP_OP_SQUEEZE:
+    case HP_OP_CLONE:
+    case HP_OP_WAIT_TENSOR:
+    case HP_OP_TO_COPY:
+        return true;
+    default:
+        return false;
+    }
+}
+
+static size_t stage_bytes(const hp_type *t) {
+    size_t b = (size_t)hp_type_numel(t) * sizeof(float);
+    return (b + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+}
+
+static hp_status launch_staged(hp__cpu *cpu, hp__cpu_kernel k, const hp_kernel_call *c,
+                               hp_err *err) {
+    enum { SMALL = 16 };
+    const void *in_s[SMALL];
+    void *out_s[HP_MAX_OUTS];
+    hp_type in_t[SMALL], out_t[HP_MAX_OUTS];
+    const void **in = in_s;
+    hp_type *it = in_t;
+    if (c->n_in > SMALL) {
+        in = hp_malloc((size_t)c->n_in * sizeof *in);
+        it = hp_malloc((size_t)c->n_in * sizeof *it);
+        if (!in || !it) {
+            hp_free(in);
+            hp_free(it);
+            return hp_errf(err, HP_NOMEM, "out of memory staging %d bf16 inputs", c->n_in);
+        }
+    }
+    size_t need = 0;
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in_type[i].dtype == HP_BF16) need += stage_bytes(&c->in_type[i]);
+    for (int i = 0; i < c->n_out; i++)
+        if (c->out_type[i].dtype == HP_BF16) need += stage_bytes(&c->out_type[i]);
+    hp_status st = HP_OK;
+    if (need > cpu->stage_cap) {
+        void *p = aligned_calloc(need);
+        if (!p) {
+            st = hp_errf(err, HP_NOMEM, "out of memory for %zu bytes of bf16 staging", need);
+            goto done;
+        }
+        aligned_free(cpu->stage);
+        cpu->stage = p;
+        cpu->stage_cap = need;
+    }
+    char *at = cpu->stage;
+    for (int i = 0; i < c->n_in; i++) {
+        in[i] = c->in[i];
+        it[i] = c->in_type[i];
+        if (it[i].dtype != HP_BF16) continue;
+        hp__cpu_cast(cpu, at, HP_F32, c->in[i], HP_BF16, hp_type_numel(&it[i]));
+        in[i] = at;
+        it[i].dtype = HP_F32;
+        at += stage_bytes(&c->in_type[i]);
+    }
+    for (int i = 0; i < c->n_out; i++) {
+        out_s[i] = c->out[i];
+        out_t[i] = c->out_type[i];
+        if (out_t[i].dtype != HP_BF16) continue;
+        out_s[i] = at;
+        out_t[i].dtype = HP_F32;
+        at += stage_bytes(&c->out_type[i]);
+    }
+    hp_node node = *c->node;
+    node.out = out_t;
+    hp_kernel_call f = *c;
+    f.node = &node;
+    f.in = in;
+    f.in_type = it;
+    f.out = out_s;
+    f.out_type = out_t;
+    st = k(cpu, &f, err);
+    for (int i = 0; st == HP_OK && i < c->n_out; i++)
+        if (c->out_type[i].dtype == HP_BF16)
+            hp__cpu_cast(cpu, c->out[i], HP_BF16, out_s[i], HP_F32, hp_type_numel(&out_t[i]));
+done:
+    if (in != in_s) {
+        hp_free(in);
+        hp_free(it);
+    }
+    return st;
+}
+
 static hp_status cpu_launch(hp_backend *b, int stream, const hp_kernel_call *c, hp_err *err) {
     if (stream < 0 || stream >= HP_STREAM_COUNT)
         return hp_errf(err, HP_INVALID, "cpu: stream %d does not exist", stream);
@@ -345,7 +451,10 @@ static hp_status cpu_launch(hp_backend *b, int stream, const hp_kernel_call *c, 
     if (!k)
         return hp_errf(err, HP_UNSUPPORTED,
                        "cpu: %s has no kernel (placeholders are fed by the executor)", name);
-    hp_status st = k(as_cpu(b), c, err);
+    bool staged = false;
+    for (int i = 0; !moves_bf16(op) && i < c->n_in; i++) staged |= c->in_type[i].dtype == HP_BF16;
+    for (int i = 0; !moves_bf16(op) && i < c->n_out; i++) staged |= c->out_type[i].dtype == HP_BF16;
+    hp_status st = staged ? launch_staged(as_cpu(b), k, c, err) : k(as_cpu(b), c, err);
     if (st != HP_OK) hp_err_prefix(err, "cpu: %s", name);
     return st;
 }
@@ -454,6 +563,7 @@ static void cpu_destroy(hp_backend *b) {
     hp__cpu_comm_stop(cpu->comm);
     hp__cpu_rope_fini(cpu);
     aligned_free(cpu->scratch);
+    aligned_free(cpu->stage);
     hp_pool_free(cpu->pool);
     hp_free(cpu);
 }

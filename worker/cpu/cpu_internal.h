@@ -51,6 +51,8 @@ typedef struct hp__cpu {
     int threads;
     void *scratch; /* reusable kernel scratch, 64-byte aligned, grown on demand */
     size_t scratch_cap;
+    void *stage; /* f32 copies of a staged call's bf16 operands (cpu_backend.c), grown */
+    size_t stage_cap;
     hp__cpu_rope rope[HP__CPU_ROPE_SLOTS];
     uint64_t rope_clock;
     hp__cpu_comm *comm; /* the comm stream; NULL: no communicator */
@@ -114,6 +116,11 @@ void hp__cpu_strided_copy(hp__cpu *cpu, void *dst, const int64_t *dst_st, const 
 void hp__cpu_copy(hp__cpu *cpu, void *dst, const void *src, size_t n);
 /* memset(dst, 0, n) in parallel chunks. */
 void hp__cpu_zero(hp__cpu *cpu, void *dst, size_t n);
+
+/* n elements of x (dtype from) cast to y (dtype to), as _to_copy does, on the pool
+ * (k_elementwise.c). bf16 <-> f32 takes a direct path (exact one way, round to nearest even
+ * the other). */
+void hp__cpu_cast(hp__cpu *cpu, void *y, hp_dtype to, const void *x, hp_dtype from, int64_t n);
 
 /* ---- kernels, by family --------------------------------------------------------------------- */
 #define HP__CPU_KERNEL(name) hp_status name(hp__cpu *cpu, const hp_kernel_call *c, hp_err *err)
@@ -196,6 +203,18 @@ static inline uint32_t hp__cpu_f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     return u;
+}
+
+static inline float hp__cpu_bf16_f32(uint16_t h) {
+    return hp__cpu_bits_f32((uint32_t)h << 16);
+}
+
+/* f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
+static inline uint16_t hp__cpu_f32_bf16(float f) {
+    uint32_t u = hp__cpu_f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7FFFu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
 }
 
 /* exp(x) in f32 within ~2 ulp (Cephes' polynomial), written so that loops over it vectorize:

@@ -545,18 +545,6 @@ HP__CPU_KERNEL(hp__cpu_backward_pair) {
 
 /* ---- _to_copy -------------------------------------------------------------------------------- */
 
-static float bf16_to_f32(uint16_t h) {
-    return hp__cpu_bits_f32((uint32_t)h << 16);
-}
-
-/* Round to nearest even; NaN stays a (quiet) NaN. */
-static uint16_t f32_to_bf16(float f) {
-    uint32_t u = hp__cpu_f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7FFFu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
 static float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
     if (e == 0x1F) return hp__cpu_bits_f32(sign | 0x7F800000u | (m << 13)); /* inf, NaN */
@@ -592,6 +580,18 @@ typedef struct cast_job {
 static void cast_chunk(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
     const cast_job *j = ctx;
+    if (j->from == HP_BF16 && j->to == HP_F32) { /* exact: the staging path's hot cases */
+        const uint16_t *x = (const uint16_t *)j->x;
+        float *y = (float *)j->y;
+        for (int64_t i = b; i < e; i++) y[i] = hp__cpu_bf16_f32(x[i]);
+        return;
+    }
+    if (j->from == HP_F32 && j->to == HP_BF16) {
+        const float *x = (const float *)j->x;
+        uint16_t *y = (uint16_t *)j->y;
+        for (int64_t i = b; i < e; i++) y[i] = hp__cpu_f32_bf16(x[i]);
+        return;
+    }
     double buf[CAST_BLOCK]; /* every dtype converts through double */
     for (int64_t p = b; p < e; p += CAST_BLOCK) {
         int64_t n = e - p < CAST_BLOCK ? e - p : CAST_BLOCK;
@@ -602,7 +602,7 @@ static void cast_chunk(void *ctx, int64_t b, int64_t e, int thread) {
             for (int64_t i = 0; i < n; i++) buf[i] = ((const float *)x)[i];
             break;
         case HP_BF16:
-            for (int64_t i = 0; i < n; i++) buf[i] = bf16_to_f32(((const uint16_t *)x)[i]);
+            for (int64_t i = 0; i < n; i++) buf[i] = hp__cpu_bf16_f32(((const uint16_t *)x)[i]);
             break;
         case HP_F16:
             for (int64_t i = 0; i < n; i++) buf[i] = f16_to_f32(((const uint16_t *)x)[i]);
@@ -622,7 +622,7 @@ static void cast_chunk(void *ctx, int64_t b, int64_t e, int thread) {
             for (int64_t i = 0; i < n; i++) ((float *)y)[i] = (float)buf[i];
             break;
         case HP_BF16:
-            for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = f32_to_bf16((float)buf[i]);
+            for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = hp__cpu_f32_bf16((float)buf[i]);
             break;
         case HP_F16:
             for (int64_t i = 0; i < n; i++) ((uint16_t *)y)[i] = f32_to_f16((float)buf[i]);
@@ -638,6 +638,11 @@ static void cast_chunk(void *ctx, int64_t b, int64_t e, int thread) {
             break;
         }
     }
+}
+
+void hp__cpu_cast(hp__cpu *cpu, void *y, hp_dtype to, const void *x, hp_dtype from, int64_t n) {
+    cast_job j = {x, y, from, to};
+    hp_pool_parallel_for(cpu->pool, n, HP__CPU_GRAIN / 4, cast_chunk, &j);
 }
 
 /* _to_copy{dtype}: a cast between any two dtypes. Float -> int truncates toward zero and

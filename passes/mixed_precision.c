@@ -1,0 +1,176 @@
+/* passes/mixed_precision.c — the mixed-precision pass: FSDP2's MixedPrecisionPolicy on the
+ * per-rank graph (plan.param_dtype, plan.reduce_dtype; docs/fsdp.md "Mixed precision").
+ *
+ * It runs after fsdp (or on the joint graph at world 1) and before overlap and bucketing, so
+ * the collectives it retypes are the ones those passes schedule and merge:
+ *
+ * * Each floating parameter placeholder (the f32 master, or its FSDP shard) is cast to
+ *   param_dtype right after the placeholders: an FSDP all-gather then reads the cast shard and
+ *   moves param_dtype bytes (half of f32 for bf16), and everything computed from parameters is
+ *   re-inferred in param_dtype (the op table's shape rules give each node's dtype).
+ * * Where a node's floating inputs then disagree (an f32 constant or buffer meeting a bf16
+ *   activation, an f32 gradient meeting a bf16 weight), the f32 ones are cast to the narrower
+ *   dtype, as PyTorch autocasts a bf16 module's inputs. Ops that take mixed dtypes by design
+ *   (attention's f32 logsumexp) keep them.
+ * * The cross entropy runs in f32: _log_softmax's input is cast to f32 (torchtitan's
+ *   `pred.float()`), so the loss and its first gradients are f32.
+ * * Every reduction collective (reduce_scatter_tensor, all_reduce: the gradients and the loss)
+ *   reads its input cast to reduce_dtype; each graph output is cast back to the dtype the
+ *   optimizer expects (the parameter's, f32), so master weights and AdamW state stay f32.
+ *
+ * (f32, f32) returns a clone: the pass is the identity. Placed graphs (tensor parallelism,
+ * N-D meshes) are refused: their placements are not re-derived here yet.
+ */
+#include "passes/passes_internal.h"
+
+#include <string.h>
+
+typedef struct mp {
+    hp__rewrite rw;
+    hp_dtype param, reduce;
+    int n_params;
+    hp_value *cast; /* [n_params]: the placeholder cast to param_dtype, once made */
+} mp;
+
+/* x cast to dt (x itself when it has that dtype already). */
+static hp_value cast_to(mp *m, hp_value x, hp_dtype dt, hp_err *err) {
+    const hp_type *t = hp_graph_type(m->rw.out, x);
+    if (!t || t->dtype == dt) return x;
+    hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, dt);
+    return hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
+}
+
+/* The narrowest floating dtype among the node's inputs (bf16 / f16 over f32); -1 when fewer
+ * than two floating dtypes meet. */
+static int narrowest(const hp_type *t, int n) {
+    int lo = -1;
+    bool mixed = false;
+    for (int k = 0; k < n; k++) {
+        if (!hp_dtype_is_float(t[k].dtype)) continue;
+        if (lo >= 0 && (hp_dtype)lo != t[k].dtype) mixed = true;
+        if (lo < 0 || hp_dtype_size(t[k].dtype) < hp_dtype_size((hp_dtype)lo)) lo = t[k].dtype;
+    }
+    return mixed ? lo : -1;
+}
+
+static hp_status infer(const hp_node *nd, const hp_type *in, hp_type *out, hp_err *err) {
+    hp_node tmp = *nd;
+    tmp.out = out;
+    memcpy(out, nd->out, (size_t)nd->n_out * sizeof *out);
+    return hp_op_get(nd->op)->shape(&tmp, in, out, err);
+}
+
+static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_err *err) {
+    const hp_node *nd = &m->rw.in->nodes[i];
+    for (int k = 0; k < nd->n_in; k++) {
+        hp_value v = nd->in[k];
+        ins[k] = v.node < m->n_params && hp_value_ok(m->cast[v.node]) ? m->cast[v.node]
+                                                                      : hp__rewrite_get(&m->rw, v);
+    }
+    hp_dtype want = (hp_dtype)-1; /* a dtype input 0 must have, by the policy */
+    if (nd->op == HP_OP_LOG_SOFTMAX) want = HP_F32;
+    if (nd->op == HP_OP_REDUCE_SCATTER || nd->op == HP_OP_ALL_REDUCE) want = m->reduce;
+    if ((int)want >= 0 && hp_dtype_is_float(hp_graph_type(m->rw.out, ins[0])->dtype)) {
+        ins[0] = cast_to(m, ins[0], want, err);
+        if (!hp_value_ok(ins[0])) return err->status;
+    }
+    for (int k = 0; k < nd->n_in; k++) types[k] = *hp_graph_type(m->rw.out, ins[k]);
+    hp_type out[HP_MAX_OUTS];
+    hp_err first = {0};
+    if (infer(nd, types, out, &first) != HP_OK) {
+        int lo = narrowest(types, nd->n_in);
+        if (lo < 0) {
+            *err = first;
+            hp_err_prefix(err, "node %d (%s) in %s", i, hp_op_get(nd->op)->name,
+                          hp_dtype_name(m->param));
+            return first.status;
+        }
+        for (int k = 0; k < nd->n_in; k++) {
+            if (!hp_dtype_is_float(types[k].dtype) || types[k].dtype == (hp_dtype)lo) continue;
+            ins[k] = cast_to(m, ins[k], (hp_dtype)lo, err);
+            if (!hp_value_ok(ins[k])) return err->status;
+            types[k].dtype = (hp_dtype)lo;
+        }
+        hp_status st = infer(nd, types, out, err);
+        if (st != HP_OK) {
+            hp_err_prefix(err, "node %d (%s) in %s", i, hp_op_get(nd->op)->name,
+                          hp_dtype_name(m->param));
+            return st;
+        }
+    }
+    int id = hp__rewrite_append(&m->rw, nd->op, ins, nd->n_in, out, nd->n_out, nd->attrs,
+                                nd->n_attrs, err);
+    if (id < 0) return err->status;
+    for (int k = 0; k < nd->n_out; k++)
+        hp__rewrite_set(&m->rw, (hp_value){i, k}, (hp_value){id, k});
+    return HP_OK;
+}
+
+hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
+                                  hp_err *err) {
+    *out = NULL;
+    hp_err local;
+    if (!err) err = &local; /* the helpers below read err->status */
+    const hp_plan *p = &ctx->job->plan;
+    HP_TRY(hp_plan_check_precision(p->param_dtype, p->reduce_dtype, err));
+    if (p->param_dtype == HP_F32 && p->reduce_dtype == HP_F32) {
+        if (!(*out = hp_graph_clone(in))) return hp_errf(err, HP_NOMEM, "out of memory");
+        return HP_OK;
+    }
+    if (in->mesh.ndim > 0)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "plan.mixed_precision: param_dtype %s on a placed graph (tensor "
+                       "parallelism or an N-D mesh) is not supported yet; use a 1-D data-"
+                       "parallel mesh (world 1, DDP or FSDP) or param_dtype f32",
+                       hp_dtype_name(p->param_dtype));
+    mp m = {.param = p->param_dtype, .reduce = p->reduce_dtype};
+    m.n_params = hp_graph_count_inputs(in).n_params;
+    int max_in = 1;
+    for (int i = 0; i < in->n_nodes; i++)
+        if (in->nodes[i].n_in > max_in) max_in = in->nodes[i].n_in;
+    m.cast = hp_malloc((size_t)(m.n_params ? m.n_params : 1) * sizeof *m.cast);
+    hp_value *ins = hp_malloc((size_t)max_in * sizeof *ins);
+    hp_type *types = hp_malloc((size_t)max_in * sizeof *types);
+    hp_status st = HP_OK;
+    if (!m.cast || !ins || !types) {
+        st = hp_errf(err, HP_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int k = 0; k < m.n_params; k++) m.cast[k] = HP_NO_VALUE;
+    if ((st = hp__rewrite_start(&m.rw, in, err)) != HP_OK) goto done;
+    int n_ph = 0;
+    while (n_ph < in->n_nodes && in->nodes[n_ph].op == HP_OP_PLACEHOLDER) n_ph++;
+    for (int i = 0; i < n_ph && st == HP_OK; i++)
+        if (hp__rewrite_copy(&m.rw, i, err) < 0) st = err->status;
+    /* every cast right after the placeholders, so that overlap may hoist a gather anywhere */
+    for (int k = 0; k < m.n_params && st == HP_OK; k++) {
+        if (!hp_dtype_is_float(in->nodes[k].out[0].dtype)) continue;
+        m.cast[k] = cast_to(&m, hp__rewrite_get(&m.rw, (hp_value){k, 0}), m.param, err);
+        if (!hp_value_ok(m.cast[k])) st = err->status;
+    }
+    for (int i = n_ph; i < in->n_nodes && st == HP_OK; i++)
+        st = rewrite_node(&m, i, ins, types, err);
+    /* outputs back in the dtype the optimizer and the loss report expect: the loss in f32,
+     * gradient k - 1 in its parameter's dtype */
+    for (int k = 0; k < in->n_outputs && st == HP_OK; k++) {
+        hp_value o = in->outputs[k];
+        hp_dtype want = in->nodes[o.node].out[o.out].dtype;
+        if (k == 0 && hp_dtype_is_float(want)) want = HP_F32;
+        if (k >= 1 && k - 1 < m.n_params) want = in->nodes[k - 1].out[0].dtype;
+        hp_value v = cast_to(&m, hp__rewrite_get(&m.rw, o), want, err);
+        if (!hp_value_ok(v))
+            st = err->status;
+        else
+            hp__rewrite_set(&m.rw, o, v);
+    }
+    if (st == HP_OK) {
+        st = hp__rewrite_finish(&m.rw, out, err);
+    } else {
+        hp__rewrite_abort(&m.rw);
+    }
+done:
+    hp_free(m.cast);
+    hp_free(ins);
+    hp_free(types);
+    return st;
+}
