@@ -693,3 +693,105 @@ Test(pipeline, pass_names_def_matches_the_pipeline) {
                  HP_ARRAY_LEN(names));
     for (int i = 0; i < n; i++) cr_expect_str_eq(e[i].name, names[i], "pass %d", i);
 }
+
+/* ---- mixed precision (plan.param_dtype bf16, reduce_dtype f32) --------------------------------
+ */
+
+/* Bytes of every collective of kind op in g, and whether each one's input had dtype dt. */
+static int64_t kind_bytes(const hp_graph *g, hp_op op, hp_dtype dt, bool *all_dt) {
+    int64_t b = 0;
+    *all_dt = true;
+    for (int i = 0; i < g->n_nodes; i++) {
+        if (g->nodes[i].op != op) continue;
+        b += hp_collective_bytes(g, i);
+        *all_dt &= hp_graph_type(g, g->nodes[i].in[0])->dtype == dt;
+    }
+    return b;
+}
+
+/* FSDP at world 2: the all-gathers read the cast bf16 shard (half the f32 plan's bytes), the
+ * reduce-scatters and all-reduces read f32; every matmul computes in bf16; the graph outputs
+ * (loss, gradients) and parameter placeholders stay what the f32 plan has. */
+Test(pipeline, mixed_precision_bf16_gathers_f32_reductions) {
+    hp_job *f32 = make_job(&TINY, 2, true), *bf = make_job(&TINY, 2, true);
+    f32->passes.bucket_bytes = bf->passes.bucket_bytes = 0;
+    bf->plan.param_dtype = HP_BF16;
+    hp_compiled *a = compile_ok(f32, 2), *b = compile_ok(bf, 2);
+    check_reports(b, bf, 2);
+    cr_expect(!report(a, "mixed_precision")->ran && report(b, "mixed_precision")->ran);
+    bool all;
+    int64_t ga = kind_bytes(a->graph, HP_OP_ALL_GATHER, HP_F32, &all);
+    cr_expect(all);
+    int64_t gb = kind_bytes(b->graph, HP_OP_ALL_GATHER, HP_BF16, &all);
+    cr_expect(all, "every all-gather moves bf16");
+    cr_expect(ga > 0 && gb * 2 == ga, "all-gather bytes %lld (bf16) vs %lld (f32)", (long long)gb,
+              (long long)ga);
+    int64_t ra = kind_bytes(a->graph, HP_OP_REDUCE_SCATTER, HP_F32, &all);
+    int64_t rb = kind_bytes(b->graph, HP_OP_REDUCE_SCATTER, HP_F32, &all);
+    cr_expect(all && ra == rb && rb > 0, "reduce-scatters stay f32");
+    kind_bytes(b->graph, HP_OP_ALL_REDUCE, HP_F32, &all);
+    cr_expect(all, "all-reduces stay f32");
+    int mm_bf16 = 0;
+    for (int i = 0; i < b->graph->n_nodes; i++) {
+        const hp_node *n = &b->graph->nodes[i];
+        if (n->op != HP_OP_MM && n->op != HP_OP_BMM) continue;
+        cr_expect_eq(n->out[0].dtype, HP_BF16, "node %d (%s) computes in %s", i,
+                     hp_op_get(n->op)->name, hp_dtype_name(n->out[0].dtype));
+        mm_bf16++;
+    }
+    cr_expect_gt(mm_bf16, 0);
+    cr_assert_eq(a->graph->n_outputs, b->graph->n_outputs);
+    for (int k = 0; k < a->graph->n_outputs; k++)
+        cr_expect(hp_type_eq(hp_graph_type(a->graph, a->graph->outputs[k]),
+                             hp_graph_type(b->graph, b->graph->outputs[k])),
+                  "output %d", k);
+    hp_graph_inputs in = hp_graph_count_inputs(b->graph);
+    for (int i = 0; i < in.n_params; i++)
+        cr_expect(hp_type_eq(&a->graph->nodes[i].out[0], &b->graph->nodes[i].out[0]),
+                  "parameter %d keeps its f32 master shard", i);
+    /* parameters, gradients and AdamW state are f32 bytes; activations shrink (2-byte bf16) */
+    cr_expect_eq(b->memory.params, a->memory.params);
+    cr_expect_eq(b->memory.grads, a->memory.grads);
+    cr_expect_eq(b->memory.optimizer, a->memory.optimizer);
+    cr_expect_lt(b->memory.activations, a->memory.activations);
+    hp_compiled_free(a);
+    hp_compiled_free(b);
+    hp_job_free(f32);
+    hp_job_free(bf);
+}
+
+/* World 1 and DDP compile with the policy too; the f32 policy is no pass at all (switched on,
+ * it is the identity); switching the pass off under a bf16 policy is refused, never ignored. */
+Test(pipeline, mixed_precision_world_1_ddp_and_switches) {
+    hp_job *one = make_job(&TINY, 1, false), *ddp = make_job(&TINY, 2, false);
+    one->plan.param_dtype = ddp->plan.param_dtype = HP_BF16;
+    hp_compiled *c1 = compile_ok(one, 1), *c2 = compile_ok(ddp, 2);
+    cr_expect(report(c1, "mixed_precision")->ran && report(c2, "mixed_precision")->ran);
+    bool all;
+    cr_expect_gt(kind_bytes(c2->graph, HP_OP_ALL_REDUCE, HP_F32, &all), 0);
+    cr_expect(all, "DDP's gradient all-reduces run in f32");
+    hp_compiled_free(c1);
+    hp_compiled_free(c2);
+
+    hp_job *f = make_job(&TINY, 1, false);
+    snprintf(f->passes.switches[0].name, HP_PASS_NAME_MAX, "mixed_precision");
+    f->passes.switches[0].enabled = true;
+    f->passes.n_switches = 1;
+    hp_compiled *c = compile_ok(f, 1);
+    const hp_pass_report *r = report(c, "mixed_precision");
+    cr_expect(r->ran && r->nodes_in == r->nodes_out, "f32 policy: the identity");
+    hp_compiled_free(c);
+
+    one->passes.n_switches = 1;
+    snprintf(one->passes.switches[0].name, HP_PASS_NAME_MAX, "mixed_precision");
+    one->passes.switches[0].enabled = false;
+    hp_err err = {0};
+    c = NULL;
+    cr_expect_neq(hp_compile(one, 1, &c, &err), HP_OK);
+    cr_expect(strstr(err.msg, "mixed_precision is switched off but the plan sets param_dtype bf16"),
+              "%s", err.msg);
+    hp_compiled_free(c);
+    hp_job_free(one);
+    hp_job_free(ddp);
+    hp_job_free(f);
+}
