@@ -30,14 +30,42 @@ typedef struct mp {
     hp_dtype param, reduce;
     int n_params;
     hp_value *cast; /* [n_params]: the placeholder cast to param_dtype, once made */
+    /* memo[w][node * HP_MAX_OUTS + out] of the output graph: that value cast to f32 (w 0) or
+     * to param_dtype (w 1), so that a value read by several nodes is cast once */
+    hp_value *memo[2];
+    size_t memo_cap;
 } mp;
 
-/* x cast to dt (x itself when it has that dtype already). */
+/* The memo slot of new value x for dtype dt, grown to cover x; NULL when out of memory. */
+static hp_value *memo_slot(mp *m, hp_value x, hp_dtype dt) {
+    size_t k = (size_t)x.node * HP_MAX_OUTS + (size_t)x.out;
+    if (k >= m->memo_cap) {
+        size_t cap = m->memo_cap ? m->memo_cap : 1024;
+        while (cap <= k) cap *= 2;
+        for (int w = 0; w < 2; w++) {
+            hp_value *p = hp_realloc(m->memo[w], cap * sizeof *p);
+            if (!p) return NULL;
+            for (size_t i = m->memo_cap; i < cap; i++) p[i] = HP_NO_VALUE;
+            m->memo[w] = p;
+        }
+        m->memo_cap = cap;
+    }
+    return &m->memo[dt == HP_F32 ? 0 : 1][k];
+}
+
+/* x cast to dt (x itself when it has that dtype already; the same cast when made before). */
 static hp_value cast_to(mp *m, hp_value x, hp_dtype dt, hp_err *err) {
     const hp_type *t = hp_graph_type(m->rw.out, x);
     if (!t || t->dtype == dt) return x;
+    hp_value *slot = memo_slot(m, x, dt);
+    if (!slot) {
+        hp_errf(err, HP_NOMEM, "out of memory casting to %s", hp_dtype_name(dt));
+        return HP_NO_VALUE;
+    }
+    if (hp_value_ok(*slot)) return *slot;
     hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, dt);
-    return hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
+    *slot = hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
+    return *slot;
 }
 
 /* The narrowest floating dtype among the node's inputs (bf16 / f16 over f32); -1 when fewer
@@ -170,6 +198,8 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
     }
 done:
     hp_free(m.cast);
+    hp_free(m.memo[0]);
+    hp_free(m.memo[1]);
     hp_free(ins);
     hp_free(types);
     return st;
