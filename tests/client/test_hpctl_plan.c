@@ -404,9 +404,15 @@ Test(hpctl_plan, bf16_param_dtype_halves_all_gather_bytes) {
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "precision   param bf16"), "%s", r.out);
     cr_expect(strstr(r.out, "mixed_precision  yes"), "%s", r.out);
-    char want[96];
-    snprintf(want, sizeof want, "all_gather_into_tensor ");
-    cr_expect(strstr(r.out, want) && strstr(r.out, " bf16"), "%s", r.out);
+    /* "communication per step per rank: ... (all_gather_into_tensor 57: 11.3 MiB bf16, ...)" */
+    const char *line = strstr(r.out, "communication per step per rank:");
+    cr_assert(line, "%s", r.out);
+    const char *eol = strchr(line, '\n'), *ag = strstr(line, "all_gather_into_tensor ");
+    cr_assert(ag && eol && ag < eol, "%s", line);
+    const char *comma = strchr(ag, ',');
+    const char *bf = strstr(ag, " bf16");
+    cr_expect(bf && bf < eol && (!comma || bf < comma), "the all-gathers' dtype: %.*s",
+              (int)(eol - line), line);
     hp_th_run_free(&r);
 }
 
