@@ -1,6 +1,7 @@
 /* bench/bench_cpu_kernels.c — GFLOP/s of the cpu backend's matmul (OpenBLAS) and flash-style
  * attention forward/backward, each next to a naive single-threaded C reference measured in the
- * same run; the last column is backend / naive.
+ * same run; the last column is backend / naive. mm also runs with bf16 operands (widened into
+ * f32 staging, the same sgemm, rounded on store) and prints its rate as a ratio to f32's.
  *
  * mm: 2·M·N·K FLOPs. Attention: only the (query, key) pairs the mask lets through count:
  * forward 4·D per pair (q·k and p·v), backward 10·D (q·k recomputed, dO·v, pᵀdO, dSᵀq, dS·k).
@@ -76,26 +77,50 @@ static void naive_mm(float *y, const float *a, const float *b, int64_t m, int64_
     }
 }
 
-static void bench_mm(hp_backend *be, int64_t m, int64_t k, int64_t n, int reps) {
+/* The time of one mm launch on [m, k] x [k, n] operands of dtype dt. */
+static double time_mm(hp_backend *be, hp_dtype dt, void *da, void *db, void *dy, int64_t m,
+                      int64_t k, int64_t n, int reps) {
     hp_graph *g = hp_graph_new();
-    hp_type at = hp_type_make(HP_F32, 2, (int64_t[]){m, k});
-    hp_type bt = hp_type_make(HP_F32, 2, (int64_t[]){k, n});
+    hp_type at = hp_type_make(dt, 2, (int64_t[]){m, k});
+    hp_type bt = hp_type_make(dt, 2, (int64_t[]){k, n});
     hp_value a = hp_build_placeholder(g, HP_INPUT_DATA, NULL, at, NULL);
     hp_value b = hp_build_placeholder(g, HP_INPUT_DATA, NULL, bt, NULL);
     hp_value y = hp_mm(g, a, b);
     if (hp_graph_failed(g)) die("graph", &g->err);
-    float *da = rand_buf(m * k, 1), *db = rand_buf(k * n, 2), *dy = malloc((size_t)(m * n) * 4);
     void *in[2] = {da, db}, *out[1] = {dy};
     hp_type types[2] = {at, bt};
     double t = time_launch(be, g, y.node, in, types, out, reps);
+    hp_graph_free(g);
+    return t;
+}
+
+/* bf16 (the top half of each f32: the values themselves do not matter for timing) */
+static uint16_t *to_bf16(const float *x, int64_t n) {
+    uint16_t *h = malloc((size_t)n * sizeof *h);
+    if (!h) die("malloc", NULL);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        h[i] = (uint16_t)(u >> 16);
+    }
+    return h;
+}
+
+/* f32 and bf16 storage (f32 staging + the same sgemm) against naive loops. */
+static void bench_mm(hp_backend *be, int64_t m, int64_t k, int64_t n, int reps) {
+    float *da = rand_buf(m * k, 1), *db = rand_buf(k * n, 2), *dy = malloc((size_t)(m * n) * 4);
+    double t = time_mm(be, HP_F32, da, db, dy, m, k, n, reps);
+    uint16_t *ha = to_bf16(da, m * k), *hb = to_bf16(db, k * n);
+    double th = time_mm(be, HP_BF16, ha, hb, dy, m, k, n, reps);
     double t0 = now_s();
     naive_mm(dy, da, db, m, k, n);
     double tn = now_s() - t0;
     double flops = 2.0 * (double)m * (double)n * (double)k;
-    printf("mm %5lldx%5lldx%5lld          %9.2f GFLOP/s   naive %7.2f GFLOP/s   x%.1f\n",
-           (long long)m, (long long)k, (long long)n, flops / t * 1e-9, flops / tn * 1e-9, tn / t);
-    free(da), free(db), free(dy);
-    hp_graph_free(g);
+    printf("mm %5lldx%5lldx%5lld          %9.2f GFLOP/s   naive %7.2f GFLOP/s   x%.1f   "
+           "bf16 %7.2f GFLOP/s (x%.2f of f32)\n",
+           (long long)m, (long long)k, (long long)n, flops / t * 1e-9, flops / tn * 1e-9, tn / t,
+           flops / th * 1e-9, t / th);
+    free(da), free(db), free(dy), free(ha), free(hb);
 }
 
 /* ---- attention ------------------------------------------------------------------------------ */
