@@ -103,7 +103,7 @@ hp_status hp__cpu_dtype(const hp_kernel_call *c, int out, int k, unsigned allowe
     if ((unsigned)dt < HP_DTYPE_COUNT && hp_dtype_is_float(dt))
         return hp_errf(err, HP_UNSUPPORTED,
                        "dtype %s of %s %d is not supported: the cpu backend computes floating "
-                       "ops in f32",
+                       "ops in f32 and stores f32 or bf16",
                        hp_dtype_name(dt), what, k);
     if ((unsigned)dt >= HP_DTYPE_COUNT)
         return hp_errf(err, HP_INVALID, "%s %d has no valid dtype (%d)", what, k, (int)dt);

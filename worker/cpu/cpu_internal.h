@@ -73,8 +73,9 @@ typedef hp_status (*hp__cpu_kernel)(hp__cpu *cpu, const hp_kernel_call *c, hp_er
 #define HP__ANY_FP (HP__ANY | HP__M(HP_BF16) | HP__M(HP_F16))
 
 /* Input k (out == 0) or output k (out == 1) must have a dtype in `allowed`. A floating dtype
- * outside it is HP_UNSUPPORTED ("dtype bf16 of input 0 is not supported: the cpu backend
- * computes floating ops in f32"), anything else HP_INVALID. */
+ * outside it is HP_UNSUPPORTED ("dtype f16 of input 0 is not supported: the cpu backend
+ * computes floating ops in f32 and stores f32 or bf16"), anything else HP_INVALID. bf16
+ * operands never reach a kernel that computes: cpu_backend.c stages them in f32. */
 hp_status hp__cpu_dtype(const hp_kernel_call *c, int out, int k, unsigned allowed, hp_err *err);
 /* hp__cpu_dtype on every input and output. */
 hp_status hp__cpu_dtypes_all(const hp_kernel_call *c, unsigned allowed, hp_err *err);
