@@ -1,8 +1,8 @@
 /* passes/mixed_precision.c — the mixed-precision pass: FSDP2's MixedPrecisionPolicy on the
  * per-rank graph (plan.param_dtype, plan.reduce_dtype; docs/fsdp.md "Mixed precision").
  *
- * It runs after fsdp (or on the joint graph at world 1) and before overlap and bucketing, so
- * the collectives it retypes are the ones those passes schedule and merge:
+ * It runs after fsdp or spmd (or on the joint graph at world 1) and before overlap and
+ * bucketing, so the collectives it retypes are the ones those passes schedule and merge:
  *
  * * Each floating parameter placeholder (the f32 master, or its FSDP shard) is cast to
  *   param_dtype right after the placeholders: an FSDP all-gather then reads the cast shard and
@@ -10,16 +10,20 @@
  *   re-inferred in param_dtype (the op table's shape rules give each node's dtype).
  * * Where a node's floating inputs then disagree (an f32 constant or buffer meeting a bf16
  *   activation, an f32 gradient meeting a bf16 weight), the f32 ones are cast to the narrower
- *   dtype, as PyTorch autocasts a bf16 module's inputs. Ops that take mixed dtypes by design
- *   (attention's f32 logsumexp) keep them.
+ *   dtype, as PyTorch autocasts a bf16 module's inputs. Values an op makes wider on purpose
+ *   (RMSNorm's saved rstd, attention's f32 logsumexp) are never narrowed.
  * * The cross entropy runs in f32: _log_softmax's input is cast to f32 (torchtitan's
  *   `pred.float()`), so the loss and its first gradients are f32.
  * * Every reduction collective (reduce_scatter_tensor, all_reduce: the gradients and the loss)
  *   reads its input cast to reduce_dtype; each graph output is cast back to the dtype the
  *   optimizer expects (the parameter's, f32), so master weights and AdamW state stay f32.
  *
- * (f32, f32) returns a clone: the pass is the identity. Placed graphs (tensor parallelism,
- * N-D meshes) are refused: their placements are not re-derived here yet.
+ * On a placed graph (tensor parallelism, N-D meshes: the spmd pass's output) every node keeps
+ * its placements and a cast takes its input's (elementwise, so Partial stays Partial); the
+ * all-reduces of Partial activations then run in reduce_dtype too (the shm communicator
+ * reduces f32 only). The pipeline refuses loss parallel with a policy (check_world).
+ *
+ * (f32, f32) returns a clone: the pass is the identity.
  */
 #include "passes/passes_internal.h"
 
@@ -64,8 +68,12 @@ static hp_value cast_to(mp *m, hp_value x, hp_dtype dt, hp_err *err) {
     }
     if (hp_value_ok(*slot)) return *slot;
     hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, dt);
-    *slot = hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
-    return *slot;
+    hp_value c = hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
+    /* on a placed graph the cast is placed as its input (elementwise: Partial stays Partial) */
+    const hp_placement *pl = hp_value_ok(c) ? hp_value_placements(m->rw.out, x) : NULL;
+    if (pl && hp_node_set_placements(m->rw.out, c.node, pl, err) != HP_OK) return HP_NO_VALUE;
+    *memo_slot(m, x, dt) = c; /* the slot is covered: x precedes c */
+    return c;
 }
 
 /* The narrowest floating dtype among the node's inputs (bf16 / f16 over f32); -1 when fewer
@@ -79,6 +87,20 @@ static int narrowest(const hp_type *t, int n) {
         if (lo < 0 || hp_dtype_size(t[k].dtype) < hp_dtype_size((hp_dtype)lo)) lo = t[k].dtype;
     }
     return mixed ? lo : -1;
+}
+
+/* A value an op makes wider than its floating inputs on purpose (RMSNorm's saved rstd,
+ * attention's logsumexp: f32 from bf16 inputs): harmonizing never narrows it. */
+static bool wide_by_design(const mp *m, hp_value v) {
+    const hp_graph *g = m->rw.out;
+    const hp_node *n = &g->nodes[v.node];
+    if (n->op == HP_OP_TO_COPY || !n->n_in) return false;
+    size_t have = hp_dtype_size(n->out[v.out].dtype);
+    for (int k = 0; k < n->n_in; k++) {
+        hp_dtype d = hp_graph_type(g, n->in[k])->dtype;
+        if (hp_dtype_is_float(d) && hp_dtype_size(d) < have) return true;
+    }
+    return false;
 }
 
 static hp_status infer(const hp_node *nd, const hp_type *in, hp_type *out, hp_err *err) {
@@ -115,6 +137,7 @@ static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_er
         }
         for (int k = 0; k < nd->n_in; k++) {
             if (!hp_dtype_is_float(types[k].dtype) || types[k].dtype == (hp_dtype)lo) continue;
+            if (wide_by_design(m, ins[k])) continue;
             ins[k] = cast_to(m, ins[k], (hp_dtype)lo, err);
             if (!hp_value_ok(ins[k])) return err->status;
             types[k].dtype = (hp_dtype)lo;
@@ -129,6 +152,7 @@ static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_er
     int id = hp__rewrite_append(&m->rw, nd->op, ins, nd->n_in, out, nd->n_out, nd->attrs,
                                 nd->n_attrs, err);
     if (id < 0) return err->status;
+    if (nd->pl) HP_TRY(hp_node_set_placements(m->rw.out, id, nd->pl, err));
     for (int k = 0; k < nd->n_out; k++)
         hp__rewrite_set(&m->rw, (hp_value){i, k}, (hp_value){id, k});
     return HP_OK;
@@ -145,12 +169,6 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
         if (!(*out = hp_graph_clone(in))) return hp_errf(err, HP_NOMEM, "out of memory");
         return HP_OK;
     }
-    if (in->mesh.ndim > 0)
-        return hp_errf(err, HP_UNSUPPORTED,
-                       "plan.mixed_precision: param_dtype %s on a placed graph (tensor "
-                       "parallelism or an N-D mesh) is not supported yet; use a 1-D data-"
-                       "parallel mesh (world 1, DDP or FSDP) or param_dtype f32",
-                       hp_dtype_name(p->param_dtype));
     mp m = {.param = p->param_dtype, .reduce = p->reduce_dtype};
     m.n_params = hp_graph_count_inputs(in).n_params;
     int max_in = 1;
@@ -168,8 +186,14 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
     if ((st = hp__rewrite_start(&m.rw, in, err)) != HP_OK) goto done;
     int n_ph = 0;
     while (n_ph < in->n_nodes && in->nodes[n_ph].op == HP_OP_PLACEHOLDER) n_ph++;
-    for (int i = 0; i < n_ph && st == HP_OK; i++)
-        if (hp__rewrite_copy(&m.rw, i, err) < 0) st = err->status;
+    if (in->mesh.ndim > 0) st = hp_graph_set_mesh(m.rw.out, &in->mesh, err);
+    for (int i = 0; i < n_ph && st == HP_OK; i++) {
+        int id = hp__rewrite_copy(&m.rw, i, err);
+        if (id < 0)
+            st = err->status;
+        else if (in->nodes[i].pl)
+            st = hp_node_set_placements(m.rw.out, id, in->nodes[i].pl, err);
+    }
     /* every cast right after the placeholders, so that overlap may hoist a gather anywhere */
     for (int k = 0; k < m.n_params && st == HP_OK; k++) {
         if (!hp_dtype_is_float(in->nodes[k].out[0].dtype)) continue;

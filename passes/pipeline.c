@@ -310,12 +310,13 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
     HP_TRY(hp_plan_check_precision(job->plan.param_dtype, job->plan.reduce_dtype, err));
     if (mixed_on(&probe)) {
         const hp__pass_entry *mp = hp__pass_find("mixed_precision");
-        if (placed(&probe))
+        if (loss_parallel_on(&probe))
             return hp_errf(err, HP_UNSUPPORTED,
-                           "plan (mesh %s): mixed precision (param_dtype %s) is not supported "
-                           "with tensor parallelism or an N-D mesh yet; use a 1-D data-parallel "
-                           "mesh (world 1, DDP or FSDP) or param_dtype f32",
-                           mesh, hp_dtype_name(job->plan.param_dtype));
+                           "plan (mesh %s): mixed precision (param_dtype %s) with loss parallel is "
+                           "not supported yet (its vocab-sharded cross entropy would run in %s); "
+                           "drop --loss-parallel or use param_dtype f32",
+                           mesh, hp_dtype_name(job->plan.param_dtype),
+                           hp_dtype_name(job->plan.param_dtype));
         if (mp && !pass_on(mp, &probe))
             return hp_errf(err, HP_INVALID,
                            "passes: mixed_precision is switched off but the plan sets "

@@ -57,8 +57,8 @@ void hp_pass_warn(hp_pass_ctx *ctx, const char *fmt, ...) __attribute__((format(
 hp_status hp_pass_dce(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
-/* The mixed-precision policy (plan.param_dtype / reduce_dtype) on a per-rank 1-D graph:
- * passes/mixed_precision.c. HP_UNSUPPORTED on a placed graph unless the policy is f32. */
+/* The mixed-precision policy (plan.param_dtype / reduce_dtype) on a per-rank graph (1-D FSDP
+ * or DDP, world 1, or placed by spmd): passes/mixed_precision.c. */
 hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                   hp_err *err);
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
