@@ -77,15 +77,16 @@ static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
 
 /* The structural invariants of any compile. */
 static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
-    static const char *const names[] = {"dce",  "canonicalize", "loss_parallel", "spmd",
-                                        "fsdp", "overlap",      "bucketing",     "lower"};
-    cr_assert_eq(c->n_passes, 8);
+    static const char *const names[] = {"dce",           "canonicalize", "fuse_attention",
+                                        "loss_parallel", "spmd",         "fsdp",
+                                        "overlap",       "bucketing",    "lower"};
+    cr_assert_eq(c->n_passes, 9);
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         cr_expect_str_eq(r->name, names[i]);
         cr_expect_geq(r->seconds, 0);
-        if (i > 0 && i < 7) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
-        if (!r->ran && i < 7) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
+        if (i > 0 && i < 8) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
+        if (!r->ran && i < 8) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
     }
     cr_expect(report(c, "dce")->ran && report(c, "canonicalize")->ran && report(c, "lower")->ran);
     cr_expect(!report(c, "spmd")->ran, "spmd runs only for placed plans");
@@ -516,14 +517,14 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "08-lower.txt"};
+                                       "09-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
         struct stat st;
         cr_expect(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
     }
-    snprintf(path, sizeof path, "%s/05-fsdp.hpir", dir);
+    snprintf(path, sizeof path, "%s/06-fsdp.hpir", dir);
     cr_expect_neq(access(path, F_OK), 0, "fsdp did not run, yet it was dumped");
     /* the canonicalize dump is the graph that pass produced (lowering starts from it) */
     hp_graph *g = NULL;
