@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
 
-  export_ref.py export DIR AUTODIFF [HPCTL FLAGS...]  exports the GPT-2-style model below with
-                  hp_export (autodiff torch | hp) to DIR/job-AUTODIFF.pb, its weights to
-                  DIR/init.safetensors
+  export_ref.py export DIR AUTODIFF [--as NAME] [HPCTL FLAGS...]  exports the GPT-2-style
+                  model below with hp_export (autodiff torch | hp) to DIR/job-AUTODIFF.pb (or
+                  DIR/job-NAME.pb), its weights to DIR/init.safetensors
   export_ref.py train DIR STEPS                      trains the same model from
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
@@ -139,9 +139,12 @@ def batch(d):
 
 
 def do_export(d, autodiff, flags):
+    name = autodiff
+    if flags[:1] == ["--as"]:
+        name, flags = flags[1], flags[2:]
     x = torch.zeros(B, T, dtype=torch.int64)
     hp_export.export(make(), (x, x.clone()), hp_export.default_loss,
-                     out="%s/job-%s.pb" % (d, autodiff), weights=d + "/init.safetensors",
+                     out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
                      autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
                      train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
                             "log_interval": 1},

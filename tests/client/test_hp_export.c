@@ -107,6 +107,50 @@ Test(hp_export, gpt_both_ways_trains_like_pytorch) {
     }
 }
 
+/* The exported GPT-2's attention (make_fx's bmm, scale, masked_fill, softmax, bmm and their
+ * backward) is fused by the compiler's fuse_attention pass in both capture modes, `hpctl plan`
+ * says so, and the fused job trains to the unfused one's losses (--no-fuse-attention) within
+ * 1e-5. */
+Test(hp_export, gpt_attention_fuses_and_trains_like_unfused) {
+    write_tokens();
+    const char *modes[] = {"torch", "hp"};
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args, "export '%s' %s --steps %d", dir, modes[i], STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "export (%s) failed:\n%s", modes[i], hp_th_slurp_or_empty(out));
+        snprintf(args, sizeof args, "export '%s' %s --as %s-unfused --steps %d --no-fuse-attention",
+                 dir, modes[i], modes[i], STEPS);
+        cr_assert_eq(ref(args), 0, "export (%s, unfused) failed:\n%s", modes[i],
+                     hp_th_slurp_or_empty(out));
+        hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-%s.pb'", dir, modes[i]);
+        cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+        cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards into "
+                                "_scaled_dot_product_flash_attention"),
+                  "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        r = hp_th_hpctl(dir, 60, "plan '%s/job-%s-unfused.pb'", dir, modes[i]);
+        cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+        cr_expect(strstr(r.out, "\nfuse_attention no "), "%s: %s", modes[i], r.out);
+        cr_expect(!strstr(r.out, "fused 2 causal"), "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        char job[64], run[64], fused_dir[320], unfused_dir[320];
+        snprintf(job, sizeof job, "job-%s.pb", modes[i]);
+        snprintf(run, sizeof run, "fused-%s", modes[i]);
+        train_hp(job, run, 1);
+        snprintf(fused_dir, sizeof fused_dir, "%s/%s", dir, run);
+        snprintf(job, sizeof job, "job-%s-unfused.pb", modes[i]);
+        snprintf(run, sizeof run, "unfused-%s", modes[i]);
+        train_hp(job, run, 1);
+        snprintf(unfused_dir, sizeof unfused_dir, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(fused_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(unfused_dir, fused_dir, 0, 1e-5, modes[i]);
+        hp_th_expect_weights_close(unfused_dir, fused_dir, 1e-7, 1e-4, modes[i]);
+    }
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024], out[320];
