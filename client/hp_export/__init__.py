@@ -88,8 +88,12 @@ def _buffer_init(name, t):
         return "constant(%s)" % hpir._float(x.flatten()[0].item())
     if bool((x.flatten() == torch.arange(x.numel(), dtype=x.dtype)).all()):
         return "arange"
-    raise Unsupported("buffer '%s' holds values hp cannot recreate yet (a constant or "
-                      "arange only); compute it in forward instead" % name)
+    if not x.is_floating_point():
+        raise Unsupported("buffer '%s' holds integers hp cannot recreate (a constant or "
+                          "arange only); compute it in forward instead" % name)
+    # any other values (RoPE's cos/sin tables): the weights file holds them and hp-worker
+    # loads buffers from --init-from as it does parameters; the spec is for runs without it
+    return _init_spec(x)
 
 
 # ---- capture ---------------------------------------------------------------------------------
