@@ -10,10 +10,18 @@
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
                   and DIR/ref/model.safetensors (the final weights)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
+  export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
+                  to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
 
 The model is nanoGPT's shape, written here: learned positions, LayerNorm with bias, a
 GELU-tanh MLP, causal attention with a mask computed in forward (no buffer), lm_head tied to
-the token embedding. Exit 3 when torch is missing.
+the token embedding. The Llama is torchtitan's, written here with its FQNs (tok_embeddings,
+layers.N.attention.wq/wk/wv/wo, feed_forward.w1/w2/w3, attention_norm, ffn_norm, norm,
+output): RMSNorm as x * rsqrt(mean(x^2) + eps) * w, RoPE on adjacent pairs (torchtitan's
+complex form written with real cos/sin tables, buffers precomputed as torchtitan precomputes
+freqs_cis, since torch 1.13's make_fx cannot carry complex values into hp), grouped-query
+attention through repeat_kv, the attention unfused (torch 1.13 has no
+scaled_dot_product_attention), SwiGLU. Exit 3 when torch is missing.
 """
 import json
 import math
@@ -188,6 +196,128 @@ def do_conv(d):
     return 0
 
 
+# ---- the Llama, torchtitan's FQNs ---------------------------------------------------------
+
+LV, LDIM, LNH, LNKV, LL, LFFN = V, 64, 4, 2, 2, 96
+LEPS, LTHETA = 1e-5, 500000.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        x = x.float()
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LEPS)).type_as(x) * self.weight
+
+
+def precompute_freqs(dim, end, theta):
+    """torchtitan's precompute_freqs_cis as (cos, sin) of its angles."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    f = torch.outer(torch.arange(end, dtype=torch.float32), freqs)
+    return torch.cos(f), torch.sin(f)
+
+
+def apply_rotary_emb(x, cos, sin):
+    """torchtitan's rotation of adjacent pairs (x[2i], x[2i+1]) by position * freqs[i]."""
+    b, t, h, d = x.shape
+    a, c = x.float().reshape(b, t, h, d // 2, 2).unbind(-1)
+    cos, sin = cos[:t].view(1, t, 1, d // 2), sin[:t].view(1, t, 1, d // 2)
+    out = torch.stack((a * cos - c * sin, a * sin + c * cos), dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+def repeat_kv(x, n_rep):
+    bs, slen, n_kv, hd = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, :, None, :].expand(bs, slen, n_kv, n_rep, hd).reshape(bs, slen, n_kv * n_rep, hd)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hd = LDIM // LNH
+        self.wq = nn.Linear(LDIM, LNH * self.hd, bias=False)
+        self.wk = nn.Linear(LDIM, LNKV * self.hd, bias=False)
+        self.wv = nn.Linear(LDIM, LNKV * self.hd, bias=False)
+        self.wo = nn.Linear(LNH * self.hd, LDIM, bias=False)
+
+    def forward(self, x, cos, sin):
+        bs, t, _ = x.shape
+        xq = self.wq(x).view(bs, t, LNH, self.hd)
+        xk = self.wk(x).view(bs, t, LNKV, self.hd)
+        xv = self.wv(x).view(bs, t, LNKV, self.hd)
+        xq, xk = apply_rotary_emb(xq, cos, sin), apply_rotary_emb(xk, cos, sin)
+        keys, values = repeat_kv(xk, LNH // LNKV), repeat_kv(xv, LNH // LNKV)
+        q, k, v = xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        return self.wo((att @ v).transpose(1, 2).contiguous().view(bs, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(LDIM, LFFN, bias=False)
+        self.w2 = nn.Linear(LFFN, LDIM, bias=False)
+        self.w3 = nn.Linear(LDIM, LFFN, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention, self.feed_forward = LlamaAttention(), FeedForward()
+        self.attention_norm, self.ffn_norm = RMSNorm(LDIM), RMSNorm(LDIM)
+
+    def forward(self, x, cos, sin):
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(LV, LDIM)
+        cos, sin = precompute_freqs(LDIM // LNH, T, LTHETA)
+        self.register_buffer("freqs_cos", cos)
+        self.register_buffer("freqs_sin", sin)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock() for i in range(LL)})
+        self.norm = RMSNorm(LDIM)
+        self.output = nn.Linear(LDIM, LV, bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cos, self.freqs_sin)
+        return self.output(self.norm(h))
+
+
+def make_llama():
+    torch.manual_seed(7)
+    m = Llama()
+    with torch.no_grad():  # non-trivial norms, so their gradients are tested too
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn(p.shape))
+    return m
+
+
+def do_llama(d, autodiff, flags):
+    x = torch.zeros(B, T, dtype=torch.int64)
+    hp_export.export(make_llama(), (x, x.clone()), hp_export.default_loss,
+                     out="%s/job-llama-%s.pb" % (d, autodiff), weights=d + "/llama.safetensors",
+                     autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
+                     train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
+                            "log_interval": 1},
+                     extra_args=flags)
+
+
 def main():
     torch.set_num_threads(1)
     mode, d = sys.argv[1], sys.argv[2]
@@ -197,6 +327,8 @@ def main():
         do_train(d, int(sys.argv[3]))
     elif mode == "conv":
         return do_conv(d)
+    elif mode == "llama":
+        do_llama(d, sys.argv[3], sys.argv[4:])
     return 0
 
 

@@ -151,6 +151,54 @@ Test(hp_export, gpt_attention_fuses_and_trains_like_unfused) {
     }
 }
 
+/* A Llama written in PyTorch with torchtitan's FQNs (RMSNorm, RoPE from cos/sin buffers,
+ * grouped-query attention, SwiGLU; export_ref.py), exported both ways, trains 10 steps to the
+ * losses and weights of hp's own llama3 builder at the same shape from the same weights; its
+ * attention is fused like the builder's. */
+Test(hp_export, llama_in_torchtitan_fqns_trains_like_hp_llama3) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    const char *modes[] = {"torch", "hp"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args, "llama '%s' %s --steps %d", dir, modes[i], STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "llama export (%s) failed:\n%s", modes[i], hp_th_slurp_or_empty(out));
+    }
+    /* hp's builder at the model's shape, from the exported state (the buffers are ignored) */
+    hp_th_run r = hp_th_hpctl(dir, 60,
+                              "new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 "
+                              "--kv-heads 2 --ffn-hidden 96 --vocab %d --batch %d --seq %d "
+                              "--steps %d --lr 1e-3 --warmup 2 --weight-decay 0.1 --grad-clip 1 "
+                              "--log-interval 1 --init-from '%s/llama.safetensors' -o '%s/own.pb'",
+                              V, B, T, STEPS, dir, dir);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    hp_th_run_free(&r);
+    train_hp("own.pb", "own", 1);
+    char own_dir[320];
+    snprintf(own_dir, sizeof own_dir, "%s/own", dir);
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        char job[64], run[64], run_dir[320];
+        snprintf(job, sizeof job, "job-llama-%s.pb", modes[i]);
+        snprintf(run, sizeof run, "llama-%s", modes[i]);
+        r = hp_th_hpctl(dir, 60, "inspect '%s/%s'", dir, job);
+        cr_assert_eq(r.code, 0, "hpctl inspect: %s", r.err);
+        cr_expect(strstr(r.out, "21 params, 2 buffers, 2 data"), "%s", r.out);
+        hp_th_run_free(&r);
+        r = hp_th_hpctl(dir, 60, "plan '%s/%s'", dir, job);
+        cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+        cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards"),
+                  "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        train_hp(job, run, 1);
+        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(run_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(own_dir, run_dir, 0, 1e-5, modes[i]);
+        hp_th_expect_weights_close(own_dir, run_dir, 1e-7, 1e-4, modes[i]);
+    }
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024], out[320];
