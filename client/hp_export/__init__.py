@@ -19,6 +19,7 @@ and the module it came from; nothing is written then.
 import collections
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -116,8 +117,16 @@ class _ModulePaths:
         tracer = getattr(mode, "tracer", None)
         return getattr(tracer, "graph", None)
 
+    @staticmethod
+    def _tracer():
+        mode = _pd._get_current_dispatch_mode()
+        return getattr(mode, "tracer", None)
+
     def _pre(self, name):
         def hook(mod, inp):
+            tracer = self._tracer()
+            if tracer is not None:  # node.stack_trace: the user's line for error messages
+                tracer.record_stack_traces = True
             g = self._graph()
             self.starts.append(len(g.nodes) if g is not None else None)
         return hook
@@ -199,6 +208,7 @@ class _Convert:
         self.vals = {}
         self.results = {}
         self.unmapped = collections.OrderedDict()  # (path, op, reason) -> count
+        self.where = {}  # (path, op, reason) -> the user's file:line of each, in order
 
     # the context aten_map's entries see
     def value_of(self, a):
@@ -284,8 +294,12 @@ class _Convert:
                 self._fail(n, aten_map.op_name(n.target), str(e))
         if problems or self.unmapped:
             lines = ["the model uses what hp cannot run yet (nothing was written):"]
-            for (path, op, why), cnt in self.unmapped.items():
-                lines.append("  %s: %s x%d%s" % (path, op, cnt, " (%s)" % why if why else ""))
+            for key, cnt in self.unmapped.items():
+                path, op, why = key
+                at = self.where.get(key, [])
+                at = " at " + ", ".join(at[:3]) + (", ..." if len(at) > 3 else "") if at else ""
+                lines.append("  %s: %s x%d%s%s" % (path, op, cnt, " (%s)" % why if why else "",
+                                                   at))
             lines += ["  " + p for p in problems]
             raise ExportError("\n".join(lines))
         out = [n for n in nodes if n.op == "output"][0].args[0]
@@ -301,7 +315,31 @@ class _Convert:
                 else "(model)"
         key = (path, op, why)
         self.unmapped[key] = self.unmapped.get(key, 0) + 1
+        line = _user_line(n)
+        if line and line not in self.where.setdefault(key, []):
+            self.where[key].append(line)
         self.vals[n] = _Poison()
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+
+
+def _user_line(n):
+    """The innermost frame of the node's stack trace outside torch, inside the traced step:
+    the model code's file:line. None when the trace reaches hp_export's own step function
+    first (what autograd made: the backward) or make_fx kept no trace."""
+    for line in (getattr(n, "stack_trace", None) or "").splitlines():
+        m = _FRAME.match(line)
+        if not m:
+            continue
+        f = os.path.abspath(m.group(1))
+        if f.startswith(_OWN_DIR):
+            return None
+        if not f.startswith(_TORCH_DIR):
+            return "%s:%s" % (m.group(1), m.group(2))
+    return None
 
 
 class _Skip(Exception):

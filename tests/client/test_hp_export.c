@@ -228,6 +228,17 @@ Test(hp_export, unsupported_op_lists_every_one_and_writes_nothing) {
     cr_expect_eq(rc, 1, "exit %d:\n%s", rc, msg);
     cr_expect(strstr(msg, "conv: aten.convolution x1"), "%s", msg);
     cr_expect(strstr(msg, "(backward): aten.convolution_backward x1"), "%s", msg);
+    /* the forward op names the model's own line (make_fx's stack trace) */
+    char src[320], want[400];
+    snprintf(src, sizeof src, "%s/tests/client/export_ref.py", hp_th_source_dir());
+    char *text = hp_th_slurp_or_empty(src);
+    const char *at = strstr(text, "x = self.conv(");
+    cr_assert(at, "export_ref.py changed: no conv call");
+    int line = 1;
+    for (const char *p = text; p < at; p++) line += *p == '\n';
+    snprintf(want, sizeof want, "conv: aten.convolution x1 at %s:%d\n", src, line);
+    cr_expect(strstr(msg, want), "want '%s' in:\n%s", want, msg);
+    free(text);
     free(msg);
     snprintf(job, sizeof job, "%s/conv.pb", dir);
     struct stat st;
