@@ -199,6 +199,40 @@ Test(hp_export, llama_in_torchtitan_fqns_trains_like_hp_llama3) {
     }
 }
 
+/* TP placements by FQN apply to an exported job: the GPT-2 MLP column-parallel (c_fc weight and
+ * bias Shard(0)) and row-parallel (c_proj weight Shard(1)) at tp=2 trains to the world-1 run's
+ * losses and weights. */
+Test(hp_export, gpt_mlp_tp_2_plan_matches_world_1) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    snprintf(args, sizeof args, "export '%s' torch --steps %d", dir, STEPS);
+    int rc = ref(args);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    snprintf(args, sizeof args,
+             "export '%s' torch --as tp --steps %d --mesh tp=2 "
+             "--place 'transformer.h.*.mlp.c_fc.weight=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_fc.bias=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_proj.weight=tp:S(1)'",
+             dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (tp) failed:\n%s", hp_th_slurp_or_empty(out));
+    hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-tp.pb'", dir);
+    cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+    cr_expect(strstr(r.out, "{tp:S(0)} -> f32[64,32]"), "c_fc column-parallel: %s", r.out);
+    cr_expect(strstr(r.out, "{tp:S(1)} -> f32[32,64]"), "c_proj row-parallel: %s", r.out);
+    cr_expect(strstr(r.out, "communication on mesh dim tp (2 ranks): "), "%s", r.out);
+    hp_th_run_free(&r);
+    train_hp("job-torch.pb", "w1", 1);
+    train_hp("job-tp.pb", "tp2", 2);
+    char w1[320], tp2[320];
+    snprintf(w1, sizeof w1, "%s/w1", dir);
+    snprintf(tp2, sizeof tp2, "%s/tp2", dir);
+    cr_assert_eq(hp_th_read_losses(tp2, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(w1, tp2, 0, 1e-5, "tp=2");
+    hp_th_expect_weights_close(w1, tp2, 1e-7, 1e-4, "tp=2");
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024], out[320];
