@@ -2,7 +2,8 @@
  * per-rank (SPMD) graph and Program, with a report of what each pass did.
  *
  * The order is one readable list in passes/pipeline.c:
- *   dce → canonicalize → fuse_attention → fsdp → overlap → bucketing → (memory plan + lowering: hp_lower)
+ *   dce → canonicalize → fuse_attention → fsdp → overlap → bucketing
+ *   → (memory plan + lowering: hp_lower)
  * Between passes the verifier runs (always: it costs a few ms on the 405B graph;
  * HP_VERIFY_PASSES=0 turns it off); each pass reports nodes in/out, collectives after it,
  * bytes moved per step and its time; the IR after a pass is dumped as $HP_DUMP_DIR/NN-<pass>.hpir
