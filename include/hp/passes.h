@@ -62,8 +62,7 @@ hp_status hp_pass_dce(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_e
 hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 /* The unfused causal attention of exported models into the fused op (canonicalize_attention.c):
  * expects a canonicalized graph, returns one. */
-hp_status hp_pass_fuse_attention(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
-                                 hp_err *err);
+hp_status hp_pass_fuse_attention(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);

@@ -131,6 +131,13 @@ Test(hp_export, gpt_attention_fuses_and_trains_like_unfused) {
                                 "_scaled_dot_product_flash_attention"),
                   "%s: %s", modes[i], r.out);
         hp_th_run_free(&r);
+        r = hp_th_hpctl(dir, 60, "plan '%s/job-%s.pb' --json", dir, modes[i]);
+        cr_assert_eq(r.code, 0, "hpctl plan --json: %s", r.err);
+        cr_expect(strstr(r.out, "\"name\": \"fuse_attention\"") &&
+                      strstr(r.out, "\"fused_attention\": 2") &&
+                      strstr(r.out, "\"fused_attention_backward\": 2"),
+                  "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
         r = hp_th_hpctl(dir, 60, "plan '%s/job-%s-unfused.pb'", dir, modes[i]);
         cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
         cr_expect(strstr(r.out, "\nfuse_attention no "), "%s: %s", modes[i], r.out);
