@@ -10,7 +10,9 @@
  *   forward   O3 = bmm(view(P), view(v4))            P = _softmax(M, dim=3)
  *             M  = where(~tril(ones[T,S]), fill, X)   or where(tril(ones), X, fill)
  *                  fill a scalar full() <= -1e30 (-inf as masked_fill writes it); the mask
- *                  [T, S], possibly viewed/expanded to leading 1s and broadcast
+ *                  [T, S], possibly viewed/expanded to leading 1s and broadcast, or
+ *                  tril(ones) == 0 (any dtype), or the top-left [T, T] corner of a larger
+ *                  tril(ones) (nanoGPT's bias[:, :, :T, :T] == 0)
  *             X  = mul_scalar(S4, scale) | div(S4, full(c)) (scale 1/c) | S4 (scale 1)
  *             S4 = view(bmm(view(q4), view(kt4)))     [B,H,T,S]
  *   backward  dP = view(bmm(dO3, transpose(view(v4))))
@@ -124,13 +126,39 @@ static hp_value strip_leading(const hp_graph *g, hp_value v) {
     return v;
 }
 
-/* Is v tril(ones [T, T]) with diagonal 0 (true on and below the diagonal)? */
+/* Is v tril(ones [N, N]) with diagonal 0 (nonzero on and below the diagonal), or its top-left
+ * [T, T] corner (slices from 0 of the last two dims: nanoGPT's bias[:, :, :T, :T]), with its
+ * last two dims [T, T]? Any dtype. */
 static bool causal_keep(const hp_graph *g, hp_value v, int64_t T) {
     v = strip_leading(g, v);
+    const hp_type *t = hp_graph_type(g, v);
+    if (t->rank < 2 || t->shape[t->rank - 1] != T || t->shape[t->rank - 2] != T) return false;
+    while (is(g, v, HP_OP_SLICE)) {
+        const hp_node *s = nd(g, v);
+        int rank = s->out[0].rank;
+        int64_t dim = hp_node_int(s, HP_ATTR_DIM, -1);
+        if ((dim != rank - 1 && dim != rank - 2) || hp_node_int(s, HP_ATTR_START, -1) != 0 ||
+            hp_node_int(s, HP_ATTR_STEP, 1) != 1)
+            return false;
+        v = strip_leading(g, s->in[0]);
+    }
     if (!is(g, v, HP_OP_TRIL) || hp_node_int(nd(g, v), HP_ATTR_DIAGONAL, 0) != 0) return false;
-    const hp_type *t = &nd(g, v)->out[0];
-    if (t->dtype != HP_BOOL || t->rank != 2 || t->shape[0] != T || t->shape[1] != T) return false;
+    t = &nd(g, v)->out[0];
+    if (t->rank != 2 || t->shape[0] != t->shape[1] || t->shape[0] < T) return false;
     return is(g, nd(g, v)->in[0], HP_OP_ONES);
+}
+
+/* Is v the drop mask of a causal keep mask: ~keep (bool), or keep == 0? */
+static bool causal_drop(const hp_graph *g, hp_value v, int64_t T) {
+    v = strip_leading(g, v);
+    if (is(g, v, HP_OP_BITWISE_NOT))
+        return hp_graph_type(g, v)->dtype == HP_BOOL && causal_keep(g, nd(g, v)->in[0], T);
+    if (!is(g, v, HP_OP_EQ)) return false;
+    double z;
+    for (int k = 0; k < 2; k++)
+        if (scalar_full(g, nd(g, v)->in[1 - k], &z) && z == 0 && causal_keep(g, nd(g, v)->in[k], T))
+            return true;
+    return false;
 }
 
 /* where(cond, a, b) masking x causally with fill: *mask gets cond, *keep_first whether cond is
@@ -139,10 +167,9 @@ static bool causal_where(const hp_graph *g, const hp_node *w, int64_t T, hp_valu
                          hp_value *fill, hp_value *mask, bool *keep_first) {
     if (w->op != HP_OP_WHERE) return false;
     hp_value c = w->in[0];
-    hp_value cs = strip_leading(g, c);
-    if (causal_keep(g, c, T)) {
+    if (hp_graph_type(g, c)->dtype == HP_BOOL && causal_keep(g, c, T)) {
         *keep_first = true, *x = w->in[1], *fill = w->in[2];
-    } else if (is(g, cs, HP_OP_BITWISE_NOT) && causal_keep(g, nd(g, cs)->in[0], T)) {
+    } else if (causal_drop(g, c, T)) {
         *keep_first = false, *x = w->in[2], *fill = w->in[1];
     } else {
         return false;

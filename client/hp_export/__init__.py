@@ -79,6 +79,14 @@ def _init_spec(t):
     return "normal(%s,%s)" % (hpir._float(x.mean().item()), hpir._float(std))
 
 
+def _is_causal_tril(t):
+    """A [1, ..., 1, T, T] buffer of tril(ones): a causal mask."""
+    if t.dim() < 2 or t.shape[-1] != t.shape[-2] or any(s != 1 for s in t.shape[:-2]):
+        return False
+    n = t.shape[-1]
+    return bool((t.reshape(n, n) == torch.tril(torch.ones(n, n, dtype=t.dtype))).all())
+
+
 def _buffer_init(name, t):
     x = t.detach()
     if x.numel() == 0 or bool((x == 0).all()):
@@ -260,6 +268,7 @@ class _Convert:
             raise ExportError("the traced graph has %d inputs, expected %d parameters, %d buffers "
                               "and tokens, labels" % (len(phs), np_, nb))
         problems = []
+        causal = []  # buffers holding a causal mask: computed in the graph instead
         for k, n in enumerate(phs):
             r = self.results[n]
             t = (dtype_name(r.dtype), tuple(r.shape))
@@ -269,13 +278,27 @@ class _Convert:
             elif k < np_ + nb:
                 fqn, b = cap.buffers[k - np_]
                 try:
-                    a = {"kind": "buffer", "fqn": fqn, "init": _buffer_init(fqn, b)}
+                    if _is_causal_tril(b):
+                        causal.append((n, b))
+                        a = {"kind": "buffer", "fqn": fqn, "init": "zeros"}
+                    else:
+                        a = {"kind": "buffer", "fqn": fqn, "init": _buffer_init(fqn, b)}
                 except Unsupported as e:
                     problems.append(str(e))
                     a = {"kind": "buffer", "fqn": fqn}
             else:
                 a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
             self.vals[n] = self.g.node("placeholder", [], [t], a)
+        for n, b in causal:
+            # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)): the same
+            # values as tril(ones) in the graph, which the compiler can see is causal (and
+            # fuse the attention reading it); the placeholder stays, unused
+            d, s = dtype_name(b.dtype), b.shape[-1]
+            m = self.g.node("ones", [], [(d, (s, s))], {"shape": [s, s], "dtype": d})
+            m = self.g.node("tril", [m], [(d, (s, s))])
+            if b.dim() != 2:
+                m = self.g.node("view", [m], [(d, tuple(b.shape))], {"shape": list(b.shape)})
+            self.vals[n] = m
         for n in nodes:
             if n.op in ("placeholder", "output"):
                 continue

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
 
-  export_ref.py export DIR AUTODIFF [--as NAME] [HPCTL FLAGS...]  exports the GPT-2-style
-                  model below with hp_export (autodiff torch | hp) to DIR/job-AUTODIFF.pb (or
-                  DIR/job-NAME.pb), its weights to DIR/init.safetensors
+  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [HPCTL FLAGS...]  exports the
+                  GPT-2-style model below with hp_export (autodiff torch | hp) to
+                  DIR/job-AUTODIFF.pb (or DIR/job-NAME.pb), its weights to
+                  DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer
   export_ref.py train DIR STEPS                      trains the same model from
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
@@ -74,6 +75,26 @@ class Attention(nn.Module):
         return self.c_proj(y)
 
 
+class BiasAttention(Attention):
+    """nanoGPT's own form: the causal mask a buffer, compared with 0 (hp_export computes it in
+    the graph, so the attention still fuses)."""
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(b, t, H, c // H).transpose(1, 2)
+        k = k.view(b, t, H, c // H).transpose(1, 2)
+        v = v.view(b, t, H, c // H).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()
@@ -85,9 +106,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, attn=Attention):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(C), Attention()
+        self.ln_1, self.attn = nn.LayerNorm(C), attn()
         self.ln_2, self.mlp = nn.LayerNorm(C), MLP()
 
     def forward(self, x):
@@ -96,11 +117,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    def __init__(self, attn=Attention):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(0.0),
-            h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+            h=nn.ModuleList([Block(attn) for _ in range(L)]), ln_f=nn.LayerNorm(C)))
         self.lm_head = nn.Linear(C, V, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied
 
@@ -113,9 +134,9 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
-def make():
+def make(attn=Attention):
     torch.manual_seed(1234)
-    m = GPT()
+    m = GPT(attn)
     with torch.no_grad():  # non-trivial norms, so their gradients are tested too
         for n, p in m.named_parameters():
             if "ln" in n:
@@ -147,11 +168,13 @@ def batch(d):
 
 
 def do_export(d, autodiff, flags):
-    name = autodiff
+    name, attn = autodiff, Attention
     if flags[:1] == ["--as"]:
         name, flags = flags[1], flags[2:]
+    if flags[:1] == ["--bias-buffer"]:  # nanoGPT's registered causal mask
+        attn, flags = BiasAttention, flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
-    hp_export.export(make(), (x, x.clone()), hp_export.default_loss,
+    hp_export.export(make(attn), (x, x.clone()), hp_export.default_loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
                      autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
                      train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,

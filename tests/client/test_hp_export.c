@@ -240,6 +240,32 @@ Test(hp_export, gpt_mlp_tp_2_plan_matches_world_1) {
     hp_th_expect_weights_close(w1, tp2, 1e-7, 1e-4, "tp=2");
 }
 
+/* nanoGPT's own mask, a tril(ones) buffer compared with 0: hp_export computes it in the graph,
+ * the attention fuses, and the job trains like the mask-in-forward model. */
+Test(hp_export, gpt_with_nanogpt_bias_buffer_fuses_too) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    snprintf(args, sizeof args, "export '%s' torch --steps %d", dir, STEPS);
+    int rc = ref(args);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    snprintf(args, sizeof args, "export '%s' torch --as bias --bias-buffer --steps %d", dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (bias buffer) failed:\n%s", hp_th_slurp_or_empty(out));
+    hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-bias.pb'", dir);
+    cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+    cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards"), "%s",
+              r.out);
+    hp_th_run_free(&r);
+    train_hp("job-torch.pb", "plain", 1);
+    train_hp("job-bias.pb", "bias", 1);
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/plain", dir);
+    snprintf(b, sizeof b, "%s/bias", dir);
+    cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(a, b, 0, 1e-6, "bias buffer");
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024], out[320];

@@ -27,7 +27,9 @@ typedef enum variant {
     PLAIN,        /* where(~tril, -inf, s * scale), as masked_fill records it */
     KEEP_DIV,     /* where(tril, s / sqrt(D), -inf), the mask viewed to [1, 1, T, T] */
     FORWARD_ONLY, /* no backward: the output is the attention itself */
+    CORNER_EQ0,   /* nanoGPT: bias[:, :, :T, :T] == 0, bias = tril(ones(8, 8)).view(1, 1, 8, 8) */
     /* negatives: must not fuse */
+    CORNER_OFF,   /* the same corner starting at row 1: not causal */
     TRIL_OFFSET,  /* tril(ones, diagonal=1): a query sees one key ahead */
     MASK_INPUT,   /* the mask is a data input (its values unknown) */
     SCALE_TENSOR, /* scaled by a parameter (a learned temperature) */
@@ -91,7 +93,21 @@ static hp_graph *build(variant var) {
     hp_attr diag = hp_attr_int(HP_ATTR_DIAGONAL, var == TRIL_OFFSET ? 1 : 0);
     keep = hp_build(g, HP_OP_TRIL, &keep, 1, &diag, 1);
     hp_value fill = full(g, var == FILL_ZERO ? 0.0 : -INFINITY), w;
-    if (var == KEEP_DIV) {
+    if (var == CORNER_EQ0 || var == CORNER_OFF) {
+        int64_t nn[2] = {8, 8}, b4[4] = {1, 1, 8, 8};
+        hp_attr fa[2] = {hp_attr_ints(HP_ATTR_SHAPE, 2, nn), hp_attr_dtype(HP_ATTR_DTYPE, HP_F32)};
+        hp_value bias = hp_build(g, HP_OP_ONES, NULL, 0, fa, 2);
+        bias = view(g, hp_build(g, HP_OP_TRIL, &bias, 1, NULL, 0), 4, b4);
+        for (int d = 2; d < 4; d++) {
+            int64_t s0 = var == CORNER_OFF && d == 2 ? 1 : 0;
+            hp_attr sa[3] = {hp_attr_int(HP_ATTR_DIM, d), hp_attr_int(HP_ATTR_START, s0),
+                             hp_attr_int(HP_ATTR_END, s0 + T)};
+            bias = hp_build(g, HP_OP_SLICE, &bias, 1, sa, 3);
+        }
+        hp_value eq[2] = {bias, full(g, 0.0)};
+        hp_value wi[3] = {hp_build(g, HP_OP_EQ, eq, 2, NULL, 0), fill, x};
+        w = hp_build(g, HP_OP_WHERE, wi, 3, NULL, 0);
+    } else if (var == KEEP_DIV) {
         hp_value wi[3] = {view(g, keep, 4, m4), x, fill};
         w = hp_build(g, HP_OP_WHERE, wi, 3, NULL, 0);
     } else {
@@ -211,9 +227,14 @@ Test(fuse_attention, forward_only) {
     fuse(FORWARD_ONLY, 1, 0);
 }
 
+Test(fuse_attention, corner_of_a_float_tril_buffer_eq_0) {
+    fuse(CORNER_EQ0, 1, 1);
+}
+
 Test(fuse_attention, mask_not_causal_tril_does_not_fuse) {
     fuse(TRIL_OFFSET, 0, 0);
     fuse(MASK_INPUT, 0, 0);
+    fuse(CORNER_OFF, 0, 0);
 }
 
 Test(fuse_attention, scale_by_a_tensor_does_not_fuse) {
