@@ -77,6 +77,8 @@ static void new_usage(FILE *f) {
           "  --bucket-mb X         collective bucket size in MiB (0: no bucketing; default 25)\n"
           "  --prefetch N          all-gathers in flight ahead of their use (default 1)\n"
           "  --no-overlap          do not reorder communication behind compute\n"
+          "  --no-fuse-attention   keep an exported model's unfused attention (bmm, mask,\n"
+          "                        softmax, bmm) as it is, not the fused flash attention\n"
           "  --place PAT=DIM:PL[,..]  place the inputs a glob matches, e.g.\n"
           "                        'layers.*.attention.wq.weight=tp:S(0)' (R, S(d), P(sum)); "
           "repeatable\n"
@@ -252,6 +254,20 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
         }
         if (!strcmp(a, "--no-overlap")) {
             job->passes.enable_overlap = false;
+            continue;
+        }
+        if (!strcmp(a, "--no-fuse-attention")) {
+            hp_pass_config *pc = &job->passes;
+            int k = 0;
+            while (k < pc->n_switches && strcmp(pc->switches[k].name, "fuse_attention")) k++;
+            if (k == pc->n_switches) {
+                if (k == HP_PASS_MAX)
+                    return hpctl_fail(HPCTL_USAGE, verb, "%s: more than %d pass switches", a,
+                                      HP_PASS_MAX);
+                pc->n_switches++;
+            }
+            snprintf(pc->switches[k].name, sizeof pc->switches[k].name, "fuse_attention");
+            pc->switches[k].enabled = false;
             continue;
         }
         if (!strcmp(a, "--no-reshard-after-forward")) {

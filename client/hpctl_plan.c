@@ -172,6 +172,14 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         printf("%-16s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
                out, r->collectives, HUMAN(r->comm_bytes), r->ran ? SECONDS(r->seconds) : "-");
     }
+    for (int i = 0; i < c->n_passes; i++) {
+        const hp_pass_report *r = &c->passes[i];
+        if (r->fused_attention || r->fused_attention_backward)
+            printf("%s: fused %d causal attention%s and %d backward%s into "
+                   "_scaled_dot_product_flash_attention\n",
+                   r->name, r->fused_attention, r->fused_attention == 1 ? "" : "s",
+                   r->fused_attention_backward, r->fused_attention_backward == 1 ? "" : "s");
+    }
     if (c->n_warnings) {
         printf("\nwarnings\n");
         for (int i = 0; i < c->n_warnings; i++) printf("  %s\n", c->warnings[i]);
@@ -252,10 +260,12 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         json_array_append_new(passes,
-                              json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f}", "name", r->name,
-                                        "ran", r->ran, "nodes_in", r->nodes_in, "nodes_out",
-                                        r->nodes_out, "collectives", r->collectives, "comm_bytes",
-                                        (json_int_t)r->comm_bytes, "seconds", r->seconds));
+                              json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i}", "name",
+                                        r->name, "ran", r->ran, "nodes_in", r->nodes_in,
+                                        "nodes_out", r->nodes_out, "collectives", r->collectives,
+                                        "comm_bytes", (json_int_t)r->comm_bytes, "seconds",
+                                        r->seconds, "fused_attention", r->fused_attention,
+                                        "fused_attention_backward", r->fused_attention_backward));
     }
     for (int i = 0; i < c->n_warnings; i++)
         json_array_append_new(warnings, json_string(c->warnings[i]));

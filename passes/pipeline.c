@@ -175,6 +175,7 @@ static const hp__pass_entry pipeline[] = {
     /* name           pass                   runs by default when (passes.switches override) */
     {"dce", hp_pass_dce, always},
     {"canonicalize", hp_pass_canonicalize, always},
+    {"fuse_attention", hp_pass_fuse_attention, always},
     {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on},
     {"spmd", pass_spmd, placed},
     {"fsdp", hp_pass_fsdp, multi_rank},

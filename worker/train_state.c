@@ -113,14 +113,19 @@ static hp_status copy_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err
     return HP_OK;
 }
 
+/* Every parameter from the file, and the buffers it holds (an exported model's state: RoPE
+ * tables and the like; a buffer the file lacks keeps its init). Replicated buffers take the
+ * whole tensor, as parameters take their boxes. */
 hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
     hp_st_file *f = NULL;
     HP_TRY(hp_st_open(path, &f, err));
     hp_status st = HP_OK;
-    for (int i = 0; i < t->prog->n_params && st == HP_OK; i++) {
+    for (int i = 0; i < t->prog->n_params + t->prog->n_bufs && st == HP_OK; i++) {
         const hp_param_slot *ps = &t->prog->params[i];
-        const hp_st_tensor *w;
-        if ((st = hp_st_get(f, ps->fqn, &w, err)) != HP_OK) break;
+        bool buffer = i >= t->prog->n_params;
+        const hp_st_tensor *w = buffer ? hp_st_find(f, ps->fqn) : NULL;
+        if (buffer && (!w || ps->global.dtype != HP_F32)) continue; /* f32 state only */
+        if (!buffer && (st = hp_st_get(f, ps->fqn, &w, err)) != HP_OK) break;
         bool same = w->rank == ps->global.rank;
         for (int d = 0; same && d < w->rank; d++) same = w->shape[d] == ps->global.shape[d];
         if (!same) {
@@ -140,7 +145,8 @@ hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
             if (!isfinite(full[k])) /* training from it would only ever report loss NaN */
                 st = hp_errf(err, HP_INVALID, "%s: tensor '%s' holds %g at element %lld", path,
                              ps->fqn, (double)full[k], (long long)k);
-        copy_ctx c = {t, hp__train_param(t, i), full, true};
+        float *dst = buffer ? hp_exec_ptr(t->ex, ps->buffer) : hp__train_param(t, i);
+        copy_ctx c = {t, dst, full, true};
         if (st == HP_OK) st = hp__train_param_runs(t, i, t->rank, copy_run, &c, err);
         hp_free(full);
     }

@@ -19,6 +19,7 @@ and the module it came from; nothing is written then.
 import collections
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -78,6 +79,14 @@ def _init_spec(t):
     return "normal(%s,%s)" % (hpir._float(x.mean().item()), hpir._float(std))
 
 
+def _is_causal_tril(t):
+    """A [1, ..., 1, T, T] buffer of tril(ones): a causal mask."""
+    if t.dim() < 2 or t.shape[-1] != t.shape[-2] or any(s != 1 for s in t.shape[:-2]):
+        return False
+    n = t.shape[-1]
+    return bool((t.reshape(n, n) == torch.tril(torch.ones(n, n, dtype=t.dtype))).all())
+
+
 def _buffer_init(name, t):
     x = t.detach()
     if x.numel() == 0 or bool((x == 0).all()):
@@ -88,8 +97,12 @@ def _buffer_init(name, t):
         return "constant(%s)" % hpir._float(x.flatten()[0].item())
     if bool((x.flatten() == torch.arange(x.numel(), dtype=x.dtype)).all()):
         return "arange"
-    raise Unsupported("buffer '%s' holds values hp cannot recreate yet (a constant or "
-                      "arange only); compute it in forward instead" % name)
+    if not x.is_floating_point():
+        raise Unsupported("buffer '%s' holds integers hp cannot recreate (a constant or "
+                          "arange only); compute it in forward instead" % name)
+    # any other values (RoPE's cos/sin tables): the weights file holds them and hp-worker
+    # loads buffers from --init-from as it does parameters; the spec is for runs without it
+    return _init_spec(x)
 
 
 # ---- capture ---------------------------------------------------------------------------------
@@ -112,8 +125,16 @@ class _ModulePaths:
         tracer = getattr(mode, "tracer", None)
         return getattr(tracer, "graph", None)
 
+    @staticmethod
+    def _tracer():
+        mode = _pd._get_current_dispatch_mode()
+        return getattr(mode, "tracer", None)
+
     def _pre(self, name):
         def hook(mod, inp):
+            tracer = self._tracer()
+            if tracer is not None:  # node.stack_trace: the user's line for error messages
+                tracer.record_stack_traces = True
             g = self._graph()
             self.starts.append(len(g.nodes) if g is not None else None)
         return hook
@@ -195,6 +216,7 @@ class _Convert:
         self.vals = {}
         self.results = {}
         self.unmapped = collections.OrderedDict()  # (path, op, reason) -> count
+        self.where = {}  # (path, op, reason) -> the user's file:line of each, in order
 
     # the context aten_map's entries see
     def value_of(self, a):
@@ -246,6 +268,7 @@ class _Convert:
             raise ExportError("the traced graph has %d inputs, expected %d parameters, %d buffers "
                               "and tokens, labels" % (len(phs), np_, nb))
         problems = []
+        causal = []  # buffers holding a causal mask: computed in the graph instead
         for k, n in enumerate(phs):
             r = self.results[n]
             t = (dtype_name(r.dtype), tuple(r.shape))
@@ -255,13 +278,27 @@ class _Convert:
             elif k < np_ + nb:
                 fqn, b = cap.buffers[k - np_]
                 try:
-                    a = {"kind": "buffer", "fqn": fqn, "init": _buffer_init(fqn, b)}
+                    if _is_causal_tril(b):
+                        causal.append((n, b))
+                        a = {"kind": "buffer", "fqn": fqn, "init": "zeros"}
+                    else:
+                        a = {"kind": "buffer", "fqn": fqn, "init": _buffer_init(fqn, b)}
                 except Unsupported as e:
                     problems.append(str(e))
                     a = {"kind": "buffer", "fqn": fqn}
             else:
                 a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
             self.vals[n] = self.g.node("placeholder", [], [t], a)
+        for n, b in causal:
+            # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)): the same
+            # values as tril(ones) in the graph, which the compiler can see is causal (and
+            # fuse the attention reading it); the placeholder stays, unused
+            d, s = dtype_name(b.dtype), b.shape[-1]
+            m = self.g.node("ones", [], [(d, (s, s))], {"shape": [s, s], "dtype": d})
+            m = self.g.node("tril", [m], [(d, (s, s))])
+            if b.dim() != 2:
+                m = self.g.node("view", [m], [(d, tuple(b.shape))], {"shape": list(b.shape)})
+            self.vals[n] = m
         for n in nodes:
             if n.op in ("placeholder", "output"):
                 continue
@@ -280,8 +317,12 @@ class _Convert:
                 self._fail(n, aten_map.op_name(n.target), str(e))
         if problems or self.unmapped:
             lines = ["the model uses what hp cannot run yet (nothing was written):"]
-            for (path, op, why), cnt in self.unmapped.items():
-                lines.append("  %s: %s x%d%s" % (path, op, cnt, " (%s)" % why if why else ""))
+            for key, cnt in self.unmapped.items():
+                path, op, why = key
+                at = self.where.get(key, [])
+                at = " at " + ", ".join(at[:3]) + (", ..." if len(at) > 3 else "") if at else ""
+                lines.append("  %s: %s x%d%s%s" % (path, op, cnt, " (%s)" % why if why else "",
+                                                   at))
             lines += ["  " + p for p in problems]
             raise ExportError("\n".join(lines))
         out = [n for n in nodes if n.op == "output"][0].args[0]
@@ -297,7 +338,31 @@ class _Convert:
                 else "(model)"
         key = (path, op, why)
         self.unmapped[key] = self.unmapped.get(key, 0) + 1
+        line = _user_line(n)
+        if line and line not in self.where.setdefault(key, []):
+            self.where[key].append(line)
         self.vals[n] = _Poison()
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in ')
+
+
+def _user_line(n):
+    """The innermost frame of the node's stack trace outside torch, inside the traced step:
+    the model code's file:line. None when the trace reaches hp_export's own step function
+    first (what autograd made: the backward) or make_fx kept no trace."""
+    for line in (getattr(n, "stack_trace", None) or "").splitlines():
+        m = _FRAME.match(line)
+        if not m:
+            continue
+        f = os.path.abspath(m.group(1))
+        if f.startswith(_OWN_DIR):
+            return None
+        if not f.startswith(_TORCH_DIR):
+            return "%s:%s" % (m.group(1), m.group(2))
+    return None
 
 
 class _Skip(Exception):

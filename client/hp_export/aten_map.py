@@ -7,6 +7,12 @@ Most entries are one-to-one (hp's op names follow ATen). The others:
   detach, alias, dropout p=0          fold away (the value itself)
   _reshape_alias, _unsafe_view        view (hp values are contiguous: a reshape)
   split, split_with_sizes             one slice per piece
+  select, unbind                      slice(s) of one, the dim viewed away
+  stack                               cat of the inputs viewed with the new dim
+  empty_like                          zeros (its values are never defined: written before read)
+  fill_, add_/sub_/mul_/div_          functional (full, add, ...) when nothing reads the
+                                      overwritten input afterwards (make_fx's decompositions
+                                      of silu_backward); refused otherwise
   masked_fill.Scalar                  where(mask, full(value), x)
   div by a scalar, eq.Scalar          the scalar as a 0-d full
   add/sub/mul by a scalar             add_scalar / mul_scalar
@@ -209,6 +215,76 @@ def _split(cx, node, args, kw):
     return _Split(cx, x, dim, bounds, cx.types_of(node))
 
 
+def _select_of(cx, x, dim, i, t):
+    n = x.shape[dim]
+    i = i + n if i < 0 else i
+    if not 0 <= i < n:
+        raise Unsupported("index %d out of range for dim %d of size %d" % (i, dim, n))
+    shape = list(x.shape)
+    shape[dim] = 1
+    s = cx.g.node("slice", [x], [(x.dtype, tuple(shape))], {"dim": dim, "start": i, "end": i + 1})
+    return cx.g.node("view", [s], [t], {"shape": t[1]})
+
+
+def _select(cx, node, args, kw):
+    x = cx.v(args[0])
+    return _select_of(cx, x, args[1] % len(x.shape), args[2], _t(cx, node))
+
+
+class _Unbind:
+    """An unbind's pieces, each a select emitted when getitem asks for it."""
+    def __init__(self, cx, x, dim, types):
+        self.cx, self.x, self.dim, self.types = cx, x, dim, types
+        self.done = {}
+
+    def __getitem__(self, k):
+        if k not in self.done:
+            self.done[k] = _select_of(self.cx, self.x, self.dim, k, self.types[k])
+        return self.done[k]
+
+
+def _unbind(cx, node, args, kw):
+    x = cx.v(args[0])
+    dim = args[1] if len(args) > 1 else kw.get("dim", 0)
+    return _Unbind(cx, x, dim % len(x.shape), cx.types_of(node))
+
+
+def _stack(cx, node, args, kw):
+    dim = args[1] if len(args) > 1 else kw.get("dim", 0)
+    t = _t(cx, node)
+    dim = dim % len(t[1])
+    parts = []
+    for a in args[0]:
+        x = cx.v(a)
+        shape = list(x.shape)
+        shape.insert(dim, 1)
+        parts.append(cx.g.node("view", [x], [(x.dtype, tuple(shape))], {"shape": shape}))
+    if len(parts) == 1:
+        return parts[0]
+    return cx.g.node("cat", parts, [t], {"dim": dim})
+
+
+def _inplace(f):
+    """An in-place op as its functional form: right only when nothing reads the input it
+    overwrites after it (make_fx keeps the mutation, so a later reader would see new values)."""
+    def g(cx, node, args, kw):
+        target = args[0]
+        if _is_node(target):
+            at = cx._order[node]
+            for u in target.users:
+                if u is not node and cx._order[u] > at:
+                    raise Unsupported("in place on a value read afterwards")
+        return f(cx, node, args, kw)
+    return g
+
+
+def _fill(cx, node, args, kw):
+    t = _t(cx, node)
+    if not isinstance(args[1], (int, float, bool)):
+        raise Unsupported("a tensor fill value")
+    return cx.g.node("full", [], [t], {"shape": t[1], "value": float(args[1]), "dtype": t[0]})
+
+
 def _cat(cx, node, args, kw):
     dim = args[1] if len(args) > 1 else kw.get("dim", 0)
     return cx.g.node("cat", [cx.v(a) for a in args[0]], [_t(cx, node)], {"dim": dim})
@@ -401,6 +477,15 @@ TABLE = {
     aten.split.Tensor: _split,
     aten.split_with_sizes.default: _split,
     aten.cat.default: _cat,
+    aten.select.int: _select,
+    aten.unbind.int: _unbind,
+    aten.stack.default: _stack,
+    aten.empty_like.default: _like("zeros"),
+    aten.fill_.Scalar: _inplace(_fill),
+    aten.add_.Tensor: _inplace(_binary("add", "add_scalar")),
+    aten.sub_.Tensor: _inplace(_binary("sub", None)),
+    aten.mul_.Tensor: _inplace(_binary("mul", "mul_scalar")),
+    aten.div_.Tensor: _inplace(_binary("div", None)),
     aten.add.Tensor: _binary("add", "add_scalar"),
     aten.sub.Tensor: _binary("sub", None),
     aten.mul.Tensor: _binary("mul", "mul_scalar"),

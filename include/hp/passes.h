@@ -2,7 +2,8 @@
  * per-rank (SPMD) graph and Program, with a report of what each pass did.
  *
  * The order is one readable list in passes/pipeline.c:
- *   dce → canonicalize → fsdp → overlap → bucketing → (memory plan + lowering: hp_lower)
+ *   dce → canonicalize → fuse_attention → fsdp → overlap → bucketing
+ *   → (memory plan + lowering: hp_lower)
  * Between passes the verifier runs (always: it costs a few ms on the 405B graph;
  * HP_VERIFY_PASSES=0 turns it off); each pass reports nodes in/out, collectives after it,
  * bytes moved per step and its time; the IR after a pass is dumped as $HP_DUMP_DIR/NN-<pass>.hpir
@@ -33,6 +34,9 @@ typedef struct hp_pass_report {
     int64_t comm_bytes; /* per rank per step, summed hp_collective_bytes of its collectives */
     double seconds;
     bool ran; /* false: disabled by the pass config */
+    /* fuse_attention: unfused causal attentions (bmm, scale, mask, softmax, bmm) it made fused
+     * attention forwards, and how many of their backwards it fused with them */
+    int fused_attention, fused_attention_backward;
 } hp_pass_report;
 
 /* Everything a pass may read: the job (plan, pass config), the world size, and where to put
@@ -56,6 +60,9 @@ void hp_pass_warn(hp_pass_ctx *ctx, const char *fmt, ...) __attribute__((format(
 /* The passes, each usable alone (tests call them directly). */
 hp_status hp_pass_dce(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+/* The unfused causal attention of exported models into the fused op (canonicalize_attention.c):
+ * expects a canonicalized graph, returns one. */
+hp_status hp_pass_fuse_attention(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 /* The mixed-precision policy (plan.param_dtype / reduce_dtype) on a per-rank graph (1-D FSDP
  * or DDP, world 1, or placed by spmd): passes/mixed_precision.c. */

@@ -1,19 +1,28 @@
 #!/usr/bin/python3
 """tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
 
-  export_ref.py export DIR AUTODIFF [HPCTL FLAGS...]  exports the GPT-2-style model below with
-                  hp_export (autodiff torch | hp) to DIR/job-AUTODIFF.pb, its weights to
-                  DIR/init.safetensors
+  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [HPCTL FLAGS...]  exports the
+                  GPT-2-style model below with hp_export (autodiff torch | hp) to
+                  DIR/job-AUTODIFF.pb (or DIR/job-NAME.pb), its weights to
+                  DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer
   export_ref.py train DIR STEPS                      trains the same model from
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
                   and DIR/ref/model.safetensors (the final weights)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
+  export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
+                  to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
 
 The model is nanoGPT's shape, written here: learned positions, LayerNorm with bias, a
 GELU-tanh MLP, causal attention with a mask computed in forward (no buffer), lm_head tied to
-the token embedding. Exit 3 when torch is missing.
+the token embedding. The Llama is torchtitan's, written here with its FQNs (tok_embeddings,
+layers.N.attention.wq/wk/wv/wo, feed_forward.w1/w2/w3, attention_norm, ffn_norm, norm,
+output): RMSNorm as x * rsqrt(mean(x^2) + eps) * w, RoPE on adjacent pairs (torchtitan's
+complex form written with real cos/sin tables, buffers precomputed as torchtitan precomputes
+freqs_cis, since torch 1.13's make_fx cannot carry complex values into hp), grouped-query
+attention through repeat_kv, the attention unfused (torch 1.13 has no
+scaled_dot_product_attention), SwiGLU. Exit 3 when torch is missing.
 """
 import json
 import math
@@ -66,6 +75,26 @@ class Attention(nn.Module):
         return self.c_proj(y)
 
 
+class BiasAttention(Attention):
+    """nanoGPT's own form: the causal mask a buffer, compared with 0 (hp_export computes it in
+    the graph, so the attention still fuses)."""
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, x):
+        b, t, c = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(b, t, H, c // H).transpose(1, 2)
+        k = k.view(b, t, H, c // H).transpose(1, 2)
+        v = v.view(b, t, H, c // H).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.c_proj(y)
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()
@@ -77,9 +106,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, attn=Attention):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(C), Attention()
+        self.ln_1, self.attn = nn.LayerNorm(C), attn()
         self.ln_2, self.mlp = nn.LayerNorm(C), MLP()
 
     def forward(self, x):
@@ -88,11 +117,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    def __init__(self, attn=Attention):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(0.0),
-            h=nn.ModuleList([Block() for _ in range(L)]), ln_f=nn.LayerNorm(C)))
+            h=nn.ModuleList([Block(attn) for _ in range(L)]), ln_f=nn.LayerNorm(C)))
         self.lm_head = nn.Linear(C, V, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied
 
@@ -105,9 +134,9 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
-def make():
+def make(attn=Attention):
     torch.manual_seed(1234)
-    m = GPT()
+    m = GPT(attn)
     with torch.no_grad():  # non-trivial norms, so their gradients are tested too
         for n, p in m.named_parameters():
             if "ln" in n:
@@ -139,9 +168,14 @@ def batch(d):
 
 
 def do_export(d, autodiff, flags):
+    name, attn = autodiff, Attention
+    if flags[:1] == ["--as"]:
+        name, flags = flags[1], flags[2:]
+    if flags[:1] == ["--bias-buffer"]:  # nanoGPT's registered causal mask
+        attn, flags = BiasAttention, flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
-    hp_export.export(make(), (x, x.clone()), hp_export.default_loss,
-                     out="%s/job-%s.pb" % (d, autodiff), weights=d + "/init.safetensors",
+    hp_export.export(make(attn), (x, x.clone()), hp_export.default_loss,
+                     out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
                      autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
                      train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
                             "log_interval": 1},
@@ -185,6 +219,128 @@ def do_conv(d):
     return 0
 
 
+# ---- the Llama, torchtitan's FQNs ---------------------------------------------------------
+
+LV, LDIM, LNH, LNKV, LL, LFFN = V, 64, 4, 2, 2, 96
+LEPS, LTHETA = 1e-5, 500000.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        x = x.float()
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + LEPS)).type_as(x) * self.weight
+
+
+def precompute_freqs(dim, end, theta):
+    """torchtitan's precompute_freqs_cis as (cos, sin) of its angles."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: dim // 2].float() / dim))
+    f = torch.outer(torch.arange(end, dtype=torch.float32), freqs)
+    return torch.cos(f), torch.sin(f)
+
+
+def apply_rotary_emb(x, cos, sin):
+    """torchtitan's rotation of adjacent pairs (x[2i], x[2i+1]) by position * freqs[i]."""
+    b, t, h, d = x.shape
+    a, c = x.float().reshape(b, t, h, d // 2, 2).unbind(-1)
+    cos, sin = cos[:t].view(1, t, 1, d // 2), sin[:t].view(1, t, 1, d // 2)
+    out = torch.stack((a * cos - c * sin, a * sin + c * cos), dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+def repeat_kv(x, n_rep):
+    bs, slen, n_kv, hd = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, :, None, :].expand(bs, slen, n_kv, n_rep, hd).reshape(bs, slen, n_kv * n_rep, hd)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hd = LDIM // LNH
+        self.wq = nn.Linear(LDIM, LNH * self.hd, bias=False)
+        self.wk = nn.Linear(LDIM, LNKV * self.hd, bias=False)
+        self.wv = nn.Linear(LDIM, LNKV * self.hd, bias=False)
+        self.wo = nn.Linear(LNH * self.hd, LDIM, bias=False)
+
+    def forward(self, x, cos, sin):
+        bs, t, _ = x.shape
+        xq = self.wq(x).view(bs, t, LNH, self.hd)
+        xk = self.wk(x).view(bs, t, LNKV, self.hd)
+        xv = self.wv(x).view(bs, t, LNKV, self.hd)
+        xq, xk = apply_rotary_emb(xq, cos, sin), apply_rotary_emb(xk, cos, sin)
+        keys, values = repeat_kv(xk, LNH // LNKV), repeat_kv(xv, LNH // LNKV)
+        q, k, v = xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
+        att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+        return self.wo((att @ v).transpose(1, 2).contiguous().view(bs, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(LDIM, LFFN, bias=False)
+        self.w2 = nn.Linear(LFFN, LDIM, bias=False)
+        self.w3 = nn.Linear(LDIM, LFFN, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention, self.feed_forward = LlamaAttention(), FeedForward()
+        self.attention_norm, self.ffn_norm = RMSNorm(LDIM), RMSNorm(LDIM)
+
+    def forward(self, x, cos, sin):
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(LV, LDIM)
+        cos, sin = precompute_freqs(LDIM // LNH, T, LTHETA)
+        self.register_buffer("freqs_cos", cos)
+        self.register_buffer("freqs_sin", sin)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock() for i in range(LL)})
+        self.norm = RMSNorm(LDIM)
+        self.output = nn.Linear(LDIM, LV, bias=False)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers.values():
+            h = layer(h, self.freqs_cos, self.freqs_sin)
+        return self.output(self.norm(h))
+
+
+def make_llama():
+    torch.manual_seed(7)
+    m = Llama()
+    with torch.no_grad():  # non-trivial norms, so their gradients are tested too
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn(p.shape))
+    return m
+
+
+def do_llama(d, autodiff, flags):
+    x = torch.zeros(B, T, dtype=torch.int64)
+    hp_export.export(make_llama(), (x, x.clone()), hp_export.default_loss,
+                     out="%s/job-llama-%s.pb" % (d, autodiff), weights=d + "/llama.safetensors",
+                     autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
+                     train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
+                            "log_interval": 1},
+                     extra_args=flags)
+
+
 def main():
     torch.set_num_threads(1)
     mode, d = sys.argv[1], sys.argv[2]
@@ -194,6 +350,8 @@ def main():
         do_train(d, int(sys.argv[3]))
     elif mode == "conv":
         return do_conv(d)
+    elif mode == "llama":
+        do_llama(d, sys.argv[3], sys.argv[4:])
     return 0
 
 

@@ -107,6 +107,165 @@ Test(hp_export, gpt_both_ways_trains_like_pytorch) {
     }
 }
 
+/* The exported GPT-2's attention (make_fx's bmm, scale, masked_fill, softmax, bmm and their
+ * backward) is fused by the compiler's fuse_attention pass in both capture modes, `hpctl plan`
+ * says so, and the fused job trains to the unfused one's losses (--no-fuse-attention) within
+ * 1e-5. */
+Test(hp_export, gpt_attention_fuses_and_trains_like_unfused) {
+    write_tokens();
+    const char *modes[] = {"torch", "hp"};
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args, "export '%s' %s --steps %d", dir, modes[i], STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "export (%s) failed:\n%s", modes[i], hp_th_slurp_or_empty(out));
+        snprintf(args, sizeof args, "export '%s' %s --as %s-unfused --steps %d --no-fuse-attention",
+                 dir, modes[i], modes[i], STEPS);
+        cr_assert_eq(ref(args), 0, "export (%s, unfused) failed:\n%s", modes[i],
+                     hp_th_slurp_or_empty(out));
+        hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-%s.pb'", dir, modes[i]);
+        cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+        cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards into "
+                                "_scaled_dot_product_flash_attention"),
+                  "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        r = hp_th_hpctl(dir, 60, "plan '%s/job-%s.pb' --json", dir, modes[i]);
+        cr_assert_eq(r.code, 0, "hpctl plan --json: %s", r.err);
+        cr_expect(strstr(r.out, "\"name\": \"fuse_attention\"") &&
+                      strstr(r.out, "\"fused_attention\": 2") &&
+                      strstr(r.out, "\"fused_attention_backward\": 2"),
+                  "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        r = hp_th_hpctl(dir, 60, "plan '%s/job-%s-unfused.pb'", dir, modes[i]);
+        cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+        cr_expect(strstr(r.out, "\nfuse_attention no "), "%s: %s", modes[i], r.out);
+        cr_expect(!strstr(r.out, "fused 2 causal"), "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        char job[64], run[64], fused_dir[320], unfused_dir[320];
+        snprintf(job, sizeof job, "job-%s.pb", modes[i]);
+        snprintf(run, sizeof run, "fused-%s", modes[i]);
+        train_hp(job, run, 1);
+        snprintf(fused_dir, sizeof fused_dir, "%s/%s", dir, run);
+        snprintf(job, sizeof job, "job-%s-unfused.pb", modes[i]);
+        snprintf(run, sizeof run, "unfused-%s", modes[i]);
+        train_hp(job, run, 1);
+        snprintf(unfused_dir, sizeof unfused_dir, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(fused_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(unfused_dir, fused_dir, 0, 1e-5, modes[i]);
+        hp_th_expect_weights_close(unfused_dir, fused_dir, 1e-7, 1e-4, modes[i]);
+    }
+}
+
+/* A Llama written in PyTorch with torchtitan's FQNs (RMSNorm, RoPE from cos/sin buffers,
+ * grouped-query attention, SwiGLU; export_ref.py), exported both ways, trains 10 steps to the
+ * losses and weights of hp's own llama3 builder at the same shape from the same weights; its
+ * attention is fused like the builder's. */
+Test(hp_export, llama_in_torchtitan_fqns_trains_like_hp_llama3) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    const char *modes[] = {"torch", "hp"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args, "llama '%s' %s --steps %d", dir, modes[i], STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "llama export (%s) failed:\n%s", modes[i], hp_th_slurp_or_empty(out));
+    }
+    /* hp's builder at the model's shape, from the exported state (the buffers are ignored) */
+    hp_th_run r = hp_th_hpctl(dir, 60,
+                              "new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 "
+                              "--kv-heads 2 --ffn-hidden 96 --vocab %d --batch %d --seq %d "
+                              "--steps %d --lr 1e-3 --warmup 2 --weight-decay 0.1 --grad-clip 1 "
+                              "--log-interval 1 --init-from '%s/llama.safetensors' -o '%s/own.pb'",
+                              V, B, T, STEPS, dir, dir);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    hp_th_run_free(&r);
+    train_hp("own.pb", "own", 1);
+    char own_dir[320];
+    snprintf(own_dir, sizeof own_dir, "%s/own", dir);
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        char job[64], run[64], run_dir[320];
+        snprintf(job, sizeof job, "job-llama-%s.pb", modes[i]);
+        snprintf(run, sizeof run, "llama-%s", modes[i]);
+        r = hp_th_hpctl(dir, 60, "inspect '%s/%s'", dir, job);
+        cr_assert_eq(r.code, 0, "hpctl inspect: %s", r.err);
+        cr_expect(strstr(r.out, "21 params, 2 buffers, 2 data"), "%s", r.out);
+        hp_th_run_free(&r);
+        r = hp_th_hpctl(dir, 60, "plan '%s/%s'", dir, job);
+        cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+        cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards"),
+                  "%s: %s", modes[i], r.out);
+        hp_th_run_free(&r);
+        train_hp(job, run, 1);
+        snprintf(run_dir, sizeof run_dir, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(run_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(own_dir, run_dir, 0, 1e-5, modes[i]);
+        hp_th_expect_weights_close(own_dir, run_dir, 1e-7, 1e-4, modes[i]);
+    }
+}
+
+/* TP placements by FQN apply to an exported job: the GPT-2 MLP column-parallel (c_fc weight and
+ * bias Shard(0)) and row-parallel (c_proj weight Shard(1)) at tp=2 trains to the world-1 run's
+ * losses and weights. */
+Test(hp_export, gpt_mlp_tp_2_plan_matches_world_1) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    snprintf(args, sizeof args, "export '%s' torch --steps %d", dir, STEPS);
+    int rc = ref(args);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    snprintf(args, sizeof args,
+             "export '%s' torch --as tp --steps %d --mesh tp=2 "
+             "--place 'transformer.h.*.mlp.c_fc.weight=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_fc.bias=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_proj.weight=tp:S(1)'",
+             dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (tp) failed:\n%s", hp_th_slurp_or_empty(out));
+    hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-tp.pb'", dir);
+    cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+    cr_expect(strstr(r.out, "{tp:S(0)} -> f32[64,32]"), "c_fc column-parallel: %s", r.out);
+    cr_expect(strstr(r.out, "{tp:S(1)} -> f32[32,64]"), "c_proj row-parallel: %s", r.out);
+    cr_expect(strstr(r.out, "communication on mesh dim tp (2 ranks): "), "%s", r.out);
+    hp_th_run_free(&r);
+    train_hp("job-torch.pb", "w1", 1);
+    train_hp("job-tp.pb", "tp2", 2);
+    char w1[320], tp2[320];
+    snprintf(w1, sizeof w1, "%s/w1", dir);
+    snprintf(tp2, sizeof tp2, "%s/tp2", dir);
+    cr_assert_eq(hp_th_read_losses(tp2, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(w1, tp2, 0, 1e-5, "tp=2");
+    hp_th_expect_weights_close(w1, tp2, 1e-7, 1e-4, "tp=2");
+}
+
+/* nanoGPT's own mask, a tril(ones) buffer compared with 0: hp_export computes it in the graph,
+ * the attention fuses, and the job trains like the mask-in-forward model. */
+Test(hp_export, gpt_with_nanogpt_bias_buffer_fuses_too) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    snprintf(args, sizeof args, "export '%s' torch --steps %d", dir, STEPS);
+    int rc = ref(args);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    snprintf(args, sizeof args, "export '%s' torch --as bias --bias-buffer --steps %d", dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (bias buffer) failed:\n%s", hp_th_slurp_or_empty(out));
+    hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-bias.pb'", dir);
+    cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+    cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards"), "%s",
+              r.out);
+    hp_th_run_free(&r);
+    train_hp("job-torch.pb", "plain", 1);
+    train_hp("job-bias.pb", "bias", 1);
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/plain", dir);
+    snprintf(b, sizeof b, "%s/bias", dir);
+    cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(a, b, 0, 1e-6, "bias buffer");
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024], out[320];
@@ -136,6 +295,17 @@ Test(hp_export, unsupported_op_lists_every_one_and_writes_nothing) {
     cr_expect_eq(rc, 1, "exit %d:\n%s", rc, msg);
     cr_expect(strstr(msg, "conv: aten.convolution x1"), "%s", msg);
     cr_expect(strstr(msg, "(backward): aten.convolution_backward x1"), "%s", msg);
+    /* the forward op names the model's own line (make_fx's stack trace) */
+    char src[320], want[400];
+    snprintf(src, sizeof src, "%s/tests/client/export_ref.py", hp_th_source_dir());
+    char *text = hp_th_slurp_or_empty(src);
+    const char *at = strstr(text, "x = self.conv(");
+    cr_assert(at, "export_ref.py changed: no conv call");
+    int line = 1;
+    for (const char *p = text; p < at; p++) line += *p == '\n';
+    snprintf(want, sizeof want, "conv: aten.convolution x1 at %s:%d\n", src, line);
+    cr_expect(strstr(msg, want), "want '%s' in:\n%s", want, msg);
+    free(text);
     free(msg);
     snprintf(job, sizeof job, "%s/conv.pb", dir);
     struct stat st;

@@ -259,8 +259,8 @@ static const bad_case bad_cases[] = {
     {"train.local_batch: 3 x 2 data-parallel ranks = 6, but the graph's data input 'tokens' is "
      "[8, 8] (global batch 8)",
      e_graph_batch},
-    {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, loss_parallel, "
-     "spmd, fsdp, mixed_precision, overlap, bucketing)",
+    {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, fuse_attention, "
+     "loss_parallel, spmd, fsdp, mixed_precision, overlap, bucketing)",
      e_switch_unknown},
 };
 

@@ -77,10 +77,10 @@ static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
 
 /* The structural invariants of any compile. */
 static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
-    static const char *const names[] = {"dce",     "canonicalize", "loss_parallel",
-                                        "spmd",    "fsdp",         "mixed_precision",
-                                        "overlap", "bucketing",    "lower"};
-    cr_assert_eq(c->n_passes, 9);
+    static const char *const names[] = {
+        "dce",  "canonicalize",    "fuse_attention", "loss_parallel", "spmd",
+        "fsdp", "mixed_precision", "overlap",        "bucketing",     "lower"};
+    cr_assert_eq(c->n_passes, 10);
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         cr_expect_str_eq(r->name, names[i]);
@@ -524,7 +524,7 @@ Test(pipeline, dumps_by_name) {
         struct stat st;
         cr_expect(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
     }
-    snprintf(path, sizeof path, "%s/05-fsdp.hpir", dir);
+    snprintf(path, sizeof path, "%s/06-fsdp.hpir", dir);
     cr_expect_neq(access(path, F_OK), 0, "fsdp did not run, yet it was dumped");
     /* the canonicalize dump is the graph that pass produced (lowering starts from it) */
     hp_graph *g = NULL;
