@@ -184,6 +184,9 @@ static Hp__V1__ParallelPlan *export_plan(exporter *x, const hp_plan *p) {
     m->mode = TO_PB(modes, p->mode);
     m->reshard_after_forward = p->reshard_after_forward;
     m->loss_parallel = p->loss_parallel;
+    if (p->device_profile[0])
+        m->device_profile = xstr(x, p->device_profile, sizeof p->device_profile);
+    m->gpus_per_node = p->gpus_per_node;
     Hp__V1__MemoryBudget *b;
     XNEW(x, b, hp__v1__memory_budget__init);
     if (b) {
@@ -409,6 +412,9 @@ static hp_status import_plan(const Hp__V1__ParallelPlan *m, hp_plan *p, hp_err *
     FROM_PB(modes, m->mode, &p->mode, "plan.mode");
     p->reshard_after_forward = m->reshard_after_forward;
     p->loss_parallel = m->loss_parallel;
+    HP_TRY(copy_str(m->device_profile, p->device_profile, sizeof p->device_profile,
+                    "plan.device_profile", err));
+    p->gpus_per_node = m->gpus_per_node;
     p->mem_low = m->param_memory_budget ? m->param_memory_budget->low : 0.0;
     p->mem_high = m->param_memory_budget ? m->param_memory_budget->high : 1.0;
 

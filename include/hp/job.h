@@ -83,6 +83,10 @@ typedef struct hp_plan {
     /* Loss parallel: the cross entropy runs on vocab-sharded logits over the mesh dim "tp"
      * (the loss_parallel pass; the mesh must have that dim). */
     bool loss_parallel;
+    /* The cost model's device profile (hp/autoshard.h): "cpu", "h100", "h200", "a100"; "": by
+     * the job's device. gpus_per_node: ranks per node (0: the profile's default). */
+    char device_profile[16];
+    int gpus_per_node;
 } hp_plan;
 
 /* ---- the compiler's pass config -------------------------------------------------------------- */
