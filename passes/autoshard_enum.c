@@ -490,7 +490,10 @@ static hp_status placeholder_strats(enum_ctx *e, int c, hp_err *err) {
         int regions = a->v.reshard ? e->fwd_use[p] + e->bwd_use[p] : 1;
         s.gather_s = g * (regions ? regions : 1);
         if (param) {
-            s.mem_bytes = local_bytes(a, t, s.store);
+            /* the budget counts the split bytes, padding aside (a 1/N budget is FSDP's) */
+            s.mem_bytes = cl->bytes;
+            for (int i = 0; i < nd; i++)
+                if (s.store[i].kind == HP_PLACE_SHARD) s.mem_bytes /= (double)a->mesh.size[i];
             s.opt_s = s.mem_bytes / (double)hp_dtype_size(t->dtype) * 28.0 / a->prof.mem_bw;
         }
         HP_TRY(add_strat(a, &s, err));
@@ -685,8 +688,14 @@ static double grad_cost(const hp_autoshard *a, const hp_type *t, const hp_placem
         }
     }
     if (!gathered) return hp__as_move(a, t, have, st);
-    /* the storage may be padded: priced at the real extent */
-    return hp__as_move(a, t, have, pre) + hp__as_move(a, t, pre, st);
+    /* the gathered storage may be uneven: the gradient is padded before the reduce-scatter */
+    hp_type padded = *t;
+    for (int i = 0; i < nd; i++)
+        if (!hp_placement_eq(st[i], cp[i]) && st[i].dim < padded.rank) {
+            int64_t m = a->mesh.size[i], *len = &padded.shape[st[i].dim];
+            *len = (*len + m - 1) / m * m;
+        }
+    return hp__as_move(a, t, have, pre) + hp__as_move(a, &padded, pre, st);
 }
 
 static hp_status build_edge(hp_autoshard *a, as_edge *e, hp_err *err) {

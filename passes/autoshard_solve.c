@@ -198,6 +198,9 @@ static int solve(glp_prob *lp, const hp_autoshard_opts *opts, cb_state *cb) {
     double tl = opts && opts->time_limit_s > 0 ? opts->time_limit_s : 60;
     parm.tm_lim = (int)fmin(tl * 1000, 2e9);
     parm.mip_gap = opts && opts->mip_gap >= 0 ? opts->mip_gap : 1e-4;
+    parm.fp_heur = GLP_ON; /* a feasible plan early: the feasibility pump */
+    parm.ps_heur = GLP_ON; /* and proximity search around it */
+    parm.ps_tm_lim = 2000;
     parm.cb_func = callback;
     parm.cb_info = cb;
     return glp_intopt(lp, &parm);
@@ -232,45 +235,246 @@ static hp_status infeasible(hp_autoshard *a, const hp_autoshard_opts *opts, hp_e
                    "redistributes every value they fix)");
 }
 
+/* ---- the solve ----------------------------------------------------------------------------
+ *
+ * Without a binding budget the LP relaxation is integral in practice (its strategies and flows
+ * are a network), so one simplex solves it. A budget row breaks that and GLPK's branch and
+ * bound stalls on it; so first a Lagrangian search prices the parameter bytes (lambda per byte,
+ * bisected until the cheapest plan at that price fits the budget), each step a warm simplex
+ * re-solve, keeping the cheapest plan that fits as the incumbent and max L(lambda) as the lower
+ * bound. Only when their gap exceeds the requested MIP gap does glp_intopt continue, from that
+ * incumbent, within the time limit. */
+
+typedef struct plan_state {
+    int *assign;   /* [n_cls] the deciders' strategies */
+    double cost;   /* modelled seconds */
+    double mem;    /* parameter bytes a rank holds */
+    bool feasible; /* every edge priced and the budget met */
+} plan_state;
+
+static void evaluate(const hp_autoshard *a, plan_state *p, double lo, double hi, bool with_budget) {
+    double k = 0, m = 0;
+    for (int c = 0; c < a->n_cls; c++) {
+        const as_class *cl = &a->cls[c];
+        if (cl->leader >= 0) continue;
+        k += a->lunary[cl->strat0 + p->assign[c]];
+        if (cl->param) m += cl->count * a->st[cl->strat0 + p->assign[c]].mem_bytes;
+    }
+    for (int e = 0; e < a->n_ledges; e++) {
+        const as_edge *ed = &a->ledges[e];
+        k += ed->count * ed->cost[ed->p_of[p->assign[ed->cu]] * ed->n_q + ed->q_of[p->assign[ed->cv]]];
+    }
+    p->cost = k;
+    p->mem = m;
+    p->feasible = isfinite(k) && (!with_budget || (m >= lo && m <= hi));
+}
+
+/* The current LP solution's strategies (the largest x of each class); integral tells whether
+ * it was a 0/1 solution. */
+static void read_lp(const hp_autoshard *a, glp_prob *lp, int *assign, bool *integral) {
+    *integral = true;
+    for (int c = 0; c < a->n_cls; c++) {
+        const as_class *cl = &a->cls[c];
+        if (cl->leader >= 0) continue;
+        double best = -1;
+        for (int s = 0; s < cl->n_strat; s++) {
+            double v = glp_get_col_prim(lp, cl->col0 + s);
+            if (v > 1e-6 && v < 1 - 1e-6) *integral = false;
+            if (v > best) best = v, assign[c] = s;
+        }
+    }
+}
+
+static void set_price(const hp_autoshard *a, glp_prob *lp, double lambda) {
+    for (int c = 0; c < a->n_cls; c++) {
+        const as_class *cl = &a->cls[c];
+        if (cl->leader >= 0) continue;
+        for (int s = 0; s < cl->n_strat; s++) {
+            double u = a->lunary[cl->strat0 + s];
+            if (!isfinite(u)) continue;
+            double m = cl->param ? cl->count * a->st[cl->strat0 + s].mem_bytes : 0;
+            glp_set_obj_coef(lp, cl->col0 + s, US * u + lambda * m);
+        }
+    }
+}
+
+static int simplex(glp_prob *lp, bool presolve) {
+    glp_smcp sp;
+    glp_init_smcp(&sp);
+    sp.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ON : GLP_MSG_OFF;
+    sp.presolve = presolve ? GLP_ON : GLP_OFF;
+    int r = glp_simplex(lp, &sp);
+    if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
+    if (r != 0 && !presolve) { /* a warm basis gone bad: from scratch */
+        glp_adv_basis(lp, 0);
+        r = glp_simplex(lp, &sp);
+        if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
+    }
+    return r;
+}
+
+typedef struct heur_state {
+    cb_state cb;
+    const double *x; /* [n_cols + 1] the incumbent, fed to the search once */
+    bool fed;
+} heur_state;
+
+static void heur_callback(glp_tree *t, void *info) {
+    heur_state *h = info;
+    if (glp_ios_reason(t) == GLP_IHEUR && h->x && !h->fed) {
+        glp_ios_heur_sol(t, h->x);
+        h->fed = true;
+    }
+    callback(t, &h->cb);
+}
+
+/* The incumbent as a full column vector (x and the flows it implies). */
+static double *as_columns(const hp_autoshard *a, glp_prob *lp, const int *assign) {
+    int n = glp_get_num_cols(lp);
+    double *x = hp_calloc((size_t)n + 1, sizeof *x);
+    if (!x) return NULL;
+    for (int c = 0; c < a->n_cls; c++)
+        if (a->cls[c].leader < 0) x[a->cls[c].col0 + assign[c]] = 1;
+    for (int e = 0; e < a->n_ledges; e++) {
+        const as_edge *ed = &a->ledges[e];
+        int want = ed->p_of[assign[ed->cu]] * ed->n_q + ed->q_of[assign[ed->cv]], col = ed->col0;
+        for (int i = 0; i < ed->n_p * ed->n_q; i++) {
+            if (!isfinite(ed->cost[i])) continue;
+            if (i == want) x[col] = 1;
+            col++;
+        }
+    }
+    return x;
+}
+
 hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err) {
     glp_prob *lp = glp_create_prob();
     if (!lp) return hp_errf(err, HP_NOMEM, "autoshard: out of memory");
-    double t0 = now_s();
+    double t0 = now_s(), gap_want = opts && opts->mip_gap >= 0 ? opts->mip_gap : 0.02;
     hp_status st = build(a, lp, true, err);
     double t1 = now_s();
     a->stats.build_s = t1 - t0;
     a->stats.presolved_rows = a->stats.presolved_cols = -1;
-    cb_state cb = {0};
-    int ret = st == HP_OK ? solve(lp, opts, &cb) : 0;
+    double lo = 0, hi = INFINITY;
+    bool has_budget = budget(a, &lo, &hi);
+    int brow = has_budget ? glp_get_num_rows(lp) : 0;
+    plan_state cur = {.assign = hp_calloc((size_t)a->n_cls + 1, sizeof(int))};
+    plan_state best = {.assign = hp_calloc((size_t)a->n_cls + 1, sizeof(int)), .cost = INFINITY};
+    if (st == HP_OK && (!cur.assign || !best.assign))
+        st = hp_errf(err, HP_NOMEM, "autoshard: out of memory");
+    double bound = -INFINITY; /* seconds: no plan that meets every constraint is cheaper */
+    bool integral = false, lp_ok = false;
+    if (st == HP_OK) {
+        if (brow) glp_set_row_bnds(lp, brow, GLP_FR, 0, 0); /* priced instead, below */
+        lp_ok = simplex(lp, true) == 0;
+        if (lp_ok) {
+            read_lp(a, lp, cur.assign, &integral);
+            evaluate(a, &cur, lo, hi, has_budget);
+            double lpobj = glp_get_obj_val(lp) / US;
+            if (!has_budget || cur.feasible) bound = lpobj;
+            if (cur.feasible) best.cost = INFINITY;
+            if (cur.feasible && cur.cost < best.cost) {
+                best.cost = cur.cost, best.mem = cur.mem, best.feasible = true;
+                memcpy(best.assign, cur.assign, (size_t)a->n_cls * sizeof(int));
+            }
+            /* the budget binds: price the bytes (lambda > 0 when over high, < 0 under low) */
+            if (has_budget && isfinite(cur.cost) && !cur.feasible) {
+                double sign = cur.mem > hi ? 1 : -1, target = sign > 0 ? hi : lo;
+                double l0 = 0, l1 = US * 1e-9; /* microseconds per byte */
+                bool found = false;
+                for (int it = 0; it < 60 && lp_ok; it++) {
+                    double lam = found ? 0.5 * (l0 + l1) : l1;
+                    set_price(a, lp, sign * lam);
+                    if (!(lp_ok = simplex(lp, false) == 0)) break;
+                    read_lp(a, lp, cur.assign, &integral);
+                    evaluate(a, &cur, lo, hi, true);
+                    /* L(lambda) = min(cost + lambda (mem - target)) <= the constrained optimum */
+                    double L = (glp_get_obj_val(lp) - sign * lam * target) / US;
+                    if (integral) bound = fmax(bound, L);
+                    if (cur.feasible && cur.cost < best.cost) {
+                        best.cost = cur.cost, best.mem = cur.mem, best.feasible = true;
+                        memcpy(best.assign, cur.assign, (size_t)a->n_cls * sizeof(int));
+                    }
+                    bool fits = sign > 0 ? cur.mem <= hi : cur.mem >= lo;
+                    if (fits) {
+                        l1 = lam;
+                        found = true;
+                    } else if (found) {
+                        l0 = lam;
+                    } else {
+                        l0 = l1;
+                        l1 *= 4;
+                    }
+                    if (found && (l1 - l0) <= 1e-3 * l1) break;
+                    if (best.feasible && best.cost - bound <= gap_want * best.cost) break;
+                }
+                set_price(a, lp, 0);
+            }
+        }
+        if (brow) glp_set_row_bnds(lp, brow, lo > 0 ? GLP_DB : GLP_UP, lo, hi);
+    }
+    bool done = st == HP_OK && best.feasible && isfinite(bound) &&
+                best.cost - bound <= gap_want * best.cost && (has_budget || integral);
+    int ret = 0, status = GLP_UNDEF;
+    heur_state hs = {0};
+    double *x0 = NULL;
+    if (st == HP_OK && !done) { /* branch and bound from the incumbent */
+        if (brow) lp_ok = simplex(lp, true) == 0;
+        if (lp_ok && best.feasible) x0 = as_columns(a, lp, best.assign);
+        hs.x = x0;
+        glp_iocp parm;
+        glp_init_iocp(&parm);
+        parm.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ALL : GLP_MSG_OFF; /* GLPK's log */
+        parm.presolve = lp_ok ? GLP_OFF : GLP_ON;
+        double tl = opts && opts->time_limit_s > 0 ? opts->time_limit_s : 5;
+        parm.tm_lim = (int)fmin(fmax(tl - (now_s() - t1), 0.1) * 1000, 2e9);
+        parm.mip_gap = gap_want;
+        parm.fp_heur = best.feasible ? GLP_OFF : GLP_ON;
+        parm.cb_func = heur_callback;
+        parm.cb_info = &hs;
+        ret = glp_intopt(lp, &parm);
+        status = ret == 0 || ret == GLP_ETMLIM ? glp_mip_status(lp) : GLP_UNDEF;
+        if (status == GLP_OPT || status == GLP_FEAS) {
+            for (int c = 0; c < a->n_cls; c++) {
+                const as_class *cl = &a->cls[c];
+                if (cl->leader >= 0) continue;
+                for (int s = 0; s < cl->n_strat; s++)
+                    if (glp_mip_col_val(lp, cl->col0 + s) > 0.5) cur.assign[c] = s;
+            }
+            evaluate(a, &cur, lo, hi, has_budget);
+            if (cur.feasible && cur.cost <= best.cost) {
+                best.cost = cur.cost, best.mem = cur.mem, best.feasible = true;
+                memcpy(best.assign, cur.assign, (size_t)a->n_cls * sizeof(int));
+            }
+            if (status == GLP_OPT) bound = fmax(bound, best.cost * (1 - gap_want));
+            else if (hs.cb.seen) bound = fmax(bound, best.cost * (1 - hs.cb.gap));
+        }
+    }
     a->stats.solve_s = now_s() - t1;
-    int status = st == HP_OK && (ret == 0 || ret == GLP_ETMLIM) ? glp_mip_status(lp) : GLP_UNDEF;
-    if (st == HP_OK && (ret == GLP_ENOPFS || ret == GLP_ENODFS || status == GLP_NOFEAS)) {
+    hp_free(x0);
+    if (st == HP_OK && !best.feasible) {
         glp_delete_prob(lp);
+        hp_free(cur.assign);
+        hp_free(best.assign);
+        if (ret == GLP_ETMLIM)
+            return hp_errf(err, HP_LIMIT,
+                           "autoshard: no plan found within the time limit (glp_intopt %d)", ret);
         return infeasible(a, opts, err);
     }
-    if (st == HP_OK && status != GLP_OPT && status != GLP_FEAS)
-        st = hp_errf(err, ret == GLP_ETMLIM ? HP_LIMIT : HP_INTERNAL,
-                     "autoshard: the solver found no plan (glp_intopt %d, status %d%s)", ret,
-                     status, ret == GLP_ETMLIM ? ": time limit" : "");
     if (st == HP_OK) {
-        a->stats.optimal = status == GLP_OPT;
+        for (int c = 0; c < a->n_cls; c++)
+            if (a->cls[c].leader < 0) a->cls[c].chosen = best.assign[c];
+        hp__as_follow_choices(a);
+        double c, m, o; /* the chosen plan's cost exactly, not GLPK's rounded objective */
+        hp_autoshard_breakdown(a, &c, &m, &o);
+        a->stats.objective_s = c + m + o;
+        a->stats.gap = isfinite(bound) && bound > 0 ? fmax(0, (best.cost - bound) / best.cost) : 1;
+        a->stats.optimal = a->stats.gap <= gap_want + 1e-12;
         a->stats.time_limited = ret == GLP_ETMLIM;
-        a->stats.gap = status == GLP_OPT && !cb.seen ? 0 : cb.seen ? cb.gap : 0;
-        if (status == GLP_OPT && a->stats.gap > (opts && opts->mip_gap >= 0 ? opts->mip_gap : 1e-4))
-            a->stats.gap = opts && opts->mip_gap >= 0 ? opts->mip_gap : 1e-4;
-        a->stats.objective_s = glp_mip_obj_val(lp) / US;
-        for (int c = 0; c < a->n_cls && st == HP_OK; c++) {
-            as_class *cl = &a->cls[c];
-            cl->chosen = -1;
-            if (cl->leader >= 0) continue;
-            for (int s = 0; s < cl->n_strat && cl->chosen < 0; s++)
-                if (glp_mip_col_val(lp, cl->col0 + s) > 0.5) cl->chosen = s;
-            if (cl->chosen < 0)
-                st = hp_errf(err, HP_INTERNAL, "autoshard: the solution leaves class %d unset", c);
-        }
-        if (st == HP_OK) hp__as_follow_choices(a);
     }
     glp_delete_prob(lp);
+    hp_free(cur.assign);
+    hp_free(best.assign);
     return st;
 }
 
@@ -353,7 +557,22 @@ hp_status hp_autoshard_exhaustive(const hp_autoshard *a, int64_t max_nodes, doub
         double mu = cl->leader >= 0 ? 0 : INFINITY, mn = cl->leader >= 0 ? 0 : INFINITY, mx = 0;
         for (int s = 0; cl->leader < 0 && s < cl->n_strat; s++) {
             const as_strat *x = &a->st[cl->strat0 + s];
-            mu = fmin(mu, a->lunary[cl->strat0 + s]);
+            /* what c's choice s costs at least: itself and the edges it closes, each at its
+             * cheapest other end */
+            double lb = a->lunary[cl->strat0 + s];
+            for (int i = 0; i < b.n_in[c]; i++) {
+                const as_edge *ed = &a->ledges[b.in_edges[c][i]];
+                double m = INFINITY;
+                if (ed->cv == c) {
+                    for (int p = 0; p < ed->n_p; p++)
+                        m = fmin(m, ed->cost[p * ed->n_q + ed->q_of[s]]);
+                } else {
+                    for (int q = 0; q < ed->n_q; q++)
+                        m = fmin(m, ed->cost[ed->p_of[s] * ed->n_q + q]);
+                }
+                lb += ed->count * m;
+            }
+            mu = fmin(mu, lb);
             mn = fmin(mn, cl->param ? cl->count * x->mem_bytes : 0);
             mx = fmax(mx, cl->param ? cl->count * x->mem_bytes : 0);
         }
@@ -362,6 +581,20 @@ hp_status hp_autoshard_exhaustive(const hp_autoshard *a, int64_t max_nodes, doub
         b.max_mem[c] = b.max_mem[c + 1] + mx;
     }
     b.budget = st == HP_OK && budget(a, &b.lo, &b.hi);
+    /* the solver's plan, priced here, is the first incumbent: the search then proves that
+     * no assignment is cheaper (or finds one) */
+    if (st == HP_OK && a->cls[0].chosen >= 0) {
+        double k = 0, m = 0;
+        for (int c = 0; c < n; c++) {
+            const as_class *cl = &a->cls[c];
+            if (cl->leader >= 0) continue;
+            b.assign[c] = cl->chosen;
+            k += a->lunary[cl->strat0 + cl->chosen];
+            if (cl->param) m += cl->count * a->st[cl->strat0 + cl->chosen].mem_bytes;
+        }
+        for (int e = 0; e < a->n_ledges; e++) k += edge_cost(a, &a->ledges[e], b.assign);
+        if (isfinite(k) && (!b.budget || (m >= b.lo && m <= b.hi))) b.best = k * (1 + 1e-12);
+    }
     if (st == HP_OK) search(&b, 0, 0, 0);
     if (st == HP_OK && b.visited > max_nodes)
         st = hp_errf(err, HP_UNSUPPORTED,

@@ -51,8 +51,8 @@ hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err);
 
 /* Solver settings. */
 typedef struct hp_autoshard_opts {
-    double time_limit_s; /* 0: 60 s */
-    double mip_gap;      /* relative; < 0: 1e-4; 0: proven optimal */
+    double time_limit_s; /* 0: 5 s */
+    double mip_gap;      /* relative; < 0: 2%; 0: proven optimal */
 } hp_autoshard_opts;
 
 /* What the solve did (hpctl plan --json "solver"). */
