@@ -163,7 +163,9 @@ static hp_status build(hp_autoshard *a, glp_prob *lp, bool with_budget, hp_err *
                 if (ed->p_of[s] == p) ok = rb_add(&r, u->col0 + s, -1);
             if (ok) add_row(lp, &r, GLP_FX, 0, 0);
         }
-        for (int q = 0; q < ed->n_q && ok; q++) {
+        /* the last q row is implied (the p rows and the classes' rows sum to it): left out,
+         * or the simplex meets a singular basis */
+        for (int q = 0; q < ed->n_q - 1 && ok; q++) {
             for (int p = 0; p < ed->n_p && ok; p++)
                 if (colof[p * ed->n_q + q]) ok = rb_add(&r, colof[p * ed->n_q + q], 1);
             for (int s = 0; s < v->n_strat && ok; s++)
@@ -178,9 +180,13 @@ static hp_status build(hp_autoshard *a, glp_prob *lp, bool with_budget, hp_err *
             const as_class *cl = &a->cls[c];
             if (!cl->param) continue;
             for (int s = 0; s < cl->n_strat && ok; s++)
-                ok = rb_add(&r, cl->col0 + s, cl->count * a->st[cl->strat0 + s].mem_bytes);
+                ok = rb_add(&r, cl->col0 + s,
+                            cl->count * a->st[cl->strat0 + s].mem_bytes / a->v.total_param_bytes);
         }
-        if (ok) add_row(lp, &r, lo > 0 ? GLP_DB : GLP_UP, lo, hi);
+        /* in fractions of the parameters' bytes: coefficients near 1 keep the basis sound */
+        if (ok)
+            add_row(lp, &r, lo > 0 ? GLP_DB : GLP_UP, lo / a->v.total_param_bytes,
+                    hi / a->v.total_param_bytes);
     }
     hp_free(r.ind);
     hp_free(r.val);
@@ -292,20 +298,26 @@ static void set_price(const hp_autoshard *a, glp_prob *lp, double lambda) {
         for (int s = 0; s < cl->n_strat; s++) {
             double u = a->lunary[cl->strat0 + s];
             if (!isfinite(u)) continue;
-            double m = cl->param ? cl->count * a->st[cl->strat0 + s].mem_bytes : 0;
+            double m = cl->param ? cl->count * a->st[cl->strat0 + s].mem_bytes / a->v.total_param_bytes
+                                 : 0;
             glp_set_obj_coef(lp, cl->col0 + s, US * u + lambda * m);
         }
     }
 }
 
-static int simplex(glp_prob *lp, bool presolve) {
+/* The LP relaxation by the primal simplex; fresh: from an advanced basis, else warm from the
+ * last one (a new objective keeps it feasible: a few pivots). */
+static int simplex(glp_prob *lp, bool fresh) {
     glp_smcp sp;
     glp_init_smcp(&sp);
     sp.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ON : GLP_MSG_OFF;
-    sp.presolve = presolve ? GLP_ON : GLP_OFF;
+    if (fresh) glp_adv_basis(lp, 0);
     int r = glp_simplex(lp, &sp);
+    if (getenv("HP_AUTOSHARD_TRACE"))
+        fprintf(stderr, "autoshard: simplex%s: %d, status %d\n", fresh ? " (fresh)" : "", r,
+                glp_get_status(lp));
     if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
-    if (r != 0 && !presolve) { /* a warm basis gone bad: from scratch */
+    if (r != 0 && !fresh) { /* a warm basis gone bad: from scratch */
         glp_adv_basis(lp, 0);
         r = glp_simplex(lp, &sp);
         if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
@@ -348,6 +360,7 @@ static double *as_columns(const hp_autoshard *a, glp_prob *lp, const int *assign
 }
 
 hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err) {
+    glp_term_out(getenv("HP_AUTOSHARD_TRACE") ? GLP_ON : GLP_OFF); /* GLPK prints otherwise */
     glp_prob *lp = glp_create_prob();
     if (!lp) return hp_errf(err, HP_NOMEM, "autoshard: out of memory");
     double t0 = now_s(), gap_want = opts && opts->mip_gap >= 0 ? opts->mip_gap : 0.02;
@@ -367,10 +380,16 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     if (st == HP_OK) {
         if (brow) glp_set_row_bnds(lp, brow, GLP_FR, 0, 0); /* priced instead, below */
         lp_ok = simplex(lp, true) == 0;
+        if (getenv("HP_AUTOSHARD_TRACE"))
+            fprintf(stderr, "autoshard: LP without the budget: %s\n", lp_ok ? "solved" : "failed");
         if (lp_ok) {
             read_lp(a, lp, cur.assign, &integral);
             evaluate(a, &cur, lo, hi, has_budget);
             double lpobj = glp_get_obj_val(lp) / US;
+            if (getenv("HP_AUTOSHARD_TRACE"))
+                fprintf(stderr, "autoshard: LP %.6g s, its plan %.6g s, %.4g of the bytes, %s\n",
+                        lpobj, cur.cost, cur.mem / a->v.total_param_bytes,
+                        integral ? "integral" : "fractional");
             if (!has_budget || cur.feasible) bound = lpobj;
             if (cur.feasible) best.cost = INFINITY;
             if (cur.feasible && cur.cost < best.cost) {
@@ -378,9 +397,10 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                 memcpy(best.assign, cur.assign, (size_t)a->n_cls * sizeof(int));
             }
             /* the budget binds: price the bytes (lambda > 0 when over high, < 0 under low) */
-            if (has_budget && isfinite(cur.cost) && !cur.feasible) {
+            if (has_budget && !cur.feasible && (cur.mem > hi || cur.mem < lo)) {
                 double sign = cur.mem > hi ? 1 : -1, target = sign > 0 ? hi : lo;
-                double l0 = 0, l1 = US * 1e-9; /* microseconds per byte */
+                /* microseconds per fraction of the parameters' bytes held */
+                double l0 = 0, l1 = 1e-3 * fmax(glp_get_obj_val(lp), 1);
                 bool found = false;
                 for (int it = 0; it < 60 && lp_ok; it++) {
                     double lam = found ? 0.5 * (l0 + l1) : l1;
@@ -389,13 +409,21 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                     read_lp(a, lp, cur.assign, &integral);
                     evaluate(a, &cur, lo, hi, true);
                     /* L(lambda) = min(cost + lambda (mem - target)) <= the constrained optimum */
-                    double L = (glp_get_obj_val(lp) - sign * lam * target) / US;
+                    double L =
+                        (glp_get_obj_val(lp) - sign * lam * target / a->v.total_param_bytes) / US;
                     if (integral) bound = fmax(bound, L);
                     if (cur.feasible && cur.cost < best.cost) {
                         best.cost = cur.cost, best.mem = cur.mem, best.feasible = true;
                         memcpy(best.assign, cur.assign, (size_t)a->n_cls * sizeof(int));
                     }
                     bool fits = sign > 0 ? cur.mem <= hi : cur.mem >= lo;
+                    if (getenv("HP_AUTOSHARD_TRACE"))
+                        fprintf(stderr,
+                                "autoshard: lambda %.4g us: cost %.6g s, %.4g of the bytes, "
+                                "%s, bound %.6g s%s\n",
+                                sign * lam, cur.cost, cur.mem / a->v.total_param_bytes,
+                                integral ? "integral" : "fractional", bound,
+                                fits ? ", fits" : "");
                     if (fits) {
                         l1 = lam;
                         found = true;
