@@ -37,8 +37,8 @@ static void die(const char *what, const hp_err *err) {
     exit(1);
 }
 
-static hp_job *job_of(const char *flavor, int64_t batch, int64_t seq, int nd, const char *const *names,
-                      const int *sizes) {
+static hp_job *job_of(const char *flavor, int64_t batch, int64_t seq, int nd,
+                      const char *const *names, const int *sizes) {
     hp_job *job = hp_job_new();
     hp_err err = {0};
     char spec[64];
@@ -74,11 +74,15 @@ static void add(hp_job *job, const char *pat, hp_placement a, hp_placement b) {
 /* torchtitan's Llama TP plan on tp, FSDP over dp on the first dim tp leaves whole */
 static void fsdp_x_tp(hp_job *job) {
     hp_placement R = HP_REPLICATE, S0 = HP_SHARD(0), S1 = HP_SHARD(1);
-    static const char *const col[] = {"layers.*.attention.wq.weight", "layers.*.attention.wk.weight",
-                                      "layers.*.attention.wv.weight", "layers.*.feed_forward.w1.weight",
-                                      "layers.*.feed_forward.w3.weight", "output.weight",
+    static const char *const col[] = {"layers.*.attention.wq.weight",
+                                      "layers.*.attention.wk.weight",
+                                      "layers.*.attention.wv.weight",
+                                      "layers.*.feed_forward.w1.weight",
+                                      "layers.*.feed_forward.w3.weight",
+                                      "output.weight",
                                       "tok_embeddings.weight"};
-    static const char *const row[] = {"layers.*.attention.wo.weight", "layers.*.feed_forward.w2.weight"};
+    static const char *const row[] = {"layers.*.attention.wo.weight",
+                                      "layers.*.feed_forward.w2.weight"};
     for (size_t i = 0; i < sizeof col / sizeof *col; i++) add(job, col[i], S1, S0);
     for (size_t i = 0; i < sizeof row / sizeof *row; i++) add(job, row[i], S0, S1);
     add(job, "*norm.weight", S0, R);
@@ -119,11 +123,12 @@ static void print_row(const char *name, const row *r) {
 }
 
 static void print_solver(const row *r) {
-    printf("    end to end %.2f s (enumerate %.2f, build %.2f, solve %.2f, apply %.2f); %d nodes, "
-           "%d classes, %d strategies; ILP %d variables (%d binary), %d constraints; gap %.2f%%%s\n",
-           r->total_s, r->st.enumerate_s, r->st.build_s, r->st.solve_s, r->st.apply_s, r->st.nodes,
-           r->st.classes, r->st.strategies, r->st.variables, r->st.binaries, r->st.constraints,
-           r->st.gap * 100, r->st.time_limited ? " (time limit)" : "");
+    printf(
+        "    end to end %.2f s (enumerate %.2f, build %.2f, solve %.2f, apply %.2f); %d nodes, "
+        "%d classes, %d strategies; ILP %d variables (%d binary), %d constraints; gap %.2f%%%s\n",
+        r->total_s, r->st.enumerate_s, r->st.build_s, r->st.solve_s, r->st.apply_s, r->st.nodes,
+        r->st.classes, r->st.strategies, r->st.variables, r->st.binaries, r->st.constraints,
+        r->st.gap * 100, r->st.time_limited ? " (time limit)" : "");
 }
 
 static const char *const DPTP[] = {"dp", "tp"}, *const DP[] = {"dp"};

@@ -494,6 +494,11 @@ built:;
             goto done;
         }
     }
+    if ((job->plan.mem_low != 0 || job->plan.mem_high != 1) && job->plan.mode != HP_PLAN_AUTO) {
+        rc = hpctl_fail(HPCTL_USAGE, verb,
+                        "--param-memory-budget is honoured by auto-sharding only: add --mode auto");
+        goto done;
+    }
     if (tp_plan && (rc = add_tp_plan(verb, tp_plan, job)) != HPCTL_OK) goto done;
     for (int i = 0; i < n_places; i++)
         if ((rc = add_place(verb, "--place", places[i], job)) != HPCTL_OK) goto done;

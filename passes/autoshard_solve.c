@@ -268,7 +268,8 @@ static void evaluate(const hp_autoshard *a, plan_state *p, double lo, double hi,
     }
     for (int e = 0; e < a->n_ledges; e++) {
         const as_edge *ed = &a->ledges[e];
-        k += ed->count * ed->cost[ed->p_of[p->assign[ed->cu]] * ed->n_q + ed->q_of[p->assign[ed->cv]]];
+        k += ed->count *
+             ed->cost[ed->p_of[p->assign[ed->cu]] * ed->n_q + ed->q_of[p->assign[ed->cv]]];
     }
     p->cost = k;
     p->mem = m;
@@ -298,8 +299,9 @@ static void set_price(const hp_autoshard *a, glp_prob *lp, double lambda) {
         for (int s = 0; s < cl->n_strat; s++) {
             double u = a->lunary[cl->strat0 + s];
             if (!isfinite(u)) continue;
-            double m = cl->param ? cl->count * a->st[cl->strat0 + s].mem_bytes / a->v.total_param_bytes
-                                 : 0;
+            double m = cl->param
+                           ? cl->count * a->st[cl->strat0 + s].mem_bytes / a->v.total_param_bytes
+                           : 0;
             glp_set_obj_coef(lp, cl->col0 + s, US * u + lambda * m);
         }
     }
@@ -422,8 +424,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                                 "autoshard: lambda %.4g us: cost %.6g s, %.4g of the bytes, "
                                 "%s, bound %.6g s%s\n",
                                 sign * lam, cur.cost, cur.mem / a->v.total_param_bytes,
-                                integral ? "integral" : "fractional", bound,
-                                fits ? ", fits" : "");
+                                integral ? "integral" : "fractional", bound, fits ? ", fits" : "");
                     if (fits) {
                         l1 = lam;
                         found = true;
@@ -474,8 +475,10 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                 best.cost = cur.cost, best.mem = cur.mem, best.feasible = true;
                 memcpy(best.assign, cur.assign, (size_t)a->n_cls * sizeof(int));
             }
-            if (status == GLP_OPT) bound = fmax(bound, best.cost * (1 - gap_want));
-            else if (hs.cb.seen) bound = fmax(bound, best.cost * (1 - hs.cb.gap));
+            if (status == GLP_OPT)
+                bound = fmax(bound, best.cost * (1 - gap_want));
+            else if (hs.cb.seen)
+                bound = fmax(bound, best.cost * (1 - hs.cb.gap));
         }
     }
     a->stats.solve_s = now_s() - t1;

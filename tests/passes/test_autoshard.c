@@ -144,11 +144,16 @@ Test(autoshard, llama_dp_tp_with_a_budget_is_no_dearer_than_fsdp_x_tp) {
     hp_autoshard_free(a);
     /* torchtitan's TP plan with FSDP over dp, priced by the same model */
     static const char *const tp[] = {
-        "layers.*.attention.wq.weight=S(1),S(0)",     "layers.*.attention.wk.weight=S(1),S(0)",
-        "layers.*.attention.wv.weight=S(1),S(0)",     "layers.*.attention.wo.weight=S(0),S(1)",
-        "layers.*.feed_forward.w1.weight=S(1),S(0)",  "layers.*.feed_forward.w3.weight=S(1),S(0)",
-        "layers.*.feed_forward.w2.weight=S(0),S(1)",  "tok_embeddings.weight=S(1),S(0)",
-        "output.weight=S(1),S(0)",                    "*norm.weight=S(0),R",
+        "layers.*.attention.wq.weight=S(1),S(0)",
+        "layers.*.attention.wk.weight=S(1),S(0)",
+        "layers.*.attention.wv.weight=S(1),S(0)",
+        "layers.*.attention.wo.weight=S(0),S(1)",
+        "layers.*.feed_forward.w1.weight=S(1),S(0)",
+        "layers.*.feed_forward.w3.weight=S(1),S(0)",
+        "layers.*.feed_forward.w2.weight=S(0),S(1)",
+        "tok_embeddings.weight=S(1),S(0)",
+        "output.weight=S(1),S(0)",
+        "*norm.weight=S(0),R",
     };
     hp_job *hand = make_job(&LLAMA2, 2, DPTP, sizes);
     hand->plan.mem_high = 0.26;
@@ -169,8 +174,10 @@ static void expect_exhaustive(const model_case *m, int nd, const char *const *na
     cr_assert_eq(hp_autoshard_exhaustive(a, (int64_t)2e8, &best, &err), HP_OK, "%s: %s", m->spec,
                  err.msg);
     double ilp = hp_autoshard_get_stats(a)->objective_s;
-    cr_expect(fabs(ilp - best) <= 1e-9 * best + 1e-12, "%s on %d dims, high %g: ILP %.12g, "
-              "exhaustive %.12g", m->spec, nd, high, ilp, best);
+    cr_expect(fabs(ilp - best) <= 1e-9 * best + 1e-12,
+              "%s on %d dims, high %g: ILP %.12g, "
+              "exhaustive %.12g",
+              m->spec, nd, high, ilp, best);
     hp_autoshard_free(a);
     hp_job_free(job);
 }
@@ -223,8 +230,7 @@ Test(autoshard, infeasible_constraints_name_themselves) {
     int two[] = {2}, sizes[] = {2, 2};
     hp_job *job = make_job(&LLAMA1, 1, DP, two);
     job->plan.mem_high = 0.2; /* below the half every split leaves */
-    expect_solve_error(job, "plan.param_memory_budget (0, 0.2) cannot be met",
-                       "between 0.5 and 1");
+    expect_solve_error(job, "plan.param_memory_budget (0, 0.2) cannot be met", "between 0.5 and 1");
     job->plan.mem_high = 1;
     job->plan.mem_low = 0.6; /* and a glob forcing them all split */
     hp_err err = {0};
@@ -234,7 +240,8 @@ Test(autoshard, infeasible_constraints_name_themselves) {
     hp_job_free(job);
     job = make_job(&LLAMA1, 2, DPTP, sizes);
     hp_placement bad[2] = {HP_REPLICATE, HP_SHARD(5)}; /* a dim the weight does not have */
-    cr_assert_eq(hp_job_add_place_pattern(job, "output.weight", bad, 2, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_job_add_place_pattern(job, "output.weight", bad, 2, &err), HP_OK, "%s",
+                 err.msg);
     expect_solve_error(job, "plan.constraints[0] (output.weight=R,S(5)) cannot be met",
                        "'output.weight'");
     hp_job_free(job);
@@ -245,8 +252,8 @@ Test(autoshard, constraints_hold_and_explain_says_why) {
     hp_job *job = make_job(&LLAMA2, 2, DPTP, sizes);
     hp_err err = {0};
     hp_placement row[2] = {HP_REPLICATE, HP_SHARD(1)};
-    cr_assert_eq(hp_job_add_place_pattern(job, "layers.*.attention.wq.weight", row, 2, &err),
-                 HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_job_add_place_pattern(job, "layers.*.attention.wq.weight", row, 2, &err), HP_OK,
+                 "%s", err.msg);
     cr_assert_eq(hp_job_add_fsdp_pattern(job, "output.weight", &err), HP_OK, "%s", err.msg);
     hp_autoshard *a = solve(job, -1);
     for (int i = 0; i < n_params(job); i++) {
