@@ -89,6 +89,15 @@ static void new_usage(FILE *f) {
           "  --param-dtype DT      mixed precision: all-gather and compute parameters in DT\n"
           "                        (f32 or bf16; the f32 master weights stay f32)\n"
           "  --reduce-dtype DT     reduce gradients in DT (f32, the only one supported)\n"
+          "  --mode fsdp|auto      auto: placements chosen by the auto-sharding ILP (default\n"
+          "                        fsdp: the hand-written plan above)\n"
+          "  --param-memory-budget LOW,HIGH  auto: parameter bytes per rank as fractions of\n"
+          "                        the unsharded total, e.g. 0,0.125\n"
+          "  --constrain PAT=DIM:PL[,..]  auto: fix the storage of the inputs a glob matches\n"
+          "                        (the same as --place); repeatable\n"
+          "  --device-profile P    the cost model's device: cpu, h100, h200, a100 (default: by\n"
+          "                        --device)\n"
+          "  --gpus-per-node N     ranks per node for the cost model's link classes\n"
           "\n"
           "model and training:\n",
           f);
@@ -327,7 +336,34 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             job->resources.gpus_per_node = job->resources.device == HP_DEVICE_CUDA ? 1 : 0;
         } else if (!strcmp(a, "--mesh")) {
             rc = parse_mesh(verb, v, job);
-        } else if (!strcmp(a, "--place")) {
+        } else if (!strcmp(a, "--mode")) {
+            if (!strcmp(v, "auto"))
+                job->plan.mode = HP_PLAN_AUTO;
+            else if (!strcmp(v, "fsdp"))
+                job->plan.mode = HP_PLAN_FSDP;
+            else
+                rc = hpctl_fail(HPCTL_USAGE, verb, "--mode: '%s' is not fsdp or auto", v);
+        } else if (!strcmp(a, "--param-memory-budget")) {
+            double lo, hi;
+            char tail;
+            if (sscanf(v, "%lf,%lf%c", &lo, &hi, &tail) != 2 || !(lo >= 0 && lo <= hi && hi <= 1))
+                rc = hpctl_fail(HPCTL_USAGE, verb,
+                                "--param-memory-budget: '%s' is not LOW,HIGH with 0 <= LOW <= "
+                                "HIGH <= 1",
+                                v);
+            job->plan.mem_low = rc == HPCTL_OK ? lo : 0;
+            job->plan.mem_high = rc == HPCTL_OK ? hi : 1;
+        } else if (!strcmp(a, "--device-profile")) {
+            if (strcmp(v, "cpu") && strcmp(v, "h100") && strcmp(v, "h200") && strcmp(v, "a100"))
+                rc = hpctl_fail(HPCTL_USAGE, verb,
+                                "--device-profile: '%s' is not cpu, h100, h200 or a100", v);
+            else
+                snprintf(job->plan.device_profile, sizeof job->plan.device_profile, "%s", v);
+        } else if (!strcmp(a, "--gpus-per-node")) {
+            int64_t n;
+            rc = hpctl_parse_i64(verb, a, v, 1, HP_MAX_WORLD, &n);
+            if (rc == HPCTL_OK) job->plan.gpus_per_node = (int)n;
+        } else if (!strcmp(a, "--place") || !strcmp(a, "--constrain")) {
             if (n_places == MAX_PLACES)
                 rc = hpctl_fail(HPCTL_USAGE, verb, "--place: more than %d", MAX_PLACES);
             else
@@ -488,6 +524,11 @@ built:;
                             "over (e.g. --mesh tp=2 --tp-plan llama --loss-parallel)");
             goto done;
         }
+    }
+    if ((job->plan.mem_low != 0 || job->plan.mem_high != 1) && job->plan.mode != HP_PLAN_AUTO) {
+        rc = hpctl_fail(HPCTL_USAGE, verb,
+                        "--param-memory-budget is honoured by auto-sharding only: add --mode auto");
+        goto done;
     }
     if (tp_plan && (rc = add_tp_plan(verb, tp_plan, job)) != HPCTL_OK) goto done;
     for (int i = 0; i < n_places; i++)

@@ -4,12 +4,14 @@
  * estimate with its assumptions — without launching anything. */
 #include "client/hpctl.h"
 
+#include "hp/autoshard.h"
 #include "hp/device.h"
 #include "hp/job.h"
 #include "hp/passes.h"
 
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The cost model's assumptions, as passes/cost.c implements them. */
@@ -143,6 +145,31 @@ static void print_wrapped(const char *text) {
     }
 }
 
+static void print_autoshard(const hp_job *job, const hp_autoshard *a) {
+    const hp_autoshard_stats *st = hp_autoshard_get_stats(a);
+    hp_device_profile prof;
+    hp_err e = {0};
+    hp_device_profile_for_job(job, &prof, &e);
+    double comp, comm, opt;
+    hp_autoshard_breakdown(a, &comp, &comm, &opt);
+    printf("\nauto-sharding (plan.mode auto) on profile %s%s\n", prof.name,
+           !strcmp(prof.name, "cpu") && !prof.measured
+               ? " (assumed figures: `hp-worker --probe-profile` measures this machine)"
+               : "");
+    printf("  %d nodes in %d classes, %d strategies; ILP %d variables (%d binary), %d "
+           "constraints, presolve on\n",
+           st->nodes, st->classes, st->strategies, st->variables, st->binaries, st->constraints);
+    printf("  enumerate %s, build %s, solve %s, apply %s; %s, gap %.3g%%\n",
+           SECONDS(st->enumerate_s), SECONDS(st->build_s), SECONDS(st->solve_s),
+           SECONDS(st->apply_s),
+           st->optimal        ? "optimal"
+           : st->time_limited ? "time limit"
+                              : "feasible",
+           st->gap * 100);
+    printf("  modelled step %s = compute %s + redistribution %s + optimizer %s\n",
+           SECONDS(st->objective_s), SECONDS(comp), SECONDS(comm), SECONDS(opt));
+}
+
 static void print_text(const hp_job *job, const hp_compiled *c) {
     if (job->model.family[0])
         printf("job         %s (%s:%s), world %d, mesh", job->name, job->model.family,
@@ -245,6 +272,7 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
     if (e->comm_s > 0) printf(" (comm %s in all, %.0f%% hidden)", SECONDS(e->comm_s), hidden);
     printf("\n            %.4g FLOPs per rank per step at %.4g FLOP/s x %.2g efficiency\n",
            e->flops, e->peak_flops, e->efficiency);
+    if (c->autoshard) print_autoshard(job, c->autoshard);
     printf("\nassumptions\n");
     for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++) print_wrapped(assumptions[i]);
 }
@@ -351,6 +379,26 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                                   "peak_flops", e->peak_flops, "efficiency", e->efficiency,
                                   "bandwidth", e->bandwidth, "latency", e->latency));
     json_object_set_new(root, "assumptions", assume);
+    if (c->autoshard) {
+        const hp_autoshard_stats *st = hp_autoshard_get_stats(c->autoshard);
+        double comp, comm, opt;
+        hp_autoshard_breakdown(c->autoshard, &comp, &comm, &opt);
+        hp_device_profile prof;
+        hp_err e = {0};
+        hp_device_profile_for_job(job, &prof, &e);
+        json_object_set_new(
+            root, "solver",
+            json_pack("{s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:f, s:f, s:f, "
+                      "s:f, s:b, s:b, s:f, s:f, s:f}",
+                      "profile", prof.name, "profile_measured", prof.measured, "nodes", st->nodes,
+                      "classes", st->classes, "strategies", st->strategies, "variables",
+                      st->variables, "binaries", st->binaries, "constraints", st->constraints,
+                      "presolve", "on", "enumerate_s", st->enumerate_s, "build_s", st->build_s,
+                      "solve_s", st->solve_s, "apply_s", st->apply_s, "objective_s",
+                      st->objective_s, "gap", st->gap, "optimal", st->optimal, "time_limited",
+                      st->time_limited, "compute_s", comp, "redistribution_s", comm, "optimizer_s",
+                      opt));
+    }
     int rc = HPCTL_OK;
     if (json_dumpf(root, stdout, JSON_INDENT(2)) != 0)
         rc = hpctl_fail(HPCTL_ERROR, "plan", "cannot write the JSON");
@@ -360,7 +408,8 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
 }
 
 static void plan_usage(FILE *f) {
-    fputs("usage: hpctl plan JOB.pb [--world N] [--json]\n"
+    fputs("usage: hpctl plan JOB.pb [--world N] [--json] [--device-profile P] [--gpus-per-node N]\n"
+          "                       [--explain FQN|NODE]\n"
           "\n"
           "Compiles the job offline (every pass, the memory plan, the lowering) and prints the\n"
           "pass table, warnings, per-rank memory, communication per step and the estimated step\n"
@@ -368,14 +417,18 @@ static void plan_usage(FILE *f) {
           "\n"
           "  --world N   compile for N ranks (default: the job's world size); a 1-D mesh is\n"
           "              resized to N, a multi-dimensional one must already multiply to N\n"
-          "  --json      the same as JSON, for scripts\n",
+          "  --json      the same as JSON, for scripts\n"
+          "  --device-profile P  price the plan on cpu, h100, h200 or a100 (default: the job's)\n"
+          "  --gpus-per-node N   ranks per node for the link classes (default: the profile's)\n"
+          "  --explain WHAT      plan.mode auto: why parameter/input FQN or node id WHAT got its\n"
+          "                      placement (the next best alternatives and their costs)\n",
           f);
 }
 
 int hpctl_plan(int argc, char **argv) {
-    const char *verb = "plan", *path = NULL;
+    const char *verb = "plan", *path = NULL, *profile = NULL, *explain = NULL;
     bool json = false;
-    int64_t world = 0;
+    int64_t world = 0, gpn = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -386,6 +439,13 @@ int hpctl_plan(int argc, char **argv) {
         } else if (!strcmp(a, "--world")) {
             if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "--world: missing value");
             int rc = hpctl_parse_i64(verb, a, argv[++i], 1, HP_MAX_WORLD, &world);
+            if (rc != HPCTL_OK) return rc;
+        } else if (!strcmp(a, "--device-profile") || !strcmp(a, "--explain")) {
+            if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
+            *(!strcmp(a, "--explain") ? &explain : &profile) = argv[++i];
+        } else if (!strcmp(a, "--gpus-per-node")) {
+            if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
+            int rc = hpctl_parse_i64(verb, a, argv[++i], 1, HP_MAX_WORLD, &gpn);
             if (rc != HPCTL_OK) return rc;
         } else if (a[0] == '-') {
             return hpctl_fail(HPCTL_USAGE, verb, "unknown flag '%s' (try hpctl plan --help)", a);
@@ -404,11 +464,31 @@ int hpctl_plan(int argc, char **argv) {
         job->plan.mesh[0].size = (int)world;
         job->resources.world_size = (int)world;
     }
+    if (profile) {
+        hp_device_profile p;
+        if (hp_device_profile_get(profile, 0, &p, &err) != HP_OK) {
+            hp_job_free(job);
+            return hpctl_fail(HPCTL_USAGE, verb, "--device-profile: %s", err.msg);
+        }
+        snprintf(job->plan.device_profile, sizeof job->plan.device_profile, "%s", profile);
+    }
+    if (gpn > 0) job->plan.gpus_per_node = (int)gpn;
     hp_compiled *c = NULL;
     int rc = HPCTL_OK;
-    if (hp_compile(job, (int)world, &c, &err) != HP_OK)
+    if (hp_compile(job, (int)world, &c, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_ERROR, verb, "%s: %s", path, err.msg);
-    else if (json)
+    } else if (explain) {
+        char *text = NULL;
+        if (!c->autoshard)
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--explain: the job's plan is not auto-sharded (plan.mode auto on "
+                            "more than one rank); nothing was chosen to explain");
+        else if (hp_autoshard_explain(c->autoshard, explain, &text, &err) != HP_OK)
+            rc = hpctl_fail(HPCTL_USAGE, verb, "--explain: %s", err.msg);
+        else
+            fputs(text, stdout);
+        hp_free(text);
+    } else if (json)
         rc = print_json(job, c);
     else
         print_text(job, c);

@@ -381,6 +381,17 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
     if (p->mode != HP_PLAN_FSDP && p->mode != HP_PLAN_AUTO)
         return hp_errf(err, HP_INVALID, "plan.mode: %d is not fsdp or auto", (int)p->mode);
     HP_TRY(hp_plan_check_precision(p->param_dtype, p->reduce_dtype, err));
+    if (memchr(p->device_profile, 0, sizeof p->device_profile) == NULL)
+        return hp_errf(err, HP_INVALID, "plan.device_profile: not terminated");
+    if (p->device_profile[0] && strcmp(p->device_profile, "cpu") &&
+        strcmp(p->device_profile, "h100") && strcmp(p->device_profile, "h200") &&
+        strcmp(p->device_profile, "a100"))
+        return hp_errf(err, HP_INVALID,
+                       "plan.device_profile: '%s' is not a known profile (cpu, h100, h200, a100)",
+                       p->device_profile);
+    if (p->gpus_per_node < 0 || p->gpus_per_node > HP_MAX_WORLD)
+        return hp_errf(err, HP_INVALID, "plan.gpus_per_node: %d is not in [0, %d]",
+                       p->gpus_per_node, HP_MAX_WORLD);
 
     if (p->n_fsdp_fqns < 0 || p->n_fsdp_fqns > HP_PLAN_MAX_ITEMS)
         return hp_errf(err, HP_LIMIT, "plan.fsdp_fqns: %d entries, limit %d", p->n_fsdp_fqns,
@@ -646,7 +657,8 @@ static bool plan_eq(const hp_plan *a, const hp_plan *b) {
         a->reshard_after_forward != b->reshard_after_forward || a->mem_low != b->mem_low ||
         a->loss_parallel != b->loss_parallel || a->mem_high != b->mem_high ||
         a->param_dtype != b->param_dtype || a->reduce_dtype != b->reduce_dtype ||
-        a->n_constraints != b->n_constraints)
+        a->n_constraints != b->n_constraints || a->gpus_per_node != b->gpus_per_node ||
+        strcmp(a->device_profile, b->device_profile))
         return false;
     for (int d = 0; d < a->n_mesh; d++) {
         const hp_mesh_dim *x = &a->mesh[d], *y = &b->mesh[d];

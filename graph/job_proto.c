@@ -198,6 +198,9 @@ static Hp__V1__ParallelPlan *export_plan(exporter *x, const hp_plan *p) {
             m->mixed_precision = mp;
         }
     }
+    if (p->device_profile[0])
+        m->device_profile = xstr(x, p->device_profile, sizeof p->device_profile);
+    m->gpus_per_node = p->gpus_per_node;
     Hp__V1__MemoryBudget *b;
     XNEW(x, b, hp__v1__memory_budget__init);
     if (b) {
@@ -430,6 +433,9 @@ static hp_status import_plan(const Hp__V1__ParallelPlan *m, hp_plan *p, hp_err *
     if (m->mixed_precision && m->mixed_precision->reduce_dtype)
         FROM_PB(dtypes, m->mixed_precision->reduce_dtype, &p->reduce_dtype,
                 "plan.mixed_precision.reduce_dtype");
+    HP_TRY(copy_str(m->device_profile, p->device_profile, sizeof p->device_profile,
+                    "plan.device_profile", err));
+    p->gpus_per_node = m->gpus_per_node;
     p->mem_low = m->param_memory_budget ? m->param_memory_budget->low : 0.0;
     p->mem_high = m->param_memory_budget ? m->param_memory_budget->high : 1.0;
 

@@ -12,6 +12,7 @@
  * Nothing here prints; warnings are collected in the result.
  */
 #include "passes/passes_internal.h"
+#include "hp/autoshard.h"
 
 #include "hp/text.h"
 
@@ -44,7 +45,7 @@ bool hp_plan_uses_placements(const hp_job *job, int world) {
     const hp_plan *p = &job->plan;
     int split = 0;
     for (int d = 0; d < p->n_mesh && d < HP_MESH_MAX_DIMS; d++) split += p->mesh[d].size > 1;
-    return world > 1 && (split > 1 || p->n_constraints > 0);
+    return world > 1 && (split > 1 || p->n_constraints > 0 || p->mode == HP_PLAN_AUTO);
 }
 static bool placed(const hp_pass_ctx *ctx) {
     return hp_plan_uses_placements(ctx->job, ctx->world);
@@ -107,8 +108,25 @@ static int fsdp_dim(const hp_type *t, const hp_placement *row, int nd, int dp) {
  * over the mesh dim named "dp"; buffers are replicated. A parameter the FSDP marks select is
  * stored Shard(fsdp_dim) on dp, and one a constraint places Shard on dp keeps that storage:
  * either is gathered before use (computed Replicate on dp), its gradient reduce-scattered. */
+/* plan.mode auto: the placements auto-sharding chooses (hp/autoshard.h), applied by spmd. */
+static hp_status pass_autoshard(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
+    hp_device_profile prof;
+    HP_TRY(hp_device_profile_for_job(ctx->job, &prof, err));
+    hp_autoshard *a = NULL;
+    HP_TRY(hp_autoshard_solve(in, ctx->job, &prof, NULL, &a, err));
+    hp_status st = hp_autoshard_apply(a, out, err);
+    if (st != HP_OK) {
+        hp_autoshard_free(a);
+        return st;
+    }
+    hp_autoshard_free(ctx->autoshard);
+    ctx->autoshard = a;
+    return HP_OK;
+}
+
 static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     const hp_plan *p = &ctx->job->plan;
+    if (p->mode == HP_PLAN_AUTO) return pass_autoshard(in, ctx, out, err);
     hp_graph_mesh mesh = {.ndim = p->n_mesh};
     int dp = -1, nd = p->n_mesh;
     for (int d = 0; d < p->n_mesh; d++) {
@@ -302,10 +320,10 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
                        "world %d does not match the plan's mesh (%s), which has %lld ranks", world,
                        mesh, (long long)product);
     /* what a plan may say that no pass reads yet is refused, never silently dropped */
-    if (job->plan.mem_low != 0 || job->plan.mem_high != 1)
+    if ((job->plan.mem_low != 0 || job->plan.mem_high != 1) && job->plan.mode != HP_PLAN_AUTO)
         return hp_errf(err, HP_UNSUPPORTED,
-                       "plan.param_memory_budget: (%g, %g) is only honoured by auto-sharding, "
-                       "which is not implemented yet; remove it",
+                       "plan.param_memory_budget: (%g, %g) is only honoured by auto-sharding "
+                       "(plan.mode auto); remove it or plan with --mode auto",
                        job->plan.mem_low, job->plan.mem_high);
     hp_pass_ctx probe = {.job = job, .world = world};
     HP_TRY(hp_plan_check_precision(job->plan.param_dtype, job->plan.reduce_dtype, err));
@@ -341,9 +359,6 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
                            "placements); remove it",
                            k, job->plan.constraints[k].output);
     if (placed(&probe)) return HP_OK; /* the placement pass checks every split */
-    if (job->plan.mode == HP_PLAN_AUTO && world > 1)
-        return hp_errf(err, HP_UNSUPPORTED,
-                       "plan.mode auto: auto-sharding is not implemented yet (use fsdp)");
     if (!fsdp || world == 1) return HP_OK;
     hp_graph_inputs in = hp_graph_count_inputs(g);
     for (int i = in.n_params + in.n_buffers; i < in.n_params + in.n_buffers + in.n_data; i++) {
@@ -487,6 +502,8 @@ hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *er
         goto fail;
     }
     c->graph = g;
+    c->autoshard = ctx->autoshard;
+    ctx->autoshard = NULL;
     c->n_warnings = ctx->n_warnings;
     memcpy(c->warnings, ctx->warnings, sizeof c->warnings);
     hp_free(ctx);
@@ -494,6 +511,7 @@ hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *er
     return HP_OK;
 fail:
     if (owned) hp_graph_free(g);
+    if (ctx) hp_autoshard_free(ctx->autoshard);
     hp_free(ctx);
     hp_compiled_free(c);
     return st;
@@ -503,5 +521,6 @@ void hp_compiled_free(hp_compiled *c) {
     if (!c) return;
     hp_graph_free(c->graph);
     hp_program_free(c->program);
+    hp_autoshard_free(c->autoshard);
     hp_free(c);
 }

@@ -88,6 +88,7 @@ typedef struct spmd {
     hp_value *recomp; /* [n_nodes]: a derived view recomputed for the backward */
     vocab_base_memo bases[8];
     int n_bases;
+    const hp_spmd_opts *opts; /* NULL: defaults */
 } spmd;
 
 static bool pl_eq_all(const hp_placement *a, const hp_placement *b, int nd) {
@@ -717,7 +718,7 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
     int nd = s->mesh->ndim, ni = n->n_in;
     hp_value *ins = hp_malloc((size_t)(ni + 1) * sizeof *ins);
     hp_type *gin = hp_malloc((size_t)(ni + 1) * sizeof *gin);
-    hp_placement *tgt = hp_malloc((size_t)(ni + 1) * HP_MESH_MAX_DIMS * sizeof *tgt);
+    hp_placement *tgt = hp_malloc((size_t)(ni + 3) * HP_MESH_MAX_DIMS * sizeof *tgt);
     hp_placement opl[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
     hp_attr attrs[HP_ATTR_COUNT];
     hp_status st = ins && tgt && gin ? HP_OK : hp_errf(err, HP_NOMEM, "spmd: out of memory");
@@ -727,7 +728,14 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
     }
     hp_node chunked;
     hp_attr nw;
-    int vd = st == HP_OK ? vocab_dim(s, id, ins) : -1;
+    bool given = s->opts && s->opts->choose;
+    int vd = -1;
+    if (st == HP_OK && given) {
+        st = s->opts->choose(s->opts->choose_ctx, id, tgt, opl, &vd, err);
+        if (st != HP_OK) hp_err_prefix(err, "node %d (%s)", id, op);
+    } else if (st == HP_OK) {
+        vd = vocab_dim(s, id, ins);
+    }
     if (vd >= 0) {
         bool fwd = n->op == HP_OP_EMBEDDING;
         int64_t vocab = fwd ? gin[0].shape[0] : hp_node_int(n, HP_ATTR_NUM_WEIGHTS, 0);
@@ -742,7 +750,7 @@ static hp_status place_node(spmd *s, int id, hp_err *err) {
         n = &chunked;
         if (st != HP_OK) hp_err_prefix(err, "node %d (%s)", id, op);
     }
-    if (st == HP_OK) st = choose(s, id, n, gin, ins, tgt, opl, err);
+    if (st == HP_OK && !given) st = choose(s, id, n, gin, ins, tgt, opl, err);
     for (int j = 0; j < ni && st == HP_OK; j++)
         if ((st = redistribute(s, ins[j], tgt + j * nd, &ins[j], err)) != HP_OK)
             hp_err_prefix(err, "node %d (%s): input %d", id, op, j);
@@ -875,6 +883,7 @@ hp_status hp_pass_spmd_ex(const hp_graph *in, const hp_graph_mesh *mesh, const h
     spmd s = {.in = in,
               .mesh = mesh,
               .reshard = opts && opts->reshard_after_forward,
+              .opts = opts,
               .n_ph = gi.n_params + gi.n_buffers + gi.n_data,
               .loss = in->n_outputs ? in->outputs[0].node : in->n_nodes};
     size_t n_pl = (size_t)(s.n_ph ? s.n_ph : 1) * (size_t)(nd ? nd : 1);

@@ -29,6 +29,7 @@
 #include "hp/passes.h"
 #include "hp/threads.h"
 #include "worker/agent.h"
+#include "worker/probe.h"
 #include "worker/train.h"
 
 #include <errno.h>
@@ -58,6 +59,8 @@ static int usage_error(const char *fmt, const char *arg) {
 
 static void usage(void) {
     puts("usage: hp-worker --standalone JOB.pb [flags]\n"
+         "       hp-worker --probe-profile [--threads N]   measure and cache the cpu cost "
+         "profile\n"
          "       hp-worker --coordinator HOST:PORT --job ID --rank R --token T [--threads N]\n"
          "                 [--profile-steps S,S]\n"
          "\n"
@@ -371,6 +374,14 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--version")) {
             puts("hp-worker 0.1.0");
             return 0;
+        }
+        if (!strcmp(a, "--probe-profile")) { /* worker/probe.h */
+            long long t = 0;
+            for (int k = i + 1; k + 1 < argc; k++)
+                if (!strcmp(argv[k], "--threads") &&
+                    parse_int("--threads", argv[k + 1], 1, 1024, &t))
+                    return 2;
+            return hp__probe_profile((int)t, false);
         }
         if (i + 1 >= argc) return usage_error("%s: missing value", a);
         const char *v = argv[++i];

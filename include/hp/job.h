@@ -88,6 +88,10 @@ typedef struct hp_plan {
      * it; gradients are cast to reduce_dtype before their reduction and reach the optimizer in
      * f32. Default (f32, f32): no casts. hp_job_validate accepts (f32, f32) and (bf16, f32). */
     hp_dtype param_dtype, reduce_dtype;
+    /* The cost model's device profile (hp/autoshard.h): "cpu", "h100", "h200", "a100"; "": by
+     * the job's device. gpus_per_node: ranks per node (0: the profile's default). */
+    char device_profile[16];
+    int gpus_per_node;
 } hp_plan;
 
 /* ---- the compiler's pass config -------------------------------------------------------------- */

@@ -48,6 +48,8 @@ typedef struct hp_pass_ctx {
     char warnings[HP_MAX_WARNINGS][HP_ERR_MSG_MAX];
     /* the pass being run records its own counters here (the manager adds timing) */
     hp_pass_report *report;
+    /* plan.mode auto: the solved problem (hp/autoshard.h), which hp_compile keeps */
+    struct hp_autoshard *autoshard;
 } hp_pass_ctx;
 
 /* A pass: reads `in`, returns a new verified-shape graph in *out (which may be a clone of in
@@ -96,6 +98,16 @@ typedef struct hp_spmd_opts {
      * node, the forward views they read recomputed), so no gathered copy lives across the
      * step; false: one gather serves both. */
     bool reshard_after_forward;
+    /* NULL: propagation chooses each compute node's placements (greedy, per mesh dim). Else
+     * they were chosen elsewhere (auto-sharding): called once per compute node id of `in`,
+     * it writes the placements node id's inputs must have (in_pl[j * ndim + i]) and its
+     * outputs get (out_pl[k * ndim + i]), and *vocab_dim: the mesh dim an embedding (or the
+     * gradient of its weight) runs vocab-parallel on (chunked_embedding(_backward), whose third
+     * input, the chunk base, then takes in_pl[2 * ndim + ...]), -1 none. The choice must be
+     * one the op's sharding rules offer on the pieces the earlier mesh dims leave. */
+    hp_status (*choose)(void *ctx, int id, hp_placement *in_pl, hp_placement *out_pl,
+                        int *vocab_dim, hp_err *err);
+    void *choose_ctx;
 } hp_spmd_opts;
 
 /* hp_pass_spmd with opts (NULL: every placeholder computed in its storage placements). The
@@ -155,6 +167,9 @@ typedef struct hp_compiled {
     char warnings[HP_MAX_WARNINGS][HP_ERR_MSG_MAX];
     hp_memory_report memory;
     hp_cost_estimate cost;
+    /* plan.mode auto on more than one rank: the solved auto-sharding problem (stats, explain;
+     * hp/autoshard.h), else NULL */
+    struct hp_autoshard *autoshard;
 } hp_compiled;
 
 /* Compiles job for `world` ranks (world <= 0: the job's resources.world_size). Errors: the

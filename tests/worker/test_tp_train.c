@@ -5,7 +5,8 @@
  * split over dp, gathered before use) with and without resharding after the forward. A
  * checkpoint written at step 5 on dp=2 x tp=2 resumes at dp=4 (FSDP) and at world 1 and ends
  * where the uninterrupted world-1 run does. Under the bf16 mixed-precision policy, tp=2 and
- * dp=2 x tp=2 with FSDP equal world 1 under the same policy within bf16 tolerance. */
+ * dp=2 x tp=2 with FSDP equal world 1 under the same policy within bf16 tolerance. Auto-sharded
+ * plans on dp=2 x tp=2 too. */
 #include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
@@ -89,6 +90,18 @@ Test(tp_train, fsdp_dp2_tp2_no_reshard_loss_parallel_equals_world1) {
     expect_world1(
         "fsdptplp",
         "--mesh dp=2,tp=2 --tp-plan llama --loss-parallel --no-reshard-after-forward " FSDP);
+}
+
+/* Auto-sharding's plans (the ILP chooses every placement; docs/autoshard.md) compute what
+ * world 1 does: with a budget that makes it split every parameter over dp and tp, and without
+ * one (the h100 profile's figures are fixed: the same plan on every machine). */
+Test(tp_train, auto_dp2_tp2_with_a_budget_equals_world1) {
+    expect_world1("auto22b",
+                  "--mesh dp=2,tp=2 --mode auto --device-profile h100 --param-memory-budget 0,0.3");
+}
+
+Test(tp_train, auto_dp2_tp2_equals_world1) {
+    expect_world1("auto22", "--mesh dp=2,tp=2 --mode auto --device-profile h100");
 }
 
 /* Resumes the checkpoint of step 5 in `from` under plan `plan` into tmp/name. */

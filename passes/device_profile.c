@@ -1,0 +1,180 @@
+/* passes/device_profile.c — the device profiles the cost model prices plans on
+ * (hp/autoshard.h, docs/autoshard.md).
+ *
+ * GPU profiles: the dense bf16 peak of torchtitan's table, an efficiency a large matmul
+ * reaches, HBM bandwidth from the data sheets, and link figures in the spirit of the NCCL
+ * model AutoParallel prices collectives with (Inductor's comm_analysis): a ring's bus bandwidth
+ * within a node (NVLink) and across nodes (one 400 Gb/s NIC per GPU, 200 Gb/s on A100
+ * clusters), with a per-collective latency. These are planning figures, not measurements.
+ *
+ * The cpu profile is this machine's: `hp-worker --probe-profile` measures the SGEMM peak (the
+ * kernels' own GEMM path, as for MFU), memcpy bandwidth and the shm communicator's all-reduce
+ * bandwidth and latency between two ranks, and caches them here as one line of text per CPU
+ * model:
+ *     hp-cpu-profile 1 <peak_flops> <mem_bw> <shm_bw> <shm_latency> <kernel_s>
+ * Without a cached probe the cpu profile is an assumed one (measured = false) and `hpctl plan`
+ * says so.
+ */
+#include "hp/autoshard.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define CPU_PROFILE_VERSION 1
+
+typedef struct known {
+    const char *name;
+    double peak, efficiency, mem_bw, kernel_s;
+    hp_link_class intra, inter;
+} known;
+
+static const known GPUS[] = {
+    /* name   peak      eff   HBM      launch  NVLink busbw  lat     IB per GPU  lat */
+    {"h100", 989e12, 0.60, 3.35e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}},
+    {"h200", 989e12, 0.60, 4.8e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}},
+    {"a100", 312e12, 0.60, 2.0e12, 4e-6, {230e9, 10e-6}, {22e9, 25e-6}},
+};
+
+/* Assumed figures of a CPU nobody probed: conservative, flagged measured = false. */
+static const known CPU_ASSUMED = {"cpu", 1e11, 0.8, 1e10, 5e-6, {4e9, 30e-6}, {4e9, 30e-6}};
+
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static void cpu_model(char *out, size_t len) {
+    snprintf(out, len, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *s = colon + 1;
+        while (*s == ' ' || *s == '\t') s++;
+        size_t n = strcspn(s, "\n");
+        if (n > 0) snprintf(out, len, "%.*s", (int)n, s);
+        break;
+    }
+    fclose(f);
+}
+
+static int profile_path(char *out, size_t len) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[900];
+    if (xdg && xdg[0] == '/')
+        snprintf(dir, sizeof dir, "%s/hp", xdg);
+    else if (home && home[0] == '/')
+        snprintf(dir, sizeof dir, "%s/.cache/hp", home);
+    else
+        return -1;
+    char model[256];
+    cpu_model(model, sizeof model);
+    int n = snprintf(out, len, "%s/cpu-profile-%016llx.txt", dir, (unsigned long long)fnv1a(model));
+    return n > 0 && (size_t)n < len ? 0 : -1;
+}
+
+static void from_known(const known *k, hp_device_profile *out) {
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", k->name);
+    out->peak_flops = k->peak;
+    out->efficiency = k->efficiency;
+    out->mem_bw = k->mem_bw;
+    out->kernel_s = k->kernel_s;
+    out->intra = k->intra;
+    out->inter = k->inter;
+}
+
+static bool plausible(const hp_device_profile *p) {
+    return isfinite(p->peak_flops) && p->peak_flops >= 1e8 && p->peak_flops <= 1e16 &&
+           isfinite(p->mem_bw) && p->mem_bw >= 1e8 && p->mem_bw <= 1e14 &&
+           isfinite(p->intra.bandwidth) && p->intra.bandwidth >= 1e6 &&
+           p->intra.bandwidth <= 1e14 && isfinite(p->intra.latency) && p->intra.latency >= 0 &&
+           p->intra.latency <= 1 && isfinite(p->kernel_s) && p->kernel_s >= 0 && p->kernel_s <= 1;
+}
+
+hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err) {
+    char path[1024];
+    if (profile_path(path, sizeof path) != 0)
+        return hp_errf(err, HP_NOT_FOUND, "cpu profile: no cache directory ($HOME unset)");
+    FILE *f = fopen(path, "r");
+    if (!f) return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: %s", path, strerror(errno));
+    int version = 0;
+    double peak, bw, shm_bw, shm_lat, kernel;
+    int n = fscanf(f, "hp-cpu-profile %d %lf %lf %lf %lf %lf", &version, &peak, &bw, &shm_bw,
+                   &shm_lat, &kernel);
+    fclose(f);
+    if (n != 6 || version != CPU_PROFILE_VERSION)
+        return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: not a version-%d profile", path,
+                       CPU_PROFILE_VERSION);
+    from_known(&CPU_ASSUMED, out);
+    out->peak_flops = peak;
+    out->mem_bw = bw;
+    out->intra = out->inter = (hp_link_class){shm_bw, shm_lat};
+    out->kernel_s = kernel;
+    out->measured = true;
+    if (!plausible(out))
+        return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: implausible figures", path);
+    return HP_OK;
+}
+
+hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err) {
+    if (!plausible(p))
+        return hp_errf(err, HP_INVALID,
+                       "cpu profile: implausible figures (peak %g FLOP/s, memory %g B/s, link %g "
+                       "B/s, latency %g s)",
+                       p->peak_flops, p->mem_bw, p->intra.bandwidth, p->intra.latency);
+    char path[1024];
+    if (profile_path(path, sizeof path) != 0)
+        return hp_errf(err, HP_IO, "cpu profile: no cache directory ($HOME unset)");
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    for (char *q = dir + 1; *q; q++) { /* mkdir -p: the cache dir may not exist yet */
+        if (*q != '/') continue;
+        *q = 0;
+        (void)mkdir(dir, 0755);
+        *q = '/';
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return hp_errf(err, HP_IO, "cpu profile: %s: %s", dir, strerror(errno));
+    char text[256];
+    int n = snprintf(text, sizeof text, "hp-cpu-profile %d %.6g %.6g %.6g %.6g %.6g\n",
+                     CPU_PROFILE_VERSION, p->peak_flops, p->mem_bw, p->intra.bandwidth,
+                     p->intra.latency, p->kernel_s);
+    return hp_file_write_atomic(path, text, (size_t)n, err);
+}
+
+hp_status hp_device_profile_get(const char *name, int gpus_per_node, hp_device_profile *out,
+                                hp_err *err) {
+    memset(out, 0, sizeof *out);
+    if (name && !strcmp(name, "cpu")) {
+        hp_err e;
+        if (hp_cpu_profile_load(out, &e) != HP_OK) from_known(&CPU_ASSUMED, out);
+        out->gpus_per_node = gpus_per_node > 0 ? gpus_per_node : 0;
+        return HP_OK;
+    }
+    for (size_t i = 0; name && i < HP_ARRAY_LEN(GPUS); i++) {
+        if (strcmp(name, GPUS[i].name)) continue;
+        from_known(&GPUS[i], out);
+        out->gpus_per_node = gpus_per_node > 0 ? gpus_per_node : 8;
+        out->measured = false;
+        return HP_OK;
+    }
+    return hp_errf(err, HP_INVALID, "device profile '%.32s' is unknown (cpu, h100, h200, a100)",
+                   name ? name : "(null)");
+}
+
+hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, hp_err *err) {
+    const char *name = job->plan.device_profile;
+    if (!name[0]) name = job->resources.device == HP_DEVICE_CUDA ? "h100" : "cpu";
+    return hp_device_profile_get(name, job->plan.gpus_per_node, out, err);
+}
