@@ -447,51 +447,51 @@ Test(hpctl_plan, mixed_precision_errors) {
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --param-dtype bf16 -o %s/one.pb",
              tmpdir));
     ok(hpctl("plan %s/one.pb", tmpdir));
-    /* Auto-sharding from the command line: the flags, the solver section (text and JSON), explain,
-     * and each refusal in one line. */
-    Test(hpctl_plan, auto_sharding_flags_solver_and_explain) {
-        const char *model = "--model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
-                            "--ffn-hidden 96 --vocab 128 --batch 4 --seq 16";
-        ok(hpctl("new %s --mesh dp=2,tp=2 --mode auto --device-profile h100 --constrain "
-                 "'output.weight=tp:S(0)' -o %s/a.pb",
-                 model, tmpdir));
-        hp_th_run r = hpctl("plan %s/a.pb", tmpdir);
-        cr_assert_eq(r.code, 0, "%s", r.err);
-        cr_expect(strstr(r.out, "auto-sharding (plan.mode auto) on profile h100") &&
-                      strstr(r.out, "modelled step") && strstr(r.out, "variables"),
-                  "%s", r.out);
-        hp_th_run_free(&r);
-        json_t *root = plan_json("a.pb", "");
-        json_t *sv = json_object_get(root, "solver");
-        cr_assert(json_is_object(sv), "no solver section");
-        cr_expect_gt(json_integer_value(json_object_get(sv, "variables")), 0);
-        cr_expect_gt(json_integer_value(json_object_get(sv, "constraints")), 0);
-        cr_expect_gt(json_real_value(json_object_get(sv, "objective_s")), 0);
-        cr_expect(json_is_real(json_object_get(sv, "gap")));
-        json_decref(root);
-        r = hpctl("plan %s/a.pb --explain output.weight", tmpdir);
-        cr_assert_eq(r.code, 0, "%s", r.err);
-        cr_expect(strstr(r.out, "chosen: stored") && strstr(r.out, "tp:S(0)") &&
-                      strstr(r.out, "bound by: plan.constraints[0]"),
-                  "%s", r.out);
-        hp_th_run_free(&r);
-        expect_error(hpctl("plan %s/a.pb --explain no.such", tmpdir), 2, "'no.such' is neither");
-        expect_error(hpctl("plan %s/a.pb --device-profile tpu", tmpdir), 2,
-                     "device profile 'tpu' is unknown");
-        expect_error(hpctl("new %s --mesh dp=2 --mode magic -o %s/b.pb", model, tmpdir), 2,
-                     "--mode: 'magic' is not fsdp or auto");
-        expect_error(hpctl("new %s --mesh dp=2 --mode auto --param-memory-budget 0.5 -o %s/b.pb",
-                           model, tmpdir),
-                     2, "is not LOW,HIGH");
-        expect_error(
-            hpctl("new %s --mesh dp=2 --param-memory-budget 0,0.5 -o %s/b.pb", model, tmpdir), 2,
-            "add --mode auto");
-        ok(hpctl("new %s --mesh dp=2 -o %s/f.pb", model, tmpdir));
-        expect_error(hpctl("plan %s/f.pb --explain output.weight", tmpdir), 2, "not auto-sharded");
-        ok(hpctl(
-            "new %s --mesh dp=2 --mode auto --device-profile h100 --param-memory-budget 0,0.1 -o "
-            "%s/c.pb",
-            model, tmpdir));
-        expect_error(hpctl("plan %s/c.pb", tmpdir), 1,
-                     "plan.param_memory_budget (0, 0.1) cannot be met");
-    }
+}
+
+/* Auto-sharding from the command line: the flags, the solver section (text and JSON), explain,
+ * and each refusal in one line. */
+Test(hpctl_plan, auto_sharding_flags_solver_and_explain) {
+    const char *model = "--model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                        "--ffn-hidden 96 --vocab 128 --batch 4 --seq 16";
+    ok(hpctl("new %s --mesh dp=2,tp=2 --mode auto --device-profile h100 --constrain "
+             "'output.weight=tp:S(0)' -o %s/a.pb",
+             model, tmpdir));
+    hp_th_run r = hpctl("plan %s/a.pb", tmpdir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "auto-sharding (plan.mode auto) on profile h100") &&
+                  strstr(r.out, "modelled step") && strstr(r.out, "variables"),
+              "%s", r.out);
+    hp_th_run_free(&r);
+    json_t *root = plan_json("a.pb", "");
+    json_t *sv = json_object_get(root, "solver");
+    cr_assert(json_is_object(sv), "no solver section");
+    cr_expect_gt(json_integer_value(json_object_get(sv, "variables")), 0);
+    cr_expect_gt(json_integer_value(json_object_get(sv, "constraints")), 0);
+    cr_expect_gt(json_real_value(json_object_get(sv, "objective_s")), 0);
+    cr_expect(json_is_real(json_object_get(sv, "gap")));
+    json_decref(root);
+    r = hpctl("plan %s/a.pb --explain output.weight", tmpdir);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "chosen: stored") && strstr(r.out, "tp:S(0)") &&
+                  strstr(r.out, "bound by: plan.constraints[0]"),
+              "%s", r.out);
+    hp_th_run_free(&r);
+    expect_error(hpctl("plan %s/a.pb --explain no.such", tmpdir), 2, "'no.such' is neither");
+    expect_error(hpctl("plan %s/a.pb --device-profile tpu", tmpdir), 2,
+                 "device profile 'tpu' is unknown");
+    expect_error(hpctl("new %s --mesh dp=2 --mode magic -o %s/b.pb", model, tmpdir), 2,
+                 "--mode: 'magic' is not fsdp or auto");
+    expect_error(
+        hpctl("new %s --mesh dp=2 --mode auto --param-memory-budget 0.5 -o %s/b.pb", model, tmpdir),
+        2, "is not LOW,HIGH");
+    expect_error(hpctl("new %s --mesh dp=2 --param-memory-budget 0,0.5 -o %s/b.pb", model, tmpdir),
+                 2, "add --mode auto");
+    ok(hpctl("new %s --mesh dp=2 -o %s/f.pb", model, tmpdir));
+    expect_error(hpctl("plan %s/f.pb --explain output.weight", tmpdir), 2, "not auto-sharded");
+    ok(hpctl("new %s --mesh dp=2 --mode auto --device-profile h100 --param-memory-budget 0,0.1 -o "
+             "%s/c.pb",
+             model, tmpdir));
+    expect_error(hpctl("plan %s/c.pb", tmpdir), 1,
+                 "plan.param_memory_budget (0, 0.1) cannot be met");
+}
