@@ -440,7 +440,9 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                 set_price(a, lp, 0);
             }
         }
-        if (brow) glp_set_row_bnds(lp, brow, lo > 0 ? GLP_DB : GLP_UP, lo, hi);
+        if (brow)
+            glp_set_row_bnds(lp, brow, lo > 0 ? GLP_DB : GLP_UP, lo / a->v.total_param_bytes,
+                             hi / a->v.total_param_bytes);
     }
     bool done = st == HP_OK && best.feasible && isfinite(bound) &&
                 best.cost - bound <= gap_want * best.cost && (has_budget || integral);

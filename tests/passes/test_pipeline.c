@@ -517,7 +517,7 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "09-lower.txt"};
+                                       "10-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
