@@ -58,3 +58,15 @@ hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_
     return hp_errf(err, HP_UNSUPPORTED, "device %s: no backend in this hp-worker",
                    hp_device_name(device));
 }
+
+hp_status hp_backend_available(hp_device_kind d, hp_err *err) {
+    HP_TRY(hp_device_built(d, err));
+#ifdef HP_CUDA_BACKEND
+    if (d == HP_DEVICE_CUDA) {
+        char why[160] = "";
+        if (hp_cuda_device_count(why, sizeof why) == 0)
+            return hp_errf(err, HP_UNSUPPORTED, "device cuda: no CUDA device (%s)", why);
+    }
+#endif
+    return HP_OK;
+}
