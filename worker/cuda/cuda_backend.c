@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- the op table --------------------------------------------------------------------------- */
@@ -710,8 +711,12 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
     if (device < 0 || device >= count)
         return hp_errf(err, HP_INVALID, "device cuda: device %d does not exist (%d visible)",
                        device, count);
+    const char *tf = getenv("HP_CUDA_TF32");
+    if (tf && *tf && strcmp(tf, "0") && strcmp(tf, "1"))
+        return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_TF32 must be 0 or 1, not '%s'", tf);
     hp__cuda *cu = hp_calloc(1, sizeof *cu);
     if (!cu) return hp_errf(err, HP_NOMEM, "cuda backend: out of memory");
+    cu->tf32 = tf && !strcmp(tf, "1");
     cu->base.vt = &cuda_vtable;
     cu->device = device;
     hp_status st = HP_OK;

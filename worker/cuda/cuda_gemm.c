@@ -1,7 +1,8 @@
 /* worker/cuda/cuda_gemm.c — mm, bmm and addmm on cuBLASLt: f32, bf16 or f16 inputs (both the
  * same), an f32 or same-typed output, f32 accumulation (CUBLAS_COMPUTE_32F: no TF32, so f32
- * products match the reference to rounding). Transposes folded into the call (HP_CALL_TRANS_A/B)
- * become cuBLASLt's op flags, as the cpu backend folds them into sgemm.
+ * products match the reference to rounding; $HP_CUDA_TF32=1 puts f32 products on TF32 tensor
+ * cores instead, for speed). Transposes folded into the call (HP_CALL_TRANS_A/B) become
+ * cuBLASLt's op flags, as the cpu backend folds them into sgemm.
  *
  * Row-major C [M, N] = A' [M, K] · B' [K, N] is computed as the column-major product
  * Cᵀ = B'ᵀ · A'ᵀ, so B's buffer is cuBLASLt's first operand and A's the second, and no data
@@ -115,8 +116,9 @@ static hp_status layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t row
 static hp_status plan_make(hp__cuda *cu, plan *p, hp_err *err) {
     bool ta = p->flags & HP_CALL_TRANS_A, tb = p->flags & HP_CALL_TRANS_B;
     cudaDataType_t it = lt_type(p->in_dt), ot = lt_type(p->out_dt);
-    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-           "cublasLtMatmulDescCreate");
+    cublasComputeType_t ct =
+        cu->tf32 && p->in_dt == HP_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, ct, CUDA_R_32F), "cublasLtMatmulDescCreate");
     cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's A is our B */
     cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),

@@ -45,6 +45,7 @@ typedef struct hp__cuda {
     double peak_flops;
     bool peak_done;
     hp__cuda_nccl *nccl; /* NULL: no communicator (group_size 1 only) */
+    bool tf32;           /* $HP_CUDA_TF32=1: f32 GEMMs on TF32 tensor cores */
 } hp__cuda;
 
 #define HP__CUDA_WORKSPACE ((size_t)32 << 20)
