@@ -205,15 +205,15 @@ static void note_alloc(hp__cuda *cu, size_t bytes) {
     if (cu->live_bytes > cu->peak_bytes) cu->peak_bytes = cu->live_bytes;
 }
 
-void *hp__cuda_scratch(hp__cuda *cu, size_t bytes, hp_err *err) {
-    if (bytes <= cu->scratch_cap && cu->scratch) return cu->scratch;
-    size_t cap = cu->scratch_cap * 2 > bytes ? cu->scratch_cap * 2 : bytes;
-    if (cu->scratch) {
+void *hp__cuda_scratch(hp__cuda *cu, int stream, size_t bytes, hp_err *err) {
+    if (bytes <= cu->scratch_cap[stream] && cu->scratch[stream]) return cu->scratch[stream];
+    size_t cap = cu->scratch_cap[stream] * 2 > bytes ? cu->scratch_cap[stream] * 2 : bytes;
+    if (cu->scratch[stream]) {
         /* cudaFree waits for the device, so in-flight kernels finish with the old block */
-        cudaFree(cu->scratch);
-        cu->live_bytes -= cu->scratch_cap;
-        cu->scratch = NULL;
-        cu->scratch_cap = 0;
+        cudaFree(cu->scratch[stream]);
+        cu->live_bytes -= cu->scratch_cap[stream];
+        cu->scratch[stream] = NULL;
+        cu->scratch_cap[stream] = 0;
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, cap);
@@ -221,8 +221,8 @@ void *hp__cuda_scratch(hp__cuda *cu, size_t bytes, hp_err *err) {
         hp__cuda_fail(err, (int)e, "cudaMalloc of kernel scratch");
         return NULL;
     }
-    cu->scratch = p;
-    cu->scratch_cap = cap;
+    cu->scratch[stream] = p;
+    cu->scratch_cap[stream] = cap;
     note_alloc(cu, cap);
     return p;
 }
@@ -607,13 +607,14 @@ static hp_status cuda_fill_init(hp_backend *b, float *dst, const hp_init *spec, 
         return hp_errf(err, HP_INVALID, "init %s: count %lld", fqn ? fqn : "?", (long long)count);
     if (count == 0) return HP_OK;
     if (!dst) return hp_errf(err, HP_INVALID, "init %s: NULL destination", fqn ? fqn : "?");
+    hp__cuda *cu = as_cuda(b);
     int64_t chunk = count < INIT_CHUNK ? count : INIT_CHUNK;
     float *host = hp_malloc((size_t)chunk * sizeof *host);
     if (!host) return hp_errf(err, HP_NOMEM, "cuda: out of memory for an init chunk");
     hp_status st = HP_OK;
     for (int64_t off = 0; off < count && st == HP_OK; off += chunk) {
         int64_t n = count - off < chunk ? count - off : chunk;
-        st = hp_param_init_fill(spec, seed, fqn, first + off, n, host, err);
+        st = hp_param_init_fill_par(cu->pool, spec, seed, fqn, first + off, n, host, err);
         if (st == HP_OK) st = cuda_copy_in(b, dst + off, host, (size_t)n * sizeof *host, err);
     }
     hp_free(host);
@@ -655,7 +656,8 @@ static void cuda_destroy(hp_backend *b) {
     if (cu->lt) cublasLtDestroy(cu->lt);
     cudaFree(cu->workspace);
     cudaFree(cu->fault);
-    cudaFree(cu->scratch);
+    for (int s = 0; s < HP_STREAM_COUNT; s++) cudaFree(cu->scratch[s]);
+    hp_pool_free(cu->pool);
     cudaFree(cu->sumsq_dev);
     cudaFreeHost(cu->sumsq_host);
     hp_free(cu->allocs);
@@ -749,6 +751,7 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
         goto fail;
     }
     if ((st = hp__cuda_gemm_new(cu, err)) != HP_OK) goto fail;
+    if ((st = hp_pool_new(hp_default_threads(), &cu->pool, err)) != HP_OK) goto fail;
     *out = &cu->base;
     return HP_OK;
 fail:

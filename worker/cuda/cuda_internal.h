@@ -11,6 +11,7 @@
 #ifndef HP_WORKER_CUDA_INTERNAL_H
 #define HP_WORKER_CUDA_INTERNAL_H
 
+#include "hp/threads.h"
 #include "worker/backend.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_kernels.h"
@@ -35,8 +36,10 @@ typedef struct hp__cuda {
     void *workspace; /* cuBLASLt workspace, HP__CUDA_WORKSPACE bytes */
     hp__cuda_gemm_cache *gemm;
     hp__cu_fault *fault; /* device fault word (zeroed); host copy checked at synchronize */
-    void *scratch;       /* device scratch, grown on demand (cudaFree waits for the device) */
-    size_t scratch_cap;
+    void *scratch[HP_STREAM_COUNT]; /* device scratch per stream, grown on demand (cudaFree
+                                       waits for the device) */
+    size_t scratch_cap[HP_STREAM_COUNT];
+    hp_pool *pool;      /* host threads for fill_init's values */
     double *sumsq_host; /* pinned [HP__CU_SUMSQ_BLOCKS] */
     double *sumsq_dev;
     hp__cuda_alloc *allocs; /* live allocations of alloc (for the live byte count) */
@@ -68,8 +71,9 @@ const char *hp__cublas_status_name(int st);
 
 /* ---- helpers (cuda_backend.c) --------------------------------------------------------------- */
 
-/* Device scratch of at least bytes, valid until the next call (stream-ordered use only). */
-void *hp__cuda_scratch(hp__cuda *cu, size_t bytes, hp_err *err);
+/* Device scratch of at least bytes for work on `stream`, valid until that stream's next
+ * request (stream-ordered use only: each stream has its own). */
+void *hp__cuda_scratch(hp__cuda *cu, int stream, size_t bytes, hp_err *err);
 /* hp_dtype -> HP__CU_*; -1 when the kernels have no such type. */
 int hp__cuda_dt(hp_dtype dt);
 /* Input k (out == 0) or output k must have a dtype in the mask (1u << hp_dtype); a dtype

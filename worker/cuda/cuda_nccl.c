@@ -245,7 +245,7 @@ hp_status hp__cuda_nccl_collective(hp__cuda *cu, const hp_kernel_call *c, hp_err
         size_t chunk = (size_t)(in_n / g->world) * es;
         const char *src = c->in[0];
         if (c->in[0] == c->out[0]) { /* send and receive buffers must not overlap */
-            void *tmp = hp__cuda_scratch(cu, (size_t)in_n * es, err);
+            void *tmp = hp__cuda_scratch(cu, HP_STREAM_COMM, (size_t)in_n * es, err);
             if (!tmp) return err ? err->status : HP_NOMEM;
             HP_TRY(hp__cuda_copy(s, tmp, c->in[0], (size_t)in_n * es, err));
             src = tmp;

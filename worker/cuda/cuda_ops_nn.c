@@ -259,7 +259,7 @@ HP__CUDA_ENTRY(hp__cuda_sdpa_backward) {
                      "cudaMemsetAsync");
         return HP_OK;
     }
-    float *delta = hp__cuda_scratch(cu, (size_t)rows * sizeof(float), err);
+    float *delta = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, (size_t)rows * sizeof(float), err);
     if (!delta) return err ? err->status : HP_NOMEM;
     LAUNCH(hp__cu_attention_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
                                      c->in[2], c->in[3], c->in[4], c->in[5], delta),
