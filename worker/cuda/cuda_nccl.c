@@ -98,8 +98,12 @@ hp_status hp_cuda_backend_set_comm(hp_backend *b, hp_comm *comm, const hp_comm_g
         r = ncclCommInitRank(&q->world.comm, comm->world, id, comm->rank);
         if (r != ncclSuccess) {
             q->world.comm = NULL;
-            st = hp_errf(err, HP_IO, "nccl: ncclCommInitRank (rank %d of %d): %s", comm->rank,
-                         comm->world, ncclGetErrorString(r));
+            int n = 0;
+            cudaGetDeviceCount(&n);
+            st = hp_errf(err, HP_IO,
+                         "nccl: ncclCommInitRank (rank %d of %d): %s (each rank needs a GPU of "
+                         "its own; this process sees %d)",
+                         comm->rank, comm->world, ncclGetErrorString(r), n);
         }
     }
     q->world.rank = comm->rank;
