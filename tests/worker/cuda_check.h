@@ -10,6 +10,7 @@
 #endif
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 
 /* True when this build has the cuda backend and the machine a device (why: the reason not). */
 static inline bool cu_present(char *why, size_t len) {
