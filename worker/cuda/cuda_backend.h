@@ -21,8 +21,9 @@ extern "C" {
  * never an error; *why then says what cudaGetDeviceCount answered, when why is not NULL). */
 int hp_cuda_device_count(char *why, size_t why_len);
 
-/* A backend on device `device` (0: the first visible one; hpd's launcher sets
- * CUDA_VISIBLE_DEVICES per rank). HP_UNSUPPORTED "device cuda: no CUDA device (...)" when there
+/* A backend on device `device` (0: the first visible one; the factory picks rank % the
+ * visible devices, and a launcher may narrow them with CUDA_VISIBLE_DEVICES — hpd's local
+ * launcher does not yet). HP_UNSUPPORTED "device cuda: no CUDA device (...)" when there
  * is none; HP_INVALID for a device number outside [0, count); HP_INTERNAL with the CUDA error
  * otherwise. *out is the caller's (hp_backend_free). */
 hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err);
