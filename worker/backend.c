@@ -5,6 +5,9 @@
 
 #include "hp/device.h"
 #include "worker/cpu/cpu_backend.h"
+#ifdef HP_CUDA_BACKEND
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_backend **out,
                          hp_err *err) {
@@ -29,11 +32,41 @@ hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_
         *out = b;
         return HP_OK;
     }
-    case HP_DEVICE_CUDA:
-        /* hp_device_built passed: a CUDA backend is compiled in, and it goes here (the CUDA
-         * issue); until then this cannot be reached. */
-        break;
+    case HP_DEVICE_CUDA: {
+#ifdef HP_CUDA_BACKEND
+        /* One device per rank: the launcher's CUDA_VISIBLE_DEVICES leaves each rank one, and
+         * ranks of one process group that all see every device take rank % count. */
+        int count = hp_cuda_device_count(NULL, 0);
+        int device = opts->comm && count > 0 ? opts->comm->rank % count : 0;
+        hp_backend *b = NULL;
+        HP_TRY(hp_cuda_backend_new(device, &b, err));
+        if (opts->comm) {
+            hp_status st =
+                hp_cuda_backend_set_comm(b, opts->comm, opts->groups, opts->n_groups, err);
+            if (st != HP_OK) {
+                hp_backend_free(b);
+                return st;
+            }
+        }
+        *out = b;
+        return HP_OK;
+#else
+        break; /* hp_device_built refused it above */
+#endif
+    }
     }
     return hp_errf(err, HP_UNSUPPORTED, "device %s: no backend in this hp-worker",
                    hp_device_name(device));
+}
+
+hp_status hp_backend_available(hp_device_kind d, hp_err *err) {
+    HP_TRY(hp_device_built(d, err));
+#ifdef HP_CUDA_BACKEND
+    if (d == HP_DEVICE_CUDA) {
+        char why[160] = "";
+        if (hp_cuda_device_count(why, sizeof why) == 0)
+            return hp_errf(err, HP_UNSUPPORTED, "device cuda: no CUDA device (%s)", why);
+    }
+#endif
+    return HP_OK;
 }

@@ -170,6 +170,12 @@ typedef struct hp_backend_opts {
 hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_backend **out,
                          hp_err *err);
 
+/* HP_OK when this hp-worker can run jobs on device d here: a backend is built for it
+ * (hp_device_built) and, for cuda, this process sees at least one CUDA device; otherwise
+ * hp_backend_new's one-line error ("device cuda: no CUDA device (...)"). For launchers, to
+ * refuse before any rank starts. */
+hp_status hp_backend_available(hp_device_kind d, hp_err *err);
+
 #ifdef __cplusplus
 }
 #endif

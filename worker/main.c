@@ -29,6 +29,7 @@
 #include "hp/passes.h"
 #include "hp/threads.h"
 #include "worker/agent.h"
+#include "worker/backend.h"
 #include "worker/probe.h"
 #include "worker/train.h"
 
@@ -446,8 +447,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hp-worker: %s\n", err.msg);
         return 1;
     }
-    /* before any rank starts: a device this hp-worker cannot run is one line, exit 1 */
-    if (hp_device_built(job->resources.device, &err) != HP_OK) {
+    /* before any rank starts: a device this hp-worker cannot run (not built, or no such
+     * device here) is one line, exit 1 */
+    if (hp_backend_available(job->resources.device, &err) != HP_OK) {
         fprintf(stderr, "hp-worker: %s\n", err.msg);
         hp_job_free(job);
         return 1;

@@ -1,5 +1,6 @@
-/* tests/worker/cpu_check.h — shared by the cpu backend tests (header-only, test code): run one
- * node of a harness graph on a backend and compare it with the reference evaluator.
+/* tests/worker/cpu_check.h — shared by the cpu and cuda backend tests (header-only, test code):
+ * run one node of a harness graph on a backend and compare it with the reference evaluator.
+ * Device memory is only touched through copy_in / copy_out, so any backend fits.
  *
  * The node's inputs are fed from the harness placeholders or, when an input is computed by
  * another node (sdpa_backward's out and logsumexp, say), from the evaluator's f32-rounded value
@@ -197,7 +198,13 @@ static inline hp_status cc_run(hp_backend *be, hp_th *h, int node, unsigned flag
     for (int k = 0; k < n.n_out; k++) {
         size_t bytes = (size_t)hp_type_numel(&n.out[k]) * hp_dtype_size(n.out[k].dtype);
         cr_assert_eq(vt->alloc(be, bytes, &dout[k], err), HP_OK);
-        memset(dout[k], 0xA5, bytes); /* garbage: kernels must write every element */
+        /* garbage: kernels must write every element (through copy_in: the backend's memory
+         * may not be the host's) */
+        void *junk = malloc(bytes + 1);
+        cr_assert(junk);
+        memset(junk, 0xA5, bytes);
+        cr_assert_eq(vt->copy_in(be, dout[k], junk, bytes, err), HP_OK);
+        free(junk);
     }
     hp_kernel_call call = {.node = &g->nodes[node],
                            .flags = flags,

@@ -1,0 +1,175 @@
+#!/bin/bash
+# bench/gpu/check.sh — the device check of the cuda backend (issue 12), one script for a
+# machine with one or more NVIDIA GPUs, ≤ 8 minutes on one H200, printing one summary:
+#   1. builds hp (Release, kernels for sm_90 unless HP_CUDA_ARCHS says otherwise) in
+#      $BUILD (default build-gpu),
+#   2. runs every CUDA test (tests/worker/test_cuda_*.c: every op vs the reference evaluator,
+#      the backend's math, device faults, cuda vs cpu training, NCCL 1-rank collectives),
+#   3. trains the debugmodel 20 steps on one GPU (the loss must fall),
+#   4. trains a ~1B Llama (dim 2048, 16 layers, 16 heads, 8 kv heads, ffn 8192, vocab 128256,
+#      seq 2048) 30 steps: tokens/s, MFU (torchtitan's formula, worker/metrics.c) and peak
+#      memory, medians over the steps after the first 5,
+#   5. where PyTorch with CUDA is importable, the same model in PyTorch eager and
+#      torch.compile (bench/gpu/torch_llama.py, bf16 autocast) and the ratios hp / PyTorch.
+# Without a GPU it still builds and runs the tests (they skip), says "no GPU" and exits 0.
+#
+# usage: bench/gpu/check.sh            (from the repository root)
+# env:   BUILD=DIR  BUILD_TYPE=Release  HP_CUDA_ARCHS="90"  ONE_B_BATCH=2  ONE_B_STEPS=30  HP_CUDA_TF32=1
+#        (the ~1B run is f32 in this backend; TF32 GEMMs are on by default here, 0 turns them
+#        off; bf16 parameters arrive with the mixed-precision policy)
+# Exit status: 0 when every stage that could run passed, 1 otherwise.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD=${BUILD:-$ROOT/build-gpu}
+ARCHS=${HP_CUDA_ARCHS:-90}
+BUILD_TYPE=${BUILD_TYPE:-Release}
+JOBS=$(nproc 2>/dev/null || echo 4)
+OUT=$(mktemp -d /tmp/hp-gpu-check-XXXXXX)
+START=$(date +%s)
+declare -a SUMMARY
+FAILED=0
+say() { echo "== $*"; }
+row() { SUMMARY+=("$1"); }
+fail() { FAILED=1; row "$1"; }
+elapsed() { echo $(($(date +%s) - START)); }
+
+GPU=yes
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then GPU=no; fi
+if [ "$GPU" = yes ]; then
+    NGPU=$(nvidia-smi -L | grep -c '^GPU')
+    GPUNAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    row "device        $NGPU x $GPUNAME"
+else
+    row "device        no GPU (nvidia-smi finds none): the GPU stages below are skipped"
+fi
+
+# ---- 1. build ---------------------------------------------------------------------------------
+say "build ($BUILD, sm $ARCHS)"
+if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DHP_WERROR=ON -DHP_CUDA_ARCHS="$ARCHS" \
+        >"$OUT/cmake.log" 2>&1 &&
+    cmake --build "$BUILD" -j"$JOBS" --target hp-worker hpctl test_cuda_backend test_cuda_ops \
+        test_cuda_train test_cuda_nccl >"$OUT/build.log" 2>&1; then
+    if grep -q "building the cuda backend" "$OUT/cmake.log"; then
+        row "build         ok, cuda backend built ($(elapsed) s)"
+    else
+        fail "build         ok but WITHOUT the cuda backend (no nvcc/cuBLASLt/NCCL found)"
+    fi
+else
+    fail "build         FAILED: see $OUT/cmake.log, $OUT/build.log"
+    tail -30 "$OUT/build.log"
+    printf '%s\n' "${SUMMARY[@]}"
+    exit 1
+fi
+
+# ---- 2. the CUDA tests ------------------------------------------------------------------------
+for t in test_cuda_backend test_cuda_ops test_cuda_train test_cuda_nccl; do
+    say "$t"
+    log="$OUT/$t.log"
+    timeout 300 "$BUILD/tests/$t" --jobs 1 --verbose=1 >"$log" 2>&1
+    rc=$?
+    synth=$(grep 'Synthesis' "$log" | tail -1 | sed 's/.*Synthesis: //')
+    skips=$(grep -c '^\[SKIP\]' "$log")
+    if [ $rc -eq 0 ]; then
+        row "$(printf '%-13s ok: %s, %s skipped' "$t" "$synth" "$skips")"
+    else
+        fail "$(printf '%-13s FAILED (exit %s): %s — %s' "$t" "$rc" "$synth" "$log")"
+        grep -E '^\[(FAIL|----)\]' "$log" | head -20
+    fi
+done
+
+if [ "$GPU" = no ]; then
+    row "training      skipped: no GPU"
+    echo
+    echo "==== GPU check summary ($(elapsed) s) ===="
+    printf '%s\n' "${SUMMARY[@]}"
+    echo "no GPU: nothing ran on a device"
+    exit $FAILED
+fi
+
+# metrics.jsonl -> "first_loss last_loss median_tps median_mfu max_mem_bytes flops_per_token
+# median_tflops" over steps > skip
+stats() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+skip = int(sys.argv[2])
+t = [r for r in rows if r["step"] > skip] or rows
+med = lambda k: sorted(r[k] for r in t)[len(t) // 2]
+mfu = sorted((r.get("mfu_pct") or 0) for r in t)[len(t) // 2]
+print(rows[0]["loss"], rows[-1]["loss"], med("tps"), mfu, max(r["memory_bytes"] for r in rows),
+      rows[-1]["flops_per_token"], med("tflops"), len(rows))
+PY
+}
+
+# ---- 3. the debugmodel, 20 steps --------------------------------------------------------------
+say "debugmodel 20 steps"
+D="$OUT/debug"
+if "$BUILD/client/hpctl" new --model llama3:debugmodel --device cuda --steps 20 --lr 3e-3 \
+        --log-interval 1 -o "$OUT/debug.pb" >/dev/null &&
+    timeout 180 "$BUILD/worker/hp-worker" --standalone "$OUT/debug.pb" --out "$D" \
+        >"$OUT/debug.log" 2>&1; then
+    read -r f l tps mfu mem _ _ n < <(stats "$D/metrics.jsonl" 3)
+    if python3 -c "import sys; sys.exit(0 if $l < $f - 0.5 else 1)"; then
+        row "$(printf 'debugmodel    ok: loss %.3f -> %.3f in %d steps, %.0f tokens/s' "$f" "$l" "$n" "$tps")"
+    else
+        fail "$(printf 'debugmodel    FAILED: the loss did not fall (%.3f -> %.3f)' "$f" "$l")"
+    fi
+else
+    fail "debugmodel    FAILED: $(tail -1 "$OUT/debug.log")"
+fi
+
+# ---- 4. the ~1B Llama, 30 steps ---------------------------------------------------------------
+B=${ONE_B_BATCH:-2}
+S=${ONE_B_STEPS:-30}
+SHAPE=(--dim 2048 --layers 16 --heads 16 --kv-heads 8 --ffn-hidden 8192 --vocab 128256
+       --batch "$B" --seq 2048)
+say "~1B Llama, $S steps, batch $B x 2048"
+G="$OUT/1b"
+HP_TPS=""
+if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$S" \
+        --log-interval 1 --name llama-1b -o "$OUT/1b.pb" >/dev/null &&
+    HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 "$BUILD/worker/hp-worker" --standalone \
+        "$OUT/1b.pb" --out "$G" >"$OUT/1b.log" 2>&1; then
+    read -r f l HP_TPS HP_MFU mem FPT TFL n < <(stats "$G/metrics.jsonl" 5)
+    row "$(printf '~1B hp        %.0f tokens/s, MFU %.1f%% (target 45%%), %.1f TFLOPS, peak %.1f GiB, loss %.3f -> %.3f (%d steps)' \
+        "$HP_TPS" "$HP_MFU" "$TFL" "$(python3 -c "print($mem / 2**30)")" "$f" "$l" "$n")"
+else
+    fail "~1B hp        FAILED or over 300 s: $(tail -1 "$OUT/1b.log")"
+    if [ -f "$G/metrics.jsonl" ]; then
+        read -r f l HP_TPS HP_MFU mem FPT TFL n < <(stats "$G/metrics.jsonl" 5)
+        row "$(printf '              (%d steps ran: %.0f tokens/s, MFU %.1f%%)' "$n" "$HP_TPS" "$HP_MFU")"
+    fi
+fi
+
+# ---- 5. PyTorch eager and torch.compile -------------------------------------------------------
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    for mode in eager compile; do
+        say "PyTorch $mode"
+        if timeout 240 python3 bench/gpu/torch_llama.py --mode $mode --dim 2048 --layers 16 \
+                --heads 16 --kv-heads 8 --ffn 8192 --vocab 128256 --batch "$B" --seq 2048 \
+                --steps "$S" >"$OUT/torch-$mode.json" 2>"$OUT/torch-$mode.log"; then
+            r=$(python3 - "$OUT/torch-$mode.json" "${HP_TPS:-0}" "${FPT:-0}" "${HP_MFU:-0}" "${TFL:-0}" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+hp, fpt, mfu, tfl = map(float, sys.argv[2:6])
+peak = tfl * 1e12 / (mfu / 100) if mfu > 0 else 0
+tmfu = 100 * fpt * j["tokens_per_s"] / peak if peak > 0 else float("nan")
+ratio = hp / j["tokens_per_s"] if j["tokens_per_s"] > 0 else float("nan")
+print("%.0f tokens/s, MFU %.1f%%, peak %.1f GiB (torch %s); hp / torch = %.2fx" % (
+    j["tokens_per_s"], tmfu, j["peak_bytes"] / 2**30, j["torch"], ratio))
+PY
+)
+            row "$(printf '~1B torch %-7s %s' "$mode" "$r")"
+        else
+            row "$(printf '~1B torch %-7s did not run: %s' "$mode" "$(tail -1 "$OUT/torch-$mode.log" "$OUT/torch-$mode.json" 2>/dev/null | tail -1)")"
+        fi
+    done
+else
+    row "~1B torch     skipped: PyTorch with CUDA is not importable here"
+fi
+
+echo
+echo "==== GPU check summary ($(elapsed) s; logs in $OUT) ===="
+printf '%s\n' "${SUMMARY[@]}"
+exit $FAILED

@@ -1,0 +1,118 @@
+/* tests/worker/test_cuda_train.c — whole training runs on the cuda backend: a small Llama
+ * (the debugmodel's layout, reduced) trained on cuda equals the same run on the cpu backend
+ * within 1e-4 (losses of every step, final weights), and the debugmodel trains 20 steps on one
+ * GPU with the loss falling. A cuda job on a machine without a device fails at setup with one
+ * line (runs everywhere). GPU runs skip cleanly without a device (cuda_check.h). */
+#include "cuda_check.h"
+
+#include "hp/device.h"
+#include "hp/job.h"
+#include "hp/models.h"
+#include "worker/train.h"
+
+#include "tests/util/run_compare.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmp[256];
+
+static void setup(void) {
+    snprintf(tmp, sizeof tmp, "/tmp/hp-cuda-train-XXXXXX");
+    cr_assert(mkdtemp(tmp));
+}
+static void teardown(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    cr_assert_eq(system(cmd), 0);
+}
+
+/* Each test makes its temp dir after its skip check (Criterion runs no .fini after a skip). */
+TestSuite(cuda_train, .timeout = 600);
+
+static hp_job *job_of(hp_model_spec spec, int64_t steps, hp_device_kind dev) {
+    hp_job *job = hp_job_new();
+    cr_assert(job);
+    job->model = spec;
+    hp_err e;
+    cr_assert_eq(hp_model_build_joint(&spec, &job->graph, &e), HP_OK, "%s", e.msg);
+    job->train.steps = steps;
+    job->train.local_batch = spec.batch;
+    job->train.seq = spec.seq;
+    job->train.log_interval = 1;
+    job->train.warmup_steps = 2;
+    job->train.lr = 1e-3;
+    job->resources.device = dev;
+    if (dev == HP_DEVICE_CUDA) job->resources.gpus_per_node = 1;
+    cr_assert_eq(hp_job_validate(job, &e), HP_OK, "%s", e.msg);
+    return job;
+}
+
+static hp_model_spec small_spec(void) {
+    hp_model_spec s;
+    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &s, NULL), HP_OK);
+    s.dim = 64, s.n_layers = 2, s.n_heads = 4, s.n_kv_heads = 2, s.ffn_hidden = 96;
+    s.vocab = 128, s.batch = 2, s.seq = 32;
+    return s;
+}
+
+Test(cuda_train, cuda_job_without_a_device_fails_at_setup_with_one_line) {
+    char why[200];
+    if (cu_present(why, sizeof why)) cr_skip_test("a CUDA device is present");
+    setup();
+    hp_job *job = job_of(small_spec(), 2, HP_DEVICE_CUDA);
+    hp_train_opts o = {.out_dir = tmp, .threads = 1, .log = stderr};
+    hp_train_result res;
+    hp_err e = {0};
+    cr_assert_eq(hp_train(job, &o, &res, &e), HP_UNSUPPORTED);
+    cr_assert(strstr(e.msg, "device cuda"), "%s", e.msg);
+    cr_assert(strstr(e.msg, hp_device_built(HP_DEVICE_CUDA, NULL) == HP_OK ? "no CUDA device"
+                                                                           : "without CUDA"),
+              "%s", e.msg);
+    cr_assert_null(strchr(e.msg, '\n'), "not one line: %s", e.msg);
+    cr_assert_eq(res.last_step, 0);
+    hp_job_free(job);
+    teardown();
+}
+
+Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/cpu", tmp);
+    snprintf(b, sizeof b, "%s/cuda", tmp);
+    hp_train_result res;
+    hp_err e = {0};
+    hp_job *cpu = job_of(small_spec(), 5, HP_DEVICE_CPU);
+    hp_train_opts oc = {.out_dir = a, .threads = 2, .log = stderr};
+    cr_assert_eq(hp_train(cpu, &oc, &res, &e), HP_OK, "cpu: %s", e.msg);
+    hp_job *gpu = job_of(small_spec(), 5, HP_DEVICE_CUDA);
+    hp_train_opts og = {.out_dir = b, .threads = 2, .log = stderr};
+    cr_assert_eq(hp_train(gpu, &og, &res, &e), HP_OK, "cuda: %s", e.msg);
+    hp_th_expect_losses_close(a, b, 1e-4, 1e-4, "cuda vs cpu");
+    hp_th_expect_weights_close(a, b, 1e-4, 1e-4, "cuda vs cpu");
+    hp_job_free(cpu);
+    hp_job_free(gpu);
+    teardown();
+}
+
+Test(cuda_train, debugmodel_20_steps_loss_falls) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    hp_model_spec spec;
+    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &spec, NULL), HP_OK);
+    spec.batch = 8, spec.seq = 256;
+    hp_job *job = job_of(spec, 20, HP_DEVICE_CUDA);
+    job->train.lr = 3e-3;
+    hp_train_opts o = {.out_dir = tmp, .threads = 2, .log = stderr};
+    hp_train_result res;
+    hp_err e = {0};
+    cr_assert_eq(hp_train(job, &o, &res, &e), HP_OK, "%s", e.msg);
+    cr_expect_gt(res.first_loss, 7.0, "first loss %.4f", res.first_loss);
+    cr_expect_lt(res.last_loss, res.first_loss - 1.0, "loss %.4f -> %.4f", res.first_loss,
+                 res.last_loss);
+    hp_job_free(job);
+    teardown();
+}

@@ -1,0 +1,184 @@
+/* worker/cuda/cuda_kernels.h — the launchers of the cuda backend's own kernels (k_*.cu, one op
+ * family per file), in plain C types so that the C side (cuda_ops*.c, which checks every call
+ * against its node) and the CUDA side share nothing but this header.
+ *
+ * Every launcher enqueues its kernels on `s` and returns the cudaError_t of the launch (as an
+ * int: cudaSuccess is 0); it never synchronizes. Shapes and strides are in elements. Sizes were
+ * checked by the caller; data-dependent faults (an index out of range) are recorded in the
+ * device fault word (hp__cu_fault) and reported by the backend at the next synchronize.
+ *
+ * Element types: HP__CU_F32, HP__CU_BF16, HP__CU_F16, HP__CU_I32, HP__CU_I64, HP__CU_BOOL (the
+ * codes of hp_dtype are not used so that this header needs no hp header).
+ */
+#ifndef HP_WORKER_CUDA_KERNELS_H
+#define HP_WORKER_CUDA_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define HP__CU_MAX_RANK 8
+
+enum { HP__CU_F32 = 0, HP__CU_BF16, HP__CU_F16, HP__CU_I32, HP__CU_I64, HP__CU_BOOL };
+
+/* An index space of `rank` dims with one stride per operand (at most 4 operands). */
+typedef struct hp__cu_walk {
+    int rank;
+    int64_t shape[HP__CU_MAX_RANK];
+    int64_t st[4][HP__CU_MAX_RANK];
+} hp__cu_walk;
+
+/* The device fault word: the first data-dependent fault of a kernel since the last
+ * synchronize. op is the kernel's code below (0: no fault). */
+enum {
+    HP__CU_FAULT_NONE = 0,
+    HP__CU_FAULT_EMBEDDING_INDEX,
+    HP__CU_FAULT_NLL_TARGET,
+    HP__CU_FAULT_INJECTED,
+};
+typedef struct hp__cu_fault {
+    long long code, value, position, limit;
+} hp__cu_fault;
+
+/* ---- k_elementwise.cu ---------------------------------------------------------------------- */
+
+/* Binary ops and their codes (f32 or bf16 operands, the output of the same type, or bool for
+ * eq / lt). The walk's operand 0 is the output, 1 and 2 the inputs (broadcast strides 0). */
+enum { HP__CU_ADD = 0, HP__CU_SUB, HP__CU_MUL, HP__CU_DIV, HP__CU_MAXIMUM, HP__CU_EQ, HP__CU_LT };
+int hp__cu_binary(cudaStream_t s, int op, int dtype, void *y, const void *a, const void *b,
+                  const hp__cu_walk *w, int64_t n);
+
+/* Unary ops with one scalar parameter p (add_scalar, mul_scalar, pow's exponent, gelu's
+ * approximate flag); y and x of one float dtype, n elements. */
+enum {
+    HP__CU_ADD_SCALAR = 0,
+    HP__CU_MUL_SCALAR,
+    HP__CU_POW,
+    HP__CU_NEG,
+    HP__CU_EXP,
+    HP__CU_LOG,
+    HP__CU_SQRT,
+    HP__CU_RSQRT,
+    HP__CU_TANH,
+    HP__CU_SIGMOID,
+    HP__CU_SILU,
+    HP__CU_GELU,
+    HP__CU_RELU,
+};
+int hp__cu_unary(cudaStream_t s, int op, int dtype, void *y, const void *x, double p, int64_t n);
+
+/* Backward pairs (grad, saved) -> grad_in: tanh (saved = y), sigmoid (saved = y), silu
+ * (saved = x), gelu (saved = x, p = approximate), threshold (saved = x, p = threshold). */
+enum { HP__CU_TANH_BW = 0, HP__CU_SIGMOID_BW, HP__CU_SILU_BW, HP__CU_GELU_BW, HP__CU_THRESHOLD_BW };
+int hp__cu_backward_pair(cudaStream_t s, int op, int dtype, void *y, const void *g,
+                         const void *saved, double p, int64_t n);
+
+/* y[0..n) = v in dtype (full, zeros, ones). */
+int hp__cu_fill(cudaStream_t s, int dtype, void *y, double v, int64_t n);
+
+/* where(cond, a, b): walk operands 0 = y, 1 = cond (bool), 2 = a, 3 = b; esize bytes each. */
+int hp__cu_where(cudaStream_t s, size_t esize, void *y, const void *cond, const void *a,
+                 const void *b, const hp__cu_walk *w, int64_t n);
+
+/* _to_copy between any two dtypes (torch's rules: float -> int truncates and saturates, NaN
+ * -> 0; -> bool is x != 0; -> bf16/f16 rounds to nearest even). */
+int hp__cu_cast(cudaStream_t s, int to, void *y, int from, const void *x, int64_t n);
+
+/* ---- k_shape.cu ---------------------------------------------------------------------------- */
+
+/* dst[Σ idx·st[0]] = src[Σ idx·st[1]] over the walk; esize 1, 2, 4 or 8. */
+int hp__cu_strided_copy(cudaStream_t s, size_t esize, void *dst, const void *src,
+                        const hp__cu_walk *w, int64_t n);
+
+/* ---- k_reduce.cu --------------------------------------------------------------------------- */
+
+/* sum / mean / amax: output o (n_out of them) reduces the input elements at
+ * base(o) + Σ r·red_st over the reduced space (red_shape); base(o) walks the kept dims
+ * (kept.shape, kept.st[0] input strides). f32 (double accumulation) or i32/i64 (sum only). */
+enum { HP__CU_SUM = 0, HP__CU_MEAN, HP__CU_AMAX };
+int hp__cu_reduce(cudaStream_t s, int op, int dtype, void *y, const void *x,
+                  const hp__cu_walk *kept, int64_t n_out, const hp__cu_walk *red, int64_t n_red);
+
+/* ---- k_embedding.cu ------------------------------------------------------------------------- */
+
+/* y[i, :] = w[idx[i], :] for n positions of d; idx i32 or i64 (is64); an index outside [0, v)
+ * faults (and its row reads zeros). */
+int hp__cu_embedding(cudaStream_t s, float *y, const float *w, const void *idx, int is64, int64_t n,
+                     int64_t v, int64_t d, hp__cu_fault *fault);
+/* gw [v, d] = Σ over positions with index r of g[i, :] (zeroed first; row `pad` stays 0). */
+int hp__cu_embedding_backward(cudaStream_t s, float *gw, const float *g, const void *idx, int is64,
+                              int64_t n, int64_t v, int64_t d, int64_t pad, hp__cu_fault *fault);
+
+/* ---- k_softmax.cu --------------------------------------------------------------------------- */
+
+/* Lines of len elements inner apart, outer · inner of them. log: log_softmax. */
+int hp__cu_softmax(cudaStream_t s, int log, float *y, const float *x, int64_t outer, int64_t len,
+                   int64_t inner);
+/* log: gx = g − exp(out)·Σg; else gx = out·(g − Σ g·out). */
+int hp__cu_softmax_backward(cudaStream_t s, int log, float *gx, const float *g, const float *out,
+                            int64_t outer, int64_t len, int64_t inner);
+
+/* ---- k_nll.cu ------------------------------------------------------------------------------- */
+
+/* reduction: 0 none, 1 mean, 2 sum. loss [rows] or [1]; total_weight [1]. */
+int hp__cu_nll(cudaStream_t s, float *loss, float *total_weight, const float *logp,
+               const void *target, int is64, int64_t rows, int64_t classes, int reduction,
+               int64_t ignore, hp__cu_fault *fault);
+int hp__cu_nll_backward(cudaStream_t s, float *gx, const float *g, const void *target, int is64,
+                        const float *total_weight, int64_t rows, int64_t classes, int reduction,
+                        int64_t ignore, hp__cu_fault *fault);
+
+/* ---- k_rmsnorm.cu --------------------------------------------------------------------------- */
+
+int hp__cu_rms_norm(cudaStream_t s, float *y, float *rstd, const float *x, const float *w,
+                    int64_t rows, int64_t d, double eps);
+int hp__cu_rms_norm_backward(cudaStream_t s, float *gx, float *gw, const float *gy, const float *x,
+                             const float *w, const float *rstd, int64_t rows, int64_t d);
+
+/* ---- k_rope.cu ------------------------------------------------------------------------------ */
+
+/* x, y [B, T, H, D]: pair i of position t rotated by t·theta^(−2i/D) (sign −1: inverse). */
+int hp__cu_rotary(cudaStream_t s, float *y, const float *x, int64_t b, int64_t t, int64_t h,
+                  int64_t d, double theta, float sign);
+
+/* ---- k_attention.cu ------------------------------------------------------------------------- */
+
+/* The most head dim the attention kernels take. */
+#define HP__CU_ATTN_MAX_D 256
+
+typedef struct hp__cu_attn {
+    int64_t b, h, hkv, t, s, d, dv;
+    float scale;
+    int causal;
+} hp__cu_attn;
+
+/* q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] -> out [B, H, T, Dv], lse [B, H, T]. */
+int hp__cu_attention(cudaStream_t s, const hp__cu_attn *a, float *out, float *lse, const float *q,
+                     const float *k, const float *v);
+/* delta: scratch [B, H, T] floats. */
+int hp__cu_attention_backward(cudaStream_t s, const hp__cu_attn *a, float *gq, float *gk, float *gv,
+                              const float *gout, const float *q, const float *k, const float *v,
+                              const float *out, const float *lse, float *delta);
+
+/* ---- k_optim.cu ----------------------------------------------------------------------------- */
+
+/* The per-step scalars of hp_adamw_step (worker/optim.c), rounded there. */
+typedef struct hp__cu_adamw {
+    float decay, b1, omb1, b2, omb2, bc2_sqrt, eps, neg_step;
+} hp__cu_adamw;
+int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p, const float *g, float *m,
+                      float *v, int64_t n);
+/* partial[0..HP__CU_SUMSQ_BLOCKS) = sums of squares (double) of fixed slices of x[0..n). */
+#define HP__CU_SUMSQ_BLOCKS 256
+int hp__cu_sumsq(cudaStream_t s, double *partial, const float *x, int64_t n);
+int hp__cu_scale(cudaStream_t s, float *x, int64_t n, float coef);
+/* Records fault `code` with value v (the injected-error test's kernel). */
+int hp__cu_inject_fault(cudaStream_t s, hp__cu_fault *fault, long long code, long long v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

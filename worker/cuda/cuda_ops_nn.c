@@ -1,0 +1,268 @@
+/* worker/cuda/cuda_ops_nn.c — the cuda backend's entries for the neural-network ops: embedding
+ * (+ dense backward), (log_)softmax (+ backward), nll_loss (+ backward), fused RMSNorm
+ * (+ backward), rotary embedding, and the fused causal attention (+ backward). Each checks its
+ * call as the cpu kernel does and enqueues the kernels of k_embedding.cu, k_softmax.cu,
+ * k_nll.cu, k_rmsnorm.cu, k_rope.cu, k_attention.cu. f32 values; i32/i64 indices. Index and
+ * target ranges are checked on the device (the fault word), not here: reading them would
+ * synchronize. */
+#include "worker/cuda/cuda_internal.h"
+
+#include <math.h>
+
+#define LAUNCH(call, what) HP__CUDA_TRY((call), (what))
+
+/* ---- embedding ------------------------------------------------------------------------------ */
+
+HP__CUDA_ENTRY(hp__cuda_embedding) {
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    const hp_type *w = &c->in_type[0];
+    if (w->rank != 2) return hp_errf(err, HP_INVALID, "weight must be [V, D]");
+    int64_t n = hp_type_numel(&c->in_type[1]);
+    HP_TRY(hp__cuda_out_numel(c, 0, n * w->shape[1], err));
+    LAUNCH(hp__cu_embedding(s, c->out[0], c->in[0], c->in[1], c->in_type[1].dtype == HP_I64, n,
+                            w->shape[0], w->shape[1], cu->fault),
+           "embedding kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_embedding_backward) {
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    const hp_type *o = &c->out_type[0];
+    if (o->rank != 2) return hp_errf(err, HP_INVALID, "output must be [num_weights, D]");
+    int64_t v = o->shape[0], d = o->shape[1], n = hp_type_numel(&c->in_type[1]);
+    if (hp_type_numel(&c->in_type[0]) != n * d)
+        return hp_errf(err, HP_INVALID, "grad has %lld elements, expected %lld x %lld",
+                       (long long)hp_type_numel(&c->in_type[0]), (long long)n, (long long)d);
+    LAUNCH(hp__cu_embedding_backward(s, c->out[0], c->in[0], c->in[1],
+                                     c->in_type[1].dtype == HP_I64, n, v, d,
+                                     hp_node_int(c->node, HP_ATTR_PADDING_IDX, -1), cu->fault),
+           "embedding backward kernel");
+    return HP_OK;
+}
+
+/* ---- softmax family ------------------------------------------------------------------------- */
+
+static hp_status sm_lines(const hp_kernel_call *c, const hp_type *t, int64_t *outer, int64_t *len,
+                          int64_t *inner, hp_err *err) {
+    int dim = 0;
+    *len = *inner = 1;
+    if (t->rank > 0) {
+        HP_TRY(hp__cuda_attr_dim(c->node, HP_ATTR_DIM, t->rank, &dim, err));
+        *len = t->shape[dim];
+        for (int d = dim + 1; d < t->rank; d++) *inner *= t->shape[d];
+    }
+    int64_t n = hp_type_numel(t);
+    *outer = *len * *inner > 0 ? n / (*len * *inner) : 0;
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_softmax) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
+    int64_t outer, len, inner;
+    HP_TRY(sm_lines(c, &c->in_type[0], &outer, &len, &inner, err));
+    LAUNCH(
+        hp__cu_softmax(s, c->node->op == HP_OP_LOG_SOFTMAX, c->out[0], c->in[0], outer, len, inner),
+        "softmax kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_softmax_backward) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 1, 0, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
+    int64_t outer, len, inner;
+    HP_TRY(sm_lines(c, &c->out_type[0], &outer, &len, &inner, err));
+    LAUNCH(hp__cu_softmax_backward(s, c->node->op == HP_OP_LOG_SOFTMAX_BACKWARD, c->out[0],
+                                   c->in[0], c->in[1], outer, len, inner),
+           "softmax backward kernel");
+    return HP_OK;
+}
+
+/* ---- nll_loss ------------------------------------------------------------------------------- */
+
+static hp_status nll_args(const hp_kernel_call *c, int lp, int64_t *rows, int64_t *classes,
+                          hp_err *err) {
+    HP_TRY(hp__cuda_dtype(c, 0, lp, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, lp + 1, HP__CINTS, err));
+    const hp_type *l = &c->in_type[lp], *t = &c->in_type[lp + 1];
+    if (l->rank != 2 || t->rank != 1 || t->shape[0] != l->shape[0]) {
+        char x[128], y[128];
+        return hp_errf(err, HP_INVALID, "log-probabilities %s and target %s must be [N, C], [N]",
+                       hp_type_str(l, x, sizeof x), hp_type_str(t, y, sizeof y));
+    }
+    *rows = l->shape[0];
+    *classes = l->shape[1];
+    int64_t red = hp_node_int(c->node, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    if (red != HP_NLL_NONE && red != HP_NLL_MEAN && red != HP_NLL_SUM)
+        return hp_errf(err, HP_INVALID, "reduction %lld is not 0, 1 or 2", (long long)red);
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_nll_loss) {
+    int64_t rows, classes;
+    HP_TRY(nll_args(c, 0, &rows, &classes, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
+    int64_t red = hp_node_int(c->node, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    HP_TRY(hp__cuda_out_numel(c, 0, red == HP_NLL_NONE ? rows : 1, err));
+    HP_TRY(hp__cuda_out_numel(c, 1, 1, err));
+    LAUNCH(hp__cu_nll(s, c->out[0], c->out[1], c->in[0], c->in[1], c->in_type[1].dtype == HP_I64,
+                      rows, classes, (int)red, hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100),
+                      cu->fault),
+           "nll_loss kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_nll_loss_backward) {
+    int64_t rows, classes;
+    HP_TRY(nll_args(c, 1, &rows, &classes, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 3, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_out_numel(c, 0, rows * classes, err));
+    int64_t red = hp_node_int(c->node, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    if (hp_type_numel(&c->in_type[0]) != (red == HP_NLL_NONE ? rows : 1) ||
+        hp_type_numel(&c->in_type[3]) != 1)
+        return hp_errf(err, HP_INVALID, "grad or total_weight has the wrong size");
+    LAUNCH(hp__cu_nll_backward(s, c->out[0], c->in[0], c->in[2], c->in_type[2].dtype == HP_I64,
+                               c->in[3], rows, classes, (int)red,
+                               hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100), cu->fault),
+           "nll_loss backward kernel");
+    return HP_OK;
+}
+
+/* ---- RMSNorm, rotary ------------------------------------------------------------------------ */
+
+HP__CUDA_ENTRY(hp__cuda_rms_norm) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    const hp_type *t = &c->in_type[0];
+    if (t->rank < 1 || c->in_type[1].rank != 1 || c->in_type[1].shape[0] != t->shape[t->rank - 1])
+        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
+    HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
+    int64_t d = t->shape[t->rank - 1], rows = hp_type_numel(&c->out_type[1]);
+    HP_TRY(hp__cuda_out_numel(c, 1, d > 0 ? hp_type_numel(t) / d : rows, err));
+    LAUNCH(hp__cu_rms_norm(s, c->out[0], c->out[1], c->in[0], c->in[1], rows, d,
+                           hp_node_float(c->node, HP_ATTR_EPS, 1e-6)),
+           "rms_norm kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_rms_norm_backward) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    const hp_type *t = &c->in_type[1];
+    if (t->rank < 1 || c->in_type[2].rank != 1 || c->in_type[2].shape[0] != t->shape[t->rank - 1])
+        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
+    HP_TRY(hp__cuda_same_shape(c, 0, 1, 0, err));
+    HP_TRY(hp__cuda_same_shape(c, 1, 0, 1, err));
+    HP_TRY(hp__cuda_same_shape(c, 2, 1, 1, err));
+    int64_t d = t->shape[t->rank - 1], rows = hp_type_numel(&c->in_type[3]);
+    if (d > 0 && rows != hp_type_numel(t) / d)
+        return hp_errf(err, HP_INVALID, "rstd has %lld rows, the input %lld", (long long)rows,
+                       (long long)(hp_type_numel(t) / d));
+    LAUNCH(hp__cu_rms_norm_backward(s, c->out[0], c->out[1], c->in[0], c->in[1], c->in[2], c->in[3],
+                                    rows, d),
+           "rms_norm backward kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_rotary) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
+    const hp_type *t = &c->in_type[0];
+    if (t->rank != 4 || t->shape[3] % 2)
+        return hp_errf(err, HP_INVALID, "input must be [B, T, H, D] with D even");
+    float sign = hp_node_int(c->node, HP_ATTR_INVERSE, 0) ? -1.0f : 1.0f;
+    LAUNCH(hp__cu_rotary(s, c->out[0], c->in[0], t->shape[0], t->shape[1], t->shape[2], t->shape[3],
+                         hp_node_float(c->node, HP_ATTR_THETA, 10000.0), sign),
+           "rotary kernel");
+    return HP_OK;
+}
+
+/* ---- attention ------------------------------------------------------------------------------ */
+
+static hp_status attn_check(const hp_kernel_call *c, int iq, hp__cu_attn *a, hp_err *err) {
+    for (int k = iq; k < iq + 3; k++) HP_TRY(hp__cuda_dtype(c, 0, k, HP__CF32, err));
+    const hp_type *q = &c->in_type[iq], *k = &c->in_type[iq + 1], *v = &c->in_type[iq + 2];
+    bool ok = q->rank == 4 && k->rank == 4 && v->rank == 4;
+    ok = ok && k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0];
+    ok = ok && k->shape[1] == v->shape[1] && k->shape[2] == v->shape[2];
+    ok = ok && k->shape[3] == q->shape[3] && k->shape[1] > 0 && q->shape[1] % k->shape[1] == 0;
+    if (!ok) {
+        char x[128], y[128], z[128];
+        return hp_errf(err, HP_INVALID,
+                       "q %s, k %s, v %s are not [B,H,T,D], [B,Hkv,S,D], "
+                       "[B,Hkv,S,Dv] with H a multiple of Hkv",
+                       hp_type_str(q, x, sizeof x), hp_type_str(k, y, sizeof y),
+                       hp_type_str(v, z, sizeof z));
+    }
+    *a = (hp__cu_attn){.b = q->shape[0],
+                       .h = q->shape[1],
+                       .hkv = k->shape[1],
+                       .t = q->shape[2],
+                       .s = k->shape[2],
+                       .d = q->shape[3],
+                       .dv = v->shape[3],
+                       .causal = hp_node_int(c->node, HP_ATTR_CAUSAL, 0) != 0};
+    a->scale = (float)hp_node_float(c->node, HP_ATTR_SCALE, 1.0 / sqrt((double)(a->d ? a->d : 1)));
+    if (a->d > HP__CU_ATTN_MAX_D || a->dv > HP__CU_ATTN_MAX_D)
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "head dims %lld / %lld: the cuda attention kernels take at most %d",
+                       (long long)a->d, (long long)a->dv, HP__CU_ATTN_MAX_D);
+    if (a->h > 65535 || a->b > 65535)
+        return hp_errf(err, HP_UNSUPPORTED, "%lld heads x %lld batch is beyond the grid",
+                       (long long)a->h, (long long)a->b);
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_sdpa) {
+    hp__cu_attn a;
+    HP_TRY(attn_check(c, 0, &a, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
+    HP_TRY(hp__cuda_out_numel(c, 0, a.b * a.h * a.t * a.dv, err));
+    HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.h * a.t, err));
+    if (a.s == 0) { /* no keys: zeros, and lse -inf (as the empty sum) */
+        HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)(a.b * a.h * a.t * a.dv) * 4, s),
+                     "cudaMemsetAsync");
+        LAUNCH(hp__cu_fill(s, HP__CU_F32, c->out[1], -INFINITY, a.b * a.h * a.t), "fill");
+        return HP_OK;
+    }
+    LAUNCH(hp__cu_attention(s, &a, c->out[0], c->out[1], c->in[0], c->in[1], c->in[2]),
+           "attention kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_sdpa_backward) {
+    hp__cu_attn a;
+    HP_TRY(attn_check(c, 1, &a, err));
+    for (int k = 0; k < 3; k++) HP_TRY(hp__cuda_dtype(c, 1, k, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 4, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 5, HP__CF32, err));
+    int64_t rows = a.b * a.h * a.t;
+    if (hp_type_numel(&c->in_type[0]) != rows * a.dv ||
+        hp_type_numel(&c->in_type[4]) != rows * a.dv || hp_type_numel(&c->in_type[5]) != rows)
+        return hp_errf(err, HP_INVALID, "g_out, out or logsumexp does not match q and v");
+    HP_TRY(hp__cuda_out_numel(c, 0, rows * a.d, err));
+    HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.hkv * a.s * a.d, err));
+    HP_TRY(hp__cuda_out_numel(c, 2, a.b * a.hkv * a.s * a.dv, err));
+    HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)(rows * a.d) * 4, s), "cudaMemsetAsync");
+    if (rows == 0 || a.s == 0) {
+        HP__CUDA_TRY(cudaMemsetAsync(c->out[1], 0, (size_t)(a.b * a.hkv * a.s * a.d) * 4, s),
+                     "cudaMemsetAsync");
+        HP__CUDA_TRY(cudaMemsetAsync(c->out[2], 0, (size_t)(a.b * a.hkv * a.s * a.dv) * 4, s),
+                     "cudaMemsetAsync");
+        return HP_OK;
+    }
+    float *delta = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, (size_t)rows * sizeof(float), err);
+    if (!delta) return err ? err->status : HP_NOMEM;
+    LAUNCH(hp__cu_attention_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
+                                     c->in[2], c->in[3], c->in[4], c->in[5], delta),
+           "attention backward kernel");
+    return HP_OK;
+}
