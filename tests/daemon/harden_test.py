@@ -9,6 +9,8 @@ plays the workers) with a temp state dir and runs one case:
   nul    ids with an embedded NUL (GetJob/CancelJob/WatchJob/GetPlan), a job name that is not
          UTF-8, HTTP paths with %00 and a worker Hello for "j-...\\0x" are refused;
   step   a rank reporting step INT64_MAX (metrics, Done) does not move its job past the end;
+  decode large requests (GetPlan/SubmitJob bombs, sent 6 at once) are decoded off the loop: a
+         ListJobs poller running meanwhile never waits more than 1 s;
   args   HTTP requests with 33 to 16000 query arguments all get a prompt 400 (JSON, naming the
          limit) or 414/431, never a held or silently closed connection.
 Exit 0: passed; 1: a check failed.
@@ -159,6 +161,47 @@ def case_bomb(a, M, chan, token, proc, kv, tmp):
     r = M.SubmitJobResponse.FromString(unary(chan, "SubmitJob", M.SubmitJobRequest(job=j)
                                              .SerializeToString(), token=token))
     check(r.job.id != "", "a normal SubmitJob after the bombs")
+
+
+def case_decode(a, M, chan, token, proc, kv, tmp):
+    """Six 20 MB requests at once: decoded on the pool, ListJobs meanwhile answers promptly."""
+    import threading
+    n = 10_000_000
+    job = ld(3, b"\x12\x00" * n)
+    reqs = [("GetPlan", ld(2, job)), ("SubmitJob", ld(1, job))] * 3
+    unary(chan, "ListJobs", b"", timeout=10)
+    lat, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t = time.time()
+            try:
+                unary(chan, "ListJobs", b"", timeout=30)
+            except grpc.RpcError as e:
+                print(f"ListJobs: {e.code()}")
+            lat.append((t, time.time() - t))
+    th = threading.Thread(target=poll)
+    th.start()
+    t0 = time.time()
+    futs = [chan.unary_unary(f"/hp.v1.Coordinator/{m}").future(
+        r, metadata=[("authorization", "Bearer " + token)], timeout=120) for m, r in reqs]
+    codes = []
+    for f in futs:
+        try:
+            f.result()
+            codes.append("OK")
+        except grpc.RpcError as e:
+            codes.append(e.code().name)
+    t1 = time.time()
+    stop.set()
+    th.join()
+    during = [d for t, d in lat if t0 <= t <= t1]
+    worst = max(during) if during else float("inf")
+    print(f"figure {len(reqs)} requests of {len(job) >> 20} MiB at once: all answered in "
+          f"{t1 - t0:.2f} s; {len(during)} ListJobs meanwhile, the slowest {worst * 1000:.0f} ms")
+    check(all(c == "RESOURCE_EXHAUSTED" for c in codes), f"every bomb refused: {codes}")
+    check(len(during) >= 2, f"ListJobs answered meanwhile ({len(during)} calls)")
+    check(worst < 1.0, f"the slowest ListJobs during the decodes took {worst:.3f} s (< 1 s)")
 
 
 def case_plan(a, M, chan, token, proc, kv, tmp):
@@ -345,7 +388,7 @@ def case_args(a, M, chan, token, proc, kv, tmp):
     check(st == 200, f"a normal request afterwards: {st}")
 
 
-CASES = {"args": case_args, "bomb": case_bomb, "plan": case_plan, "nul": case_nul, "step": case_step,
+CASES = {"args": case_args, "bomb": case_bomb, "decode": case_decode, "plan": case_plan, "nul": case_nul, "step": case_step,
          "quote": case_quote}
 
 

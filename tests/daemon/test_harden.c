@@ -44,3 +44,8 @@ Test(harden, peer_input_escaped_in_errors_and_logs, .timeout = 300) {
 Test(harden, http_many_query_args_answered, .timeout = 300) {
     run_case("args");
 }
+
+/* Six 20 MB requests at once are decoded on the pool: a ListJobs poller meanwhile waits < 1 s. */
+Test(harden, large_requests_decoded_off_loop, .timeout = 300) {
+    run_case("decode");
+}
