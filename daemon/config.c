@@ -277,6 +277,14 @@ hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *er
             return hp_errf(err, HP_INVALID, "%s: '%.200s' is not debug|info|warn|error", name, v);
         snprintf(s->log_level, sizeof s->log_level, "%s", v);
         return HP_OK;
+    case HPD_KEY_AUTH:
+        if (strcmp(v, "mutating") == 0)
+            s->auth_all = false;
+        else if (strcmp(v, "all") == 0)
+            s->auth_all = true;
+        else
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not mutating|all", name, v);
+        return HP_OK;
     case HPD_KEY_ON_SIGTERM:
         if (strcmp(v, "checkpoint") == 0)
             s->on_sigterm = HPD_ON_SIGTERM_CHECKPOINT;
@@ -410,6 +418,8 @@ void hpd_settings_format(const hpd_settings *s, hpd_key k, char *buf, size_t len
         snprintf(buf, len, "%s", LAUNCHERS[s->launcher]);
     else if (k == HPD_KEY_METRICS_RETENTION)
         snprintf(buf, len, "%d", s->metrics_retention_s);
+    else if (k == HPD_KEY_AUTH)
+        snprintf(buf, len, "%s", s->auth_all ? "all" : "mutating");
     else if (k == HPD_KEY_LOG_LEVEL)
         snprintf(buf, len, "%s", s->log_level);
     else if (k == HPD_KEY_ON_SIGTERM)

@@ -68,12 +68,13 @@ typedef struct hpd_settings {
     char systemd_slice[128]; /* Slice= of the rank units ("": the manager's default) */
     bool systemd_token_file; /* systemd-token = file: $HP_TOKEN_FILE, not a credential */
     int systemd_poll_ms;     /* systemctl show interval (default 1000) */
+    bool auth_all;           /* auth = all: every RPC and HTTP path but /healthz needs the token */
 } hpd_settings;
 
 /* The defaults: listen 127.0.0.1:7070, worker-listen 127.0.0.1:0, http 127.0.0.1:7071,
  * log-level info, on-sigterm checkpoint, metrics-retention 600, launcher local,
  * launch-timeout-s 120, slurm-poll-ms 1000, systemd-manager auto, systemd-token credential,
- * systemd-poll-ms 1000, the rest "" / 0. */
+ * systemd-poll-ms 1000, auth mutating, the rest "" / 0. */
 void hpd_settings_defaults(hpd_settings *s);
 
 /* The key named `name` ("slots"); false when there is none. */

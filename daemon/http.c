@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -153,6 +154,11 @@ static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *ke
     }
     if (strstr(key, "%00") || (value && strstr(value, "%00"))) {
         c->bad = "a query argument holds a NUL byte (%00)";
+        return MHD_NO;
+    }
+    if (strcmp(key, "token") == 0 || strcmp(key, "access_token") == 0) {
+        c->bad = "a token goes in the 'Authorization: Bearer' header (the dashboard: in the URL "
+                 "fragment, #token=...), never in the query string";
         return MHD_NO;
     }
     /* one value per argument, except `state`, a documented list (state=A&state=B,C) */
@@ -368,6 +374,49 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
     return &req_fresh_too_many;
 }
 
+/* ---- --auth all --------------------------------------------------------------------------
+ * Exactly one `Authorization: Bearer <token>` header, compared in constant time, as rpc.c
+ * does for gRPC. Never from the query string (URLs end up in logs and browser history): the
+ * dashboard reads it from the URL fragment, which browsers do not send, and puts it in this
+ * header. /healthz (probes) and the dashboard's static files (no job data; the page must load
+ * before it can send the header) need none. */
+typedef struct auth_ctx {
+    int seen;
+    const char *val;
+} auth_ctx;
+
+static enum MHD_Result on_auth_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+    auth_ctx *a = cls;
+    (void)kind;
+    if (key && strcasecmp(key, "Authorization") == 0) {
+        a->seen++;
+        a->val = value;
+    }
+    return MHD_YES;
+}
+
+static bool needs_token(const char *url) {
+    return strcmp(url, "/healthz") != 0 && strcmp(url, "/") != 0 &&
+           strcmp(url, "/index.html") != 0 && strncmp(url, "/static/", 8) != 0;
+}
+
+static bool http_authorized(hpd_http *h, struct MHD_Connection *conn) {
+    auth_ctx a = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, on_auth_header, &a);
+    if (a.seen != 1 || !a.val || !h->token[0]) return false;
+    static const char prefix[] = "Bearer ";
+    size_t plen = sizeof prefix - 1, tlen = strlen(h->token), vlen = strlen(a.val);
+    size_t want = plen + tlen;
+    unsigned diff = vlen != want;
+    for (size_t i = 0; i < want; i++) {
+        char e = i < plen ? prefix[i] : h->token[i - plen];
+        char g = i < vlen ? a.val[i] : 0;
+        diff |= (unsigned)(unsigned char)(e ^ g);
+    }
+    return diff == 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **req_ctx) {
@@ -389,6 +438,11 @@ answer:;
     http_args a = {0};
     if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD)) {
         http_error(&r, 405, "method %.20s not allowed: the HTTP interface is read-only", method);
+    } else if (h->auth_all && url && needs_token(url) && !http_authorized(h, conn)) {
+        http_error(&r, 401,
+                   "missing or wrong bearer token: hpd runs with --auth all (send "
+                   "'Authorization: Bearer <STATE_DIR/token>'; the dashboard: "
+                   "http://HOST:PORT/#token=<token>)");
     } else if (*req_ctx == &req_seen_too_many) {
         http_error(&r, 400, "more than %d query arguments", HTTP_ARGS_MAX);
     } else {
@@ -414,6 +468,7 @@ answer:;
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     if (r.status == 405) MHD_add_response_header(resp, "Allow", "GET, HEAD");
+    if (r.status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"hpd\"");
     enum MHD_Result ret = MHD_queue_response(conn, r.status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -537,6 +592,8 @@ hp_status hpd_http_start(hpd *d, const hpd_http_config *cfg, char *bound, size_t
     pthread_mutex_init(&h->store_mu, NULL);
     pthread_mutex_init(&h->cache_mu, NULL);
     snprintf(h->state_dir, sizeof h->state_dir, "%.1000s", d->state_dir);
+    h->auth_all = d->auth_all;
+    snprintf(h->token, sizeof h->token, "%s", d->token);
     if (cfg->share_dir)
         snprintf(h->share_dir, sizeof h->share_dir, "%.1000s", cfg->share_dir);
     else

@@ -57,6 +57,9 @@ static const char USAGE[] =
     "                             the system's as root, else the user's)\n"
     "  --systemd-slice NAME.slice  --systemd-poll-ms N (systemctl show interval, 1000)\n"
     "  --systemd-token credential|file  the token as a credential (default) or $HP_TOKEN_FILE\n"
+    "  --auth mutating|all        what needs the bearer token (STATE_DIR/token): the RPCs that\n"
+    "                             change state or compile (default), or every RPC and HTTP\n"
+    "                             path but /healthz (the dashboard: http://HOST:PORT/#token=T)\n"
     "  --config FILE              'key = value' lines, keys named like these flags (default\n"
     "                             $HPD_CONFIG); flags win; SIGHUP re-reads it\n"
     "  --version, --help\n";
@@ -237,6 +240,33 @@ static void advertised(char *out, size_t len, const char *bind_host, int port) {
     snprintf(out, len, "%.200s:%d", wildcard_host(bind_host) ? "127.0.0.1" : bind_host, port);
 }
 
+/* Whether HOST of "HOST:PORT" / "[V6]:PORT" is a loopback address or name. */
+static bool loopback_addr(const char *addr) {
+    const char *colon = strrchr(addr, ':');
+    size_t n = colon ? (size_t)(colon - addr) : strlen(addr);
+    char h[256];
+    if (n >= sizeof h) return false;
+    memcpy(h, addr, n);
+    h[n] = 0;
+    if (h[0] == '[' && n > 2 && h[n - 1] == ']') {
+        memmove(h, h + 1, n - 2);
+        h[n - 2] = 0;
+    }
+    return !strcmp(h, "localhost") || !strncmp(h, "127.", 4) || !strcmp(h, "::1");
+}
+
+/* A listener beyond loopback without TLS: the bearer token and every reply travel in clear,
+ * and without --auth all anyone who reaches it reads every job. Said once at start. */
+static void warn_exposed(const char *what, const char *addr, bool tls, bool auth_all) {
+    if (tls || loopback_addr(addr)) return;
+    hp__log("warn",
+            "event=exposed_without_tls listener=%s addr=%s auth=%s note=\"the token and the "
+            "replies travel in clear%s; serve it on loopback behind a TLS proxy%s\"",
+            what, addr, auth_all ? "all" : "mutating",
+            auth_all ? "" : ", and reads need no token (--auth all)",
+            strcmp(what, "grpc") == 0 ? ", or pass --tls-cert/--tls-key" : "");
+}
+
 static void on_watchdog(uv_timer_t *t) {
     (void)t;
     hpd_sd_notify("WATCHDOG=1");
@@ -293,6 +323,7 @@ int main(int argc, char **argv) {
         {"systemd-slice", required_argument, 0, O_KEYONLY},
         {"systemd-token", required_argument, 0, O_KEYONLY},
         {"systemd-poll-ms", required_argument, 0, O_KEYONLY},
+        {"auth", required_argument, 0, O_KEYONLY},
         {"version", no_argument, 0, O_VER},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -463,6 +494,7 @@ int main(int argc, char **argv) {
     }
     g_d = d;
     memcpy(d->token, token, sizeof token);
+    d->auth_all = g_cur.auth_all;
     int wport = 0, gport = 0;
     char whost[HPD_VALUE_MAX], why[300] = "";
     snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
@@ -527,6 +559,8 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    warn_exposed("grpc", o.listen, o.tls_cert != NULL, d->auth_all);
+    if (strcmp(http_addr, "off") != 0) warn_exposed("http", http_addr, false, d->auth_all);
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_hup);

@@ -634,7 +634,7 @@ static void dispatch(rpc_call *c) {
         hp__rpc_reply_status(c, GRPC_STATUS_UNIMPLEMENTED, msg);
         return;
     }
-    if (k_methods[c->method].mutating && !authorized(c)) {
+    if ((k_methods[c->method].mutating || c->s->d->auth_all) && !authorized(c)) {
         char *peer = grpc_call_get_peer(c->call);
         hp__log("warn", "event=rpc_unauthenticated method=%s peer=%s",
                 k_methods[c->method].path + strlen("/hp.v1.Coordinator/"), peer ? peer : "?");

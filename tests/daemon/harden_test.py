@@ -11,6 +11,9 @@ plays the workers) with a temp state dir and runs one case:
   step   a rank reporting step INT64_MAX (metrics, Done) does not move its job past the end;
   decode large requests (GetPlan/SubmitJob bombs, sent 6 at once) are decoded off the loop: a
          ListJobs poller running meanwhile never waits more than 1 s;
+  auth   --auth all (flag and config key): every RPC and HTTP path but /healthz (and the static
+         dashboard files) needs the token, a token in the query string is refused, hpctl reads
+         still work; a bad value is refused; listening beyond loopback without TLS warns;
   args   HTTP requests with 33 to 16000 query arguments all get a prompt 400 (JSON, naming the
          limit) or 414/431, never a held or silently closed connection.
 Exit 0: passed; 1: a check failed.
@@ -371,6 +374,118 @@ def http_raw(addr, target, timeout=20):
     return status, buf.partition(b"\r\n\r\n")[2], time.time() - t0
 
 
+def http_status(url, token=None):
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers)
+
+
+def case_auth(a, M, chan, token, proc, kv, tmp):
+    # The default: reads need no token (the server the harness started).
+    M.ListJobsResponse.FromString(unary(chan, "ListJobs", b""))
+    check(http_status("http://" + kv["http"] + "/api/v1/jobs")[0] == 200,
+          "default --auth mutating: HTTP reads need no token")
+    # A bad value, as a flag and as a config key.
+    bad = subprocess.run([a.hpd, "--auth", "some"], capture_output=True, text=True, timeout=30)
+    check(bad.returncode == 2 and "auth" in bad.stderr and "mutating|all" in bad.stderr,
+          f"--auth some is refused: {bad.returncode} {bad.stderr.strip()!r}")
+    conf = os.path.join(tmp, "hpd.conf")
+    with open(conf, "w") as f:
+        f.write("auth = everything\n")
+    bad = subprocess.run([a.hpd, "--config", conf], capture_output=True, text=True, timeout=30)
+    check(bad.returncode == 2 and "hpd.conf:1" in bad.stderr and "mutating|all" in bad.stderr,
+          f"auth = everything in the config is refused: {bad.stderr.strip()!r}")
+    # --auth all, once as a flag, once from the config file.
+    for how in ("flag", "config"):
+        st2 = os.path.join(tmp, "state-" + how)
+        os.mkdir(st2)
+        if how == "flag":
+            extra = ("--auth", "all", "--launcher", "external")
+        else:
+            with open(conf, "w") as f:
+                f.write("auth = all\nlauncher = external\n")
+            extra = ("--config", conf)
+        logp = os.path.join(tmp, f"hpd-{how}.log")
+        with open(logp, "w") as lf:
+            p2, kv2 = start_hpd(a.hpd, st2, extra, stderr=lf)
+        try:
+            with open(os.path.join(st2, "token")) as f:
+                tok2 = f.read().strip()
+            ch = grpc.insecure_channel(kv2["grpc"], options=[("grpc.enable_http_proxy", 0)])
+            grpc.channel_ready_future(ch).result(timeout=10)
+            reads = (("ListJobs", b""),
+                     ("GetJob", M.GetJobRequest(job_id="j-000001").SerializeToString()),
+                     ("GetTrace", M.GetTraceRequest(job_id="j-000001", step=1)
+                      .SerializeToString()))
+            for meth, req in reads:
+                expect_code(lambda: unary(ch, meth, req), SC.UNAUTHENTICATED,
+                            f"{how}: {meth} without the token")
+            try:
+                list(ch.unary_stream("/hp.v1.Coordinator/WatchJob")(
+                    M.WatchJobRequest(job_id="j-000001").SerializeToString(), timeout=10))
+                check(False, f"{how}: WatchJob without the token succeeded")
+            except grpc.RpcError as e:
+                check(e.code() == SC.UNAUTHENTICATED, f"{how}: WatchJob without the token: "
+                      f"{e.code()}")
+            M.ListJobsResponse.FromString(unary(ch, "ListJobs", b"", token=tok2))
+            expect_code(lambda: unary(ch, "GetJob", reads[1][1], token=tok2), SC.NOT_FOUND,
+                        f"{how}: GetJob with the token gets past auth")
+            ch.close()
+            env = dict(os.environ, HP_SERVER=kv2["grpc"], HP_STATE_DIR=st2)
+            env.pop("HP_TOKEN", None)
+            r = subprocess.run([a.hpctl, "list"], env=env, capture_output=True, text=True,
+                               timeout=60)
+            check(r.returncode == 0, f"{how}: hpctl list sends the token: {r.returncode} "
+                  f"{r.stderr.strip()!r}")
+            base = "http://" + kv2["http"]
+            for path in ("/api/v1/jobs", "/api/v1/jobs/j-000001", "/metrics", "/api/v1"):
+                st, hdrs = http_status(base + path)
+                check(st == 401 and "Bearer" in hdrs.get("WWW-Authenticate", ""),
+                      f"{how}: GET {path} without the token: {st} (want 401 + WWW-Authenticate)")
+                st, _ = http_status(base + path, "0" * 64)
+                check(st == 401, f"{how}: GET {path} with a wrong token: {st}")
+            check(http_status(base + "/api/v1/jobs", tok2)[0] == 200,
+                  f"{how}: GET /api/v1/jobs with the token: 200")
+            check(http_status(base + "/metrics", tok2)[0] == 200, f"{how}: /metrics with it: 200")
+            st, _ = http_status(base + "/api/v1/jobs?token=" + tok2, tok2)
+            check(st == 400, f"{how}: a token in the query string is refused even with the "
+                  f"header: {st}")
+            check(http_status(base + "/healthz")[0] == 200, f"{how}: /healthz needs no token")
+            check(http_status(base + "/")[0] == 200, f"{how}: the dashboard page loads without "
+                  "it (it sends the fragment's token itself)")
+        finally:
+            p2.send_signal(signal.SIGTERM)
+            p2.wait(timeout=30)
+        with open(logp) as f:
+            log = f.read()
+        check("exposed_without_tls" not in log, f"{how}: loopback only: no exposure warning")
+    # Beyond loopback without TLS: warned, for gRPC and for HTTP.
+    st3 = os.path.join(tmp, "state-exposed")
+    os.mkdir(st3)
+    logp = os.path.join(tmp, "hpd-exposed.log")
+    with open(logp, "w") as lf:
+        p3 = subprocess.Popen([a.hpd, "--listen", "0.0.0.0:0", "--http", "0.0.0.0:0",
+                               "--worker-listen", "127.0.0.1:0", "--state-dir", st3],
+                              stdout=subprocess.PIPE, stderr=lf, text=True)
+        try:
+            line = p3.stdout.readline()
+            check(line.startswith("hpd listening"), f"hpd on 0.0.0.0 starts: {line!r}")
+        finally:
+            p3.send_signal(signal.SIGTERM)
+            p3.wait(timeout=30)
+    with open(logp) as f:
+        log = f.read()
+    for what in ("grpc", "http"):
+        check(f"event=exposed_without_tls listener={what}" in log,
+              f"listening on 0.0.0.0 without TLS warns for {what}")
+    check("reads need no token (--auth all)" in log, "the warning points at --auth all")
+
+
 def case_args(a, M, chan, token, proc, kv, tmp):
     """Every count of query arguments gets a prompt answer (MHD held ≈ 500+ for 30 s)."""
     shapes = {"k=v": lambda i: f"a{i}=1", "bare": lambda i: "a"}
@@ -388,7 +503,7 @@ def case_args(a, M, chan, token, proc, kv, tmp):
     check(st == 200, f"a normal request afterwards: {st}")
 
 
-CASES = {"args": case_args, "bomb": case_bomb, "decode": case_decode, "plan": case_plan, "nul": case_nul, "step": case_step,
+CASES = {"args": case_args, "auth": case_auth, "bomb": case_bomb, "decode": case_decode, "plan": case_plan, "nul": case_nul, "step": case_step,
          "quote": case_quote}
 
 

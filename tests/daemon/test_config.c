@@ -56,6 +56,7 @@ Test(config, good_file_every_key) {
                        "systemd-slice = hp-ranks.slice\n"
                        "systemd-token = file\n"
                        "systemd-poll-ms = 300\n"
+                       "auth = all\n"
                        "heartbeat-ms = 250"; /* no final newline */
     hpd_settings s;
     hpd_settings_defaults(&s);
@@ -87,6 +88,7 @@ Test(config, good_file_every_key) {
     cr_expect_str_eq(s.systemd_slice, "hp-ranks.slice");
     cr_expect(s.systemd_token_file);
     cr_expect_eq(s.systemd_poll_ms, 300);
+    cr_expect(s.auth_all);
     for (int k = 0; k < HPD_KEY_COUNT; k++)
         cr_expect(given[k], "%s not marked given", hpd_settings_key_name((hpd_key)k));
 }

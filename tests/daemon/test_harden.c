@@ -49,3 +49,9 @@ Test(harden, http_many_query_args_answered, .timeout = 300) {
 Test(harden, large_requests_decoded_off_loop, .timeout = 300) {
     run_case("decode");
 }
+
+/* --auth all (flag and config key): every RPC and HTTP path but /healthz needs the token, never
+ * from a query string; hpctl reads send it; beyond loopback without TLS hpd warns. */
+Test(harden, auth_all_and_exposure_warning, .timeout = 300) {
+    run_case("auth");
+}
