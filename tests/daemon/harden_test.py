@@ -310,20 +310,22 @@ def case_step(a, M, chan, token, proc, kv, tmp):
     big = 2**63 - 1
     send(M.Frame(seq=2, metrics=M.StepMetrics(step=big, rank=0, loss=1.0)))
     send(M.Frame(seq=3, metrics=M.StepMetrics(step=1, rank=0, loss=1.0)))
-    send(M.Frame(seq=4, done=M.Done(final_step=big)))
+    send(M.Frame(seq=4, done=M.Done(ok=True, final_step=big)))
+    # The frames are handled in order: once the Done (the last) is refused in the log, all
+    # three were handled. A condition with a deadline, not a sleep.
     deadline = time.time() + 10
-    st = None
-    while time.time() < deadline:
-        st = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(job_id=jid)
-                                               .SerializeToString())).job
-        if st.step >= 1:
-            break
-        time.sleep(0.05)
-    time.sleep(0.2)
+    done_seen = False
+    while time.time() < deadline and not done_seen:
+        with open(os.path.join(tmp, "hpd.log")) as f:
+            done_seen = f"what=\"done step {big} outside" in f.read()
+        if not done_seen:
+            time.sleep(0.05)
+    check(done_seen, "hpd logged the refused Done (step INT64_MAX) within 10 s")
     st = M.GetJobResponse.FromString(unary(chan, "GetJob", M.GetJobRequest(job_id=jid)
                                            .SerializeToString())).job
     check(st.step <= st.total_steps, f"job step {st.step} of {st.total_steps} after a rank "
           "reported INT64_MAX")
+    check(st.step == 1, f"the in-range metrics step 1 was taken: step {st.step}")
     s.close()
 
 
