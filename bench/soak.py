@@ -3,8 +3,8 @@
 
 One hpd (local launcher, fixed ports so that clients reconnect across restarts) on a temp state
 dir. For the chaos phase (--minutes, at most 10): a burst of submits every --burst-s seconds,
-50 WatchJob streams (each follows a random job and reconnects after a restart, resuming after
-the last step it saw), one hp-worker SIGKILLed every 30 s (the job restarts from its last
+50 WatchJob streams (each follows a random job to its end, or to a restart of hpd, then
+takes another), one hp-worker SIGKILLed every 30 s (the job restarts from its last
 checkpoint), and hpd itself SIGKILLed and restarted every 2 minutes (recovery restarts its jobs).
 Then a drain: no more chaos, until every job is final (bounded). At the end, read from the store
 (hpd.db, after hpd stopped): every job is final and SUCCEEDED, and for every job and rank the
@@ -139,10 +139,9 @@ class Soak:
             if not jid:
                 time.sleep(0.2)
                 continue
-            last = 0
             try:
                 for raw in ch.unary_stream(SVC + "WatchJob")(
-                        self.M.WatchJobRequest(job_id=jid, from_step=last, batch=True)
+                        self.M.WatchJobRequest(job_id=jid, batch=True)
                         .SerializeToString(), timeout=60):
                     ev = self.M.JobEvent.FromString(raw)
                     evs = ev.batch.events if ev.WhichOneof("event") == "batch" else [ev]
@@ -194,12 +193,12 @@ class Soak:
             if now >= next_burst:
                 self.submit_burst(ch)
                 next_burst = now + a.burst_s
-            if now >= next_kill:
+            if now >= next_kill:  # due: the next running worker found (none between jobs)
                 ws = children(self.proc.pid, "hp-worker")
                 if ws:
                     os.kill(random.choice(ws), signal.SIGKILL)
                     self.counts["worker_kills"] += 1
-                next_kill = now + 30
+                    next_kill = now + 30
             if now >= next_restart:
                 self.kill_hpd()
                 ch.close()
@@ -207,7 +206,7 @@ class Soak:
                 ch = self.chan()
                 self.counts["hpd_restarts"] += 1
                 next_restart = now + 120
-            time.sleep(0.2)
+            time.sleep(0.05)
         chaos_s = time.time() - t0
         # Drain: no chaos; wait for every job to be final.
         deadline = time.time() + a.drain_s
@@ -293,7 +292,7 @@ def main():
     ap.add_argument("--watchers", type=int, default=50)
     ap.add_argument("--burst", type=int, default=4)
     ap.add_argument("--burst-s", type=float, default=20)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--drain-s", type=float, default=300)
     ap.add_argument("--keep", action="store_true")
