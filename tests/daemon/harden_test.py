@@ -10,7 +10,7 @@ plays the workers) with a temp state dir and runs one case:
          UTF-8, HTTP paths with %00 and a worker Hello for "j-...\\0x" are refused;
   step   a rank reporting step INT64_MAX (metrics, Done) does not move its job past the end;
   decode large requests (GetPlan/SubmitJob bombs, sent 6 at once) are decoded off the loop: a
-         ListJobs poller running meanwhile never waits more than 1 s;
+         ListJobs poller running meanwhile never waits 40% of the decodes' time (or 1 s);
   auth   --auth all (flag and config key): every RPC and HTTP path but /healthz (and the static
          dashboard files) needs the token, a token in the query string is refused, hpctl reads
          still work; a bad value is refused; listening beyond loopback without TLS warns;
@@ -204,7 +204,12 @@ def case_decode(a, M, chan, token, proc, kv, tmp):
           f"{t1 - t0:.2f} s; {len(during)} ListJobs meanwhile, the slowest {worst * 1000:.0f} ms")
     check(all(c == "RESOURCE_EXHAUSTED" for c in codes), f"every bomb refused: {codes}")
     check(len(during) >= 2, f"ListJobs answered meanwhile ({len(during)} calls)")
-    check(worst < 1.0, f"the slowest ListJobs during the decodes took {worst:.3f} s (< 1 s)")
+    # Decoded on the loop, a ListJobs waits for the decodes queued before it: ≈ their sum, most
+    # of the whole (3.8 s of 4.75 s measured). Off the loop it waits for CPU at most: bound it
+    # by a share of the whole, so that a loaded machine (both slower) does not fail it.
+    bound = max(1.0, 0.4 * (t1 - t0))
+    check(worst < bound, f"the slowest ListJobs during the decodes took {worst:.3f} s "
+          f"(< {bound:.2f} s: 40% of the {t1 - t0:.2f} s the decodes took, or 1 s)")
 
 
 def case_plan(a, M, chan, token, proc, kv, tmp):
