@@ -168,7 +168,7 @@ static int get_job(hp_rpc_client *c, const char *id, Hp__V1__GetJobResponse **re
                    hp_rpc_result *r) {
     Hp__V1__GetJobRequest req = HP__V1__GET_JOB_REQUEST__INIT;
     req.job_id = (char *)id;
-    return hp_rpc_unary(c, "/hp.v1.Coordinator/GetJob", &req.base, false,
+    return hp_rpc_unary(c, "/hp.v1.Coordinator/GetJob", &req.base, true,
                         &hp__v1__get_job_response__descriptor, (ProtobufCMessage **)resp, r);
 }
 
@@ -577,7 +577,7 @@ int hpctl_list(int argc, char **argv) {
     req.page_token = (char *)token;
     hp_rpc_result r;
     Hp__V1__ListJobsResponse *resp = NULL;
-    if (hp_rpc_unary(c, "/hp.v1.Coordinator/ListJobs", &req.base, false,
+    if (hp_rpc_unary(c, "/hp.v1.Coordinator/ListJobs", &req.base, true,
                      &hp__v1__list_jobs_response__descriptor, (ProtobufCMessage **)&resp,
                      &r) != 0) {
         rc = rpc_fail(verb, &r);
@@ -804,7 +804,7 @@ int hpctl_trace(int argc, char **argv) {
     req.ranks = ranks;
     hp_rpc_result r;
     Hp__V1__GetTraceResponse *resp = NULL;
-    if (hp_rpc_unary(c, "/hp.v1.Coordinator/GetTrace", &req.base, false,
+    if (hp_rpc_unary(c, "/hp.v1.Coordinator/GetTrace", &req.base, true,
                      &hp__v1__get_trace_response__descriptor, (ProtobufCMessage **)&resp,
                      &r) != 0) {
         /* NOT_FOUND for a step without a trace: the server's message lists the traced steps. */

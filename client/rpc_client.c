@@ -384,7 +384,15 @@ int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_ev
     grpc_op a[4], b[1];
     memset(a, 0, sizeof a);
     memset(b, 0, sizeof b);
+    grpc_metadata md; /* the token when known: hpd --auth all asks it of WatchJob too */
+    memset(&md, 0, sizeof md);
     a[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (c->auth) {
+        md.key = grpc_slice_from_static_string("authorization");
+        md.value = grpc_slice_from_copied_string(c->auth);
+        a[0].data.send_initial_metadata.count = 1;
+        a[0].data.send_initial_metadata.metadata = &md;
+    }
     a[1].op = GRPC_OP_SEND_MESSAGE;
     a[1].data.send_message.send_message = send;
     a[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -403,6 +411,7 @@ int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_ev
         /* Nothing was started, or only batch A: cancel and collect what is outstanding. */
         grpc_call_cancel(call, NULL);
         if (a_ok) pluck(c, &tag_a);
+        if (c->auth) grpc_slice_unref(md.value);
         grpc_call_unref(call);
         grpc_byte_buffer_destroy(send);
         grpc_metadata_array_destroy(&init_md);
@@ -411,6 +420,7 @@ int hp_rpc_watch(hp_rpc_client *c, const Hp__V1__WatchJobRequest *req, hp_rpc_ev
         return res->code;
     }
     pluck(c, &tag_a);
+    if (c->auth) grpc_slice_unref(md.value); /* batch A is done with it */
     for (;;) {
         grpc_byte_buffer *recv = NULL;
         grpc_op m;

@@ -1,106 +1,14 @@
-/* daemon/config.c — hpd's settings (daemon/config.h): defaults, one checker per key, and the
+/* daemon/config.c — hpd's settings (daemon/config.h): the table of config.def (types, ranges,
+ * defaults, checks, live, help) read generically by defaults/set/format, and the
  * `key = value` file parser. No I/O beyond reading the file it is given. */
 #include "daemon/config.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const struct {
-    const char *name;
-    bool live;
-} KEYS[HPD_KEY_COUNT] = {
-#define X(id, key, live) [HPD_KEY_##id] = {key, live},
-#include "daemon/config.def"
-#undef X
-};
-
-void hpd_settings_defaults(hpd_settings *s) {
-    memset(s, 0, sizeof *s);
-    snprintf(s->listen, sizeof s->listen, "127.0.0.1:7070");
-    snprintf(s->worker_listen, sizeof s->worker_listen, "127.0.0.1:0");
-    snprintf(s->http, sizeof s->http, "127.0.0.1:7071");
-    snprintf(s->log_level, sizeof s->log_level, "info");
-    s->on_sigterm = HPD_ON_SIGTERM_CHECKPOINT;
-    s->metrics_retention_s = 600;
-    s->launcher = HPD_LAUNCHER_LOCAL;
-    s->launch_timeout_s = 120;
-    s->slurm_poll_ms = 1000;
-    s->systemd_manager = HPD_SYSTEMD_AUTO;
-    s->systemd_poll_ms = 1000;
-}
-
-static const char *const LAUNCHERS[] = {"local", "slurm", "external", "systemd"};
-static const char *const MANAGERS[] = {"auto", "system", "user"};
-
-bool hpd_settings_key(const char *name, hpd_key *out) {
-    for (int k = 0; k < HPD_KEY_COUNT; k++)
-        if (strcmp(name, KEYS[k].name) == 0) {
-            *out = (hpd_key)k;
-            return true;
-        }
-    return false;
-}
-
-const char *hpd_settings_key_name(hpd_key k) {
-    return k >= 0 && k < HPD_KEY_COUNT ? KEYS[k].name : "?";
-}
-
-bool hpd_settings_key_live(hpd_key k) {
-    return k >= 0 && k < HPD_KEY_COUNT && KEYS[k].live;
-}
-
-/* The string a key is stored in (NULL: not a string key). */
-static char *str_of(hpd_settings *s, hpd_key k, size_t *cap) {
-    char *p = NULL;
-    switch (k) {
-    case HPD_KEY_LISTEN:
-        p = s->listen;
-        break;
-    case HPD_KEY_WORKER_LISTEN:
-        p = s->worker_listen;
-        break;
-    case HPD_KEY_HTTP:
-        p = s->http;
-        break;
-    case HPD_KEY_STATE_DIR:
-        p = s->state_dir;
-        break;
-    case HPD_KEY_TLS_CERT:
-        p = s->tls_cert;
-        break;
-    case HPD_KEY_TLS_KEY:
-        p = s->tls_key;
-        break;
-    case HPD_KEY_WORKER:
-        p = s->worker;
-        break;
-    case HPD_KEY_ADVERTISE:
-        *cap = sizeof s->advertise;
-        return s->advertise;
-    case HPD_KEY_SLURM_PARTITION:
-        *cap = sizeof s->slurm_partition;
-        return s->slurm_partition;
-    case HPD_KEY_SLURM_ACCOUNT:
-        *cap = sizeof s->slurm_account;
-        return s->slurm_account;
-    case HPD_KEY_SLURM_QOS:
-        *cap = sizeof s->slurm_qos;
-        return s->slurm_qos;
-    case HPD_KEY_SLURM_TIME:
-        *cap = sizeof s->slurm_time;
-        return s->slurm_time;
-    case HPD_KEY_SYSTEMD_SLICE:
-        *cap = sizeof s->systemd_slice;
-        return s->systemd_slice;
-    default:
-        return NULL;
-    }
-    *cap = HPD_VALUE_MAX;
-    return p;
-}
 
 static bool parse_int(const char *v, long lo, long hi, int *out) {
     if (!*v) return false;
@@ -186,108 +94,167 @@ static bool is_slice(const char *v) {
     return true;
 }
 
+/* ---- the checks of string keys: false and *why the text after the quoted value ---------- */
+static bool check_addr(const char *v, char *why, size_t n) {
+    if (is_addr(v)) return true;
+    snprintf(why, n, " is not HOST:PORT (port in [0, 65535])");
+    return false;
+}
+
+static bool check_addr_or_off(const char *v, char *why, size_t n) {
+    return strcmp(v, "off") == 0 || check_addr(v, why, n);
+}
+
+static bool check_advertise(const char *v, char *why, size_t n) {
+    const char *p = advertise_problem(v);
+    if (p) snprintf(why, n, ": %s (want HOST or HOST:PORT)", p);
+    return !p;
+}
+
+static bool check_slurm_time(const char *v, char *why, size_t n) {
+    if (is_slurm_time(v)) return true;
+    snprintf(why, n, " is not a Slurm time limit (MM, HH:MM:SS, D-HH:MM, ...)");
+    return false;
+}
+
+static bool check_slurm_name(const char *v, char *why, size_t n) {
+    if (is_slurm_name(v)) return true;
+    snprintf(why, n, " is not a Slurm name (letters, digits, _ - . ,)");
+    return false;
+}
+
+static bool check_slice(const char *v, char *why, size_t n) {
+    if (is_slice(v)) return true;
+    snprintf(why, n, " is not a slice unit name (letters, digits, _ - . \\ and ending in .slice)");
+    return false;
+}
+
+static bool check_log_level(const char *v, char *why, size_t n) {
+    if (!strcmp(v, "debug") || !strcmp(v, "info") || !strcmp(v, "warn") || !strcmp(v, "error"))
+        return true;
+    snprintf(why, n, " is not debug|info|warn|error");
+    return false;
+}
+
+/* ---- the table (config.def) --------------------------------------------------------------- */
+typedef enum { T_STR, T_INT, T_SECS, T_ENUM } key_type;
+
+static const struct key {
+    const char *name;
+    key_type type;
+    size_t off, size;                                  /* the field in hpd_settings */
+    long lo, hi;                                       /* INT / SECS */
+    bool (*check)(const char *v, char *why, size_t n); /* STR; NULL: any non-empty text */
+    const char *names;                                 /* ENUM: "a|b|c" */
+    const char *def;
+    bool live;
+    const char *arg, *help;
+} KEYS[HPD_KEY_COUNT] = {
+#define X(id, key, type, field, lo, hi, check, names, def, live, arg, help)                        \
+    [HPD_KEY_##id] = {key,                                                                         \
+                      T_##type,                                                                    \
+                      offsetof(hpd_settings, field),                                               \
+                      sizeof(((hpd_settings *)0)->field),                                          \
+                      lo,                                                                          \
+                      hi,                                                                          \
+                      check,                                                                       \
+                      names,                                                                       \
+                      def,                                                                         \
+                      live,                                                                        \
+                      arg,                                                                         \
+                      help},
+#include "daemon/config.def"
+#undef X
+};
+
+/* ENUM fields are int-sized (plain int, or an enum of int's size). */
+_Static_assert(sizeof(hpd_on_sigterm) == sizeof(int) && sizeof(hpd_launcher_kind) == sizeof(int) &&
+                   sizeof(hpd_systemd_manager) == sizeof(int),
+               "ENUM settings are stored as int");
+
+/* The index of v in names ("a|b|c"), or -1. */
+static int enum_index(const char *names, const char *v) {
+    size_t vl = strlen(v);
+    int i = 0;
+    for (const char *p = names; p; i++) {
+        size_t n = strcspn(p, "|");
+        if (n == vl && strncmp(p, v, n) == 0) return i;
+        p = p[n] ? p + n + 1 : NULL;
+    }
+    return -1;
+}
+
+void hpd_settings_defaults(hpd_settings *s) {
+    memset(s, 0, sizeof *s);
+    for (int k = 0; k < HPD_KEY_COUNT; k++) {
+        const struct key *d = &KEYS[k];
+        char *f = (char *)s + d->off;
+        if (d->type == T_STR)
+            snprintf(f, d->size, "%s", d->def);
+        else if (d->type == T_ENUM)
+            *(int *)(void *)f = enum_index(d->names, d->def) > 0 ? enum_index(d->names, d->def) : 0;
+        else
+            *(int *)(void *)f = atoi(d->def); /* "0": unset (main decides); not range-checked */
+    }
+}
+
+bool hpd_settings_key(const char *name, hpd_key *out) {
+    for (int k = 0; k < HPD_KEY_COUNT; k++)
+        if (strcmp(name, KEYS[k].name) == 0) {
+            *out = (hpd_key)k;
+            return true;
+        }
+    return false;
+}
+
+const char *hpd_settings_key_name(hpd_key k) {
+    return k >= 0 && k < HPD_KEY_COUNT ? KEYS[k].name : "?";
+}
+
+bool hpd_settings_key_live(hpd_key k) {
+    return k >= 0 && k < HPD_KEY_COUNT && KEYS[k].live;
+}
+
+const char *hpd_settings_key_arg(hpd_key k) {
+    return k >= 0 && k < HPD_KEY_COUNT ? KEYS[k].arg : "";
+}
+
+const char *hpd_settings_key_help(hpd_key k) {
+    return k >= 0 && k < HPD_KEY_COUNT ? KEYS[k].help : "";
+}
+
 hp_status hpd_settings_set(hpd_settings *s, hpd_key k, const char *v, hp_err *err) {
-    const char *name = hpd_settings_key_name(k);
-    size_t cap = 0;
-    char *str = str_of(s, k, &cap);
-    if (str) {
+    if (k < 0 || k >= HPD_KEY_COUNT) return hp_errf(err, HP_INVALID, "unknown key %d", (int)k);
+    const struct key *d = &KEYS[k];
+    const char *name = d->name;
+    char *f = (char *)s + d->off;
+    char why[160];
+    switch (d->type) {
+    case T_STR:
         if (!*v) return hp_errf(err, HP_INVALID, "%s: empty value", name);
-        if (strlen(v) >= cap)
-            return hp_errf(err, HP_INVALID, "%s: longer than %zu bytes", name, cap - 1);
-        if ((k == HPD_KEY_LISTEN || k == HPD_KEY_WORKER_LISTEN ||
-             (k == HPD_KEY_HTTP && strcmp(v, "off") != 0)) &&
-            !is_addr(v))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not HOST:PORT (port in [0, 65535])",
-                           name, v);
-        if (k == HPD_KEY_ADVERTISE && advertise_problem(v))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s': %s (want HOST or HOST:PORT)", name, v,
-                           advertise_problem(v));
-        if (k == HPD_KEY_SLURM_TIME && !is_slurm_time(v))
-            return hp_errf(err, HP_INVALID,
-                           "%s: '%.200s' is not a Slurm time limit (MM, HH:MM:SS, D-HH:MM, ...)",
-                           name, v);
-        if ((k == HPD_KEY_SLURM_PARTITION || k == HPD_KEY_SLURM_ACCOUNT ||
-             k == HPD_KEY_SLURM_QOS) &&
-            !is_slurm_name(v))
-            return hp_errf(err, HP_INVALID,
-                           "%s: '%.200s' is not a Slurm name (letters, digits, _ - . ,)", name, v);
-        if (k == HPD_KEY_SYSTEMD_SLICE && !is_slice(v))
-            return hp_errf(err, HP_INVALID,
-                           "%s: '%.200s' is not a slice unit name (letters, digits, _ - . \\ "
-                           "and ending in .slice)",
-                           name, v);
-        snprintf(str, cap, "%s", v);
+        if (d->check && !d->check(v, why, sizeof why))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s'%s", name, v, why);
+        if (strlen(v) >= d->size)
+            return hp_errf(err, HP_INVALID, "%s: longer than %zu bytes", name, d->size - 1);
+        snprintf(f, d->size, "%s", v);
+        return HP_OK;
+    case T_INT:
+    case T_SECS: {
+        int x;
+        if (!parse_int(v, d->lo, d->hi, &x))
+            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be %s in [%ld, %ld]", name, v,
+                           d->type == T_SECS ? "seconds" : "an integer", d->lo, d->hi);
+        *(int *)(void *)f = x;
         return HP_OK;
     }
-    switch (k) {
-    case HPD_KEY_SLOTS:
-        if (!parse_int(v, 1, 65536, &s->slots))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [1, 65536]", name,
-                           v);
+    case T_ENUM: {
+        int i = enum_index(d->names, v);
+        if (i < 0) return hp_errf(err, HP_INVALID, "%s: '%.200s' is not %s", name, v, d->arg);
+        *(int *)(void *)f = i;
         return HP_OK;
-    case HPD_KEY_HEARTBEAT_MS:
-        if (!parse_int(v, 10, 600000, &s->heartbeat_ms))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [10, 600000]", name,
-                           v);
-        return HP_OK;
-    case HPD_KEY_METRICS_RETENTION:
-        if (!parse_int(v, 0, 1000000000, &s->metrics_retention_s))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be seconds in [0, 1000000000]", name,
-                           v);
-        return HP_OK;
-    case HPD_KEY_LAUNCH_TIMEOUT_S:
-        if (!parse_int(v, 1, 604800, &s->launch_timeout_s))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be seconds in [1, 604800]", name, v);
-        return HP_OK;
-    case HPD_KEY_SLURM_POLL_MS:
-        if (!parse_int(v, 50, 600000, &s->slurm_poll_ms))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [50, 600000]", name,
-                           v);
-        return HP_OK;
-    case HPD_KEY_SYSTEMD_POLL_MS:
-        if (!parse_int(v, 50, 600000, &s->systemd_poll_ms))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' must be an integer in [50, 600000]", name,
-                           v);
-        return HP_OK;
-    case HPD_KEY_SYSTEMD_MANAGER:
-        for (size_t i = 0; i < HP_ARRAY_LEN(MANAGERS); i++)
-            if (!strcmp(v, MANAGERS[i])) {
-                s->systemd_manager = (hpd_systemd_manager)i;
-                return HP_OK;
-            }
-        return hp_errf(err, HP_INVALID, "%s: '%.200s' is not auto|system|user", name, v);
-    case HPD_KEY_SYSTEMD_TOKEN:
-        if (strcmp(v, "credential") == 0)
-            s->systemd_token_file = false;
-        else if (strcmp(v, "file") == 0)
-            s->systemd_token_file = true;
-        else
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not credential|file", name, v);
-        return HP_OK;
-    case HPD_KEY_LAUNCHER:
-        for (size_t i = 0; i < HP_ARRAY_LEN(LAUNCHERS); i++)
-            if (!strcmp(v, LAUNCHERS[i])) {
-                s->launcher = (hpd_launcher_kind)i;
-                return HP_OK;
-            }
-        return hp_errf(err, HP_INVALID, "%s: '%.200s' is not local|slurm|systemd|external", name,
-                       v);
-    case HPD_KEY_LOG_LEVEL:
-        if (strcmp(v, "debug") && strcmp(v, "info") && strcmp(v, "warn") && strcmp(v, "error"))
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not debug|info|warn|error", name, v);
-        snprintf(s->log_level, sizeof s->log_level, "%s", v);
-        return HP_OK;
-    case HPD_KEY_ON_SIGTERM:
-        if (strcmp(v, "checkpoint") == 0)
-            s->on_sigterm = HPD_ON_SIGTERM_CHECKPOINT;
-        else if (strcmp(v, "cancel") == 0)
-            s->on_sigterm = HPD_ON_SIGTERM_CANCEL;
-        else
-            return hp_errf(err, HP_INVALID, "%s: '%.200s' is not checkpoint|cancel", name, v);
-        return HP_OK;
-    default:
-        return hp_errf(err, HP_INVALID, "unknown key %d", (int)k);
     }
+    }
+    return hp_errf(err, HP_INVALID, "%s: unknown type", name);
 }
 
 static bool blank(char c) {
@@ -388,34 +355,26 @@ hp_status hpd_settings_load(hpd_settings *s, const char *path, bool *given, hp_e
 }
 
 void hpd_settings_format(const hpd_settings *s, hpd_key k, char *buf, size_t len) {
-    size_t cap;
-    const char *str = str_of((hpd_settings *)s, k, &cap);
-    if (str)
-        snprintf(buf, len, "%s", str);
-    else if (k == HPD_KEY_SLOTS)
-        snprintf(buf, len, "%d", s->slots);
-    else if (k == HPD_KEY_HEARTBEAT_MS)
-        snprintf(buf, len, "%d", s->heartbeat_ms);
-    else if (k == HPD_KEY_LAUNCH_TIMEOUT_S)
-        snprintf(buf, len, "%d", s->launch_timeout_s);
-    else if (k == HPD_KEY_SLURM_POLL_MS)
-        snprintf(buf, len, "%d", s->slurm_poll_ms);
-    else if (k == HPD_KEY_SYSTEMD_POLL_MS)
-        snprintf(buf, len, "%d", s->systemd_poll_ms);
-    else if (k == HPD_KEY_SYSTEMD_MANAGER)
-        snprintf(buf, len, "%s", MANAGERS[s->systemd_manager]);
-    else if (k == HPD_KEY_SYSTEMD_TOKEN)
-        snprintf(buf, len, "%s", s->systemd_token_file ? "file" : "credential");
-    else if (k == HPD_KEY_LAUNCHER)
-        snprintf(buf, len, "%s", LAUNCHERS[s->launcher]);
-    else if (k == HPD_KEY_METRICS_RETENTION)
-        snprintf(buf, len, "%d", s->metrics_retention_s);
-    else if (k == HPD_KEY_LOG_LEVEL)
-        snprintf(buf, len, "%s", s->log_level);
-    else if (k == HPD_KEY_ON_SIGTERM)
-        snprintf(buf, len, "%s", s->on_sigterm == HPD_ON_SIGTERM_CANCEL ? "cancel" : "checkpoint");
-    else
+    if (k < 0 || k >= HPD_KEY_COUNT) {
         snprintf(buf, len, "?");
+        return;
+    }
+    const struct key *d = &KEYS[k];
+    const char *f = (const char *)s + d->off;
+    if (d->type == T_STR) {
+        snprintf(buf, len, "%s", f);
+    } else if (d->type == T_ENUM) {
+        const char *n = d->names;
+        int want = *(const int *)(const void *)f;
+        for (int i = 0; i < want && n; i++) {
+            n = strchr(n, '|');
+            if (n) n++;
+        }
+        size_t nl = n ? strcspn(n, "|") : 1;
+        snprintf(buf, len, "%.*s", (int)nl, n ? n : "?");
+    } else {
+        snprintf(buf, len, "%d", *(const int *)(const void *)f);
+    }
 }
 
 bool hpd_settings_same(const hpd_settings *a, const hpd_settings *b, hpd_key k) {

@@ -1,7 +1,8 @@
-/* daemon/config.h — hpd's settings: the keys (config.def), their defaults and checks, and the
- * config file parser. Pure: no globals, no logging; the file is read once per call and
- * nothing else is touched. main.c layers them: defaults, then the file (--config or
- * $HPD_CONFIG), then the flags; SIGHUP does the same again and applies the live keys.
+/* daemon/config.h — hpd's settings: the keys, their types, ranges, defaults, checks,
+ * liveness and help (one table, config.def), and the config file parser. Pure: no globals, no
+ * logging; the file is read once per call and nothing else is touched. main.c layers them:
+ * defaults, then the file (--config or $HPD_CONFIG), then the flags; SIGHUP does the same again and
+ * applies the live keys.
  *
  * File format: one `key = value` per line, keys named like the long flags ("slots = 4");
  * blank lines and lines whose first non-blank character is '#' are ignored, and so is a '#'
@@ -18,7 +19,7 @@
 #include <stddef.h>
 
 typedef enum {
-#define X(id, key, live) HPD_KEY_##id,
+#define X(id, ...) HPD_KEY_##id,
 #include "daemon/config.def"
 #undef X
     HPD_KEY_COUNT
@@ -66,14 +67,13 @@ typedef struct hpd_settings {
     int slurm_poll_ms;   /* squeue interval (default 1000) */
     hpd_systemd_manager systemd_manager;
     char systemd_slice[128]; /* Slice= of the rank units ("": the manager's default) */
-    bool systemd_token_file; /* systemd-token = file: $HP_TOKEN_FILE, not a credential */
+    int systemd_token_file;  /* systemd-token = file (1): $HP_TOKEN_FILE, not a credential */
     int systemd_poll_ms;     /* systemctl show interval (default 1000) */
+    int auth_all;            /* auth = all (1): every RPC and HTTP path but /healthz needs it */
 } hpd_settings;
 
-/* The defaults: listen 127.0.0.1:7070, worker-listen 127.0.0.1:0, http 127.0.0.1:7071,
- * log-level info, on-sigterm checkpoint, metrics-retention 600, launcher local,
- * launch-timeout-s 120, slurm-poll-ms 1000, systemd-manager auto, systemd-token credential,
- * systemd-poll-ms 1000, the rest "" / 0. */
+/* The defaults of config.def (listen 127.0.0.1:7070, http 127.0.0.1:7071, ...; "" / 0:
+ * unset, main decides). */
 void hpd_settings_defaults(hpd_settings *s);
 
 /* The key named `name` ("slots"); false when there is none. */
@@ -82,6 +82,9 @@ const char *hpd_settings_key_name(hpd_key k);
 /* Whether SIGHUP can apply a new value of k (slots, log-level, on-sigterm, heartbeat-ms,
  * metrics-retention). */
 bool hpd_settings_key_live(hpd_key k);
+/* `hpd --help`'s metavariable ("HOST:PORT") and text of k ('\n': continued on the next line). */
+const char *hpd_settings_key_arg(hpd_key k);
+const char *hpd_settings_key_help(hpd_key k);
 
 /* Checks value and sets key k. HP_INVALID names the key and the value ("slots: 'x' must be
  * an integer in [1, 65536]"); s is unchanged then. */

@@ -60,6 +60,7 @@ struct hpd {
     hpd_workers *workers;
     char state_dir[PATH_MAX];
     char token[65];
+    bool auth_all;         /* --auth all: reads need the token too (rpc.c, http.c) */
     char worker_addr[300]; /* "HOST:PORT" the workers dial (--advertise) */
     int launch_timeout_ms; /* LAUNCHING longer than this fails the attempt */
     int slots, slots_used;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -155,6 +156,11 @@ static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *ke
         c->bad = "a query argument holds a NUL byte (%00)";
         return MHD_NO;
     }
+    if (strcmp(key, "token") == 0 || strcmp(key, "access_token") == 0) {
+        c->bad = "a token goes in the 'Authorization: Bearer' header (the dashboard: in the URL "
+                 "fragment, #token=...), never in the query string";
+        return MHD_NO;
+    }
     /* one value per argument, except `state`, a documented list (state=A&state=B,C) */
     for (int i = 0; strcmp(key, "state") != 0 && i < c->a->n; i++)
         if (strcmp(c->a->key[i], key) == 0) {
@@ -163,7 +169,7 @@ static enum MHD_Result on_arg(void *cls, enum MHD_ValueKind kind, const char *ke
             return MHD_NO;
         }
     if (c->a->n == HTTP_ARGS_MAX) {
-        c->bad = "more than 32 query arguments";
+        c->bad = "more than 32 query arguments"; /* on_uri refuses most of these first */
         return MHD_NO;
     }
     c->a->key[c->a->n] = key;
@@ -345,15 +351,81 @@ static void route(hpd_http *h, const char *url, const http_args *a, http_reply *
     hpd_snap_put(s);
 }
 
+/* ---- too many query arguments ------------------------------------------------------------
+ * MHD stores every query argument as a record in the connection's 32 KiB memory pool while it
+ * parses the request line, before any callback of ours sees one. A URL of ≈ 500 short
+ * arguments fits the pool as text but not as records: MHD 0.9.75 then fails to build its own
+ * 431 in the exhausted pool and holds the connection until the 30 s timeout. So the arguments
+ * are counted here, in MHD's URI callback (called with the raw request target before MHD
+ * parses the arguments, in the connection's own writable read buffer), and past HTTP_ARGS_MAX
+ * the query string is cut to "" so that MHD stores none; on_request then answers 400. The
+ * per-request context is one of these markers (no allocation, nothing to free). */
+static int req_fresh, req_fresh_too_many, req_seen, req_seen_too_many;
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+    (void)cls;
+    (void)conn;
+    char *q = uri ? strchr(uri, '?') : NULL;
+    if (!q || !q[1]) return &req_fresh;
+    int n = 1;
+    for (const char *p = q + 1; *p; p++) n += *p == '&';
+    if (n <= HTTP_ARGS_MAX) return &req_fresh;
+    q[1] = 0; /* MHD's buffer: MHD itself writes the '\0' over the '?' next */
+    return &req_fresh_too_many;
+}
+
+/* ---- --auth all --------------------------------------------------------------------------
+ * Exactly one `Authorization: Bearer <token>` header, compared in constant time, as rpc.c
+ * does for gRPC. Never from the query string (URLs end up in logs and browser history): the
+ * dashboard reads it from the URL fragment, which browsers do not send, and puts it in this
+ * header. /healthz (probes) and the dashboard's static files (no job data; the page must load
+ * before it can send the header) need none. */
+typedef struct auth_ctx {
+    int seen;
+    const char *val;
+} auth_ctx;
+
+static enum MHD_Result on_auth_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value) {
+    auth_ctx *a = cls;
+    (void)kind;
+    if (key && strcasecmp(key, "Authorization") == 0) {
+        a->seen++;
+        a->val = value;
+    }
+    return MHD_YES;
+}
+
+static bool needs_token(const char *url) {
+    return strcmp(url, "/healthz") != 0 && strcmp(url, "/") != 0 &&
+           strcmp(url, "/index.html") != 0 && strncmp(url, "/static/", 8) != 0;
+}
+
+static bool http_authorized(hpd_http *h, struct MHD_Connection *conn) {
+    auth_ctx a = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, on_auth_header, &a);
+    if (a.seen != 1 || !a.val || !h->token[0]) return false;
+    static const char prefix[] = "Bearer ";
+    size_t plen = sizeof prefix - 1, tlen = strlen(h->token), vlen = strlen(a.val);
+    size_t want = plen + tlen;
+    unsigned diff = vlen != want;
+    for (size_t i = 0; i < want; i++) {
+        char e = i < plen ? prefix[i] : h->token[i - plen];
+        char g = i < vlen ? a.val[i] : 0;
+        diff |= (unsigned)(unsigned char)(e ^ g);
+    }
+    return diff == 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **req_ctx) {
     hpd_http *h = cls;
     (void)version;
     (void)upload;
-    if (!*req_ctx) { /* first call: headers only; answer on the next */
-        static int marker;
-        *req_ctx = &marker;
+    if (*req_ctx == &req_fresh || *req_ctx == &req_fresh_too_many || !*req_ctx) {
+        /* first call: headers only; answer on the next */
+        *req_ctx = *req_ctx == &req_fresh_too_many ? &req_seen_too_many : &req_seen;
         if (*upload_size == 0) goto answer;
         return MHD_YES;
     }
@@ -366,6 +438,13 @@ answer:;
     http_args a = {0};
     if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD)) {
         http_error(&r, 405, "method %.20s not allowed: the HTTP interface is read-only", method);
+    } else if (h->auth_all && url && needs_token(url) && !http_authorized(h, conn)) {
+        http_error(&r, 401,
+                   "missing or wrong bearer token: hpd runs with --auth all (send "
+                   "'Authorization: Bearer <STATE_DIR/token>'; the dashboard: "
+                   "http://HOST:PORT/#token=<token>)");
+    } else if (*req_ctx == &req_seen_too_many) {
+        http_error(&r, 400, "more than %d query arguments", HTTP_ARGS_MAX);
     } else {
         args_ctx ac = {.a = &a};
         MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, on_arg, &ac);
@@ -389,6 +468,7 @@ answer:;
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
     if (r.status == 405) MHD_add_response_header(resp, "Allow", "GET, HEAD");
+    if (r.status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"hpd\"");
     enum MHD_Result ret = MHD_queue_response(conn, r.status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -512,6 +592,8 @@ hp_status hpd_http_start(hpd *d, const hpd_http_config *cfg, char *bound, size_t
     pthread_mutex_init(&h->store_mu, NULL);
     pthread_mutex_init(&h->cache_mu, NULL);
     snprintf(h->state_dir, sizeof h->state_dir, "%.1000s", d->state_dir);
+    h->auth_all = d->auth_all;
+    snprintf(h->token, sizeof h->token, "%s", d->token);
     if (cfg->share_dir)
         snprintf(h->share_dir, sizeof h->share_dir, "%.1000s", cfg->share_dir);
     else
@@ -530,10 +612,11 @@ hp_status hpd_http_start(hpd *d, const hpd_http_config *cfg, char *bound, size_t
     if (h->listen_fd < 0) goto fail;
     h->mhd = MHD_start_daemon(
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-        on_request, h, MHD_OPTION_LISTEN_SOCKET, h->listen_fd, MHD_OPTION_THREAD_POOL_SIZE,
-        (unsigned)HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT,
-        MHD_OPTION_CONNECTION_TIMEOUT, 30u, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
+        on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET,
+        h->listen_fd, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_URI_LOG_CALLBACK, on_uri, NULL,
+        MHD_OPTION_END);
     if (!h->mhd) {
         hp_errf(err, HP_IO, "http: the server did not start (libmicrohttpd)");
         goto fail;

@@ -36,6 +36,8 @@ typedef struct hpd_http {
         uint64_t used;
     } cache[8];
     uint64_t cache_clock;
+    bool auth_all;  /* --auth all: every path but /healthz and the static files needs token */
+    char token[65]; /* STATE_DIR/token (set before the threads start, never changed) */
 } hpd_http;
 
 /* A response being built: status, content type, body (malloc'd: MHD frees it). */

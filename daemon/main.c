@@ -28,38 +28,28 @@
 #define HPD_VERSION "0.0.0"
 #endif
 
-static const char USAGE[] =
-    "usage: hpd [options]\n"
-    "  --listen HOST:PORT         gRPC control service (default 127.0.0.1:7070; port 0: any)\n"
-    "  --worker-listen HOST:PORT  worker protocol (default 127.0.0.1:0)\n"
-    "  --state-dir DIR            jobs, store, token (default $HP_STATE_DIR or ~/.local/state/hp)\n"
-    "  --slots N                  CPU ranks to run at once (default: the CPUs)\n"
-    "  --http HOST:PORT|off       dashboard, JSON API and /metrics (default 127.0.0.1:7071)\n"
-    "  --metrics-retention SECS   finished jobs stay in /metrics this long (default 600)\n"
-    "  --log-level LEVEL          debug | info | warn | error (default info)\n"
-    "  --tls-cert FILE --tls-key FILE   serve gRPC over TLS\n"
-    "  --worker PATH              the hp-worker binary (default $HP_WORKER, beside hpd, PATH)\n"
-    "  --on-sigterm checkpoint|cancel  running jobs on SIGTERM: stop with a checkpoint and\n"
-    "                             resume at the next start (default), or cancel them\n"
-    "  --heartbeat-ms N           worker heartbeat interval (default 1000)\n"
-    "  --launcher local|slurm|systemd|external  how ranks start: hp-worker processes here\n"
-    "                             (default), one Slurm job per attempt, one systemd unit per\n"
-    "                             rank, or workers an operator starts (hpctl status ID\n"
-    "                             --worker-cmd prints their commands)\n"
-    "  --advertise HOST[:PORT]    the address workers dial (default: the --worker-listen host,\n"
-    "                             unless that is a wildcard; PORT: the bound port)\n"
-    "  --launch-timeout-s N       LAUNCHING longer than this fails the attempt (default 120;\n"
-    "                             time in the Slurm queue does not count)\n"
-    "  --slurm-partition P  --slurm-account A  --slurm-qos Q  --slurm-time T\n"
-    "                             sbatch's --partition/--account/--qos/--time (default: none)\n"
-    "  --slurm-poll-ms N          squeue interval (default 1000)\n"
-    "  --systemd-manager auto|system|user  the manager rank units run in (default auto:\n"
-    "                             the system's as root, else the user's)\n"
-    "  --systemd-slice NAME.slice  --systemd-poll-ms N (systemctl show interval, 1000)\n"
-    "  --systemd-token credential|file  the token as a credential (default) or $HP_TOKEN_FILE\n"
-    "  --config FILE              'key = value' lines, keys named like these flags (default\n"
-    "                             $HPD_CONFIG); flags win; SIGHUP re-reads it\n"
-    "  --version, --help\n";
+/* `hpd --help`: every key of config.def as a flag, then the flags that are not keys. */
+static void usage(FILE *f) {
+    fputs("usage: hpd [options]\n", f);
+    for (int k = 0; k < HPD_KEY_COUNT; k++) {
+        char flag[80];
+        snprintf(flag, sizeof flag, "--%s %s", hpd_settings_key_name((hpd_key)k),
+                 hpd_settings_key_arg((hpd_key)k));
+        if (strlen(flag) > 26)
+            fprintf(f, "  %s\n  %-26s ", flag, "");
+        else
+            fprintf(f, "  %-26s ", flag);
+        for (const char *h = hpd_settings_key_help((hpd_key)k); *h; h++) {
+            fputc(*h, f);
+            if (*h == '\n') fprintf(f, "  %-26s ", "");
+        }
+        fputc('\n', f);
+    }
+    fputs("  --config FILE              'key = value' lines, keys named like these flags (default\n"
+          "                             $HPD_CONFIG); flags win; SIGHUP re-reads it\n"
+          "  --version, --help\n",
+          f);
+}
 
 typedef struct opts {
     const char *listen, *worker_listen, *state_dir, *log_level, *tls_cert, *tls_key, *worker;
@@ -237,6 +227,33 @@ static void advertised(char *out, size_t len, const char *bind_host, int port) {
     snprintf(out, len, "%.200s:%d", wildcard_host(bind_host) ? "127.0.0.1" : bind_host, port);
 }
 
+/* Whether HOST of "HOST:PORT" / "[V6]:PORT" is a loopback address or name. */
+static bool loopback_addr(const char *addr) {
+    const char *colon = strrchr(addr, ':');
+    size_t n = colon ? (size_t)(colon - addr) : strlen(addr);
+    char h[256];
+    if (n >= sizeof h) return false;
+    memcpy(h, addr, n);
+    h[n] = 0;
+    if (h[0] == '[' && n > 2 && h[n - 1] == ']') {
+        memmove(h, h + 1, n - 2);
+        h[n - 2] = 0;
+    }
+    return !strcmp(h, "localhost") || !strncmp(h, "127.", 4) || !strcmp(h, "::1");
+}
+
+/* A listener beyond loopback without TLS: the bearer token and every reply travel in clear,
+ * and without --auth all anyone who reaches it reads every job. Said once at start. */
+static void warn_exposed(const char *what, const char *addr, bool tls, bool auth_all) {
+    if (tls || loopback_addr(addr)) return;
+    hp__log("warn",
+            "event=exposed_without_tls listener=%s addr=%s auth=%s note=\"the token and the "
+            "replies travel in clear%s; serve it on loopback behind a TLS proxy%s\"",
+            what, addr, auth_all ? "all" : "mutating",
+            auth_all ? "" : ", and reads need no token (--auth all)",
+            strcmp(what, "grpc") == 0 ? ", or pass --tls-cert/--tls-key" : "");
+}
+
 static void on_watchdog(uv_timer_t *t) {
     (void)t;
     hpd_sd_notify("WATCHDOG=1");
@@ -250,118 +267,41 @@ int main(int argc, char **argv) {
               .http = "127.0.0.1:7071"};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     o.slots = cpus > 0 ? (int)cpus : 1;
-    enum {
-        O_LISTEN = 256,
-        O_WLISTEN,
-        O_STATE,
-        O_SLOTS,
-        O_LOG,
-        O_CERT,
-        O_KEY,
-        O_WORKER,
-        O_VER,
-        O_HTTP,
-        O_RETAIN,
-        O_CONFIG,
-        O_ONSIGTERM,
-        O_HBMS,
-        O_KEYONLY /* a config key as a flag: build_settings checks it */
-    };
-    static const struct option longs[] = {
-        {"listen", required_argument, 0, O_LISTEN},
-        {"worker-listen", required_argument, 0, O_WLISTEN},
-        {"state-dir", required_argument, 0, O_STATE},
-        {"slots", required_argument, 0, O_SLOTS},
-        {"log-level", required_argument, 0, O_LOG},
-        {"tls-cert", required_argument, 0, O_CERT},
-        {"tls-key", required_argument, 0, O_KEY},
-        {"worker", required_argument, 0, O_WORKER},
-        {"http", required_argument, 0, O_HTTP},
-        {"metrics-retention", required_argument, 0, O_RETAIN},
-        {"config", required_argument, 0, O_CONFIG},
-        {"on-sigterm", required_argument, 0, O_ONSIGTERM},
-        {"heartbeat-ms", required_argument, 0, O_HBMS},
-        {"launcher", required_argument, 0, O_KEYONLY},
-        {"advertise", required_argument, 0, O_KEYONLY},
-        {"launch-timeout-s", required_argument, 0, O_KEYONLY},
-        {"slurm-partition", required_argument, 0, O_KEYONLY},
-        {"slurm-account", required_argument, 0, O_KEYONLY},
-        {"slurm-qos", required_argument, 0, O_KEYONLY},
-        {"slurm-time", required_argument, 0, O_KEYONLY},
-        {"slurm-poll-ms", required_argument, 0, O_KEYONLY},
-        {"systemd-manager", required_argument, 0, O_KEYONLY},
-        {"systemd-slice", required_argument, 0, O_KEYONLY},
-        {"systemd-token", required_argument, 0, O_KEYONLY},
-        {"systemd-poll-ms", required_argument, 0, O_KEYONLY},
-        {"version", no_argument, 0, O_VER},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    int c, li = -1;
-    while ((c = getopt_long(argc, argv, "h", longs, &li)) != -1) {
-        char *end;
-        hpd_key fk; /* a flag that is also a config key: it overrides the file */
-        if (li >= 0 && optarg && hpd_settings_key(longs[li].name, &fk)) g_flags[fk] = optarg;
-        li = -1;
+    /* The long options: one per config key (config.def; the value is checked with the file's
+     * in build_settings), then --config, --version, --help. */
+    enum { O_KEY = 256, O_CONFIG = O_KEY + HPD_KEY_COUNT, O_VER };
+    struct option longs[HPD_KEY_COUNT + 4];
+    for (int k = 0; k < HPD_KEY_COUNT; k++)
+        longs[k] =
+            (struct option){hpd_settings_key_name((hpd_key)k), required_argument, 0, O_KEY + k};
+    longs[HPD_KEY_COUNT] = (struct option){"config", required_argument, 0, O_CONFIG};
+    longs[HPD_KEY_COUNT + 1] = (struct option){"version", no_argument, 0, O_VER};
+    longs[HPD_KEY_COUNT + 2] = (struct option){"help", no_argument, 0, 'h'};
+    longs[HPD_KEY_COUNT + 3] = (struct option){0, 0, 0, 0};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+        if (c >= O_KEY && c < O_KEY + HPD_KEY_COUNT) { /* it overrides the file */
+            g_flags[c - O_KEY] = optarg;
+            continue;
+        }
         switch (c) {
         case O_CONFIG:
             g_config = optarg;
-            break;
-        case O_ONSIGTERM: /* checked with the config below */
-        case O_HBMS:
-        case O_KEYONLY:
-            break;
-        case O_LISTEN:
-            o.listen = optarg;
-            break;
-        case O_WLISTEN:
-            o.worker_listen = optarg;
-            break;
-        case O_STATE:
-            o.state_dir = optarg;
-            break;
-        case O_SLOTS:
-            o.slots = (int)strtol(optarg, &end, 10);
-            if (*end || o.slots < 1 || o.slots > 65536) {
-                fprintf(stderr, "hpd: --slots: '%s' must be in [1, 65536]\n", optarg);
-                return 2;
-            }
-            break;
-        case O_LOG:
-            if (strcmp(optarg, "debug") && strcmp(optarg, "info") && strcmp(optarg, "warn") &&
-                strcmp(optarg, "error")) {
-                fprintf(stderr, "hpd: --log-level: '%s' is not debug|info|warn|error\n", optarg);
-                return 2;
-            }
-            o.log_level = optarg;
-            break;
-        case O_CERT:
-            o.tls_cert = optarg;
-            break;
-        case O_KEY:
-            o.tls_key = optarg;
-            break;
-        case O_WORKER:
-            o.worker = optarg;
-            break;
-        case O_HTTP:
-            o.http = optarg;
-            break;
-        case O_RETAIN: /* checked with the config below */
             break;
         case O_VER:
             printf("hpd %s\n", HPD_VERSION);
             return 0;
         case 'h':
-            fputs(USAGE, stdout);
+            usage(stdout);
             return 0;
         default:
-            fputs(USAGE, stderr);
+            usage(stderr);
             return 2;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "hpd: unexpected argument '%s'\n%s", argv[optind], USAGE);
+        fprintf(stderr, "hpd: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
         return 2;
     }
     if (!g_config && getenv("HPD_CONFIG") && *getenv("HPD_CONFIG")) g_config = getenv("HPD_CONFIG");
@@ -373,7 +313,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "hpd: %s\n", cerr.msg);
         return 2;
     }
-    /* The flags already set o; the file's values apply where no flag was given. */
+    /* o: the settings (defaults, file, flags) as the rest of main uses them. */
     o.listen = g_cur.listen;
     o.worker_listen = g_cur.worker_listen;
     o.http = g_cur.http;
@@ -463,6 +403,7 @@ int main(int argc, char **argv) {
     }
     g_d = d;
     memcpy(d->token, token, sizeof token);
+    d->auth_all = g_cur.auth_all;
     int wport = 0, gport = 0;
     char whost[HPD_VALUE_MAX], why[300] = "";
     snprintf(whost, sizeof whost, "%.*s", (int)(strrchr(o.worker_listen, ':') - o.worker_listen),
@@ -527,6 +468,8 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
+    warn_exposed("grpc", o.listen, o.tls_cert != NULL, d->auth_all);
+    if (strcmp(http_addr, "off") != 0) warn_exposed("http", http_addr, false, d->auth_all);
     uv_signal_init(loop, &sig_term);
     uv_signal_init(loop, &sig_int);
     uv_signal_init(loop, &sig_hup);

@@ -3,7 +3,8 @@
  * Threads: one completion-queue thread runs grpc_completion_queue_next() and appends every
  * event's tag to a mutex-protected list, then uv_async_send()s the loop. The loop thread
  * drains the list and runs each tag's handler; every gRPC batch, every re-arm and every hpd_*
- * call happens there. Nothing here blocks the loop.
+ * call happens there. Nothing here blocks the loop: a request over HPD_RPC_DECODE_INLINE is
+ * decoded on libuv's pool before its handler runs (rpc_decode.c).
  *
  * Calls: each registered method keeps HPD_RPC_SLOTS request slots armed
  * (GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER: the request arrives with the call); one generic
@@ -26,7 +27,6 @@
 #include "daemon/rpc_internal.h"
 
 #include "daemon/core.h" /* hp__log */
-#include "daemon/pbcheck.h"
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -44,16 +44,19 @@
 
 static const struct {
     const char *path;
-    bool mutating; /* or costly (GetPlan compiles): needs the token */
+    bool mutating;                         /* or costly (GetPlan compiles): needs the token */
+    const ProtobufCMessageDescriptor *req; /* a large one is decoded off the loop */
 } k_methods[M_COUNT] = {
-    [M_SUBMIT] = {"/hp.v1.Coordinator/SubmitJob", true},
-    [M_GET] = {"/hp.v1.Coordinator/GetJob", false},
-    [M_LIST] = {"/hp.v1.Coordinator/ListJobs", false},
-    [M_CANCEL] = {"/hp.v1.Coordinator/CancelJob", true},
-    [M_WATCH] = {"/hp.v1.Coordinator/WatchJob", false},
-    [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", true}, /* compiles: the token's to ask */
-    [M_TRACE] = {"/hp.v1.Coordinator/GetTrace", false},
-    [M_CHECKPOINT] = {"/hp.v1.Coordinator/CheckpointJob", true},
+    [M_SUBMIT] = {"/hp.v1.Coordinator/SubmitJob", true, &hp__v1__submit_job_request__descriptor},
+    [M_GET] = {"/hp.v1.Coordinator/GetJob", false, &hp__v1__get_job_request__descriptor},
+    [M_LIST] = {"/hp.v1.Coordinator/ListJobs", false, &hp__v1__list_jobs_request__descriptor},
+    [M_CANCEL] = {"/hp.v1.Coordinator/CancelJob", true, &hp__v1__cancel_job_request__descriptor},
+    [M_WATCH] = {"/hp.v1.Coordinator/WatchJob", false, &hp__v1__watch_job_request__descriptor},
+    /* compiles: the token's to ask */
+    [M_PLAN] = {"/hp.v1.Coordinator/GetPlan", true, &hp__v1__get_plan_request__descriptor},
+    [M_TRACE] = {"/hp.v1.Coordinator/GetTrace", false, &hp__v1__get_trace_request__descriptor},
+    [M_CHECKPOINT] = {"/hp.v1.Coordinator/CheckpointJob", true,
+                      &hp__v1__checkpoint_job_request__descriptor},
 };
 
 static rpc_server *g_rpc; /* one server per process */
@@ -107,13 +110,17 @@ static void cq_thread(void *arg) {
     uv_async_send(&s->async);
 }
 
-static void on_handle_closed(uv_handle_t *h) {
-    rpc_server *s = h->data;
+/* Drops one of s's handle counts (uv handles, decodes in flight); the last frees s. */
+void hp__rpc_server_unref(rpc_server *s) {
     if (--s->handles > 0) return;
     if (g_rpc == s) g_rpc = NULL;
     free(s);
     hp__rpc_enc_reset();
     grpc_shutdown();
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+    hp__rpc_server_unref(h->data);
 }
 
 static void on_async(uv_async_t *h) {
@@ -160,6 +167,8 @@ static void call_free(rpc_call *c) {
     if (c->call) grpc_call_unref(c->call);
     grpc_metadata_array_destroy(&c->md);
     if (c->payload) grpc_byte_buffer_destroy(c->payload);
+    if (c->dec && c->dec->msg) protobuf_c_message_free_unpacked(c->dec->msg, NULL);
+    hp_free(c->dec);
     if (c->method == M_GENERIC) grpc_call_details_destroy(&c->details);
     if (c->send_bb) grpc_byte_buffer_destroy(c->send_bb);
     if (c->has_details) grpc_slice_unref(c->status_details);
@@ -283,78 +292,6 @@ grpc_status_code hp__rpc_code_of(hp_status st) {
  * message. */
 static void reply_err(rpc_call *c, hp_status st, const hp_err *err) {
     hp__rpc_reply_status(c, hp__rpc_code_of(st), err->msg[0] ? err->msg : hp_status_str(st));
-}
-
-/* protobuf-c's allocations while unpacking a request, counted against the decode budget (a
- * backstop behind hp__pb_check's estimate). malloc/free: what free_unpacked(NULL) frees with. */
-typedef struct decode_budget {
-    size_t used, max;
-    bool over;
-} decode_budget;
-
-static void *budget_alloc(void *data, size_t n) {
-    decode_budget *b = data;
-    if (n > b->max - b->used) {
-        b->over = true;
-        return NULL;
-    }
-    b->used += n;
-    return malloc(n);
-}
-
-static void budget_free(void *data, void *p) {
-    (void)data;
-    free(p);
-}
-
-/* Unpacks the request payload; NULL when it was refused, the call answered: malformed or absent
- * (INVALID_ARGUMENT), over the decode budget (RESOURCE_EXHAUSTED), or a string field with a NUL
- * byte or invalid UTF-8 (INVALID_ARGUMENT naming the field). The wire bytes are scanned before
- * anything is allocated (hp__pb_check), so a request of millions of empty messages costs a scan,
- * not gigabytes. Free the result with protobuf_c_message_free_unpacked(m, NULL). */
-ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescriptor *desc) {
-    char msg[HP_ERR_MSG_MAX + 32];
-    snprintf(msg, sizeof msg, "malformed %s", desc->short_name);
-    grpc_byte_buffer_reader r;
-    if (!c->payload || !grpc_byte_buffer_reader_init(&r, c->payload)) {
-        hp__rpc_reply_status(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
-        return NULL;
-    }
-    grpc_slice all = grpc_byte_buffer_reader_readall(&r);
-    grpc_byte_buffer_reader_destroy(&r);
-    /* The payload is not needed again: the bytes live in `all` until unpacked. */
-    grpc_byte_buffer_destroy(c->payload);
-    c->payload = NULL;
-    const uint8_t *data = GRPC_SLICE_START_PTR(all);
-    size_t len = GRPC_SLICE_LENGTH(all);
-    hpd_pb_limits lim = {.max_alloc = HPD_RPC_DECODE_MAX, .max_depth = 32, .check_strings = true};
-    hp_err err = {0};
-    hp_status st = hp__pb_check(desc, data, len, &lim, NULL, &err);
-    ProtobufCMessage *m = NULL;
-    decode_budget b = {.max = HPD_RPC_DECODE_MAX};
-    if (st == HP_OK) {
-        ProtobufCAllocator a = {budget_alloc, budget_free, &b};
-        m = protobuf_c_message_unpack(desc, &a, len, data);
-    }
-    grpc_slice_unref(all);
-    if (m) return m;
-    if (st == HP_OK && b.over) {
-        st = HP_LIMIT;
-        snprintf(err.msg, sizeof err.msg,
-                 "decoding the request would allocate more than %u MiB (the daemon's decode "
-                 "budget)",
-                 (unsigned)(HPD_RPC_DECODE_MAX >> 20));
-    }
-    if (st == HP_LIMIT || st == HP_INVALID) {
-        char *peer = grpc_call_get_peer(c->call);
-        hp__log("warn", "event=rpc_refused method=%s peer=%s bytes=%zu what=\"%s\"",
-                desc->short_name, peer ? peer : "?", len, err.msg);
-        gpr_free(peer);
-        snprintf(msg, sizeof msg, "%s: %s", desc->short_name, err.msg);
-    }
-    if (st == HP_OK) st = HP_INVALID; /* it passed the scan but does not decode: malformed */
-    hp__rpc_reply_status(c, hp__rpc_code_of(st), msg);
-    return NULL;
 }
 
 /* Exactly one `authorization: Bearer <token>` header, compared in constant time. */
@@ -686,6 +623,8 @@ static void h_checkpoint(rpc_call *c) {
     reply_job(c, &resp.base, &resp.job, &v);
 }
 
+static void run_handler(rpc_call *c);
+
 static void dispatch(rpc_call *c) {
     if (c->method == M_GENERIC) {
         char *m = grpc_slice_to_c_string(c->details.method);
@@ -695,7 +634,7 @@ static void dispatch(rpc_call *c) {
         hp__rpc_reply_status(c, GRPC_STATUS_UNIMPLEMENTED, msg);
         return;
     }
-    if (k_methods[c->method].mutating && !authorized(c)) {
+    if ((k_methods[c->method].mutating || c->s->d->auth_all) && !authorized(c)) {
         char *peer = grpc_call_get_peer(c->call);
         hp__log("warn", "event=rpc_unauthenticated method=%s peer=%s",
                 k_methods[c->method].path + strlen("/hp.v1.Coordinator/"), peer ? peer : "?");
@@ -705,6 +644,11 @@ static void dispatch(rpc_call *c) {
             "missing or wrong bearer token (authorization: Bearer <STATE_DIR/token>)");
         return;
     }
+    /* A large request is decoded on the pool first; run_handler follows (rpc_decode.c). */
+    if (!hp__rpc_decode_async(c, k_methods[c->method].req, run_handler)) run_handler(c);
+}
+
+static void run_handler(rpc_call *c) {
     switch (c->method) {
     case M_SUBMIT:
         h_submit(c);

@@ -1,5 +1,6 @@
 /* daemon/rpc_internal.h — what rpc.c (the service: calls, handlers, lifecycle) and
- * rpc_watch.c (WatchJob streaming: queues, batches, the flush timer) share. Loop thread only.
+ * rpc_watch.c (WatchJob streaming: queues, batches, the flush timer) and rpc_decode.c (request
+ * decoding, large ones on the pool) share. Loop thread only, but for hpd_rpc_decode's work.
  */
 #ifndef HP_DAEMON_RPC_INTERNAL_H
 #define HP_DAEMON_RPC_INTERNAL_H
@@ -49,8 +50,25 @@ enum {
 };
 
 typedef struct rpc_server rpc_server;
+typedef struct rpc_call rpc_call;
 
-typedef struct rpc_call {
+/* Payloads over this many bytes are decoded on libuv's pool, not the loop (rpc_decode.c). */
+#define HPD_RPC_DECODE_INLINE (64u << 10)
+
+/* A request decoded (or being decoded) off the loop. */
+typedef struct hpd_rpc_decode {
+    uv_work_t work;
+    rpc_call *call;
+    const ProtobufCMessageDescriptor *desc;
+    void (*then)(rpc_call *c); /* the handler, on the loop once decoded */
+    grpc_byte_buffer *payload; /* taken from the call; destroyed by the decode */
+    ProtobufCMessage *msg;     /* the result, or NULL: st and err say why */
+    hp_status st;
+    size_t len;
+    hp_err err;
+} hpd_rpc_decode;
+
+struct rpc_call {
     rpc_server *s;
     int method; /* M_* or M_GENERIC */
     grpc_call *call;
@@ -83,7 +101,8 @@ typedef struct rpc_call {
     size_t q_bytes;
     grpc_status_code end_code; /* status to send when the queue drains after watch_over */
     char end_msg[HP_ERR_MSG_MAX];
-} rpc_call;
+    hpd_rpc_decode *dec; /* decoded off the loop, for hp__rpc_unpack_req to hand out */
+};
 
 struct rpc_server {
     hpd *d;
@@ -111,8 +130,15 @@ void hp__rpc_send_batch(rpc_call *c, grpc_byte_buffer *bb, bool with_status, grp
                         const char *msg);
 void hp__rpc_reply_status(rpc_call *c, grpc_status_code code, const char *msg);
 void hp__rpc_call_maybe_free(rpc_call *c);
-ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescriptor *desc);
 grpc_status_code hp__rpc_code_of(hp_status st);
+void hp__rpc_server_unref(rpc_server *s); /* one of s->handles is done; the last frees s */
+
+/* rpc_decode.c */
+ProtobufCMessage *hp__rpc_unpack_req(rpc_call *c, const ProtobufCMessageDescriptor *desc);
+/* A payload over HPD_RPC_DECODE_INLINE: decodes it on the pool, then runs then(c) on the loop
+ * (not when the call ended meanwhile) and returns true; false: decode inline (call then(c)). */
+bool hp__rpc_decode_async(rpc_call *c, const ProtobufCMessageDescriptor *desc,
+                          void (*then)(rpc_call *c));
 
 /* rpc_watch.c */
 void hp__rpc_h_watch(rpc_call *c);    /* WatchJob */

@@ -317,8 +317,13 @@ def main():
                 break
             time.sleep(0.5)
         check(all(states.get(i) == "SUCCEEDED" for i in (jid, s1, s2)), f"jobs succeeded {states}")
-        time.sleep(0.6)  # the next snapshot
-        st, doc = get_json(base, "/api/v1/jobs")
+        # the snapshot that shows them final also has progress 1 (published every 250 ms)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            st, doc = get_json(base, "/api/v1/jobs")
+            if st == 200 and len(doc["jobs"]) == 3 and doc["jobs"][2]["progress"] == 1:
+                break
+            time.sleep(0.05)
         check(st == 200 and [j["id"] for j in doc["jobs"]] == [s2, s1, jid],
               "the list is newest first")
         for j in doc["jobs"]:

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static hp_status parse(hpd_settings *s, const char *text, hp_err *e) {
@@ -56,6 +57,7 @@ Test(config, good_file_every_key) {
                        "systemd-slice = hp-ranks.slice\n"
                        "systemd-token = file\n"
                        "systemd-poll-ms = 300\n"
+                       "auth = all\n"
                        "heartbeat-ms = 250"; /* no final newline */
     hpd_settings s;
     hpd_settings_defaults(&s);
@@ -87,6 +89,7 @@ Test(config, good_file_every_key) {
     cr_expect_str_eq(s.systemd_slice, "hp-ranks.slice");
     cr_expect(s.systemd_token_file);
     cr_expect_eq(s.systemd_poll_ms, 300);
+    cr_expect(s.auth_all);
     for (int k = 0; k < HPD_KEY_COUNT; k++)
         cr_expect(given[k], "%s not marked given", hpd_settings_key_name((hpd_key)k));
 }
@@ -267,5 +270,45 @@ Test(config, example_file_loads_and_documents_every_key) {
         snprintf(want, sizeof want, "\n#%s = ", hpd_settings_key_name((hpd_key)k));
         cr_expect(strstr(text, want), "%s is not in the example",
                   hpd_settings_key_name((hpd_key)k));
+    }
+}
+
+/* config.def is the one table: every key has a help line and a metavariable, `hpd --help`
+ * lists each as --KEY ARG, and a bad value given as the flag is refused naming the flag. */
+Test(config, the_table_drives_help_and_flags) {
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s/daemon/hpd --help", HP_BINARY_DIR);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p, "%s", cmd);
+    static char help[65536];
+    size_t n = fread(help, 1, sizeof help - 1, p);
+    help[n] = 0;
+    cr_expect_eq(pclose(p), 0, "hpd --help exits 0");
+    for (int k = 0; k < HPD_KEY_COUNT; k++) {
+        hpd_key key = (hpd_key)k;
+        cr_expect(hpd_settings_key_help(key)[0] && hpd_settings_key_arg(key)[0],
+                  "%s has no help or metavariable", hpd_settings_key_name(key));
+        char want[200];
+        snprintf(want, sizeof want, "  --%s %s", hpd_settings_key_name(key),
+                 hpd_settings_key_arg(key));
+        cr_expect(strstr(help, want), "hpd --help lacks '%s'", want);
+    }
+    cr_expect(strstr(help, "  --config FILE"), "hpd --help lacks --config");
+    static const struct {
+        const char *flag, *want;
+    } bad[] = {{"--auth maybe", "hpd: --auth: 'maybe' is not mutating|all"},
+               {"--slots 0", "hpd: --slots: '0' must be an integer in [1, 65536]"},
+               {"--systemd-slice x", "hpd: --systemd-slice: 'x' is not a slice unit name"},
+               {"--metrics-retention -5", "must be seconds in [0, 1000000000]"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(cmd, sizeof cmd, "%s/daemon/hpd %s 2>&1", HP_BINARY_DIR, bad[i].flag);
+        p = popen(cmd, "r");
+        cr_assert(p, "%s", cmd);
+        n = fread(help, 1, sizeof help - 1, p);
+        help[n] = 0;
+        int st = pclose(p);
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: exit %d", bad[i].flag, st);
+        cr_expect(strstr(help, bad[i].want), "%s: got '%s', want '%s'", bad[i].flag, help,
+                  bad[i].want);
     }
 }

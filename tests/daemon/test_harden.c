@@ -39,3 +39,20 @@ Test(harden, rank_step_bounded, .timeout = 300) {
 Test(harden, peer_input_escaped_in_errors_and_logs, .timeout = 300) {
     run_case("quote");
 }
+
+/* HTTP requests with 33..16000 query arguments get a prompt 400/414/431 (≈ 500 were held 30 s). */
+Test(harden, http_many_query_args_answered, .timeout = 300) {
+    run_case("args");
+}
+
+/* Six 20 MB requests at once are decoded on the pool: a ListJobs poller meanwhile never waits
+ * most of their time (on the loop it waited 3.8 s of 4.75 s). */
+Test(harden, large_requests_decoded_off_loop, .timeout = 300) {
+    run_case("decode");
+}
+
+/* --auth all (flag and config key): every RPC and HTTP path but /healthz needs the token, never
+ * from a query string; hpctl reads send it; beyond loopback without TLS hpd warns. */
+Test(harden, auth_all_and_exposure_warning, .timeout = 300) {
+    run_case("auth");
+}

@@ -236,13 +236,18 @@ Test(hpd_config, flags_win_over_the_file) {
 Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
     write_file(g_conf, "# live test\nlog-level = warn\nslots = 1\nhttp = off\n");
     start_hpd("--config", g_conf, (char *)NULL);
-    usleep(200000);
+    /* hpd logs event=ready (info) before its loop runs: once a call is answered, the line
+     * would be in the log. A condition, not a sleep. */
+    run l = hpctl("list");
+    cr_assert_eq(l.code, 0, "hpctl list: %s", l.err);
+    run_free(&l);
     cr_expect_not(log_has("event=ready", 0), "log-level warn still logs info lines");
 
     new_job("long.pb", 1000000);
     char *a = submit("long.pb"), *b = submit("long.pb");
     cr_assert(wait_state(a, "RUNNING", 60000), "the first job never ran");
-    usleep(500000);
+    /* The scheduler ran when b was committed (hp__core_tick at submit), with a holding the one
+     * slot: b stays QUEUED until a slot frees, and a runs 10^6 steps. No sleep needed. */
     char *st = job_state(b);
     cr_expect_str_eq(st, "QUEUED", "one slot: the second job waits");
     free(st);

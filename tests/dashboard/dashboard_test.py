@@ -16,6 +16,9 @@ metrics. Then:
      point per step of the job with data-last-step = its last step;
   3. a screenshot (1280x900) saved as a test artifact, BUILD/test-artifacts/dashboard.png,
      checked to be a PNG of that size.
+With --auth, hpd runs with --auth all: the API without the header is 401, and the live page
+is loaded as http://HTTP/#token=T&job=ID (the token in the fragment, never sent in a URL);
+only the live checks run.
 hpd (and every Chromium this test started) is stopped on every path.
 
 Run by tests/dashboard/test_dashboard.c with /usr/bin/python3. Exit 0: all passed; 1: a check
@@ -58,9 +61,13 @@ class Fatal(Exception):
 
 # ---- hpd -------------------------------------------------------------------------------------
 
-def start_hpd(hpd, state_dir):
+AUTH = {}  # --auth: {"token": T}; every API GET sends it as a bearer header
+
+
+def start_hpd(hpd, state_dir, extra=()):
     p = subprocess.Popen([hpd, "--listen", "127.0.0.1:0", "--worker-listen", "127.0.0.1:0",
-                          "--http", "127.0.0.1:0", "--state-dir", state_dir, "--slots", "2"],
+                          "--http", "127.0.0.1:0", "--state-dir", state_dir, "--slots", "2",
+                          *extra],
                          stdout=subprocess.PIPE, stderr=None, text=True)
     seen = []
     deadline = time.time() + 30
@@ -99,8 +106,11 @@ def stop_hpd(p):
 
 # ---- the JSON API ----------------------------------------------------------------------------
 
-def get(base, path, timeout=10):
-    with urllib.request.urlopen(base + path, timeout=timeout) as r:
+def get(base, path, timeout=10, auth=True):
+    req = urllib.request.Request(base + path)
+    if auth and AUTH:
+        req.add_header("Authorization", "Bearer " + AUTH["token"])
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.status, r.headers.get("Content-Type", ""), r.read()
 
 
@@ -258,9 +268,20 @@ def run(a, exe, tmp):
                     "--log-interval", "1", "--mesh", "dp=2", "--fsdp", "layers.*",
                     "--name", "dash-test", "-o", job_path], check=True,
                    stdout=subprocess.DEVNULL)
-    proc, grpc_addr, http_addr = start_hpd(a.hpd, state)
+    proc, grpc_addr, http_addr = start_hpd(a.hpd, state, ("--auth", "all") if a.auth else ())
     try:
         base = "http://" + http_addr
+        if a.auth:
+            with open(os.path.join(state, "token")) as f:
+                AUTH["token"] = f.read().strip()
+            for p in ("/api/v1/jobs", "/metrics", "/api/v1/jobs?token=" + AUTH["token"]):
+                try:
+                    st = get(base, p, auth=False)[0]
+                except urllib.error.HTTPError as e:
+                    st = e.code
+                shown = p.split("?")[0] + ("?token=..." if "?" in p else "")
+                check(st in (400, 401), "--auth all: GET %s without the header: %d (want 401, "
+                      "or 400 for a token in the query)" % (shown, st))
         env = dict(os.environ, HP_SERVER=grpc_addr, HP_STATE_DIR=state)
         env.pop("HP_TOKEN", None)
         out = subprocess.run([a.hpctl, "submit", job_path], env=env, check=True,
@@ -288,6 +309,8 @@ def run(a, exe, tmp):
                           % job_id)
         state_before = job_state(base, job_id)
         url = base + "/#job=" + job_id
+        if a.auth:  # the token in the fragment: the browser never sends it
+            url = base + "/#token=" + AUTH["token"] + "&job=" + job_id
         profile = os.path.join(tmp, "chromium")
         d = dump(exe, profile, url)
         after = loss_steps(base, job_id)
@@ -298,6 +321,8 @@ def run(a, exe, tmp):
               "live: the row's state %r is the API's (%s before the dump, %s after)"
               % (row.get("state"), state_before, state_after))
         check("selected" in row.get("class", "").split(), "live: the #job= row is selected")
+        if a.auth:  # what --auth adds is checked: the page read the API with the fragment token
+            return
         pts, last = int_attr(d.loss, "data-loss-points"), int_attr(d.loss, "data-last-step")
         check(pts is not None and pts >= len(before),
               "live: data-loss-points %r >= %d steps seen before the dump" % (pts, len(before)))
@@ -344,6 +369,9 @@ def main():
     ap.add_argument("--hpd", required=True)
     ap.add_argument("--hpctl", required=True)
     ap.add_argument("--artifacts", required=True, help="where dashboard.png goes")
+    ap.add_argument("--auth", action="store_true",
+                    help="hpd --auth all: the page gets the token from #token=, the live "
+                    "checks only")
     a = ap.parse_args()
     exe = shutil.which("chromium")
     if not exe:

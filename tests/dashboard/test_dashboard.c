@@ -19,3 +19,17 @@ Test(dashboard, chromium_renders_a_live_job, .timeout = 600) {
     cr_assert_eq(rc, 0, "tests/dashboard/dashboard_test.py failed (exit %d; its output is above)",
                  rc);
 }
+
+/* hpd --auth all: the API needs the bearer header, and the page, loaded as #token=T&job=ID,
+ * takes the token from the fragment and renders the live job. */
+Test(dashboard, chromium_with_auth_all_token_from_fragment, .timeout = 600) {
+    if (system("command -v chromium >/dev/null 2>&1") != 0)
+        cr_skip_test("chromium is not installed (scripts/install-deps.sh installs it)");
+    const char *bin = hp_th_binary_dir();
+    int rc = hp_th_python(560, "tests/dashboard/dashboard_test.py",
+                          "--hpd %s/daemon/hpd --hpctl %s/client/hpctl --artifacts "
+                          "%s/test-artifacts --auth",
+                          bin, bin, bin);
+    if (rc == 77) cr_skip_test("dashboard_test.py: chromium is not installed");
+    cr_assert_eq(rc, 0, "dashboard_test.py --auth failed (exit %d; its output is above)", rc);
+}

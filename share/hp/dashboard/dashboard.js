@@ -9,6 +9,11 @@
  * API error is shown in the status line and the last good data stays on screen; one poll runs
  * at a time.
  *
+ * The token (hpd --auth all): from the URL fragment, #token=T (with #job=ID: #token=T&job=ID),
+ * which the browser never sends to a server; kept in sessionStorage for reloads, dropped from
+ * the address bar, and sent as "Authorization: Bearer T" on every API call. Never a query
+ * string (hpd refuses ?token=).
+ *
  * Hooks for tests (tests/dashboard/dashboard_test.py): #jobs tr[data-job-id] with a
  * [data-field=state] cell; #loss-chart carries data-loss-points (points plotted) and
  * data-last-step; body[data-ready="1"] after the first successful poll.
@@ -26,6 +31,25 @@
                    "#5f3dc4", "#e67700", "#364fc7", "#a61e4d"];
 
     var el = function (id) { return document.getElementById(id); };
+
+    var TOKEN = (function () {
+        var m = /(?:^#|&)token=([^&]*)/.exec(location.hash || "");
+        var t = null;
+        if (m) {
+            try { t = decodeURIComponent(m[1]); } catch (e) { t = null; }
+            var rest = location.hash.replace(/(^#|&)token=[^&]*/, "$1")
+                .replace(/^#&/, "#").replace(/&$/, "");
+            try {
+                history.replaceState(null, "", location.pathname + location.search +
+                                     (rest === "#" ? "" : rest));
+            } catch (e) { /* the address bar keeps it */ }
+        }
+        try {
+            if (t) sessionStorage.setItem("hp-token", t);
+            else t = sessionStorage.getItem("hp-token");
+        } catch (e) { /* no storage: this page load only */ }
+        return t || null;
+    })();
 
     var state = {
         jobs: [],
@@ -138,7 +162,9 @@
     function api(path) {
         var ctl = typeof AbortController === "function" ? new AbortController() : null;
         var t = ctl ? setTimeout(function () { ctl.abort(); }, FETCH_TIMEOUT_MS) : null;
-        return fetch(path, {cache: "no-store", signal: ctl ? ctl.signal : undefined})
+        var hdrs = TOKEN ? {"Authorization": "Bearer " + TOKEN} : {};
+        return fetch(path, {cache: "no-store", headers: hdrs,
+                            signal: ctl ? ctl.signal : undefined})
             .then(function (r) {
                 return r.text().then(function (body) {
                     var j = null;
