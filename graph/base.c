@@ -146,7 +146,8 @@ void hp_arena_fini(hp_arena *a) {
     memset(a, 0, sizeof *a);
 }
 
-void *hp_arena_alloc(hp_arena *a, size_t n) {
+/* n bytes, 16-aligned, not cleared: for callers that overwrite them all. */
+static void *arena_take(hp_arena *a, size_t n) {
     if (n > SIZE_MAX / 2) return NULL;
     size_t need = (n + 15) & ~(size_t)15;
     if (!a->head || a->used + need > a->head->size) {
@@ -161,7 +162,12 @@ void *hp_arena_alloc(hp_arena *a, size_t n) {
     void *p = a->head->data + a->used;
     a->used += need;
     a->total += need;
-    memset(p, 0, n);
+    return p;
+}
+
+void *hp_arena_alloc(hp_arena *a, size_t n) {
+    void *p = arena_take(a, n);
+    if (p) memset(p, 0, n);
     return p;
 }
 
@@ -170,7 +176,7 @@ char *hp_arena_strdup(hp_arena *a, const char *s) {
 }
 
 void *hp_arena_memdup(hp_arena *a, const void *p, size_t n) {
-    void *d = hp_arena_alloc(a, n);
+    void *d = arena_take(a, n);
     if (d && n) memcpy(d, p, n);
     return d;
 }

@@ -90,26 +90,64 @@ static int32_t fmerge(freeset *f, int32_t a, int32_t b) {
     return b;
 }
 
+/* Inserts node k below t (by descent to where its priority belongs, then one split):
+ * returns the new subtree root. */
+static int32_t finsert_at(freeset *f, int32_t t, int32_t k) {
+    if (t < 0) return k;
+    if (f->n[k].prio > f->n[t].prio) {
+        fsplit(f, t, f->n[k].off, &f->n[k].l, &f->n[k].r);
+        fupdate(f, k);
+        return k;
+    }
+    if (f->n[k].off < f->n[t].off)
+        f->n[t].l = finsert_at(f, f->n[t].l, k);
+    else
+        f->n[t].r = finsert_at(f, f->n[t].r, k);
+    fupdate(f, t);
+    return t;
+}
+
 static void finsert(freeset *f, int64_t off, int64_t size) {
     int32_t k = f->free_list;
     f->free_list = f->n[k].l;
     f->rng = f->rng * 1664525u + 1013904223u;
     f->n[k] = (fnode){.off = off, .size = size, .max = size, .prio = f->rng, .l = -1, .r = -1};
-    int32_t a, b;
-    fsplit(f, f->root, off, &a, &b);
-    f->root = fmerge(f, fmerge(f, a, k), b);
+    f->root = finsert_at(f, f->root, k);
 }
 
-/* Removes the block at exactly `off` (it must be there). */
-static void fremove(freeset *f, int64_t off) {
-    int32_t a, b, m, c;
-    fsplit(f, f->root, off, &a, &b);
-    fsplit(f, b, off + 1, &m, &c);
-    if (m >= 0) { /* one node: offsets are distinct */
-        f->n[m].l = f->free_list;
-        f->free_list = m;
+/* Removes the block at exactly `off` below t (it must be there): returns the new root. */
+static int32_t fremove_at(freeset *f, int32_t t, int64_t off) {
+    if (t < 0) return -1;
+    if (f->n[t].off == off) {
+        int32_t m = fmerge(f, f->n[t].l, f->n[t].r);
+        f->n[t].l = f->free_list;
+        f->free_list = t;
+        return m;
     }
-    f->root = fmerge(f, a, c);
+    if (off < f->n[t].off)
+        f->n[t].l = fremove_at(f, f->n[t].l, off);
+    else
+        f->n[t].r = fremove_at(f, f->n[t].r, off);
+    fupdate(f, t);
+    return t;
+}
+
+static void fremove(freeset *f, int64_t off) {
+    f->root = fremove_at(f, f->root, off);
+}
+
+/* Gives the block at `off` the new offset and size in place: the caller keeps the order
+ * (no other block lies between the old and the new offset). Updates the maxima on the path. */
+static void freshape_at(freeset *f, int32_t t, int64_t off, int64_t new_off, int64_t new_size) {
+    if (f->n[t].off == off) {
+        f->n[t].off = new_off;
+        f->n[t].size = new_size;
+    } else if (off < f->n[t].off) {
+        freshape_at(f, f->n[t].l, off, new_off, new_size);
+    } else {
+        freshape_at(f, f->n[t].r, off, new_off, new_size);
+    }
+    fupdate(f, t);
 }
 
 /* The lowest-offset block of at least `need` bytes, or -1. */
@@ -153,21 +191,24 @@ static int32_t fabove(const freeset *f, int64_t off) {
     return best;
 }
 
-/* Gives [off, off + size) back, merged with the free blocks it touches. */
+/* Gives [off, off + size) back, merged with the free blocks it touches (the block below
+ * grows, or the one above moves down, in place: the order of the others stays). */
 static void frelease(freeset *f, int64_t off, int64_t size) {
     int32_t lo = fbelow(f, off);
-    if (lo >= 0 && f->n[lo].off + f->n[lo].size == off) {
-        int64_t o = f->n[lo].off;
-        size += f->n[lo].size;
-        fremove(f, o);
-        off = o;
-    }
     int32_t hi = fabove(f, off + size);
-    if (hi >= 0 && f->n[hi].off == off + size) {
-        size += f->n[hi].size;
+    bool join_lo = lo >= 0 && f->n[lo].off + f->n[lo].size == off;
+    bool join_hi = hi >= 0 && f->n[hi].off == off + size;
+    if (join_lo && join_hi) {
+        int64_t lo_off = f->n[lo].off, total = f->n[lo].size + size + f->n[hi].size;
         fremove(f, f->n[hi].off);
+        freshape_at(f, f->root, lo_off, lo_off, total);
+    } else if (join_lo) {
+        freshape_at(f, f->root, f->n[lo].off, f->n[lo].off, f->n[lo].size + size);
+    } else if (join_hi) {
+        freshape_at(f, f->root, f->n[hi].off, off, size + f->n[hi].size);
+    } else {
+        finsert(f, off, size);
     }
-    finsert(f, off, size);
 }
 
 /* A place for `need` bytes: the lowest free block that fits, else the free block ending at
@@ -185,8 +226,10 @@ static int64_t fallocate(freeset *f, int64_t need, int64_t *top) {
         return off;
     }
     int64_t off = f->n[t].off, size = f->n[t].size;
-    fremove(f, off);
-    if (size > need) finsert(f, off + need, size - need);
+    if (size > need)
+        freshape_at(f, f->root, off, off + need, size - need); /* the rest, at the same place */
+    else
+        fremove(f, off);
     return off;
 }
 

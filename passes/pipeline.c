@@ -393,7 +393,8 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
     snprintf(r->name, sizeof r->name, "lower");
     r->nodes_in = g->n_nodes;
     double t0 = now_s();
-    hp_status st = hp_lower(g, &c->program, err);
+    /* with the verifier on, the last pass's output (or the input) was just verified */
+    hp_status st = hp__lower(g, s->verify, &c->program, err);
     if (st == HP_OK && c->program->world == 1 && c->world > 1) { /* replicated on every rank */
         c->program->world = c->world;
         hp__program_mesh_init(c->program);
@@ -407,7 +408,7 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
             c->program->link_bandwidth[d] = md->link.bandwidth;
             c->program->link_latency[d] = md->link.latency;
         }
-    if (st == HP_OK) st = hp_program_verify(c->program, err);
+    if (st == HP_OK) st = hp__program_verify(c->program, true, err);
     r->seconds = now_s() - t0;
     if (st != HP_OK) {
         hp_err_prefix(err, "lower");
