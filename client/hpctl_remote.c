@@ -813,13 +813,10 @@ int hpctl_trace(int argc, char **argv) {
         return rc;
     }
     hp_rpc_client_close(c);
-    FILE *f = fopen(out, "wb");
-    bool ok =
-        f && fwrite(resp->chrome_json.data, 1, resp->chrome_json.len, f) == resp->chrome_json.len;
-    if (f && fclose(f) != 0) ok = false;
-    if (!ok) {
+    hp_err we = {0}; /* atomic: a failed write never leaves half a trace under `out` */
+    if (hp_file_write_atomic(out, resp->chrome_json.data, resp->chrome_json.len, &we) != HP_OK) {
         protobuf_c_message_free_unpacked(&resp->base, NULL);
-        return hpctl_fail(HPCTL_ERROR, verb, "%s: cannot write the trace", out);
+        return hpctl_fail(HPCTL_ERROR, verb, "cannot write the trace: %s", we.msg);
     }
     if (o.json) {
         json_t *steps = json_array();
