@@ -34,12 +34,24 @@ typedef struct remote_opts {
     bool json;
 } remote_opts;
 
+/* The common flags of the remote verbs, the ones with a value first (common_flag's k); hpctl
+ * also takes them before the verb (hpctl_common_flag_arity). */
+static const char *const common_names[] = {"--server", "--token", "--tls-ca", "--timeout",
+                                           "--json"};
+enum { N_VALUED = 4 };
+
+int hpctl_common_flag_arity(const char *arg) {
+    for (size_t k = 0; k < HP_ARRAY_LEN(common_names); k++)
+        if (!strcmp(arg, common_names[k])) return k < N_VALUED ? 1 : 0;
+    return -1;
+}
+
 /* Consumes a common flag at argv[*i]; returns 1 if consumed, 0 if not one, HPCTL_USAGE+100 on
  * a usage error (already printed). */
 static int common_flag(const char *verb, int argc, char **argv, int *i, remote_opts *o) {
     const char *a = argv[*i];
-    const char *names[] = {"--server", "--token", "--tls-ca", "--timeout"};
-    for (size_t k = 0; k < HP_ARRAY_LEN(names); k++) {
+    const char *const *names = common_names;
+    for (size_t k = 0; k < N_VALUED; k++) {
         if (strcmp(a, names[k])) continue;
         if (*i + 1 >= argc) {
             hpctl_fail(HPCTL_USAGE, verb, "%s needs a value", a);
