@@ -27,7 +27,7 @@ static void *pa_alloc(void *data, size_t n) {
         a->over_budget = true;
         return NULL;
     }
-    void *p = hp_malloc(n ? n : 1);
+    void *p = a->arena ? hp_arena_alloc(a->arena, n ? n : 1) : hp_malloc(n ? n : 1);
     if (!p) {
         a->nomem = true;
         return NULL;
@@ -37,8 +37,8 @@ static void *pa_alloc(void *data, size_t n) {
 }
 
 static void pa_free(void *data, void *p) {
-    (void)data;
-    hp_free(p);
+    const hp_proto_alloc *a = data;
+    if (!a->arena) hp_free(p);
 }
 
 void hp_proto_alloc_init(hp_proto_alloc *a, size_t msg_len) {
@@ -48,6 +48,11 @@ void hp_proto_alloc_init(hp_proto_alloc *a, size_t msg_len) {
     a->base.allocator_data = a;
     if (msg_len > HP_PROTO_MAX_BYTES) msg_len = HP_PROTO_MAX_BYTES; /* callers refuse it anyway */
     a->budget = msg_len * HP_PROTO_DECODE_FACTOR + HP_PROTO_DECODE_SLACK;
+}
+
+void hp_proto_alloc_init_arena(hp_proto_alloc *a, size_t msg_len, hp_arena *arena) {
+    hp_proto_alloc_init(a, msg_len);
+    a->arena = arena;
 }
 
 hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_t len,
@@ -817,15 +822,13 @@ hp_status hp_graph_unpack(const uint8_t *data, size_t len, hp_graph **out, hp_er
                        HP_PROTO_MAX_BYTES);
     if (!data && len) return hp_errf(err, HP_INVALID, "graph: no data");
     hp_proto_alloc a;
-    hp_proto_alloc_init(&a, len);
+    hp_arena arena;
+    hp_arena_init(&arena);
+    hp_proto_alloc_init_arena(&a, len, &arena);
     Hp__V1__Graph *msg = hp__v1__graph__unpack(&a.base, len, data ? data : empty);
-    if (!msg) return hp_proto_unpack_error(&a, "graph", len, err);
-    hp_status cs = hp_proto_check_strings(&hp__v1__graph__descriptor, data, len, "graph", err);
-    if (cs != HP_OK) {
-        hp__v1__graph__free_unpacked(msg, &a.base);
-        return cs;
-    }
-    hp_status s = hp_graph_import(msg, out, err);
-    hp__v1__graph__free_unpacked(msg, &a.base);
+    hp_status s = msg ? hp_proto_check_strings(&hp__v1__graph__descriptor, data, len, "graph", err)
+                      : hp_proto_unpack_error(&a, "graph", len, err);
+    if (s == HP_OK) s = hp_graph_import(msg, out, err);
+    hp_arena_fini(&arena); /* the whole message */
     return s;
 }
