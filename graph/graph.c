@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 /* ---- dtypes --------------------------------------------------------------------------------- */
@@ -106,12 +107,33 @@ const char *hp_attr_key_name(hp_attr_key k) {
 hp_attr_kind hp_attr_key_kind(hp_attr_key k) {
     return (unsigned)k < HP_ATTR_COUNT ? attr_keys[k].kind : HP_ATTR_KIND_INT;
 }
+/* Keys sorted by name for hp_attr_key_parse's binary search (every attribute of a job file is
+ * looked up by name). Built once. */
+static int keys_by_name[HP_ATTR_COUNT];
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static int key_name_cmp(const void *a, const void *b) {
+    return strcmp(attr_keys[*(const int *)a].name, attr_keys[*(const int *)b].name);
+}
+
+static void keys_init(void) {
+    for (int i = 0; i < HP_ATTR_COUNT; i++) keys_by_name[i] = i;
+    qsort(keys_by_name, HP_ATTR_COUNT, sizeof *keys_by_name, key_name_cmp);
+}
+
 hp_status hp_attr_key_parse(const char *name, hp_attr_key *k, hp_err *err) {
-    for (int i = 0; i < HP_ATTR_COUNT; i++) {
-        if (strcmp(name, attr_keys[i].name) == 0) {
-            *k = (hp_attr_key)i;
+    pthread_once(&keys_once, keys_init);
+    int lo = 0, hi = HP_ATTR_COUNT - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(name, attr_keys[keys_by_name[mid]].name);
+        if (c == 0) {
+            *k = (hp_attr_key)keys_by_name[mid];
             return HP_OK;
         }
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
     }
     return hp_errf(err, HP_NOT_FOUND, "unknown attribute '%.64s'", name);
 }
