@@ -397,6 +397,12 @@ static void parent_dir(const char *path, char *buf, size_t len) {
 }
 
 hp_status hp_file_write_atomic_iov(const char *path, const hp_iov *v, int n, hp_err *err) {
+    /* the rename would replace whatever is there: never a device, fifo or directory (as root,
+     * `-o /dev/stdout` would have replaced the device node) */
+    struct stat old;
+    if (stat(path, &old) == 0 && !S_ISREG(old.st_mode))
+        return hp_errf(err, HP_IO, "%s: not a regular file (%s); not replaced", path,
+                       file_kind(old.st_mode));
     size_t plen = strlen(path);
     char *tmp = hp_malloc(plen + 32);
     char *dir = hp_malloc(plen + 2);

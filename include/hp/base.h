@@ -133,7 +133,9 @@ typedef struct hp_iov {
 /* Writes the concatenation of v[0..n) to path durably and atomically: a temp file beside it
  * (`path.tmp.PID`), write, fsync, close, rename over path, fsync the directory. On failure
  * the temp file is removed and path keeps its old contents (or stays absent); a reader never
- * sees a half-written file under path. Errors name the path, the step and the errno text:
+ * sees a half-written file under path. An existing path that is not a regular file (a
+ * device, a fifo, a directory) is refused, never replaced. Errors name the path, the step and
+ * the errno text:
  * HP_NOSPACE for a full disk or quota (ENOSPC, EDQUOT), HP_IO otherwise. The one file writer
  * of every library (checkpoints, weights, traces, metrics, jobs, dumps). */
 hp_status hp_file_write_atomic_iov(const char *path, const hp_iov *v, int n, hp_err *err);

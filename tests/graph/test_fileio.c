@@ -115,6 +115,22 @@ Test(fileio, every_fault_point_io_error) {
     fault_loop(EIO, HP_IO);
 }
 
+/* The rename would replace whatever is at the path: a device, a fifo or a directory there is
+ * refused, naming it, and left alone. */
+Test(fileio, write_refuses_to_replace_what_is_not_a_file) {
+    hp_err e;
+    cr_expect_eq(hp_file_write_atomic("/dev/null", "x", 1, &e), HP_IO);
+    cr_expect(strstr(e.msg, "/dev/null: not a regular file (a character device)"), "%s", e.msg);
+    struct stat st;
+    cr_expect(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode), "/dev/null was replaced");
+    char path[128];
+    snprintf(path, sizeof path, "%s/sub", tmpdir);
+    cr_assert_eq(hp_mkdir_p(path, &e), HP_OK, "%s", e.msg);
+    cr_expect_eq(hp_file_write_atomic(path, "x", 1, &e), HP_IO);
+    cr_expect(strstr(e.msg, "a directory"), "%s", e.msg);
+    cr_expect(stat(path, &st) == 0 && S_ISDIR(st.st_mode));
+}
+
 Test(fileio, mkdir_p) {
     char path[192];
     hp_err e;
