@@ -4,8 +4,9 @@
  * output, norm), batch 64 x seq 8192 (one sequence per rank). Best of N runs, per pass.
  *
  * The peer is building the same joint graph (forward + autodiff) in the same run: the last
- * column is compile time / build time. Compiles run with the verifier between passes (as this
- * build's hp_compile does without NDEBUG) and without it (HP_VERIFY_PASSES=0); the target is
+ * column is compile time / build time. Compiles run with the verifier between passes
+ * (HP_VERIFY_PASSES=1, a debug build's default) and without it (HP_VERIFY_PASSES=0, a release
+ * build's: the input and the last pass's output are verified still); the target is
  * the 405B pipeline under 1 s. A fourth row is the debugmodel at 4096 layers (hpctl new
  * --layers' maximum: ~430k nodes, the graph-size stress; the target is its whole pipeline
  * under 1 s too, which the memory plan's old O(n^2) placement missed by ~50x).

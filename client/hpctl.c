@@ -54,7 +54,7 @@ int hpctl_parse_f64(const char *verb, const char *flag, const char *s, double lo
 }
 
 static void usage(FILE *f) {
-    fputs("usage: hpctl <verb> [flags]\n"
+    fputs("usage: hpctl [common flags] <verb> [flags]\n"
           "\n"
           "offline verbs:\n"
           "  new --model FAMILY[:FLAVOR] [model and training flags] -o JOB.pb\n"
@@ -66,9 +66,9 @@ static void usage(FILE *f) {
           "                        compile offline: passes, per-rank memory, communication,\n"
           "                        estimated step time (see `hpctl plan --help`)\n"
           "\n"
-          "coordinator verbs (common flags: --server HOST:PORT (default $HP_SERVER or\n"
-          "127.0.0.1:7070), --token T ($HP_TOKEN, STATE_DIR/token), --tls-ca PEM,\n"
-          "--timeout SECONDS, --json):\n"
+          "coordinator verbs (common flags, before or after the verb: --server HOST:PORT\n"
+          "(default $HP_SERVER or 127.0.0.1:7070), --token T ($HP_TOKEN, STATE_DIR/token),\n"
+          "--tls-ca PEM, --timeout SECONDS, --json):\n"
           "  submit JOB.pb [--watch] [--request-id ID]\n"
           "                        submit a job; prints its id (--watch: then watch it)\n"
           "  status ID [--worker-cmd]  one job's state, step, loss; --worker-cmd: the command\n"
@@ -95,11 +95,46 @@ static void usage(FILE *f) {
           f);
 }
 
+/* Common flags before the verb (`hpctl --server X submit job.pb`, as kubectl, docker and git
+ * take them) move to just after it, where the verb parses them as its own: a verb that takes
+ * none (new, inspect, plan take only --json) refuses them by name, never ignores them. Returns
+ * the verb's index in the rewritten argv, or -1 on a usage error (printed). */
+static int hoist_common_flags(int argc, char **argv) {
+    int i = 1;
+    while (i < argc && argv[i][0] == '-' && strcmp(argv[i], "--help") && strcmp(argv[i], "-h") &&
+           strcmp(argv[i], "--version")) {
+        int n = hpctl_common_flag_arity(argv[i]);
+        if (n < 0) {
+            fprintf(stderr,
+                    "hpctl: unknown flag '%s' before the verb (before it hpctl takes "
+                    "--server, --token, --tls-ca, --timeout, --json; try hpctl --help)\n",
+                    argv[i]);
+            return -1;
+        }
+        if (i + n >= argc) {
+            fprintf(stderr, "hpctl: %s needs a value\n", argv[i]);
+            return -1;
+        }
+        i += 1 + n;
+    }
+    if (i == 1) return 1;
+    if (i >= argc) {
+        fputs("hpctl: missing verb after the flags (try hpctl --help)\n", stderr);
+        return -1;
+    }
+    /* argv[1..i) are the flags, argv[i] the verb: rotate to verb, flags, rest */
+    char *verb = argv[i];
+    memmove(&argv[2], &argv[1], (size_t)(i - 1) * sizeof *argv);
+    argv[1] = verb;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs("hpctl: missing verb (try hpctl --help)\n", stderr);
         return HPCTL_USAGE;
     }
+    if (hoist_common_flags(argc, argv) < 0) return HPCTL_USAGE;
     const char *verb = argv[1];
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);

@@ -21,6 +21,9 @@ int hpctl_new(int argc, char **argv);
 int hpctl_inspect(int argc, char **argv);
 int hpctl_plan(int argc, char **argv);
 /* Remote verbs (hpctl_remote.c): talk to hpd over gRPC. */
+/* The remote verbs' common flags (--server, --token, --tls-ca, --timeout, --json): how many
+ * values arg takes (0 or 1), or -1 when it is not one of them. */
+int hpctl_common_flag_arity(const char *arg);
 int hpctl_submit(int argc, char **argv);
 int hpctl_status(int argc, char **argv);
 int hpctl_list(int argc, char **argv);

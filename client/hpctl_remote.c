@@ -34,12 +34,24 @@ typedef struct remote_opts {
     bool json;
 } remote_opts;
 
+/* The common flags of the remote verbs, the ones with a value first (common_flag's k); hpctl
+ * also takes them before the verb (hpctl_common_flag_arity). */
+static const char *const common_names[] = {"--server", "--token", "--tls-ca", "--timeout",
+                                           "--json"};
+enum { N_VALUED = 4 };
+
+int hpctl_common_flag_arity(const char *arg) {
+    for (size_t k = 0; k < HP_ARRAY_LEN(common_names); k++)
+        if (!strcmp(arg, common_names[k])) return k < N_VALUED ? 1 : 0;
+    return -1;
+}
+
 /* Consumes a common flag at argv[*i]; returns 1 if consumed, 0 if not one, HPCTL_USAGE+100 on
  * a usage error (already printed). */
 static int common_flag(const char *verb, int argc, char **argv, int *i, remote_opts *o) {
     const char *a = argv[*i];
-    const char *names[] = {"--server", "--token", "--tls-ca", "--timeout"};
-    for (size_t k = 0; k < HP_ARRAY_LEN(names); k++) {
+    const char *const *names = common_names;
+    for (size_t k = 0; k < N_VALUED; k++) {
         if (strcmp(a, names[k])) continue;
         if (*i + 1 >= argc) {
             hpctl_fail(HPCTL_USAGE, verb, "%s needs a value", a);
@@ -813,13 +825,10 @@ int hpctl_trace(int argc, char **argv) {
         return rc;
     }
     hp_rpc_client_close(c);
-    FILE *f = fopen(out, "wb");
-    bool ok =
-        f && fwrite(resp->chrome_json.data, 1, resp->chrome_json.len, f) == resp->chrome_json.len;
-    if (f && fclose(f) != 0) ok = false;
-    if (!ok) {
+    hp_err we = {0}; /* atomic: a failed write never leaves half a trace under `out` */
+    if (hp_file_write_atomic(out, resp->chrome_json.data, resp->chrome_json.len, &we) != HP_OK) {
         protobuf_c_message_free_unpacked(&resp->base, NULL);
-        return hpctl_fail(HPCTL_ERROR, verb, "%s: cannot write the trace", out);
+        return hpctl_fail(HPCTL_ERROR, verb, "cannot write the trace: %s", we.msg);
     }
     if (o.json) {
         json_t *steps = json_array();

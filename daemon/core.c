@@ -342,24 +342,6 @@ hp_status hpd_get(hpd *d, const char *id, hpd_job_view *out, hp_err *err) {
     return HP_OK;
 }
 
-static hp_status mkdir_p(const char *path, hp_err *err) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return hp_errf(err, HP_IO, "mkdir %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return hp_errf(err, HP_IO, "mkdir %s: %s", buf, strerror(errno));
-    return HP_OK;
-}
-hp_status hp__mkdir_p(const char *path, hp_err *err) {
-    return mkdir_p(path, err);
-}
-
 /* A retried submit (same request_id) gets the job it made: *found. */
 static hp_status submit_dup(hpd *d, const char *request_id, hpd_job_view *out, bool *found,
                             hp_err *err) {
@@ -811,7 +793,7 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
     }
     snprintf(d->state_dir, sizeof d->state_dir, "%s", cfg->state_dir);
     char path[PATH_MAX + 16];
-    hp_status st = mkdir_p(d->state_dir, err);
+    hp_status st = hp_mkdir_p(d->state_dir, err);
     if (st == HP_OK) {
         snprintf(path, sizeof path, "%s/hpd.db", d->state_dir);
         st = hpd_store_open(path, &d->store, err);

@@ -140,7 +140,6 @@ void hp__on_launch_event(void *ctx, const hpd_launch_event *ev);
 /* The exact command that starts rank `rank` of job j's current attempt by hand (the
  * external launcher): into buf. HP_INVALID when the job has no attempt accepting workers. */
 hp_status hp__worker_cmd(hpd *d, hpd_job *j, int rank, char *buf, size_t len, hp_err *err);
-hp_status hp__mkdir_p(const char *path, hp_err *err);
 double hp__unix_s(void);
 
 void hp__log(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -177,8 +177,8 @@ static void launch(hpd *d, hpd_job *j) {
     snprintf(job_dir, sizeof job_dir, "%.900s/jobs/%.40s", d->state_dir, j->v.id);
     snprintf(dir, sizeof dir, "%.900s/jobs/%.40s/run", d->state_dir, j->v.id);
     snprintf(att_dir, sizeof att_dir, "%s/attempt-%d", job_dir, j->attempt);
-    hp_status st = j->ranks ? hp__mkdir_p(dir, &e) : hp_errf(&e, HP_NOMEM, "out of memory");
-    if (st == HP_OK) st = hp__mkdir_p(att_dir, &e);
+    hp_status st = j->ranks ? hp_mkdir_p(dir, &e) : hp_errf(&e, HP_NOMEM, "out of memory");
+    if (st == HP_OK) st = hp_mkdir_p(att_dir, &e);
     char token_file[HPD_STORE_PATH_MAX + 16];
     if (st == HP_OK) st = write_token(att_dir, j->token, token_file, sizeof token_file, &e);
     snprintf(j->run_dir, sizeof j->run_dir, "%s", dir);

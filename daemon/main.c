@@ -353,7 +353,7 @@ int main(int argc, char **argv) {
     else
         snprintf(state, sizeof state, "%.3000s/.local/state/hp", home ? home : "/tmp");
     hp_err err = {0};
-    if (hp__mkdir_p(state, &err) != HP_OK) {
+    if (hp_mkdir_p(state, &err) != HP_OK) {
         fprintf(stderr, "hpd: %s\n", err.msg);
         return 1;
     }

@@ -85,6 +85,7 @@ static const char *const stmt_name[] = {
 
 struct hpd_store {
     sqlite3 *db;
+    char path[4096]; /* for errors: a full disk names the file */
     sqlite3_stmt *st[ST_COUNT];
     int in_batch; /* hpd_store_begin..commit nesting: writes join the open transaction */
     bool batch_broken;
@@ -96,9 +97,13 @@ static double now_s(void) {
     return (double)tv.tv_sec + (double)tv.tv_usec / 1e6;
 }
 
+/* SQLITE_FULL (a full disk or quota, or the page limit) is HP_NOSPACE naming the database
+ * file, which hpd answers with RESOURCE_EXHAUSTED: the request was fine, there is no room. */
 static hp_status db_err(hpd_store *s, int st, const char *what, hp_err *err) {
-    return hp_errf(err, st == SQLITE_NOMEM ? HP_NOMEM : HP_IO, "store: %s: %s", what,
-                   s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(st));
+    const char *msg = s->db ? sqlite3_errmsg(s->db) : sqlite3_errstr(st);
+    if ((st & 0xff) == SQLITE_FULL)
+        return hp_errf(err, HP_NOSPACE, "store: %s: %s: %s", s->path, what, msg);
+    return hp_errf(err, st == SQLITE_NOMEM ? HP_NOMEM : HP_IO, "store: %s: %s", what, msg);
 }
 
 /* Resets a statement after use (bindings cleared), so that it holds no read lock. */
@@ -145,6 +150,7 @@ static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp
     *out = NULL;
     hpd_store *s = hp_calloc(1, sizeof *s);
     if (!s) return hp_errf(err, HP_NOMEM, "store: out of memory");
+    snprintf(s->path, sizeof s->path, "%s", path);
     int flags = readonly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
     int rc = sqlite3_open_v2(path, &s->db, flags, NULL);
     hp_status st = HP_OK;
@@ -164,8 +170,11 @@ static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, "PRAGMA foreign_keys=ON;", NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, SCHEMA, NULL, NULL, &msg);
     if (rc != SQLITE_OK) {
-        st = hp_errf(err, rc == SQLITE_NOMEM ? HP_NOMEM : HP_IO, "store: %s: schema: %s", path,
-                     msg ? msg : sqlite3_errstr(rc));
+        st = hp_errf(err,
+                     rc == SQLITE_NOMEM  ? HP_NOMEM
+                     : rc == SQLITE_FULL ? HP_NOSPACE
+                                         : HP_IO,
+                     "store: %s: schema: %s", path, msg ? msg : sqlite3_errstr(rc));
         sqlite3_free(msg);
         goto fail;
     }

@@ -43,7 +43,7 @@ void hp__trace_store(hpd *d, hpd_job *j, int rank, const Hp__V1__Trace *t) {
     char dir[1024], path[1100];
     traces_dir(dir, sizeof dir, d->state_dir, j->v.id);
     hp_err e = {0};
-    if (hp__mkdir_p(dir, &e) != HP_OK) {
+    if (hp_mkdir_p(dir, &e) != HP_OK) {
         hp__log("error", "event=trace_store_failed job=%s error=\"%s\"", j->v.id, e.msg);
         return;
     }

@@ -1,5 +1,6 @@
 /* graph/base.c — status strings, error messages, the fault-injectable allocator, the arena
- * and the two file helpers (whole-file read with a cap, atomic write). */
+ * and the file helpers (whole-file read with a cap; the one durable atomic write, directory
+ * fsync and mkdir -p, all fault-injectable like the allocator). */
 #include "hp/base.h"
 
 #include <errno.h>
@@ -146,7 +147,8 @@ void hp_arena_fini(hp_arena *a) {
     memset(a, 0, sizeof *a);
 }
 
-void *hp_arena_alloc(hp_arena *a, size_t n) {
+/* n bytes, 16-aligned, not cleared: for callers that overwrite them all. */
+static void *arena_take(hp_arena *a, size_t n) {
     if (n > SIZE_MAX / 2) return NULL;
     size_t need = (n + 15) & ~(size_t)15;
     if (!a->head || a->used + need > a->head->size) {
@@ -161,7 +163,12 @@ void *hp_arena_alloc(hp_arena *a, size_t n) {
     void *p = a->head->data + a->used;
     a->used += need;
     a->total += need;
-    memset(p, 0, n);
+    return p;
+}
+
+void *hp_arena_alloc(hp_arena *a, size_t n) {
+    void *p = arena_take(a, n);
+    if (p) memset(p, 0, n);
     return p;
 }
 
@@ -170,7 +177,7 @@ char *hp_arena_strdup(hp_arena *a, const char *s) {
 }
 
 void *hp_arena_memdup(hp_arena *a, const void *p, size_t n) {
-    void *d = hp_arena_alloc(a, n);
+    void *d = arena_take(a, n);
     if (d && n) memcpy(d, p, n);
     return d;
 }
@@ -282,40 +289,169 @@ hp_status hp_file_read(const char *path, size_t max_bytes, uint8_t **data, size_
     return HP_OK;
 }
 
-hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, hp_err *err) {
+/* ---- durable writes ------------------------------------------------------------------------ */
+
+static atomic_long io_count;        /* counted calls since the last hp_io_fail_at */
+static atomic_long io_fail_at = -1; /* fail this one (and later ones if sticky); -1 never */
+static atomic_int io_fail_errno;
+static atomic_bool io_fail_sticky;
+
+long hp_io_fail_at(long n, int errnum, bool sticky) {
+    long made = atomic_exchange(&io_count, 0);
+    atomic_store(&io_fail_errno, errnum);
+    atomic_store(&io_fail_sticky, sticky);
+    atomic_store(&io_fail_at, n);
+    return made;
+}
+
+/* True (errno set) when the injected fault hits this call. */
+static bool io_fault(void) {
+    long n = atomic_fetch_add(&io_count, 1);
+    long at = atomic_load(&io_fail_at);
+    if (at < 0 || n < at || (n > at && !atomic_load(&io_fail_sticky))) return false;
+    errno = atomic_load(&io_fail_errno);
+    return true;
+}
+
+static int io_open(const char *path, int flags, mode_t mode) {
+    return io_fault() ? -1 : open(path, flags, mode);
+}
+static ssize_t io_write(int fd, const void *p, size_t n) {
+    return io_fault() ? -1 : write(fd, p, n);
+}
+static int io_fsync(int fd) {
+    return io_fault() ? -1 : fsync(fd);
+}
+static int io_close(int fd) {
+    if (io_fault()) {
+        int e = errno;
+        close(fd); /* the descriptor is gone either way, as with a real close error */
+        errno = e;
+        return -1;
+    }
+    return close(fd);
+}
+static int io_rename(const char *from, const char *to) {
+    return io_fault() ? -1 : rename(from, to);
+}
+static int io_mkdir(const char *path, mode_t mode) {
+    return io_fault() ? -1 : mkdir(path, mode);
+}
+
+static hp_status io_status(int e) {
+    return e == ENOSPC || e == EDQUOT ? HP_NOSPACE : HP_IO;
+}
+
+hp_status hp_fsync_dir(const char *dir, hp_err *err) {
+    int fd = io_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0) return hp_errf(err, io_status(errno), "%s: %s", dir, strerror(errno));
+    if (io_fsync(fd) != 0 && errno != EINVAL) { /* some file systems cannot fsync a directory */
+        int e = errno;
+        close(fd);
+        return hp_errf(err, io_status(e), "%s: fsync: %s", dir, strerror(e));
+    }
+    close(fd);
+    return HP_OK;
+}
+
+/* Creates dir unless it is a directory already (then no mkdir call: only real creations
+ * count for fault injection, and only they can fail with ENOSPC). */
+static hp_status mkdir_one(const char *dir, hp_err *err) {
+    struct stat st0;
+    if (stat(dir, &st0) == 0 && S_ISDIR(st0.st_mode)) return HP_OK;
+    if (io_mkdir(dir, 0755) == 0) return HP_OK;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return HP_OK;
+    return hp_errf(err, e == EEXIST ? HP_IO : io_status(e), "%s: cannot create directory: %s", dir,
+                   e == EEXIST ? "exists and is not a directory" : strerror(e));
+}
+
+hp_status hp_mkdir_p(const char *dir, hp_err *err) {
+    struct stat st;
+    if (!dir || !*dir) return hp_errf(err, HP_INVALID, "empty directory name");
+    if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) return HP_OK;
+    char *p = hp_strdup(dir);
+    if (!p) return hp_errf(err, HP_NOMEM, "%s: out of memory", dir);
+    hp_status s = HP_OK;
+    for (char *q = p + 1; s == HP_OK && *q; q++) {
+        if (*q != '/' || q[-1] == '/') continue;
+        *q = 0;
+        s = mkdir_one(p, err);
+        *q = '/';
+    }
+    if (s == HP_OK) s = mkdir_one(p, err);
+    hp_free(p);
+    return s;
+}
+
+/* The directory part of path ("." when there is none), into buf. */
+static void parent_dir(const char *path, char *buf, size_t len) {
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(buf, len, ".");
+    else if (slash == path)
+        snprintf(buf, len, "/");
+    else
+        snprintf(buf, len, "%.*s", (int)(slash - path), path);
+}
+
+hp_status hp_file_write_atomic_iov(const char *path, const hp_iov *v, int n, hp_err *err) {
+    /* the rename would replace whatever is there: never a device, fifo or directory (as root,
+     * `-o /dev/stdout` would have replaced the device node) */
+    struct stat old;
+    if (stat(path, &old) == 0 && !S_ISREG(old.st_mode))
+        return hp_errf(err, HP_IO, "%s: not a regular file (%s); not replaced", path,
+                       file_kind(old.st_mode));
     size_t plen = strlen(path);
     char *tmp = hp_malloc(plen + 32);
-    if (!tmp) return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
-    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        hp_status s = hp_errf(err, HP_IO, "%s: %s", tmp, strerror(errno));
+    char *dir = hp_malloc(plen + 2);
+    if (!tmp || !dir) {
         hp_free(tmp);
-        return s;
+        hp_free(dir);
+        return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
     }
-    const uint8_t *p = data;
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, p + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) goto fail;
-        done += (size_t)w;
+    snprintf(tmp, plen + 32, "%s.tmp.%ld", path, (long)getpid());
+    parent_dir(path, dir, plen + 2);
+    const char *what = "open";
+    int fd = io_open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) goto fail;
+    what = "write";
+    for (int i = 0; i < n; i++) {
+        const unsigned char *p = v[i].p;
+        size_t done = 0;
+        while (done < v[i].n) {
+            ssize_t w = io_write(fd, p + done, v[i].n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w < 0) goto fail;
+            done += (size_t)w;
+        }
     }
-    if (fsync(fd) != 0) goto fail;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto fail;
-    }
+    what = "fsync";
+    if (io_fsync(fd) != 0) goto fail;
+    what = "close";
+    int c = io_close(fd);
     fd = -1;
-    if (rename(tmp, path) != 0) goto fail;
+    if (c != 0) goto fail;
+    what = "rename";
+    if (io_rename(tmp, path) != 0) goto fail;
     hp_free(tmp);
-    return HP_OK;
+    /* renamed: path holds the new contents; only their durability across a crash is open */
+    hp_status s = hp_fsync_dir(dir, err);
+    hp_free(dir);
+    return s;
 fail:;
     int e = errno;
     if (fd >= 0) close(fd);
     unlink(tmp);
     hp_free(tmp);
-    return hp_errf(err, HP_IO, "%s: %s", path, strerror(e));
+    hp_free(dir);
+    return hp_errf(err, io_status(e), "%s: %s: %s", path, what, strerror(e));
+}
+
+hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, hp_err *err) {
+    hp_iov v = {data, len};
+    return hp_file_write_atomic_iov(path, &v, 1, err);
 }
 
 char *hp_quote(char *dst, size_t n, const char *s, size_t max_in) {

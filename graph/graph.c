@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 /* ---- dtypes --------------------------------------------------------------------------------- */
@@ -106,12 +107,33 @@ const char *hp_attr_key_name(hp_attr_key k) {
 hp_attr_kind hp_attr_key_kind(hp_attr_key k) {
     return (unsigned)k < HP_ATTR_COUNT ? attr_keys[k].kind : HP_ATTR_KIND_INT;
 }
+/* Keys sorted by name for hp_attr_key_parse's binary search (every attribute of a job file is
+ * looked up by name). Built once. */
+static int keys_by_name[HP_ATTR_COUNT];
+static pthread_once_t keys_once = PTHREAD_ONCE_INIT;
+
+static int key_name_cmp(const void *a, const void *b) {
+    return strcmp(attr_keys[*(const int *)a].name, attr_keys[*(const int *)b].name);
+}
+
+static void keys_init(void) {
+    for (int i = 0; i < HP_ATTR_COUNT; i++) keys_by_name[i] = i;
+    qsort(keys_by_name, HP_ATTR_COUNT, sizeof *keys_by_name, key_name_cmp);
+}
+
 hp_status hp_attr_key_parse(const char *name, hp_attr_key *k, hp_err *err) {
-    for (int i = 0; i < HP_ATTR_COUNT; i++) {
-        if (strcmp(name, attr_keys[i].name) == 0) {
-            *k = (hp_attr_key)i;
+    pthread_once(&keys_once, keys_init);
+    int lo = 0, hi = HP_ATTR_COUNT - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(name, attr_keys[keys_by_name[mid]].name);
+        if (c == 0) {
+            *k = (hp_attr_key)keys_by_name[mid];
             return HP_OK;
         }
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
     }
     return hp_errf(err, HP_NOT_FOUND, "unknown attribute '%.64s'", name);
 }
@@ -331,9 +353,17 @@ const hp_type *hp_graph_type(const hp_graph *g, hp_value v) {
     return &n->out[v.out];
 }
 
-static int attr_cmp(const void *a, const void *b) {
-    const hp_attr *x = a, *y = b;
-    return (int)x->key - (int)y->key;
+/* Sorts a node's attributes by key: an insertion sort, as lists are short (at most
+ * HP_ATTR_COUNT) and usually sorted already (copies of graph nodes), where it only compares;
+ * qsort moved the large hp_attr through a merge buffer and was a tenth of a compile. */
+static void sort_attrs(hp_attr *a, int n) {
+    for (int i = 1; i < n; i++) {
+        if (a[i - 1].key <= a[i].key) continue;
+        hp_attr x = a[i];
+        int j = i;
+        for (; j > 0 && a[j - 1].key > x.key; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
 }
 
 int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const hp_type *out,
@@ -378,7 +408,7 @@ int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const h
                 if (!(a->s = hp_arena_strdup(&g->arena, a->s))) goto nomem;
             }
         }
-        qsort(n.attrs, (size_t)n_attrs, sizeof *n.attrs, attr_cmp);
+        sort_attrs(n.attrs, n_attrs);
         for (int i = 1; i < n_attrs; i++) {
             if (n.attrs[i].key == n.attrs[i - 1].key) {
                 hp_errf(err, HP_INVALID, "node %d: duplicate attribute '%s'", g->n_nodes,
@@ -443,7 +473,7 @@ static hp_value build_node(hp_graph *g, hp_op op, const hp_value *in, int n_in,
     /* A scratch node (attrs sorted, as the graph stores them) to check before appending. */
     hp_attr sorted[HP_ATTR_COUNT];
     if (n_attrs) memcpy(sorted, attrs, (size_t)n_attrs * sizeof *attrs);
-    qsort(sorted, (size_t)n_attrs, sizeof *sorted, attr_cmp);
+    sort_attrs(sorted, n_attrs);
     hp_type out[HP_MAX_OUTS];
     memset(out, 0, sizeof out);
     if (declared) out[0] = *declared;

@@ -592,16 +592,14 @@ hp_status hp_job_unpack(const uint8_t *data, size_t len, hp_job **out, hp_err *e
                        HP_JOB_FILE_MAX);
     if (!data && len) return hp_errf(err, HP_INVALID, "job: no data");
     hp_proto_alloc a;
-    hp_proto_alloc_init(&a, len);
+    hp_arena arena;
+    hp_arena_init(&arena);
+    hp_proto_alloc_init_arena(&a, len, &arena);
     Hp__V1__Job *msg = hp__v1__job__unpack(&a.base, len, data ? data : empty);
-    if (!msg) return hp_proto_unpack_error(&a, "job", len, err);
-    hp_status cs = hp_proto_check_strings(&hp__v1__job__descriptor, data, len, "job", err);
-    if (cs != HP_OK) {
-        hp__v1__job__free_unpacked(msg, &a.base);
-        return cs;
-    }
-    hp_status s = hp_job_import(msg, out, err);
-    hp__v1__job__free_unpacked(msg, &a.base);
+    hp_status s = msg ? hp_proto_check_strings(&hp__v1__job__descriptor, data, len, "job", err)
+                      : hp_proto_unpack_error(&a, "job", len, err);
+    if (s == HP_OK) s = hp_job_import(msg, out, err);
+    hp_arena_fini(&arena); /* the whole message */
     return s;
 }
 

@@ -27,7 +27,7 @@ static void *pa_alloc(void *data, size_t n) {
         a->over_budget = true;
         return NULL;
     }
-    void *p = hp_malloc(n ? n : 1);
+    void *p = a->arena ? hp_arena_alloc(a->arena, n ? n : 1) : hp_malloc(n ? n : 1);
     if (!p) {
         a->nomem = true;
         return NULL;
@@ -37,8 +37,8 @@ static void *pa_alloc(void *data, size_t n) {
 }
 
 static void pa_free(void *data, void *p) {
-    (void)data;
-    hp_free(p);
+    const hp_proto_alloc *a = data;
+    if (!a->arena) hp_free(p);
 }
 
 void hp_proto_alloc_init(hp_proto_alloc *a, size_t msg_len) {
@@ -48,6 +48,11 @@ void hp_proto_alloc_init(hp_proto_alloc *a, size_t msg_len) {
     a->base.allocator_data = a;
     if (msg_len > HP_PROTO_MAX_BYTES) msg_len = HP_PROTO_MAX_BYTES; /* callers refuse it anyway */
     a->budget = msg_len * HP_PROTO_DECODE_FACTOR + HP_PROTO_DECODE_SLACK;
+}
+
+void hp_proto_alloc_init_arena(hp_proto_alloc *a, size_t msg_len, hp_arena *arena) {
+    hp_proto_alloc_init(a, msg_len);
+    a->arena = arena;
 }
 
 hp_status hp_proto_unpack_error(const hp_proto_alloc *a, const char *what, size_t len,
@@ -457,6 +462,47 @@ static hp_status import_init(const Hp__V1__InitSpec *m, hp_init *init, const cha
     return s;
 }
 
+/* Error contexts ("node 12 (mm): output 0") are built for every node before anything fails;
+ * snprintf made that a tenth of reading a job. These append by hand, cut at the buffer's end. */
+static void ctx_put(char *buf, size_t n, size_t *o, const char *s) {
+    while (*s && *o + 1 < n) buf[(*o)++] = *s++;
+    buf[*o] = 0;
+}
+
+static void ctx_put_int(char *buf, size_t n, size_t *o, long long v) {
+    char d[24];
+    int k = 0;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do d[k++] = (char)('0' + u % 10);
+    while (u /= 10);
+    if (v < 0) d[k++] = '-';
+    char r[24];
+    for (int i = 0; i < k; i++) r[i] = d[k - 1 - i];
+    r[k] = 0;
+    ctx_put(buf, n, o, r);
+}
+
+/* buf = "a" "b" "c" "d" (NULL parts skipped). */
+static void ctx_cat(char *buf, size_t n, const char *a, const char *b, const char *c,
+                    const char *d) {
+    size_t o = 0;
+    buf[0] = 0;
+    const char *parts[] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        if (parts[i]) ctx_put(buf, n, &o, parts[i]);
+}
+
+/* buf = "ctx: what k". */
+static void ctx_index(char *buf, size_t n, const char *ctx, const char *what, long long k) {
+    size_t o = 0;
+    buf[0] = 0;
+    ctx_put(buf, n, &o, ctx);
+    ctx_put(buf, n, &o, ": ");
+    ctx_put(buf, n, &o, what);
+    ctx_put(buf, n, &o, " ");
+    ctx_put_int(buf, n, &o, k);
+}
+
 static hp_status import_attr(const Hp__V1__Attribute *m, const hp_op_info *info, uint64_t *seen,
                              hp_attr *out, const char *ctx, hp_err *err) {
     char q[HP__QUOTE_MAX], actx[HP_ERR_MSG_MAX];
@@ -483,7 +529,7 @@ static hp_status import_attr(const Hp__V1__Attribute *m, const hp_op_info *info,
     if (m->value_case != want[kind])
         return hp_errf(err, HP_INVALID, "%s: attribute '%s' must be %s, got %s", ctx, name,
                        attr_kind_name(kind), value_case_name(m->value_case));
-    snprintf(actx, sizeof actx, "%s: attribute '%s'", ctx, name);
+    ctx_cat(actx, sizeof actx, ctx, ": attribute '", name, "'");
     switch (kind) {
     case HP_ATTR_KIND_INT:
         *out = hp_attr_int(key, m->int_value);
@@ -556,7 +602,13 @@ static hp_status import_node(hp_graph *g, const Hp__V1__Node *m, int i, node_scr
     if (hp_op_parse(m->op, &op, NULL) != HP_OK)
         return hp_errf(err, HP_NOT_FOUND, "node %d: unknown op '%s'", i, hp__quote(m->op, q));
     const hp_op_info *info = hp_op_get(op);
-    snprintf(ctx, sizeof ctx, "node %d (%s)", i, info->name);
+    size_t co = 0; /* "node %d (%s)" */
+    ctx[0] = 0;
+    ctx_put(ctx, sizeof ctx, &co, "node ");
+    ctx_put_int(ctx, sizeof ctx, &co, i);
+    ctx_put(ctx, sizeof ctx, &co, " (");
+    ctx_put(ctx, sizeof ctx, &co, info->name);
+    ctx_put(ctx, sizeof ctx, &co, ")");
 
     /* inputs: bounded, backwards, and naming an output the producer has */
     if (m->n_inputs > HP_MAX_INPUTS)
@@ -589,9 +641,10 @@ static hp_status import_node(hp_graph *g, const Hp__V1__Node *m, int i, node_scr
                        (int)HP_ATTR_COUNT);
     uint64_t seen = 0;
     for (size_t k = 0; k < m->n_attrs; k++) {
-        snprintf(sub, sizeof sub, "%s: attribute %zu", ctx, k);
-        HP_TRY(import_attr(m->attrs ? m->attrs[k] : NULL, info, &seen, &sc->attrs[k],
-                           m->attrs && m->attrs[k] ? ctx : sub, err));
+        bool present = m->attrs && m->attrs[k];
+        if (!present) ctx_index(sub, sizeof sub, ctx, "attribute", (long long)k);
+        HP_TRY(import_attr(present ? m->attrs[k] : NULL, info, &seen, &sc->attrs[k],
+                           present ? ctx : sub, err));
     }
     uint64_t missing = info->required & ~seen;
     if (missing) {
@@ -606,7 +659,7 @@ static hp_status import_node(hp_graph *g, const Hp__V1__Node *m, int i, node_scr
         return hp_errf(err, m->n_outputs > HP_MAX_OUTS ? HP_LIMIT : HP_INVALID,
                        "%s: %zu outputs, the op has %d", ctx, m->n_outputs, info->n_out);
     for (size_t k = 0; k < m->n_outputs; k++) {
-        snprintf(sub, sizeof sub, "%s: output %zu", ctx, k);
+        ctx_index(sub, sizeof sub, ctx, "output", (long long)k);
         HP_TRY(import_type(m->outputs ? m->outputs[k] : NULL, &sc->out[k], sub, err));
     }
 
@@ -769,15 +822,13 @@ hp_status hp_graph_unpack(const uint8_t *data, size_t len, hp_graph **out, hp_er
                        HP_PROTO_MAX_BYTES);
     if (!data && len) return hp_errf(err, HP_INVALID, "graph: no data");
     hp_proto_alloc a;
-    hp_proto_alloc_init(&a, len);
+    hp_arena arena;
+    hp_arena_init(&arena);
+    hp_proto_alloc_init_arena(&a, len, &arena);
     Hp__V1__Graph *msg = hp__v1__graph__unpack(&a.base, len, data ? data : empty);
-    if (!msg) return hp_proto_unpack_error(&a, "graph", len, err);
-    hp_status cs = hp_proto_check_strings(&hp__v1__graph__descriptor, data, len, "graph", err);
-    if (cs != HP_OK) {
-        hp__v1__graph__free_unpacked(msg, &a.base);
-        return cs;
-    }
-    hp_status s = hp_graph_import(msg, out, err);
-    hp__v1__graph__free_unpacked(msg, &a.base);
+    hp_status s = msg ? hp_proto_check_strings(&hp__v1__graph__descriptor, data, len, "graph", err)
+                      : hp_proto_unpack_error(&a, "graph", len, err);
+    if (s == HP_OK) s = hp_graph_import(msg, out, err);
+    hp_arena_fini(&arena); /* the whole message */
     return s;
 }

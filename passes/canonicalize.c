@@ -335,7 +335,13 @@ static bool cse_ok(hp_op op) {
 
 /* The slot for c: an existing equal node's, or the empty one where it would go. */
 static int32_t *cse_find(const cse_table *t, const hp_graph *g, const cand *c) {
-    for (uint64_t h = hash_cand(c);; h++) {
+    /* mix's multiply carries only upwards: the low bits the mask keeps needed a final
+     * avalanche (splitmix64's), or similar nodes clustered (6 probes a lookup at 4096 layers) */
+    uint64_t h = hash_cand(c);
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    h ^= h >> 31;
+    for (;; h++) {
         int32_t *s = &t->slot[h & t->mask];
         if (*s < 0 || same_node(c, &g->nodes[*s])) return s;
     }

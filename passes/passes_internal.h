@@ -42,6 +42,13 @@
  * instruction to last reader, aliases included; graph outputs live to the end) are disjoint.
  * Fills p->arena_bytes and p->stats. */
 hp_status hp__memplan(hp_program *p, hp_err *err);
+/* hp_lower for hp_compile: `verified` says hp_graph_verify just passed on joint (the
+ * verifier between passes), so the joint-graph checks skip a second full verify. */
+hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_err *err);
+/* hp_program_verify for hp_compile, which lowered p itself from a verified graph: with
+ * graph_verified, p->graph (that graph plus the gradient copies the lowering appended, whose
+ * types the instruction checks cover) is not verified a second time. */
+hp_status hp__program_verify(const hp_program *p, bool graph_verified, hp_err *err);
 
 /* Fills what a parameter slot takes from its placeholder node `id` of g: fqn, global type (its
  * global_shape when its storage is split), init, storage placements (the node's on a graph

@@ -222,8 +222,12 @@ static hp_status verify_instrs(const hp_program *p, hp_err *err) {
 }
 
 hp_status hp_program_verify(const hp_program *p, hp_err *err) {
+    return hp__program_verify(p, false, err);
+}
+
+hp_status hp__program_verify(const hp_program *p, bool graph_verified, hp_err *err) {
     if (!p->graph) return hp_errf(err, HP_INVALID, "program has no graph");
-    HP_TRY(hp_graph_verify(p->graph, err));
+    if (!graph_verified) HP_TRY(hp_graph_verify(p->graph, err));
     if (p->world < 1 || p->rank < 0 || p->rank >= p->world)
         return hp_errf(err, HP_INVALID, "rank %d of world %d", p->rank, p->world);
     for (int m = 0; m < HP_MEM_COUNT; m++)

@@ -307,15 +307,15 @@ hp_status hp_ckpt_write_rank(const char *dir, int rank, int world, const hp_ckpt
         {"hp.shards", shards},
         {"hp.crc32c", crcs},
     };
-    if ((s = hp__mkdir(dir, err)) != HP_OK) goto out;
+    if ((s = hp_mkdir_p(dir, err)) != HP_OK) goto out;
     struct stat sst;
     bool fresh = stat(sdir, &sst) != 0;
-    if ((s = hp__mkdir(sdir, err)) != HP_OK) goto out;
-    if (fresh && (s = hp__fsync_dir(dir, err)) != HP_OK) goto out;
+    if ((s = hp_mkdir_p(sdir, err)) != HP_OK) goto out;
+    if (fresh && (s = hp_fsync_dir(dir, err)) != HP_OK) goto out;
     /* Rewriting a step that was committed before: drop its index first, so that a crash
      * while the new files land never leaves an index describing a mix of old and new. */
     if (unlink(idx) == 0) {
-        if ((s = hp__fsync_dir(sdir, err)) != HP_OK) goto out;
+        if ((s = hp_fsync_dir(sdir, err)) != HP_OK) goto out;
     } else if (errno != ENOENT) {
         s = hp_errf(err, HP_IO, "%s: %s", idx, strerror(errno));
         goto out;
@@ -462,8 +462,8 @@ hp_status hp_ckpt_commit(const char *dir, int64_t step, int world, int keep, hp_
         s = hp_errf(err, HP_NOMEM, "%s: out of memory building the index", idx);
         goto out;
     }
-    hp__iov v[1] = {{text, strlen(text)}};
-    if ((s = hp__write_atomic_iov(idx, v, 1, err)) != HP_OK) goto out;
+    hp_iov v[1] = {{text, strlen(text)}};
+    if ((s = hp_file_write_atomic_iov(idx, v, 1, err)) != HP_OK) goto out;
     s = hp_ckpt_prune(dir, keep, err);
 out:
     hp_free(text); /* jansson allocates through hp_malloc */
@@ -622,6 +622,6 @@ hp_status hp_ckpt_prune(const char *dir, int keep, hp_err *err) {
         removed = true;
     }
     hp_free(v);
-    if (s == HP_OK && removed) s = hp__fsync_dir(dir, err);
+    if (s == HP_OK && removed) s = hp_fsync_dir(dir, err);
     return s;
 }

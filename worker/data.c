@@ -509,8 +509,8 @@ hp_status hp_data_write_shard(const char *path, const uint32_t *tokens, int64_t 
         }
         for (int k = 0; k < width; k++) body[i * width + k] = (uint8_t)(tokens[i] >> (8 * k));
     }
-    hp__iov v[2] = {{hdr, sizeof hdr}, {body, (size_t)n * (size_t)width}};
-    hp_status s = hp__write_atomic_iov(path, v, 2, err);
+    hp_iov v[2] = {{hdr, sizeof hdr}, {body, (size_t)n * (size_t)width}};
+    hp_status s = hp_file_write_atomic_iov(path, v, 2, err);
     hp_free(body);
     return s;
 }

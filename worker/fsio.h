@@ -1,6 +1,7 @@
 /* worker/fsio.h — file-system helpers shared by the worker's I/O units (safetensors,
- * checkpoints, data): durable atomic writes from several buffers, directory fsync, path
- * joins, and routing jansson's allocations through hp_malloc so fault injection covers them.
+ * checkpoints, data): path joins, and routing jansson's allocations through hp_malloc so
+ * fault injection covers them. Durable atomic writes, directory fsync and mkdir -p are the
+ * libraries' one set in hp/base.h (hp_file_write_atomic_iov, hp_fsync_dir, hp_mkdir_p).
  * Folder-internal (hp__ names); not a public header.
  */
 #ifndef HP_WORKER_FSIO_H
@@ -10,23 +11,6 @@
 #include <stddef.h>
 
 #include "hp/base.h"
-
-/* One piece of a file being written. */
-typedef struct hp__iov {
-    const void *p;
-    size_t n;
-} hp__iov;
-
-/* Writes the concatenation of v[0..n) to path durably and atomically: a temp file beside it
- * (`path.tmp.PID`), write, fsync, close, rename over path, fsync the directory. On failure
- * the temp file is removed and path is untouched. Errors name the path and the errno text. */
-hp_status hp__write_atomic_iov(const char *path, const hp__iov *v, int n, hp_err *err);
-
-/* fsyncs a directory (so that a rename or create in it is durable). */
-hp_status hp__fsync_dir(const char *dir, hp_err *err);
-
-/* Creates dir and its missing parents (mkdir -p); an existing directory is fine. */
-hp_status hp__mkdir(const char *dir, hp_err *err);
 
 /* "a/b" as a fresh hp_malloc'd string; NULL when out of memory. */
 char *hp__path_join(const char *a, const char *b);

@@ -662,17 +662,17 @@ hp_status hp_st_write(const char *path, const hp_st_tensor *ts, int n, const hp_
     char *header = NULL;
     size_t hlen = 0;
     HP_TRY(build_header(path, ts, n, meta, n_meta, &header, &hlen, err));
-    hp__iov *v = hp_malloc((size_t)(n + 2) * sizeof *v);
+    hp_iov *v = hp_malloc((size_t)(n + 2) * sizeof *v);
     if (!v) {
         hp_free(header);
         return hp_errf(err, HP_NOMEM, "%s: out of memory", path);
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-    v[0] = (hp__iov){len8, 8};
-    v[1] = (hp__iov){header, hlen};
-    for (int i = 0; i < n; i++) v[i + 2] = (hp__iov){ts[i].data, ts[i].nbytes};
-    hp_status s = hp__write_atomic_iov(path, v, n + 2, err);
+    v[0] = (hp_iov){len8, 8};
+    v[1] = (hp_iov){header, hlen};
+    for (int i = 0; i < n; i++) v[i + 2] = (hp_iov){ts[i].data, ts[i].nbytes};
+    hp_status s = hp_file_write_atomic_iov(path, v, n + 2, err);
     hp_free(v);
     hp_free(header);
     return s;

@@ -84,23 +84,6 @@ bool hp__train_is_dir(const char *p) {
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static hp_status mkdir_p(const char *path, hp_err *err) {
-    char buf[HP__TRAIN_PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return hp_errf(err, HP_INVALID, "path too long: %s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return hp_errf(err, HP_IO, "%s: %s", buf, strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return HP_OK;
-}
-
 /* ---- setup ---------------------------------------------------------------------------------- */
 
 /* The data inputs must be `tokens` and `labels`, i64 [B, T]. */
@@ -256,7 +239,7 @@ static hp_status finish_trace(trainer *t, int64_t step, hp_err *err) {
         if (st == HP_OK && snprintf(path, sizeof path, "%s/step-%lld-rank-%d.json", dir,
                                     (long long)step, t->rank) >= (int)sizeof path)
             st = hp_errf(err, HP_INVALID, "path too long: %s", dir);
-        if (st == HP_OK) st = mkdir_p(dir, err);
+        if (st == HP_OK) st = hp_mkdir_p(dir, err);
         if (st == HP_OK) st = hp_file_write_atomic(path, json, len, err);
         if (st != HP_OK) hp_err_prefix(err, "trace of step %lld", (long long)step);
     }
@@ -454,7 +437,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     t->flops_per_token = hp_model_flops_per_token(&job->model);
 
     if (o->out_dir) {
-        HP_TRY(mkdir_p(o->out_dir, err));
+        HP_TRY(hp_mkdir_p(o->out_dir, err));
         snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", o->out_dir);
         char path[HP__TRAIN_PATH_MAX];
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);

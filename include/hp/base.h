@@ -124,8 +124,38 @@ hp_status hp_file_open_read(const char *path, int *fd, uint64_t *size, hp_err *e
  * HP_LIMIT, naming the path and the limit. */
 hp_status hp_file_read(const char *path, size_t max_bytes, uint8_t **data, size_t *len,
                        hp_err *err);
-/* Writes atomically: a temp file beside path, fsync, rename. */
+/* One piece of a file being written. */
+typedef struct hp_iov {
+    const void *p;
+    size_t n;
+} hp_iov;
+
+/* Writes the concatenation of v[0..n) to path durably and atomically: a temp file beside it
+ * (`path.tmp.PID`), write, fsync, close, rename over path, fsync the directory. On failure
+ * the temp file is removed and path keeps its old contents (or stays absent); a reader never
+ * sees a half-written file under path. An existing path that is not a regular file (a
+ * device, a fifo, a directory) is refused, never replaced. Errors name the path, the step and
+ * the errno text:
+ * HP_NOSPACE for a full disk or quota (ENOSPC, EDQUOT), HP_IO otherwise. The one file writer
+ * of every library (checkpoints, weights, traces, metrics, jobs, dumps). */
+hp_status hp_file_write_atomic_iov(const char *path, const hp_iov *v, int n, hp_err *err);
+/* hp_file_write_atomic_iov of one buffer. */
 hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, hp_err *err);
+
+/* fsyncs a directory, so that a rename or create in it is durable (file systems that cannot
+ * fsync a directory, EINVAL, are fine). */
+hp_status hp_fsync_dir(const char *dir, hp_err *err);
+
+/* Creates dir and its missing parents (mkdir -p, mode 0755); an existing directory is fine,
+ * an existing non-directory is HP_IO naming it. */
+hp_status hp_mkdir_p(const char *dir, hp_err *err);
+
+/* I/O fault injection, as hp_alloc_fail_at for memory: every system call of the helpers
+ * above that creates or changes a file (open, write, fsync, close, rename, directory fsync,
+ * mkdir) counts; the nth one from now (0-based) fails with errno `errnum` (ENOSPC, EIO, ...)
+ * and so does every later one while `sticky`, else only that one. n < 0 disables. Returns the
+ * number of such calls made since the last call. Process-wide and thread-safe; for tests. */
+long hp_io_fail_at(long n, int errnum, bool sticky);
 
 #ifdef __cplusplus
 }

@@ -164,6 +164,39 @@ Test(hpctl, usage_errors_exit_2) {
     expect_error("inspect a.pb --wat", 2, "unknown flag '--wat'");
 }
 
+/* The common flags may come before the verb (hpctl --server X submit job.pb); anything else
+ * there is refused by name, and a verb that takes no such flag refuses it, never ignores it. */
+Test(hpctl, common_flags_before_the_verb) {
+    expect_error("--bogus status j-1", 2, "unknown flag '--bogus' before the verb");
+    expect_error("--server", 2, "--server needs a value");
+    expect_error("--server 127.0.0.1:1 --timeout", 2, "--timeout needs a value");
+    expect_error("--server 127.0.0.1:1", 2, "missing verb after the flags");
+    expect_error("--timeout 0 status j-1", 2, "--timeout: 0 is outside");
+    expect_error("--server 127.0.0.1:1 frobnicate", 2, "unknown verb 'frobnicate'");
+    /* offline verbs take no server: refused, naming the flag */
+    expect_error("--server 127.0.0.1:1 inspect job.pb", 2, "inspect: unknown flag '--server'");
+    /* the flag before the verb is the one used: this address refuses connections */
+    hp_th_run r = hpctl("--server 127.0.0.1:1 --timeout 2 status j-1");
+    cr_expect_eq(r.code, 1, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.err, "hpctl: status: UNAVAILABLE") && strstr(r.err, "127.0.0.1:1"),
+              "stderr: %s", r.err);
+    hp_th_run_free(&r);
+    /* --json before an offline verb that takes it */
+    char args[512];
+    snprintf(args, sizeof args, "new --model llama3:debugmodel --layers 1 -o %s/j.pb", tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    snprintf(args, sizeof args, "--json inspect %s/j.pb", tmpdir);
+    r = hpctl(args);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    json_error_t je;
+    json_t *j = json_loads(r.out, 0, &je);
+    cr_expect(j && json_is_object(j), "not JSON: %s", r.out);
+    json_decref(j);
+    hp_th_run_free(&r);
+}
+
 Test(hpctl, bad_files_exit_1) {
     char args[512], path[300];
     snprintf(args, sizeof args, "inspect %s/missing.pb", tmpdir);

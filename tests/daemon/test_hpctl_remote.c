@@ -249,6 +249,27 @@ Test(hpctl_remote, errors) {
     run_free(&r);
 }
 
+/* Common flags before the verb, as kubectl/docker/git take them, act as after it: a wrong
+ * --token before submit is refused by hpd, the right server and token submit the job. */
+Test(hpctl_remote, common_flags_before_the_verb) {
+    new_job("job.pb", 2);
+    run r = hpctl("--server %s --token not-the-token submit %s/job.pb", g_addr, g_dir);
+    cr_expect_eq(r.code, 1);
+    cr_expect(strstr(r.err, "hpctl: submit: UNAUTHENTICATED"), "stderr: %s", r.err);
+    run_free(&r);
+    r = hpctl("--server %s --json --timeout 30 submit %s/job.pb", g_addr, g_dir);
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err);
+    json_t *j = parse_json(r.out);
+    const char *id = json_string_value(json_object_get(j, "id"));
+    cr_assert(id && !strncmp(id, "j-", 2), "%s", r.out);
+    run_free(&r);
+    r = hpctl("--server %s status %s", g_addr, id);
+    cr_expect_eq(r.code, 0, "stderr: %s", r.err);
+    cr_expect(strstr(r.out, id), "%s", r.out);
+    run_free(&r);
+    json_decref(j);
+}
+
 /* `hpctl new FLAGS` (a tiny GQA Llama) then `submit`: refused with the gRPC status `code` and one
  * line holding `want`, and no job created. */
 static void expect_refused_at_submit(const char *flags, const char *code, const char *want) {

@@ -1,10 +1,12 @@
 /* tests/daemon/test_store.c — the job store: round trips, transitions with history, stale
  * transitions refused, metrics replay, exits, a child killed with SIGKILL mid-write (everything
- * it committed is there after reopening), and an allocation fault loop. */
+ * it committed is there after reopening), an allocation fault loop, and a full-disk fault loop
+ * through a pass-through SQLite VFS. */
 #include "daemon/store.h"
 
 #include <criterion/criterion.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -272,4 +274,164 @@ Test(store, transition_in_batch_is_durable) {
     cr_expect_eq(sum, 2);
     hpd_store_close(o);
     hpd_store_close(s);
+}
+
+/* ---- a full disk under the store: a pass-through SQLite VFS that fails the Nth write, sync or
+ * truncate of any file with SQLITE_FULL (what SQLite reports for ENOSPC) ------------------------
+ */
+
+static sqlite3_vfs full_vfs, *real_vfs;
+static long full_calls, full_at = -1; /* fail call full_at and every later one; -1 never */
+
+typedef struct full_file {
+    sqlite3_file base;
+    sqlite3_file *real; /* real_vfs's file, right after this struct */
+} full_file;
+
+static bool full_now(void) {
+    return full_at >= 0 && full_calls++ >= full_at;
+}
+static int ff_close(sqlite3_file *f) {
+    full_file *p = (full_file *)f;
+    return p->real->pMethods ? p->real->pMethods->xClose(p->real) : SQLITE_OK;
+}
+static int ff_read(sqlite3_file *f, void *b, int n, sqlite3_int64 o) {
+    return ((full_file *)f)->real->pMethods->xRead(((full_file *)f)->real, b, n, o);
+}
+static int ff_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 o) {
+    full_calls += full_at < 0; /* counting a clean run */
+    if (full_now()) return SQLITE_FULL;
+    return ((full_file *)f)->real->pMethods->xWrite(((full_file *)f)->real, b, n, o);
+}
+static int ff_truncate(sqlite3_file *f, sqlite3_int64 n) {
+    full_calls += full_at < 0;
+    if (full_now()) return SQLITE_FULL;
+    return ((full_file *)f)->real->pMethods->xTruncate(((full_file *)f)->real, n);
+}
+static int ff_sync(sqlite3_file *f, int fl) {
+    full_calls += full_at < 0;
+    if (full_now()) return SQLITE_FULL;
+    return ((full_file *)f)->real->pMethods->xSync(((full_file *)f)->real, fl);
+}
+#define FF_PASS(name, sig, args)                                                                   \
+    static int ff_##name sig {                                                                     \
+        full_file *p = (full_file *)f;                                                             \
+        return p->real->pMethods->x##name args;                                                    \
+    }
+FF_PASS(FileSize, (sqlite3_file * f, sqlite3_int64 *s), (p->real, s))
+FF_PASS(Lock, (sqlite3_file * f, int l), (p->real, l))
+FF_PASS(Unlock, (sqlite3_file * f, int l), (p->real, l))
+FF_PASS(CheckReservedLock, (sqlite3_file * f, int *r), (p->real, r))
+FF_PASS(FileControl, (sqlite3_file * f, int op, void *a), (p->real, op, a))
+FF_PASS(SectorSize, (sqlite3_file * f), (p->real))
+FF_PASS(DeviceCharacteristics, (sqlite3_file * f), (p->real))
+FF_PASS(ShmMap, (sqlite3_file * f, int i, int sz, int e, void volatile **pp),
+        (p->real, i, sz, e, pp))
+FF_PASS(ShmLock, (sqlite3_file * f, int o, int n, int fl), (p->real, o, n, fl))
+FF_PASS(ShmUnmap, (sqlite3_file * f, int d), (p->real, d))
+static void ff_ShmBarrier(sqlite3_file *f) {
+    full_file *p = (full_file *)f;
+    p->real->pMethods->xShmBarrier(p->real);
+}
+
+static const sqlite3_io_methods full_methods = {
+    .iVersion = 2,
+    .xClose = ff_close,
+    .xRead = ff_read,
+    .xWrite = ff_write,
+    .xTruncate = ff_truncate,
+    .xSync = ff_sync,
+    .xFileSize = ff_FileSize,
+    .xLock = ff_Lock,
+    .xUnlock = ff_Unlock,
+    .xCheckReservedLock = ff_CheckReservedLock,
+    .xFileControl = ff_FileControl,
+    .xSectorSize = ff_SectorSize,
+    .xDeviceCharacteristics = ff_DeviceCharacteristics,
+    .xShmMap = ff_ShmMap,
+    .xShmLock = ff_ShmLock,
+    .xShmBarrier = ff_ShmBarrier,
+    .xShmUnmap = ff_ShmUnmap,
+};
+
+static int full_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out) {
+    (void)v;
+    full_file *p = (full_file *)f;
+    p->real = (sqlite3_file *)(p + 1);
+    int rc = real_vfs->xOpen(real_vfs, name, p->real, flags, out);
+    p->base.pMethods = rc == SQLITE_OK ? &full_methods : NULL;
+    return rc;
+}
+
+/* Makes the shim the default VFS (hpd_store_open passes none). Idempotent. */
+static void full_vfs_install(void) {
+    if (real_vfs) return;
+    real_vfs = sqlite3_vfs_find(NULL);
+    full_vfs = *real_vfs;
+    full_vfs.zName = "hp-test-full";
+    full_vfs.szOsFile = (int)sizeof(full_file) + real_vfs->szOsFile;
+    full_vfs.xOpen = full_open;
+    cr_assert_eq(sqlite3_vfs_register(&full_vfs, 1), SQLITE_OK);
+}
+
+static void expect_job(hpd_store *s, const char *id, const char *name) {
+    hpd_store_row r;
+    hp_err err = {0};
+    cr_assert_eq(hpd_store_get(s, id, &r, &err), HP_OK, "%s: %s", id, err.msg);
+    cr_expect_str_eq(r.name, name);
+    cr_expect_eq(r.job_len, 5);
+    cr_expect_eq(r.total_steps, 100);
+    hpd_store_row_fini(&r);
+}
+
+/* Every write, sync and truncate of inserting a job fails in turn, the disk full from there on:
+ * the insert is HP_NOSPACE naming the database file, the store keeps reading (the jobs it had
+ * are there), and after a reopen on a disk with room every earlier job is there as it was, the
+ * refused one is absent or whole, and a new insert works. */
+Test(store, disk_full_fault_loop) {
+    full_vfs_install();
+    hpd_store *s;
+    hp_err err = {0};
+    hpd_store_row r;
+    cr_assert_eq(hpd_store_open(path, &s, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(insert(s, "first", &r), HP_OK);
+    full_at = -1;
+    full_calls = 0;
+    cr_assert_eq(insert(s, "counted", &r), HP_OK);
+    long calls = full_calls;
+    cr_assert_gt(calls, 0, "an insert wrote nothing");
+    hpd_store_close(s);
+    for (long i = 0; i < calls; i++) {
+        cr_assert_eq(hpd_store_open(path, &s, &err), HP_OK, "%s", err.msg);
+        full_calls = 0;
+        full_at = i;
+        memset(&r, 0, sizeof r);
+        snprintf(r.name, sizeof r.name, "refused");
+        r.state = 1;
+        static uint8_t blob[] = {1, 2, 3, 0, 5};
+        r.job = blob;
+        r.job_len = sizeof blob;
+        r.world = 2;
+        r.total_steps = 100;
+        hp_status st = hpd_store_insert(s, &r, &err);
+        if (st == HP_OK) { /* the fault hit after the commit (a WAL checkpoint): it stays in */
+            full_at = -1;
+            hpd_store_close(s);
+            continue;
+        }
+        cr_expect_eq(st, HP_NOSPACE, "fault %ld of %ld: %s: %s", i, calls, hp_status_name(st),
+                     err.msg);
+        cr_expect(strstr(err.msg, path), "fault %ld: the error names no file: %s", i, err.msg);
+        expect_job(s, "j-000001", "first"); /* still serving reads */
+        expect_job(s, "j-000002", "counted");
+        full_at = -1;
+        hpd_store_close(s);
+        cr_assert_eq(hpd_store_open(path, &s, &err), HP_OK, "reopen after fault %ld: %s", i,
+                     err.msg);
+        expect_job(s, "j-000001", "first");
+        expect_job(s, "j-000002", "counted");
+        cr_assert_eq(insert(s, "after", &r), HP_OK, "insert after fault %ld", i);
+        expect_job(s, r.id, "after");
+        hpd_store_close(s);
+    }
 }

@@ -594,7 +594,9 @@ Test(proto_io_faults, unpack_fault_loop) {
         failures++;
         cr_assert_lt(n, 100000, "unpack never succeeds");
     }
-    cr_assert_gt(failures, 10);
+    /* the decode takes its message from one arena (a chunk per 64 KiB), the import its
+     * graph: a few allocations, each failed once above */
+    cr_assert_gt(failures, 3);
     hp_free(data);
     hp_graph_free(g);
 }
