@@ -138,14 +138,7 @@ hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err) {
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
-    for (char *q = dir + 1; *q; q++) { /* mkdir -p: the cache dir may not exist yet */
-        if (*q != '/') continue;
-        *q = 0;
-        (void)mkdir(dir, 0755);
-        *q = '/';
-    }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return hp_errf(err, HP_IO, "cpu profile: %s: %s", dir, strerror(errno));
+    HP_TRY(hp_mkdir_p(dir, err));
     char text[256];
     int n = snprintf(text, sizeof text, "hp-cpu-profile %d %.6g %.6g %.6g %.6g %.6g\n",
                      CPU_PROFILE_VERSION, p->peak_flops, p->mem_bw, p->intra.bandwidth,
