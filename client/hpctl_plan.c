@@ -16,20 +16,23 @@
 
 /* The cost model's assumptions, as passes/cost.c implements them. */
 static const char *const assumptions[] = {
-    "FLOPs are counted from the graph: 2*M*N*K per mm/addmm (x batch for bmm), 4*B*H*T*S*D per "
-    "attention forward, 8*B*H*T*S*D per attention backward (causal masking not discounted); "
-    "other ops are free (memory bandwidth is not modelled)",
-    "compute time = FLOPs / (peak x efficiency); peak 989e12 FLOP/s on cuda (H100/H200 bf16 "
-    "dense), an assumed 1e11 on cpu; efficiency 0.5",
-    "a collective costs the link latency + its bytes / the link bandwidth of its mesh dim",
+    "one cost model, auto-sharding's (docs/autoshard.md), on the job's device profile (cpu: this "
+    "machine's figures from `hp-worker --probe-profile`, else assumed; h100, h200, a100: "
+    "planning figures)",
+    "a kernel costs the larger of its FLOPs / (peak x efficiency) and its bytes / memory "
+    "bandwidth, plus a launch; views are free. FLOPs: 2*M*N*K per mm/addmm (x batch for bmm), "
+    "4*B*H*T*S*D per attention forward, 8*B*H*T*S*D per attention backward (causal masking not "
+    "discounted)",
+    "a collective costs the link latency + its bytes / the link bandwidth of its mesh dim's link "
+    "class (intra- or inter-node by --gpus-per-node)",
     "communication bytes per rank per step: all-gather receives (N-1)/N of its output, "
     "reduce-scatter sends (N-1)/N of its input, all-reduce 2(N-1)/N of its tensor",
     "one compute and one comm stream in graph order; a wait_tensor stalls compute until its "
     "collective is done, and that stall is the exposed communication",
+    "the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element)",
     "memory: parameters and gradients at their local (sharded) size, AdamW's two f32 moments "
     "per local element, activations as the liveness-planned arena",
 };
-
 /* 34884612 -> "33.3 MiB" */
 static const char *human(int64_t bytes, char *buf) {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -267,11 +270,17 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
 
     const hp_cost_estimate *e = &c->cost;
     double hidden = e->comm_s > 0 ? 100 * (1 - e->exposed_comm_s / e->comm_s) : 100;
-    printf("\nestimate    step %s = compute %s + exposed comm %s", SECONDS(e->step_s),
-           SECONDS(e->compute_s), SECONDS(e->exposed_comm_s));
+    printf("\nestimate    step %s = compute %s + exposed comm %s + optimizer %s",
+           SECONDS(e->step_s), SECONDS(e->compute_s), SECONDS(e->exposed_comm_s),
+           SECONDS(e->optimizer_s));
     if (e->comm_s > 0) printf(" (comm %s in all, %.0f%% hidden)", SECONDS(e->comm_s), hidden);
-    printf("\n            %.4g FLOPs per rank per step at %.4g FLOP/s x %.2g efficiency\n",
-           e->flops, e->peak_flops, e->efficiency);
+    printf("\n            %.4g FLOPs per rank per step; profile %s%s: %.4g FLOP/s x %.2g "
+           "efficiency, memory %.4g B/s\n",
+           e->flops, e->profile,
+           !strcmp(e->profile, "cpu") && !e->profile_measured
+               ? " (assumed: `hp-worker --probe-profile` measures it)"
+               : "",
+           e->peak_flops, e->efficiency, e->mem_bw);
     if (c->autoshard) print_autoshard(job, c->autoshard);
     printf("\nassumptions\n");
     for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++) print_wrapped(assumptions[i]);
@@ -373,11 +382,14 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                                   (json_int_t)last->comm_bytes, "collectives", last->collectives,
                                   "by_op", kinds, "by_mesh_dim", by_dim));
     json_object_set_new(root, "estimate",
-                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "step_s",
-                                  e->step_s, "compute_s", e->compute_s, "comm_s", e->comm_s,
-                                  "exposed_comm_s", e->exposed_comm_s, "flops", e->flops,
-                                  "peak_flops", e->peak_flops, "efficiency", e->efficiency,
-                                  "bandwidth", e->bandwidth, "latency", e->latency));
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s, "
+                                  "s:b}",
+                                  "step_s", e->step_s, "compute_s", e->compute_s, "comm_s",
+                                  e->comm_s, "exposed_comm_s", e->exposed_comm_s, "optimizer_s",
+                                  e->optimizer_s, "flops", e->flops, "peak_flops", e->peak_flops,
+                                  "efficiency", e->efficiency, "memory_bandwidth", e->mem_bw,
+                                  "bandwidth", e->bandwidth, "latency", e->latency, "profile",
+                                  e->profile, "profile_measured", e->profile_measured));
     json_object_set_new(root, "assumptions", assume);
     if (c->autoshard) {
         const hp_autoshard_stats *st = hp_autoshard_get_stats(c->autoshard);

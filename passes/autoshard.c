@@ -17,24 +17,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The link class of each mesh dim: with gpus_per_node, a dim is intra-node when its ranks
- * (row-major, the last dim fastest) fit in one node, else inter-node; without, the plan's own
- * link figures (the cpu profile: its probed shm link for every dim). */
-static void links(hp_autoshard *a, const hp_job *job) {
-    const hp_device_profile *p = &a->prof;
-    int64_t stride = 1;
-    for (int i = a->mesh.ndim - 1; i >= 0; i--) {
-        int64_t span = stride * a->mesh.size[i];
-        if (!strcmp(p->name, "cpu"))
-            a->link[i] = p->intra;
-        else if (p->gpus_per_node > 0)
-            a->link[i] = span <= p->gpus_per_node ? p->intra : p->inter;
-        else
-            a->link[i] = job->plan.mesh[i].link;
-        stride = span;
-    }
-}
-
 void hp_autoshard_free(hp_autoshard *a) {
     if (!a) return;
     for (int e = 0; a->edges && e < a->n_edges; e++) {
@@ -75,7 +57,7 @@ hp_status hp_autoshard_solve(const hp_graph *g, const hp_job *job, const hp_devi
         snprintf(a->mesh.name[d], sizeof a->mesh.name[d], "%s", p->mesh[d].name);
         a->mesh.size[d] = p->mesh[d].size;
     }
-    links(a, job);
+    hp_device_profile_links(&a->prof, job, a->link);
     hp_graph_inputs gi = hp_graph_count_inputs(g);
     a->v.n_params = gi.n_params;
     a->v.n_buffers = gi.n_buffers;

@@ -1,30 +1,30 @@
 /* passes/cost.c — what the compiler reports before anything runs: per-rank memory, the
  * communication volume of each collective, and a cost model of one step.
  *
- * The cost model's assumptions (also printed by `hpctl plan`):
- *   * compute: FLOPs counted from the graph's nodes — 2*M*N*K per mm/addmm (times the batch
- *     for bmm), 4*B*H*T*S*D per attention forward and 8*B*H*T*S*D per attention backward
- *     (causal masking not discounted, as torchtitan's 6N + 12LdT convention); every other op
- *     is free (memory-bound work is not modelled). Time = FLOPs / (peak * efficiency), peak
- *     989e12 FLOP/s for cuda (H100/H200 SXM, bf16 dense), an assumed 1e11 for cpu,
- *     efficiency 0.5.
+ * The cost model's assumptions (also printed by `hpctl plan`), on the job's device profile
+ * (hp/autoshard.h: h100/h200/a100 figures, or this machine's probed cpu figures), the same
+ * model auto-sharding prices its strategies with (docs/autoshard.md):
+ *   * compute: each kernel the larger of its FLOPs over peak x efficiency and its bytes (local
+ *     inputs read and outputs written) over memory bandwidth, plus a launch; views free. FLOPs:
+ *     2*M*N*K per mm/addmm (times the batch for bmm), 4*B*H*T*S*D per attention forward and
+ *     8*B*H*T*S*D per attention backward (causal masking not discounted, as torchtitan's
+ *     6N + 12LdT convention).
  *   * communication: each collective costs the link latency plus its bytes (hp_collective_bytes'
- *     convention) over the bandwidth of the mesh dimension it runs on (its `group` attribute,
- *     else the dim named "dp", else the first).
+ *     convention) over the bandwidth of its mesh dimension's link class on the profile (its
+ *     `group` attribute, else the dim named "dp", else the first).
  *   * schedule: one compute stream and one comm stream, in graph order. A collective starts
  *     when both its input is ready (the compute stream has reached it) and the comm stream is
  *     free; a wait_tensor stalls the compute stream until its collective is done. The stall
- *     is the exposed communication; step time = compute + exposed.
- * It does not model memory bandwidth, kernel launch overhead, or contention between the
- * streams.
+ *     is the exposed communication.
+ *   * the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element).
+ *   step time = compute + exposed communication + optimizer.
+ * It does not model contention between the streams, nor the host's own work per step.
  */
 #include "passes/passes_internal.h"
+#include "hp/autoshard.h"
 
+#include <stdio.h>
 #include <string.h>
-
-#define PEAK_CUDA  989e12
-#define PEAK_CPU   1e11
-#define EFFICIENCY 0.5
 
 static int64_t type_bytes(const hp_type *t) {
     return hp_type_numel(t) * (int64_t)hp_dtype_size(t->dtype);
@@ -93,40 +93,61 @@ void hp__memory_report(const hp_graph *g, const hp_program *p, hp_memory_report 
     m->total = m->params + m->grads + m->optimizer + m->activations + m->comm;
 }
 
-/* The link a collective runs on: its group's mesh dim, else "dp", else the first. */
-static const hp_mesh_dim *mesh_dim(const hp_plan *plan, const char *group) {
-    const hp_mesh_dim *dp = NULL;
+/* The mesh dim a collective runs on: its group's, else "dp", else the first; -1 none. */
+static int mesh_dim(const hp_plan *plan, const char *group) {
+    int dp = -1;
     for (int d = 0; d < plan->n_mesh; d++) {
-        if (group && !strcmp(plan->mesh[d].name, group)) return &plan->mesh[d];
-        if (!strcmp(plan->mesh[d].name, "dp")) dp = &plan->mesh[d];
+        if (group && !strcmp(plan->mesh[d].name, group)) return d;
+        if (!strcmp(plan->mesh[d].name, "dp")) dp = d;
     }
-    return dp ? dp : plan->n_mesh ? &plan->mesh[0] : NULL;
+    return dp >= 0 ? dp : plan->n_mesh ? 0 : -1;
+}
+
+/* A kernel's time on the profile: the larger of its FLOPs at peak x efficiency and its bytes
+ * (inputs read, outputs written, local shapes) at memory bandwidth, plus one launch; views are
+ * free (the same roofline auto-sharding prices strategies with). */
+static double node_time(const hp_graph *g, int id, const hp_device_profile *p, double flops) {
+    const hp_node *n = &g->nodes[id];
+    if (hp_op_get(n->op)->flags & HP_OPF_VIEW) return 0;
+    double bytes = 0;
+    for (int j = 0; j < n->n_in; j++) bytes += (double)type_bytes(hp_graph_type(g, n->in[j]));
+    for (int k = 0; k < n->n_out; k++) bytes += (double)type_bytes(&n->out[k]);
+    double t = flops / (p->peak_flops * p->efficiency);
+    if (bytes / p->mem_bw > t) t = bytes / p->mem_bw;
+    return t + p->kernel_s;
 }
 
 hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estimate *c,
                             hp_err *err) {
     memset(c, 0, sizeof *c);
-    c->peak_flops = job->resources.device == HP_DEVICE_CUDA ? PEAK_CUDA : PEAK_CPU;
-    c->efficiency = EFFICIENCY;
-    hp_link_class def = HP_LINK_INTRA_NODE;
-    const hp_mesh_dim *dp = mesh_dim(&job->plan, NULL);
-    c->bandwidth = dp ? dp->link.bandwidth : def.bandwidth;
-    c->latency = dp ? dp->link.latency : def.latency;
+    hp_device_profile prof;
+    HP_TRY(hp_device_profile_for_job(job, &prof, err));
+    hp_link_class link[HP_MESH_MAX_DIMS];
+    hp_device_profile_links(&prof, job, link);
+    c->peak_flops = prof.peak_flops;
+    c->efficiency = prof.efficiency;
+    c->mem_bw = prof.mem_bw;
+    c->profile_measured = prof.measured;
+    snprintf(c->profile, sizeof c->profile, "%s", prof.name);
+    int dp = mesh_dim(&job->plan, NULL);
+    hp_link_class def = !strcmp(prof.name, "cpu") ? prof.intra : HP_LINK_INTRA_NODE;
+    c->bandwidth = dp >= 0 ? link[dp].bandwidth : def.bandwidth;
+    c->latency = dp >= 0 ? link[dp].latency : def.latency;
     double *done = hp_malloc(((size_t)g->n_nodes + 1) * sizeof *done);
     if (!done) return hp_errf(err, HP_NOMEM, "out of memory estimating the step");
-    double rate = c->peak_flops * c->efficiency;
     double t_compute = 0, t_comm = 0; /* when each stream is next free */
     for (int i = 0; i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];
         done[i] = 0;
+        if (n->op == HP_OP_PLACEHOLDER) continue;
         if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
             const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
-            const hp_mesh_dim *md = mesh_dim(&job->plan, grp ? grp->s : NULL);
-            double bw = md ? md->link.bandwidth : def.bandwidth,
-                   lat = md ? md->link.latency : def.latency;
-            /* local_chunk runs on the comm stream but exchanges nothing: no latency */
-            double t =
-                n->op == HP_OP_LOCAL_CHUNK ? 0 : lat + (double)hp_collective_bytes(g, i) / bw;
+            int d = mesh_dim(&job->plan, grp ? grp->s : NULL);
+            double bw = d >= 0 ? link[d].bandwidth : def.bandwidth,
+                   lat = d >= 0 ? link[d].latency : def.latency;
+            /* local_chunk runs on the comm stream but exchanges nothing: a local copy */
+            double t = n->op == HP_OP_LOCAL_CHUNK ? (double)type_bytes(&n->out[0]) / prof.mem_bw
+                                                  : lat + (double)hp_collective_bytes(g, i) / bw;
             double start = t_comm > t_compute ? t_comm : t_compute;
             c->comm_s += t;
             t_comm = done[i] = start + t;
@@ -137,15 +158,21 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estima
                 t_compute = ready;
             }
         } else {
-            double f = hp__node_flops(g, i);
+            double f = hp__node_flops(g, i), t = node_time(g, i, &prof, f);
             c->flops += f;
-            t_compute += f / rate;
+            c->compute_s += t;
+            t_compute += t;
         }
+    }
+    /* the optimizer: AdamW over every local parameter element (4 f32 reads, 3 writes) */
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    for (int i = 0; i < gi.n_params; i++) {
+        double t = (double)hp_type_numel(&g->nodes[i].out[0]) * 28.0 / prof.mem_bw;
+        c->optimizer_s += t;
     }
     /* collectives nobody waited for still finish within the step */
     if (t_comm > t_compute) c->exposed_comm_s += t_comm - t_compute;
-    c->compute_s = c->flops / rate;
-    c->step_s = c->compute_s + c->exposed_comm_s;
+    c->step_s = c->compute_s + c->exposed_comm_s + c->optimizer_s;
     hp_free(done);
     return HP_OK;
 }

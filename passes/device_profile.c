@@ -171,3 +171,17 @@ hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, h
     if (!name[0]) name = job->resources.device == HP_DEVICE_CUDA ? "h100" : "cpu";
     return hp_device_profile_get(name, job->plan.gpus_per_node, out, err);
 }
+
+void hp_device_profile_links(const hp_device_profile *p, const hp_job *job, hp_link_class *link) {
+    int64_t stride = 1;
+    for (int i = job->plan.n_mesh - 1; i >= 0; i--) {
+        int64_t span = stride * job->plan.mesh[i].size;
+        if (!strcmp(p->name, "cpu"))
+            link[i] = p->intra;
+        else if (p->gpus_per_node > 0)
+            link[i] = span <= p->gpus_per_node ? p->intra : p->inter;
+        else
+            link[i] = job->plan.mesh[i].link;
+        stride = span;
+    }
+}

@@ -44,6 +44,12 @@ hp_status hp_device_profile_get(const char *name, int gpus_per_node, hp_device_p
  * "cpu" for a cpu one; gpus_per_node from the plan. */
 hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, hp_err *err);
 
+/* The link class of each of job's mesh dims on profile p: with gpus_per_node, a dim is
+ * intra-node when its ranks (row-major, the last dim fastest) fit in one node, else
+ * inter-node; the cpu profile's probed shm link for every dim; without gpus_per_node, the
+ * plan's own figures. link[job->plan.n_mesh]. */
+void hp_device_profile_links(const hp_device_profile *p, const hp_job *job, hp_link_class *link);
+
 /* The cpu probe's cache ($XDG_CACHE_HOME/hp, else ~/.cache/hp; one file per CPU model):
  * read into *out (HP_NOT_FOUND when absent or unreadable), or written (atomically). */
 hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err);

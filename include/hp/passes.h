@@ -148,13 +148,16 @@ typedef struct hp_memory_report {
 
 /* The cost model's estimate for one step of one rank, with its stated assumptions. */
 typedef struct hp_cost_estimate {
-    double compute_s;      /* FLOPs / (peak * efficiency) */
+    double compute_s;      /* sum over kernels of the roofline on the device profile */
     double comm_s;         /* sum over collectives of latency + bytes / bandwidth */
     double exposed_comm_s; /* comm not hidden behind compute, given the schedule */
-    double step_s;         /* compute + exposed comm */
+    double optimizer_s;    /* AdamW over the local parameters, at memory bandwidth */
+    double step_s;         /* compute + exposed comm + optimizer */
     double flops;          /* per step per rank */
-    double peak_flops, efficiency;
-    double bandwidth, latency; /* of the mesh's dp link */
+    double peak_flops, efficiency, mem_bw; /* of the device profile */
+    double bandwidth, latency;             /* of the mesh's dp link */
+    char profile[16];                      /* the profile's name (hp/autoshard.h) */
+    bool profile_measured;                 /* cpu: probed on this machine */
 } hp_cost_estimate;
 
 typedef struct hp_compiled {
