@@ -1,8 +1,8 @@
 /* The rank runtime end to end: the executor on the cpu backend computes what the reference
- * evaluator computes (in f32, and in bf16 under the mixed-precision policy); training matches PyTorch's AdamW run step for step; a resumed run
- * equals an uninterrupted one bit for bit; the debugmodel's loss falls on the built-in corpus;
- * a backend whose memory the host cannot see (staged I/O) trains the same bits; a cuda job
- * without CUDA is refused. */
+ * evaluator computes (in f32, and in bf16 under the mixed-precision policy); training matches
+ * PyTorch's AdamW run step for step; a resumed run equals an uninterrupted one bit for bit; the
+ * debugmodel's loss falls on the built-in corpus; a backend whose memory the host cannot see
+ * (staged I/O) trains the same bits; a cuda job without CUDA is refused. */
 #include "hp/data.h"
 #include "hp/device.h"
 #include "hp/eval.h"
@@ -161,8 +161,8 @@ Test(train, executor_matches_reference_evaluator) {
 }
 
 /* Under the bf16 policy both round every bf16 node's output to bf16; they differ in computing
- * in f32 (kernels) vs f64 (evaluator), which flips an occasional rounding (measured: the loss equal to 9
- * digits, gradients within 0.7% of their largest element). */
+ * in f32 (kernels) vs f64 (evaluator), which flips an occasional rounding (measured: the loss equal
+ * to 9 digits, gradients within 0.7% of their largest element). */
 Test(train, bf16_executor_matches_reference_evaluator) {
     exec_vs_eval(true, 1e-3, 2e-2);
 }
