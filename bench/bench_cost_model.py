@@ -8,8 +8,9 @@ median step time of `hp-worker --standalone` (steps after the first two), and th
 
     python3 bench/bench_cost_model.py [--build build] [--batch 4 --seq 256 --steps 8 --threads 1]
 
-Ranks share this machine's cores: with --threads T each rank runs T compute threads, and the
-profile is probed with T threads too.
+Ranks share this machine's cores (hp-worker splits them; the cost model prices each rank at its
+share of the host's probed peak and memory bandwidth). --threads T pins each rank's threads and
+probes with T.
 """
 import argparse
 import json
@@ -41,11 +42,13 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0, help="0: hp-worker's default (the cores, "
+                    "split between the ranks)")
     a = ap.parse_args()
     hpctl = os.path.join(a.build, "client", "hpctl")
     worker = os.path.join(a.build, "worker", "hp-worker")
-    print(run([worker, "--probe-profile", "--threads", str(a.threads)]).strip())
+    probe = [worker, "--probe-profile"] + (["--threads", str(a.threads)] if a.threads else [])
+    print(run(probe).strip())
     print(f"\n{'plan':<12} {'predicted':>10} {'measured':>10} {'ratio':>7}")
     worst = 0.0
     with tempfile.TemporaryDirectory() as tmp:
@@ -57,7 +60,9 @@ def main():
             predicted = plan["estimate"]["step_s"]
             world = plan["world"]
             out = job + ".out"
-            cmd = [worker, "--standalone", job, "--threads", str(a.threads), "--out", out]
+            cmd = [worker, "--standalone", job, "--out", out]
+            if a.threads:
+                cmd += ["--threads", str(a.threads)]
             if world > 1:
                 cmd += ["--world", str(world)]
             run(cmd)

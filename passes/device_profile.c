@@ -13,7 +13,8 @@
  * model:
  *     hp-cpu-profile 1 <peak_flops> <mem_bw> <shm_bw> <shm_latency> <kernel_s>
  * Without a cached probe the cpu profile is an assumed one (measured = false) and `hpctl plan`
- * says so.
+ * says so. The figures are the whole host's: the ranks of a job share it (--gpus-per-node
+ * ranks per host, else all of them), each priced at its share of the peak and bandwidth.
  */
 #include "hp/autoshard.h"
 
@@ -169,7 +170,17 @@ hp_status hp_device_profile_get(const char *name, int gpus_per_node, hp_device_p
 hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, hp_err *err) {
     const char *name = job->plan.device_profile;
     if (!name[0]) name = job->resources.device == HP_DEVICE_CUDA ? "h100" : "cpu";
-    return hp_device_profile_get(name, job->plan.gpus_per_node, out, err);
+    HP_TRY(hp_device_profile_get(name, job->plan.gpus_per_node, out, err));
+    /* the ranks of a cpu job share their host (hp-worker gives each its share of the cores):
+     * each gets its share of the host's peak and memory bandwidth */
+    int world = job->resources.world_size,
+        per_host = out->gpus_per_node > 0 ? out->gpus_per_node : world;
+    if (!strcmp(out->name, "cpu") && world > 1) {
+        int share = per_host < world ? per_host : world;
+        out->peak_flops /= share;
+        out->mem_bw /= share;
+    }
+    return HP_OK;
 }
 
 void hp_device_profile_links(const hp_device_profile *p, const hp_job *job, hp_link_class *link) {

@@ -41,7 +41,9 @@ hp_status hp_device_profile_get(const char *name, int gpus_per_node, hp_device_p
                                 hp_err *err);
 
 /* The profile a job is planned on: its plan's device_profile, else "h100" for a cuda job and
- * "cpu" for a cpu one; gpus_per_node from the plan. */
+ * "cpu" for a cpu one; gpus_per_node from the plan. A cpu profile is the host's: a rank of a
+ * multi-rank job gets its share of the peak and memory bandwidth (the ranks on one host,
+ * gpus_per_node of them or the whole world, share its cores). */
 hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, hp_err *err);
 
 /* The link class of each of job's mesh dims on profile p: with gpus_per_node, a dim is
