@@ -361,6 +361,17 @@ int main(int argc, char **argv) {
         }
     }
 
+    if (g_cur.gpus >= 0 && g_cur.launcher != HPD_LAUNCHER_LOCAL) {
+        fprintf(stderr,
+                "hpd: gpus %d: only the local launcher hands out GPUs; with --launcher %s its "
+                "scheduler places them (leave gpus unset)\n",
+                g_cur.gpus,
+                g_cur.launcher == HPD_LAUNCHER_SLURM     ? "slurm"
+                : g_cur.launcher == HPD_LAUNCHER_SYSTEMD ? "systemd"
+                                                         : "external");
+        return 2;
+    }
+
     char state[PATH_MAX];
     const char *env = getenv("HP_STATE_DIR"), *home = getenv("HOME");
     if (o.state_dir)

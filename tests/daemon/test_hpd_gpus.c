@@ -67,7 +67,7 @@ static void start_hpd(const char *const *extra) {
 /* A tiny Llama at dp=world on device cuda, written to g_dir/name. */
 static void new_cuda_job(const char *name, int world) {
     run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
-                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 --device cuda "
+                  "--ffn-hidden 96 --vocab 256 --batch 4 --seq 32 --steps 2 --device cuda "
                   "--mesh dp=%d -o %s/%s",
                   world, g_dir, name);
     cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
@@ -158,18 +158,26 @@ Test(hpd_gpus, by_default_hpd_counts_the_nvidia_devices) {
                              "GPU (--gpus)");
 }
 
-Test(hpd_gpus, a_bad_gpus_value_stops_the_start) {
-    char cmd[600], p[300];
+/* hpd ARGS must stop at the start with exit 2 and a stderr holding want. */
+static void expect_start_fails(const char *args, const char *want) {
+    char cmd[800], p[300];
     snprintf(p, sizeof p, "%s/bad.err", g_dir);
     snprintf(cmd, sizeof cmd,
              "timeout 30 %s/daemon/hpd --listen 127.0.0.1:0 --worker-listen 127.0.0.1:0 "
-             "--http off --gpus -2 >/dev/null 2>%s",
-             hp_th_binary_dir(), p);
+             "--http off %s >/dev/null 2>%s",
+             hp_th_binary_dir(), args, p);
     int st = system(cmd);
-    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "exit status %d", st);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 2, "%s: exit status %d", args, st);
     char *err = hp_th_slurp_or_empty(p);
-    cr_expect(strstr(err, "gpus: '-2' must be an integer in [0, 4096]"), "stderr: %s", err);
+    cr_expect(strstr(err, want), "%s: stderr: %s", args, err);
     free(err);
+}
+
+Test(hpd_gpus, a_bad_gpus_value_or_gpus_with_another_launcher_stops_the_start) {
+    expect_start_fails("--gpus -2", "gpus: '-2' must be an integer in [0, 4096]");
+    expect_start_fails("--gpus 2 --launcher external",
+                       "hpd: gpus 2: only the local launcher hands out GPUs; with --launcher "
+                       "external its scheduler places them (leave gpus unset)");
 }
 
 /* ---- where hpd accepts cuda jobs (a CUDA build) ------------------------------------------ */
@@ -214,11 +222,34 @@ static bool wait_seen(const char *id, int r, int seconds) {
     return false;
 }
 
+/* hpd's stderr and rank 0's log of job id, for a failure's message (leaks: the test ends). */
+static char *hpd_log(const char *id) {
+    char p[400], *buf = malloc(1 << 20);
+    cr_assert(buf);
+    snprintf(p, sizeof p, "%s/hpd.err", g_dir);
+    char *h = hp_th_slurp_or_empty(p);
+    snprintf(p, sizeof p, "%s/state/jobs/%s/rank-0.log", g_dir, id);
+    char *r = hp_th_slurp_or_empty(p);
+    snprintf(buf, 1 << 20, "%s\nrank 0's log:\n%s", h, r);
+    free(h), free(r);
+    return buf;
+}
+
+/* Lets job id's stand-in ranks exit. */
+static void release(const char *id) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/release-%s", g_dir, id);
+    FILE *f = fopen(p, "w");
+    cr_assert(f);
+    fclose(f);
+}
+
 Test(hpd_gpus, cuda_ranks_get_their_gpus_and_the_next_job_waits_for_them) {
     if (hp_device_built(HP_DEVICE_CUDA, NULL) != HP_OK)
         cr_skip_test("this build has no CUDA: hpd refuses cuda jobs before they are scheduled");
-    /* The stand-in worker records "RANK CUDA_VISIBLE_DEVICES", then waits for g_dir/release
-     * (60 s at most) and fails: the job ends FAILED (max_restarts 0) and gives its GPUs back. */
+    /* The stand-in worker records "RANK CUDA_VISIBLE_DEVICES", then waits for
+     * g_dir/release-JOB (60 s at most) and fails: the job ends FAILED (max_restarts 0) and gives
+     * its GPUs back. */
     char script[300];
     snprintf(script, sizeof script, "%s/worker.sh", g_dir);
     FILE *f = fopen(script, "w");
@@ -227,7 +258,7 @@ Test(hpd_gpus, cuda_ranks_get_their_gpus_and_the_next_job_waits_for_them) {
             "#!/bin/sh\n"
             "echo \"$6 ${CUDA_VISIBLE_DEVICES-unset}\" > \"%s/seen-$4-$6.tmp\"\n"
             "mv \"%s/seen-$4-$6.tmp\" \"%s/seen-$4-$6\"\n"
-            "i=0; while [ ! -e '%s/release' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); "
+            "i=0; while [ ! -e \"%s/release-$4\" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); "
             "done\n"
             "exit 1\n",
             g_dir, g_dir, g_dir, g_dir);
@@ -238,7 +269,8 @@ Test(hpd_gpus, cuda_ranks_get_their_gpus_and_the_next_job_waits_for_them) {
     new_cuda_job("two.pb", 2);
     char *a = hp_th_hpctl_submit(g_dir, "two.pb");
     char *b = hp_th_hpctl_submit(g_dir, "two.pb");
-    cr_assert(wait_seen(a, 0, 60) && wait_seen(a, 1, 60), "job %s's ranks did not start", a);
+    cr_assert(wait_seen(a, 0, 60) && wait_seen(a, 1, 60), "job %s's ranks did not start: %s", a,
+              hpd_log(a));
     char *s0 = seen(a, 0), *s1 = seen(a, 1);
     cr_expect_str_eq(s0, "0 0\n");
     cr_expect_str_eq(s1, "1 1\n");
@@ -247,17 +279,15 @@ Test(hpd_gpus, cuda_ranks_get_their_gpus_and_the_next_job_waits_for_them) {
     char *sb = state_of(b);
     cr_expect_str_eq(sb, "QUEUED");
     free(sb);
-    char rel[300];
-    snprintf(rel, sizeof rel, "%s/release", g_dir);
-    FILE *r = fopen(rel, "w");
-    cr_assert(r);
-    fclose(r);
+    release(a);
     cr_expect(wait_state(a, "FAILED", 60), "job %s did not end", a);
-    cr_assert(wait_seen(b, 0, 60) && wait_seen(b, 1, 60), "job %s's ranks did not start", b);
+    cr_assert(wait_seen(b, 0, 60) && wait_seen(b, 1, 60), "job %s's ranks did not start: %s", b,
+              hpd_log(b));
     s0 = seen(b, 0), s1 = seen(b, 1);
     cr_expect_str_eq(s0, "0 0\n");
     cr_expect_str_eq(s1, "1 1\n");
     free(s0), free(s1);
+    release(b);
     cr_expect(wait_state(b, "FAILED", 60), "job %s did not end", b);
     free(a), free(b);
 }
