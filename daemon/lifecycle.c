@@ -1,8 +1,8 @@
-/* daemon/lifecycle.c — a job's life after submit: the FIFO scheduler over the slots, compile,
- * launch (one rank per slot through the launcher), the worker protocol's meaning (hello →
- * Welcome, heartbeats, metrics, logs, done), failure detection (exit status, lost connection,
- * missed heartbeats) and restarts from the last checkpoint. Every state change goes through
- * hp__transition (committed before acted on). Loop thread only.
+/* daemon/lifecycle.c — a job's life after submit: the FIFO scheduler over the slots (and a cuda
+ * job's GPUs, hp__core_fits), compile, launch (one rank per slot through the launcher), the worker
+ * protocol's meaning (hello → Welcome, heartbeats, metrics, logs, done), failure detection (exit
+ * status, lost connection, missed heartbeats) and restarts from the last checkpoint. Every state
+ * change goes through hp__transition (committed before acted on). Loop thread only.
  */
 #include "daemon/core.h"
 #include "daemon/jobsm.h"
