@@ -56,6 +56,7 @@ typedef struct hpd_settings {
     char worker[HPD_VALUE_MAX]; /* "": the launcher's default */
     char log_level[8];
     int slots;               /* 0: the CPUs (main decides) */
+    int gpus;                /* -1: the /dev/nvidiaN devices (main decides) */
     int heartbeat_ms;        /* 0: 1000 */
     int metrics_retention_s; /* finished jobs stay in /metrics this long (default 600) */
     hpd_on_sigterm on_sigterm;

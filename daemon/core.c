@@ -132,6 +132,7 @@ static void job_free(hpd_job *j) {
     hp_free(j->packed);
     hp_compiled_free(j->compiled);
     hp_free(j->ranks);
+    hp_free(j->gpu_ids);
     hp_free(j);
 }
 
@@ -317,13 +318,47 @@ hp_status hp__transition(hpd *d, hpd_job *j, int ev, const char *reason, const c
     if (changed || restarts != j->v.restarts) snprintf(j->v.error, sizeof j->v.error, "%s", e);
     j->v.restarts = restarts;
     j->v.updated_unix_s = hp__unix_s();
-    if (hpd_sm_is_final(to) && j->holds_slots) {
-        j->holds_slots = false;
-        d->slots_used -= j->v.world_size;
-    }
+    if (hpd_sm_is_final(to)) hp__core_release(d, j);
     hp__obs_job_changed(j);
     if (changed) hp__emit_state(d, j);
     return HP_OK;
+}
+
+static bool counts_gpus(const hpd *d, const hpd_job *j) {
+    return j->cuda && d->gpus >= 0;
+}
+
+bool hp__core_fits(const hpd *d, const hpd_job *j) {
+    if (d->slots_used + j->v.world_size > d->slots) return false;
+    return !counts_gpus(d, j) || d->gpus_used + j->v.world_size <= d->gpus;
+}
+
+bool hp__core_hold(hpd *d, hpd_job *j) {
+    if (counts_gpus(d, j)) {
+        if (d->gpus_used + j->v.world_size > d->gpus) return false;
+        j->gpu_ids = hp_calloc((size_t)j->v.world_size, sizeof *j->gpu_ids);
+        if (!j->gpu_ids) return false;
+        for (int g = 0, r = 0; g < d->gpus && r < j->v.world_size; g++)
+            if (!d->gpu_busy[g]) {
+                d->gpu_busy[g] = 1;
+                j->gpu_ids[r++] = g;
+            }
+        d->gpus_used += j->v.world_size;
+    }
+    j->holds_slots = true;
+    d->slots_used += j->v.world_size;
+    return true;
+}
+
+void hp__core_release(hpd *d, hpd_job *j) {
+    if (!j->holds_slots) return;
+    j->holds_slots = false;
+    d->slots_used -= j->v.world_size;
+    if (!j->gpu_ids) return;
+    for (int r = 0; r < j->v.world_size; r++) d->gpu_busy[j->gpu_ids[r]] = 0;
+    d->gpus_used -= j->v.world_size;
+    hp_free(j->gpu_ids);
+    j->gpu_ids = NULL;
 }
 
 /* ---- the API ------------------------------------------------------------------------------ */
@@ -358,16 +393,31 @@ static hp_status submit_dup(hpd *d, const char *request_id, hpd_job_view *out, b
     return HP_OK;
 }
 
+/* The job's ranks against hpd's slots and, for a cuda job, its GPUs (gpus -1: not counted). */
+static hp_status submit_fits(const hp_job *job, int slots, int gpus, hp_err *err) {
+    int world = job->resources.world_size;
+    if (world > slots)
+        return hp_errf(err, HP_INVALID,
+                       "resources.world_size: %d ranks exceed the coordinator's %d slots", world,
+                       slots);
+    if (job->resources.device != HP_DEVICE_CUDA || gpus < 0 || world <= gpus) return HP_OK;
+    if (gpus == 0)
+        return hp_errf(err, HP_INVALID,
+                       "resources: a cuda job of %d ranks needs %d GPUs; this hpd sees no GPU "
+                       "(--gpus)",
+                       world, world);
+    return hp_errf(err, HP_INVALID,
+                   "resources: a cuda job of %d ranks needs %d GPUs; this hpd has %d (--gpus)",
+                   world, world, gpus);
+}
+
 /* Decodes the job, checks that its device can run here, and compiles it at its world size
  * (any thread: touches no hpd state). *job is the caller's to free, whatever the result. */
-static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, hp_job **job,
-                                 hp_err *err) {
+static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, int gpus,
+                                 hp_job **job, hp_err *err) {
     *job = NULL;
     HP_TRY(hp_job_unpack(bytes, len, job, err));
-    if ((*job)->resources.world_size > slots)
-        return hp_errf(err, HP_INVALID,
-                       "resources.world_size: %d ranks exceed the coordinator's %d slots",
-                       (*job)->resources.world_size, slots);
+    HP_TRY(submit_fits(*job, slots, gpus, err));
     /* The workers are this build's hp-worker (the local launcher starts it): a device it has
      * no backend for is refused now, not after a launch, and never run on the CPU. */
     HP_TRY(hp_device_built((*job)->resources.device, err));
@@ -423,7 +473,7 @@ hp_status hpd_submit(hpd *d, const uint8_t *bytes, size_t len, const char *reque
     HP_TRY(submit_dup(d, request_id, out, &found, err));
     if (found) return HP_OK;
     hp_job *job = NULL;
-    hp_status st = submit_validate(bytes, len, d->slots, &job, err);
+    hp_status st = submit_validate(bytes, len, d->slots, d->gpus, &job, err);
     if (st == HP_OK) st = submit_commit(d, bytes, len, request_id, job, out, err);
     hp_job_free(job);
     return st;
@@ -435,7 +485,7 @@ struct hpd_submit_req {
     uint8_t *bytes;
     size_t len;
     char request_id[64];
-    int slots;
+    int slots, gpus;
     hpd_submit_fn fn; /* NULL: cancelled */
     void *ctx;
     hp_job *job;
@@ -445,7 +495,7 @@ struct hpd_submit_req {
 
 static void submit_work(uv_work_t *w) { /* a pool thread */
     hpd_submit_req *r = w->data;
-    r->st = submit_validate(r->bytes, r->len, r->slots, &r->job, &r->err);
+    r->st = submit_validate(r->bytes, r->len, r->slots, r->gpus, &r->job, &r->err);
 }
 
 static void submit_after(uv_work_t *w, int status) { /* the loop */
@@ -459,10 +509,7 @@ static void submit_after(uv_work_t *w, int status) { /* the loop */
         st = hp_errf(&r->err, HP_LIMIT, "the coordinator is shutting down");
     /* What may have changed while it compiled: a twin committed, fewer slots. */
     if (st == HP_OK) st = submit_dup(d, r->request_id, &v, &found, &r->err);
-    if (st == HP_OK && !found && r->job->resources.world_size > d->slots)
-        st = hp_errf(&r->err, HP_INVALID,
-                     "resources.world_size: %d ranks exceed the coordinator's %d slots",
-                     r->job->resources.world_size, d->slots);
+    if (st == HP_OK && !found) st = submit_fits(r->job, d->slots, d->gpus, &r->err);
     /* A client that went away still gets its job (a retry with its request_id finds it). */
     if (st == HP_OK && !found)
         st = submit_commit(d, r->bytes, r->len, r->request_id, r->job, &v, &r->err);
@@ -491,8 +538,13 @@ hp_status hpd_submit_async(hpd *d, const uint8_t *bytes, size_t len, const char 
         return hp_errf(err, HP_NOMEM, "out of memory");
     }
     memcpy(copy, bytes, len);
-    *r = (hpd_submit_req){
-        .d = d, .bytes = copy, .len = len, .slots = d->slots, .fn = fn, .ctx = ctx};
+    *r = (hpd_submit_req){.d = d,
+                          .bytes = copy,
+                          .len = len,
+                          .slots = d->slots,
+                          .gpus = d->gpus,
+                          .fn = fn,
+                          .ctx = ctx};
     snprintf(r->request_id, sizeof r->request_id, "%s", request_id ? request_id : "");
     r->work.data = r;
     int rc = uv_queue_work(d->loop, &r->work, submit_work, submit_after);
@@ -785,9 +837,16 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
     if (!d) return hp_errf(err, HP_NOMEM, "out of memory");
     d->loop = loop;
     d->slots = cfg->slots > 0 ? cfg->slots : 1;
+    d->gpus = cfg->launcher == HPD_LAUNCHER_LOCAL ? (cfg->gpus > 0 ? cfg->gpus : 0) : -1;
+    d->gpu_busy = hp_calloc(d->gpus > 0 ? (size_t)d->gpus : 1, 1);
+    if (!d->gpu_busy) {
+        hp_free(d);
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    }
     d->heartbeat_ms = cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : 1000;
     d->on_sigterm = cfg->on_sigterm;
     if (strlen(cfg->state_dir) > 900) {
+        hp_free(d->gpu_busy);
         hp_free(d);
         return hp_errf(err, HP_INVALID, "state dir: longer than 900 bytes");
     }
@@ -817,8 +876,11 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
             continue;
         }
         if (j->v.state == HP__V1__JOB_STATE__JOB_STATE_RESTARTING) {
-            j->holds_slots = true;
-            d->slots_used += j->v.world_size;
+            /* Its next attempt's launch fails (and the restart count decides) when the GPUs
+             * it held are no longer there (--gpus went down). */
+            if (!hp__core_hold(d, j))
+                hp__log("error", "event=recover_hold_failed job=%s world=%d gpus=%d", j->v.id,
+                        j->v.world_size, d->gpus);
             adopt(d, j);
         }
         hp__log("info", "event=recovered job=%s state=%s restarts=%d", j->v.id,
@@ -892,5 +954,6 @@ void hpd_free(hpd *d) {
         job_free(j);
     }
     hp__obs_free(d->obs);
+    hp_free(d->gpu_busy);
     hp_free(d);
 }

@@ -44,6 +44,7 @@ typedef struct hpd_job {
     int attempt;
     uint64_t launched_ms, stop_ms; /* stop_ms: when the attempt was told to stop (0: not) */
     bool holds_slots;
+    int *gpu_ids;      /* [v.world_size]: the GPUs rank r runs on, while holds_slots (NULL: none) */
     bool step_dirty;   /* v.step not yet in the store: hp__core_flush_steps writes it */
     int64_t ckpt_step; /* the newest checkpoint every rank reported (CheckpointDone); 0: none */
     int heartbeat_ms;  /* the interval this attempt's Welcome gave (SIGHUP may change d's) */
@@ -64,6 +65,8 @@ struct hpd {
     char worker_addr[300]; /* "HOST:PORT" the workers dial (--advertise) */
     int launch_timeout_ms; /* LAUNCHING longer than this fails the attempt */
     int slots, slots_used;
+    int gpus, gpus_used;     /* gpus -1: not counted (a launcher other than local places them) */
+    unsigned char *gpu_busy; /* [gpus] */
     int heartbeat_ms;
     int on_sigterm; /* hpd_on_sigterm (config.h): what hpd_shutdown does with running jobs */
     bool stopping;
@@ -83,6 +86,7 @@ struct hpd {
 typedef struct hpd_config {
     const char *state_dir;
     int slots;
+    int gpus;                 /* the local launcher's GPUs (other launchers: not counted) */
     const char *worker_path;  /* NULL: the launcher's default */
     int heartbeat_ms;         /* 0: 1000 */
     int on_sigterm;           /* hpd_on_sigterm (config.h); 0: checkpoint */
@@ -117,6 +121,14 @@ void hp__core_conn_lost(hpd *d, hpd_job *j, int attempt, int rank);
 void hp__core_flush_steps(hpd *d);
 
 /* Shared between core.c and lifecycle.c. */
+/* The scheduler's test: j's ranks fit in the free slots and, for a cuda job whose GPUs hpd
+ * counts, in the free GPUs. */
+bool hp__core_fits(const hpd *d, const hpd_job *j);
+/* Takes j's slots and GPUs (the lowest free indices, rank order). false: out of memory or
+ * too few free GPUs; nothing taken. They go back when j reaches a final state (hp__transition). */
+bool hp__core_hold(hpd *d, hpd_job *j);
+/* Gives back what hp__core_hold took (no-op when j holds nothing). */
+void hp__core_release(hpd *d, hpd_job *j);
 hpd_job *hp__job_find(hpd *d, const char *id);
 /* Applies event ev (an hpd_sm_event) to j: commits the transition (and the restart count) to
  * the store, then updates memory and tells watchers. error: the job's error text (NULL: the

@@ -123,6 +123,12 @@ void http_prom(hpd_http *h, const hpd_snap *s, http_reply *r) {
     sb_printf(&b, "hp_slots %d\n", s->slots);
     family(&b, "hp_slots_used", "gauge", "Ranks of running jobs.");
     sb_printf(&b, "hp_slots_used %d\n", s->slots_used);
+    if (s->gpus >= 0) { /* the local launcher's (the others place GPUs themselves) */
+        family(&b, "hp_gpus", "gauge", "GPUs hpd hands to cuda ranks (--gpus).");
+        sb_printf(&b, "hp_gpus %d\n", s->gpus);
+        family(&b, "hp_gpus_used", "gauge", "GPUs held by running cuda jobs.");
+        sb_printf(&b, "hp_gpus_used %d\n", s->gpus_used);
+    }
     family(&b, "hp_watch_streams", "gauge", "Open WatchJob streams.");
     sb_printf(&b, "hp_watch_streams %d\n", s->watches);
     family(&b, "hp_metrics_records_total", "counter",

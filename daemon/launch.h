@@ -38,6 +38,7 @@ typedef struct hpd_attempt_spec {
     const char *attempt_dir; /* job_dir/attempt-N: the launcher's own files (scripts, exits) */
     bool cuda;               /* the job runs on GPUs: one GPU per rank */
     int gpus_per_node;       /* cuda: ranks per node */
+    const int *gpu_ids;      /* cuda, local launcher: [world], rank r's GPU (NULL: not placed) */
 } hpd_attempt_spec;
 
 /* Status of a rank whose end the launcher saw but whose own exit code it could not learn
@@ -93,7 +94,8 @@ void hpd_launcher_worker_path(const char *worker_path, char *out, size_t len);
 
 /* The local launcher: spawns `worker --coordinator C --job ID --rank R` (the token in
  * $HP_TOKEN_FILE) in its own process group (UV_PROCESS_DETACHED), stdout and stderr appended
- * to job_dir/rank-R.log. */
+ * to job_dir/rank-R.log. A cuda attempt's rank R sees only its GPU: CUDA_VISIBLE_DEVICES is
+ * gpu_ids[R] (an attempt without gpu_ids is refused). */
 hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path,
                                  hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
                                  hp_err *err);

@@ -128,12 +128,28 @@ static void local_stop(hpd_launcher *base, const char *job_id, int attempt, int 
 static hp_status local_start(hpd_launcher *base, const hpd_attempt_spec *s, hp_err *err) {
     local *l = (local *)base;
     /* $HP_TOKEN (hpctl's bearer token, say) would win over the file in hp-worker */
-    const char *add[] = {"HP_TOKEN_FILE", s->token_file, "HP_TOKEN", NULL, NULL};
-    char **env = hpd_cmd_env(add);
-    if (!env) return hp_errf(err, HP_NOMEM, "out of memory");
+    if (s->cuda && !s->gpu_ids)
+        return hp_errf(err, HP_STATE, "job %s: a cuda attempt with no GPUs allocated", s->job_id);
     hp_status st = HP_OK;
-    for (int r = 0; r < s->world && st == HP_OK; r++) st = start_rank(l, s, r, env, err);
-    hpd_cmd_env_free(env);
+    for (int r = 0; r < s->world && st == HP_OK; r++) {
+        /* cuda: CUDA_VISIBLE_DEVICES is rank r's GPU (a cpu job's env is left as it is). */
+        char gpu[16];
+        snprintf(gpu, sizeof gpu, "%d", s->cuda ? s->gpu_ids[r] : 0);
+        const char *add[] = {"HP_TOKEN_FILE",
+                             s->token_file,
+                             "HP_TOKEN",
+                             NULL,
+                             s->cuda ? "CUDA_VISIBLE_DEVICES" : NULL,
+                             gpu,
+                             NULL};
+        char **env = hpd_cmd_env(add);
+        if (!env) {
+            st = hp_errf(err, HP_NOMEM, "out of memory");
+            break;
+        }
+        st = start_rank(l, s, r, env, err);
+        hpd_cmd_env_free(env);
+    }
     if (st != HP_OK) { /* nothing of a failed start stays behind */
         local_stop(base, s->job_id, s->attempt, SIGKILL);
         for (proc *p = l->procs; p; p = p->next)

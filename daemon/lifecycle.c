@@ -1,8 +1,8 @@
-/* daemon/lifecycle.c — a job's life after submit: the FIFO scheduler over the slots, compile,
- * launch (one rank per slot through the launcher), the worker protocol's meaning (hello →
- * Welcome, heartbeats, metrics, logs, done), failure detection (exit status, lost connection,
- * missed heartbeats) and restarts from the last checkpoint. Every state change goes through
- * hp__transition (committed before acted on). Loop thread only.
+/* daemon/lifecycle.c — a job's life after submit: the FIFO scheduler over the slots (and a cuda
+ * job's GPUs, hp__core_fits), compile, launch (one rank per slot through the launcher), the worker
+ * protocol's meaning (hello → Welcome, heartbeats, metrics, logs, done), failure detection (exit
+ * status, lost connection, missed heartbeats) and restarts from the last checkpoint. Every state
+ * change goes through hp__transition (committed before acted on). Loop thread only.
  */
 #include "daemon/core.h"
 #include "daemon/jobsm.h"
@@ -198,7 +198,8 @@ static void launch(hpd *d, hpd_job *j) {
                               .job_dir = job_dir,
                               .attempt_dir = att_dir,
                               .cuda = j->cuda,
-                              .gpus_per_node = j->gpus_per_node};
+                              .gpus_per_node = j->gpus_per_node,
+                              .gpu_ids = j->gpu_ids};
         st = d->launcher->vt->start(d->launcher, &s, &e);
         for (int r = 0; st == HP_OK && r < j->v.world_size; r++)
             j->ranks[r].proc = !d->launcher->vt->register_only;
@@ -268,10 +269,10 @@ static void start_job(hpd *d, hpd_job *j) {
         log_err("transition_failed", j, &e);
         return;
     }
-    j->holds_slots = true;
-    d->slots_used += j->v.world_size;
-    compile_work *w = hp_calloc(1, sizeof *w);
     int rc = UV_ENOMEM;
+    compile_work *w = NULL;
+    /* It fits (the tick's test): only memory can fail the hold. */
+    if (hp__core_hold(d, j)) w = hp_calloc(1, sizeof *w);
     if (w) {
         *w = (compile_work){.d = d, .j = j, .world = j->v.world_size};
         w->req.data = w;
@@ -349,7 +350,7 @@ void hp__core_tick(hpd *d) {
     /* FIFO: the oldest queued job first; a job that does not fit holds the line. */
     for (hpd_job *j = d->jobs; j; j = j->next) {
         if (j->v.state != ST_QUEUED) continue;
-        if (d->slots_used + j->v.world_size > d->slots) break;
+        if (!hp__core_fits(d, j)) break;
         start_job(d, j);
     }
 }

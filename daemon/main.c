@@ -13,6 +13,7 @@
 #include "daemon/rpc.h"
 #include "daemon/sdnotify.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -205,6 +206,22 @@ static int load_token(const char *dir, char out[65]) {
     return 0;
 }
 
+/* The GPUs this host has: its /dev/nvidiaN device nodes (no CUDA linkage in hpd). */
+static int count_gpus(void) {
+    DIR *dir = opendir("/dev");
+    if (!dir) return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dir));) {
+        const char *p = e->d_name;
+        if (strncmp(p, "nvidia", 6) != 0 || !p[6]) continue;
+        p += 6;
+        while (*p >= '0' && *p <= '9') p++;
+        n += *p == 0;
+    }
+    closedir(dir);
+    return n;
+}
+
 static bool wildcard_host(const char *h) {
     return !*h || !strcmp(h, "0.0.0.0") || !strcmp(h, "[::]") || !strcmp(h, "::") ||
            !strcmp(h, "*");
@@ -344,6 +361,17 @@ int main(int argc, char **argv) {
         }
     }
 
+    if (g_cur.gpus >= 0 && g_cur.launcher != HPD_LAUNCHER_LOCAL) {
+        fprintf(stderr,
+                "hpd: gpus %d: only the local launcher hands out GPUs; with --launcher %s its "
+                "scheduler places them (leave gpus unset)\n",
+                g_cur.gpus,
+                g_cur.launcher == HPD_LAUNCHER_SLURM     ? "slurm"
+                : g_cur.launcher == HPD_LAUNCHER_SYSTEMD ? "systemd"
+                                                         : "external");
+        return 2;
+    }
+
     char state[PATH_MAX];
     const char *env = getenv("HP_STATE_DIR"), *home = getenv("HOME");
     if (o.state_dir)
@@ -380,6 +408,7 @@ int main(int argc, char **argv) {
     hpd_config cfg = {
         .state_dir = state,
         .slots = o.slots,
+        .gpus = g_cur.gpus >= 0 ? g_cur.gpus : count_gpus(),
         .worker_path = o.worker,
         .heartbeat_ms = g_cur.heartbeat_ms > 0 ? g_cur.heartbeat_ms : g_hb_env,
         .on_sigterm = (int)g_cur.on_sigterm,
@@ -482,10 +511,10 @@ int main(int argc, char **argv) {
            d->worker_addr, state, http_addr, d->launcher->vt->name);
     fflush(stdout);
     hp__log("info",
-            "event=ready grpc=%s:%d workers=%s worker_bind=%s:%d state=%s slots=%d launcher=%s "
-            "version=%s",
-            ghost, gport, d->worker_addr, whost, wport, state, d->slots, d->launcher->vt->name,
-            HPD_VERSION);
+            "event=ready grpc=%s:%d workers=%s worker_bind=%s:%d state=%s slots=%d gpus=%d "
+            "launcher=%s version=%s",
+            ghost, gport, d->worker_addr, whost, wport, state, d->slots, d->gpus,
+            d->launcher->vt->name, HPD_VERSION);
     char ready[800];
     snprintf(ready, sizeof ready, "READY=1\nSTATUS=listening grpc=%s:%d workers=%s\nMAINPID=%ld",
              ghost, gport, d->worker_addr, (long)getpid());

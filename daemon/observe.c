@@ -226,7 +226,7 @@ void hp__obs_publish(hpd *d) {
     }
     pthread_mutex_lock(&o->mu);
     bool same = o->cur && o->cur->n_jobs == d->n_jobs && !changed && o->cur->slots == d->slots &&
-                o->cur->slots_used == d->slots_used &&
+                o->cur->slots_used == d->slots_used && o->cur->gpus_used == d->gpus_used &&
                 o->cur->metrics_records_total == d->metrics_records_total &&
                 o->cur->watches == d->n_watches;
     pthread_mutex_unlock(&o->mu);
@@ -248,6 +248,8 @@ void hp__obs_publish(hpd *d) {
     s->metrics_records_total = d->metrics_records_total;
     s->slots = d->slots;
     s->slots_used = d->slots_used;
+    s->gpus = d->gpus;
+    s->gpus_used = d->gpus_used;
     s->watches = d->n_watches;
     pthread_mutex_lock(&o->mu);
     hpd_snap *old = o->cur;

@@ -62,6 +62,7 @@ typedef struct hpd_snap {
     hpd_snap_job **jobs; /* oldest first */
     int64_t metrics_records_total;
     int slots, slots_used, watches;
+    int gpus, gpus_used; /* gpus -1: not counted (a launcher other than local) */
 } hpd_snap;
 
 /* ---- loop side ---- */

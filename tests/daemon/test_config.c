@@ -22,6 +22,7 @@ Test(config, defaults) {
     cr_expect_str_eq(s.log_level, "info");
     cr_expect_str_eq(s.state_dir, "");
     cr_expect_eq(s.slots, 0);
+    cr_expect_eq(s.gpus, -1, "unset: main counts /dev/nvidiaN");
     cr_expect_eq(s.heartbeat_ms, 0);
     cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CHECKPOINT);
     cr_expect_eq(s.launcher, HPD_LAUNCHER_LOCAL);
@@ -37,6 +38,7 @@ Test(config, good_file_every_key) {
                        "worker-listen=127.0.0.1:9001\n"
                        "  state-dir =   /var/lib/hp  \n"
                        "slots = 4   # four CPUs\n"
+                       "gpus = 0\n"
                        "log-level = debug\r\n"
                        "http = [::1]:7072\n"
                        "tls-cert = /etc/hp/cert#1.pem\n"
@@ -69,6 +71,7 @@ Test(config, good_file_every_key) {
     cr_expect_str_eq(s.worker_listen, "127.0.0.1:9001");
     cr_expect_str_eq(s.state_dir, "/var/lib/hp");
     cr_expect_eq(s.slots, 4);
+    cr_expect_eq(s.gpus, 0, "0 is a value (no GPU), not unset");
     cr_expect_str_eq(s.log_level, "debug");
     cr_expect_str_eq(s.http, "[::1]:7072");
     cr_expect_str_eq(s.tls_cert, "/etc/hp/cert#1.pem", "a '#' inside a value is kept");

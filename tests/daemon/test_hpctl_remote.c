@@ -46,7 +46,9 @@ static void new_job(const char *name, int steps) {
 }
 
 static hp_th_hpd g_h = {.pid = -1};
-static const char *const k_hpd_args[] = {"--http", "127.0.0.1:0", "--slots", "2", NULL};
+/* --gpus 1: a cuda job gets past the GPU count to the build's own refusal (no CUDA). */
+static const char *const k_hpd_args[] = {"--http", "127.0.0.1:0", "--slots", "2",
+                                         "--gpus", "1",           NULL};
 
 static void start_hpd(void) {
     const char *b = getenv("HP_BINARY_DIR");
