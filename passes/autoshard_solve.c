@@ -432,7 +432,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                         l0 = lam;
                     } else {
                         l0 = l1;
-                        l1 *= 4;
+                        l1 *= 16;
                     }
                     if (found && (l1 - l0) <= 1e-3 * l1) break;
                     if (best.feasible && best.cost - bound <= gap_want * best.cost) break;
