@@ -103,11 +103,6 @@ static int fsdp_dim(const hp_type *t, const hp_placement *row, int nd, int dp) {
     return -1;
 }
 
-/* The placement passes on the plan: each parameter takes the last constraint naming it (an
- * exact FQN or a glob), Replicate where none does; data inputs are split on dim 0 (the batch)
- * over the mesh dim named "dp"; buffers are replicated. A parameter the FSDP marks select is
- * stored Shard(fsdp_dim) on dp, and one a constraint places Shard on dp keeps that storage:
- * either is gathered before use (computed Replicate on dp), its gradient reduce-scattered. */
 /* plan.mode auto: the placements auto-sharding chooses (hp/autoshard.h), applied by spmd. */
 static hp_status pass_autoshard(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     hp_device_profile prof;
@@ -124,6 +119,11 @@ static hp_status pass_autoshard(const hp_graph *in, hp_pass_ctx *ctx, hp_graph *
     return HP_OK;
 }
 
+/* The placement passes on the plan: each parameter takes the last constraint naming it (an
+ * exact FQN or a glob), Replicate where none does; data inputs are split on dim 0 (the batch)
+ * over the mesh dim named "dp"; buffers are replicated. A parameter the FSDP marks select is
+ * stored Shard(fsdp_dim) on dp, and one a constraint places Shard on dp keeps that storage:
+ * either is gathered before use (computed Replicate on dp), its gradient reduce-scattered. */
 static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     const hp_plan *p = &ctx->job->plan;
     if (p->mode == HP_PLAN_AUTO) return pass_autoshard(in, ctx, out, err);
