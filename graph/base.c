@@ -490,3 +490,21 @@ char *hp_quote(char *dst, size_t n, const char *s, size_t max_in) {
     dst[o] = 0;
     return dst;
 }
+
+void hp_cpu_model(char *out, size_t len) {
+    snprintf(out, len, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        char *colon = strchr(line, ':');
+        if (!colon) continue;
+        char *s = colon + 1;
+        while (*s == ' ' || *s == '\t') s++;
+        size_t n = strcspn(s, "\n");
+        if (n > 0) snprintf(out, len, "%.*s", (int)n, s);
+        break;
+    }
+    fclose(f);
+}

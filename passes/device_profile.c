@@ -49,24 +49,6 @@ static uint64_t fnv1a(const char *s) {
     return h;
 }
 
-static void cpu_model(char *out, size_t len) {
-    snprintf(out, len, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) != 0) continue;
-        char *colon = strchr(line, ':');
-        if (!colon) continue;
-        char *s = colon + 1;
-        while (*s == ' ' || *s == '\t') s++;
-        size_t n = strcspn(s, "\n");
-        if (n > 0) snprintf(out, len, "%.*s", (int)n, s);
-        break;
-    }
-    fclose(f);
-}
-
 static int profile_path(char *out, size_t len) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char dir[900];
@@ -77,7 +59,7 @@ static int profile_path(char *out, size_t len) {
     else
         return -1;
     char model[256];
-    cpu_model(model, sizeof model);
+    hp_cpu_model(model, sizeof model);
     int n = snprintf(out, len, "%s/cpu-profile-%016llx.txt", dir, (unsigned long long)fnv1a(model));
     return n > 0 && (size_t)n < len ? 0 : -1;
 }

@@ -150,6 +150,10 @@ hp_status hp_fsync_dir(const char *dir, hp_err *err);
  * an existing non-directory is HP_IO naming it. */
 hp_status hp_mkdir_p(const char *dir, hp_err *err);
 
+/* The CPU's model name from /proc/cpuinfo ("AMD EPYC 7B13"), "unknown CPU" when it has none:
+ * what the peak and profile caches are keyed by. */
+void hp_cpu_model(char *out, size_t len);
+
 /* I/O fault injection, as hp_alloc_fail_at for memory: every system call of the helpers
  * above that creates or changes a file (open, write, fsync, close, rename, directory fsync,
  * mkdir) counts; the nth one from now (0-based) fails with errno `errnum` (ENOSPC, EIO, ...)

@@ -223,7 +223,7 @@ static hp_status cpu_info(hp_backend *b, hp_device_info *out, hp_err *err) {
     hp__cpu *cpu = as_cpu(b);
     memset(out, 0, sizeof *out);
     char model[96];
-    hp__cpu_model(model, sizeof model);
+    hp_cpu_model(model, sizeof model);
     snprintf(out->name, sizeof out->name, "cpu: %s (%d thread%s)", model, cpu->threads,
              cpu->threads == 1 ? "" : "s");
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);

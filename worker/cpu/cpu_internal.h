@@ -160,8 +160,6 @@ void hp__cpu_blas_single_threaded(void);
  * times the pool's size (at most the CPUs this process may run on), in FLOP/s. Errors: HP_NOMEM,
  * HP_INTERNAL (no time measured). */
 hp_status hp__cpu_gemm_probe(hp_pool *pool, int reps, double budget_s, double *rate, hp_err *err);
-/* "AMD EPYC 7B13" from /proc/cpuinfo, or "unknown CPU" (cpu_peak.c). */
-void hp__cpu_model(char *buf, size_t len);
 
 /* k_nn.c: embedding (+ dense backward), (log_)softmax (+ backward), nll_loss (+ backward) */
 HP__CPU_KERNEL(hp__cpu_embedding);

@@ -33,24 +33,6 @@
 #define PROBE_TRIES   3   /* measurements while one comes out below the floor */
 #define MAX_SCALING   1.5 /* per-thread rate at most this many times the 1-thread rate */
 
-void hp__cpu_model(char *out, size_t len) {
-    snprintf(out, len, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) != 0) continue;
-        char *colon = strchr(line, ':');
-        if (!colon) continue;
-        char *s = colon + 1;
-        while (*s == ' ' || *s == '\t') s++;
-        size_t n = strcspn(s, "\n");
-        if (n > 0) snprintf(out, len, "%.*s", (int)n, s);
-        break;
-    }
-    fclose(f);
-}
-
 /* OpenBLAS's kernel family ("Zen", "Haswell", ...): OPENBLAS_CORETYPE changes it. */
 static void core_type(char *out, size_t len) {
     const char *c = openblas_get_corename();
@@ -104,7 +86,7 @@ static json_t *cache_load(const cache *c) {
 }
 
 static void cache_open(cache *c) {
-    hp__cpu_model(c->model, sizeof c->model);
+    hp_cpu_model(c->model, sizeof c->model);
     core_type(c->core, sizeof c->core);
     char key[400], dir[4096];
     snprintf(key, sizeof key, "%s|%s|%d", c->model, c->core, PROBE_VERSION);
