@@ -18,9 +18,10 @@
  * where sacct fails or has no record (accounting_storage/none) the attempt is lost, logged as
  * event=slurm_sacct_unavailable with sacct's own words.
  * stop(SIGTERM) is `scancel --signal=TERM` (the steps only), stop(SIGKILL) is `scancel` (Slurm
- * signals, waits KillWait, kills). The state dir must be on a filesystem the nodes share (logs,
- * exits, token). In an allocation srun's own status is never a rank's: the exit files are, read
- * by the first poll that starts after srun ended.
+ * signals, waits KillWait, kills). In an allocation both signal the step (`scancel --signal=SIG
+ * ALLOC.STEP`), never srun with TERM (srun SIGKILLs its tasks on one). The state dir must be on
+ * a filesystem the nodes share (logs, exits, token). In an allocation srun's own status is never
+ * a rank's: the exit files are, read by the first poll that starts after srun ended.
  *
  * Lifetimes: an sjob lives from start (or adopt) until its last rank is reported and no
  * command of its is in flight. Commands hold the loop alive (their handles are referenced;
@@ -802,15 +803,24 @@ fail:
     hp_free(names);
 }
 
-/* In an allocation, SIGKILL to srun leaves the step's tasks running (they hold the CPUs the
- * next attempt's step needs): SIGKILL the step itself, its id ("ALLOC.STEP") from the file rank
- * 0's wrapper wrote. */
-static const char STEP_KILL_SH[] =
-    "f=$2/step; [ -s \"$f\" ] || exit 0; exec \"$1\" --signal=KILL \"$(cat \"$f\")\"";
+/* In an allocation the step itself is signalled, its id ("ALLOC.STEP") from the file rank 0's
+ * wrapper wrote. TERM: srun takes a SIGTERM of its own as "kill the step now" (it forwards
+ * SIGKILL to every task), so the wrappers would die before recording the ranks' statuses;
+ * `scancel --signal=TERM STEP` reaches the tasks as in the sbatch mode, where the wrappers trap
+ * it. KILL: SIGKILL to srun leaves the step's tasks running (they hold the CPUs the next
+ * attempt's step needs). Without a step file yet (no task started) srun itself gets the
+ * signal. */
+static const char STEP_SIGNAL_SH[] =
+    "f=$3/step; if [ -s \"$f\" ]; then exec \"$1\" --signal=\"$2\" \"$(cat \"$f\")\"; fi; "
+    "kill -s \"$2\" -- \"-$4\" 2>/dev/null; exit 0";
 
-static void step_kill(slurm *s, sjob *j) {
-    char *argv[] = {"/bin/sh", "-c", (char *)STEP_KILL_SH, "hp-step-kill", s->scancel,
-                    j->dir,    NULL};
+static void step_signal(slurm *s, sjob *j, int sig) {
+    char pgid[24];
+    snprintf(pgid, sizeof pgid, "%d", j->srun.pid);
+    char *name = sig == SIGKILL ? "KILL" : "TERM";
+    char *argv[] = {"/bin/sh",        "-c",       (char *)STEP_SIGNAL_SH,
+                    "hp-step-signal", s->scancel, name,
+                    j->dir,           pgid,       NULL};
     cmd_ctx *c = ctx_new(s, j);
     hp_err e = {0};
     if (!c) hp_errf(&e, HP_NOMEM, "out of memory");
@@ -820,8 +830,8 @@ static void step_kill(slurm *s, sjob *j) {
                 j->attempt, e.msg);
         return;
     }
-    hp__log("info", "event=scancel job=%s attempt=%d step=in-allocation signal=KILL", j->job_id,
-            j->attempt);
+    hp__log("info", "event=scancel job=%s attempt=%d step=in-allocation signal=%s", j->job_id,
+            j->attempt, name);
 }
 
 /* ---- the vtable ---------------------------------------------------------------------------- */
@@ -831,8 +841,8 @@ static void slurm_stop(hpd_launcher *base, const char *job_id, int attempt, int 
     if (!j) return;
     if (s->in_alloc) {
         if (!j->srun_running) return;
-        uv_kill(-j->srun.pid, signum); /* srun passes TERM to the tasks; KILL ends srun only */
-        if (signum == SIGKILL) step_kill(s, j);
+        if (signum == SIGKILL) uv_kill(-j->srun.pid, SIGKILL);
+        step_signal(s, j, signum == SIGKILL ? SIGKILL : SIGTERM);
         return;
     }
     if (j->submitting) {
