@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static hp_graph *tiny_llama(void) {
     hp_model_spec spec;
@@ -276,39 +275,20 @@ Test(lower, program_strings_checked_on_the_wire) {
     hp_graph_free(g);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* hp_lower's best time over 3 runs on the debugmodel's joint graph at `layers` layers. */
-static double lower_seconds(int layers, bool check) {
+/* A deep graph (512 layers) lowers, and its memory plan never overlaps two live buffers. How
+ * lowering time grows with depth is bench_compile's to measure (its x4096 row), not a timed
+ * test's: these machines are shared. */
+Test(lower, deep_graph_memory_plan_has_no_live_overlap) {
     hp_model_spec spec;
     cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &spec, NULL), HP_OK);
-    spec.n_layers = layers;
+    spec.n_layers = 512;
     spec.batch = 2, spec.seq = 64;
     hp_graph *g = NULL;
     hp_err e;
     cr_assert_eq(hp_model_build_joint(&spec, &g, &e), HP_OK, "%s", e.msg);
-    double best = 1e30;
-    for (int r = 0; r < 3; r++) {
-        hp_program *p = NULL;
-        double t0 = now_s();
-        cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
-        double dt = now_s() - t0;
-        if (dt < best) best = dt;
-        if (check && r == 0) check_no_live_overlap(p);
-        hp_program_free(p);
-    }
+    hp_program *p = NULL;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+    check_no_live_overlap(p);
+    hp_program_free(p);
     hp_graph_free(g);
-    return best;
-}
-
-/* Lowering (with its memory plan) grows about linearly with the graph: 4x the layers may take
- * at most 8x the time (O(n log n) measures ~3x; the old O(n^2) placement ~14x). */
-Test(lower, scales_near_linearly_with_graph_size) {
-    double small = lower_seconds(128, true), big = lower_seconds(512, false);
-    cr_expect_lt(big, 8 * small + 0.01, "128 layers %.1f ms, 512 layers %.1f ms (ratio %.1f)",
-                 small * 1e3, big * 1e3, big / small);
 }
