@@ -186,9 +186,28 @@ static long step(const char *id) {
     return s;
 }
 
+/* Waits are bounded by a deadline in seconds, not by a count of tries: each try runs hpctl or
+ * squeue, which takes far longer on a loaded machine. */
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Waits until the job's step is at least `at_least` (or `seconds` pass); its last step. */
+static long wait_step(const char *id, long at_least, int seconds) {
+    double end = mono_s() + seconds;
+    long s = step(id);
+    while (s < at_least && mono_s() < end) {
+        usleep(10000);
+        s = step(id);
+    }
+    return s;
+}
+
 static char *wait_state(const char *id, const char *want, int seconds) {
     char *st = NULL;
-    for (int i = 0; i < seconds * 10; i++) {
+    for (double end = mono_s() + seconds; mono_s() < end;) {
         free(st);
         st = field(id, "state");
         if (!strcmp(st, want) || !strcmp(st, "SUCCEEDED") || !strcmp(st, "FAILED") ||
@@ -208,7 +227,7 @@ static char *squeue_active(const char *ref) {
 }
 
 static bool wait_gone(const char *ref, int seconds) {
-    for (int i = 0; i < seconds * 10; i++) {
+    for (double end = mono_s() + seconds; mono_s() < end;) {
         char *s = squeue_active(ref);
         bool gone = !s[0];
         free(s);
@@ -216,6 +235,19 @@ static bool wait_gone(const char *ref, int seconds) {
         usleep(100000);
     }
     return false;
+}
+
+/* For a failure message: what Slurm and hpd say about job `id` (leaked: the test ends). */
+static char *diag(const char *id) {
+    char *q = sh(NULL, "squeue -h -t all -o '%%i %%j %%T %%r'; sinfo -h -o '%%n %%T %%E'");
+    char *lines =
+        sh(NULL, "grep -E 'job=%s ' %s | grep -v event=checkpoint | cut -c1-300", id, g_log);
+    size_t n = strlen(q) + strlen(lines) + 32;
+    char *out = malloc(n);
+    if (out) snprintf(out, n, "\nslurm:\n%s\nhpd:\n%s", q, lines);
+    free(q);
+    free(lines);
+    return out ? out : "";
 }
 
 static char *read_weights(const char *id) {
@@ -331,8 +363,8 @@ Test(slurm, killed_rank_restarts_from_the_checkpoint_with_the_same_weights) {
     cr_assert_str_eq(st, "SUCCEEDED", "the uninterrupted run");
     free(st);
     char *id = submit("r.pb");
-    for (int i = 0; i < 6000 && step(id) < 40; i++) usleep(10000);
-    cr_assert_geq(step(id), 40, "no progress");
+    long at = wait_step(id, 40, 60);
+    cr_assert_geq(at, 40, "no progress");
     pid_t pid = worker_pid(id, 1);
     cr_assert(pid > 0, "no hp-worker of %s rank 1", id);
     cr_assert_eq(kill(pid, SIGKILL), 0);
@@ -367,8 +399,8 @@ Test(slurm, hpd_killed_and_restarted_finds_its_slurm_job) {
     NEED_SLURM();
     new_job("k.pb", 400, "--checkpoint-interval 25 --max-restarts 2");
     char *id = submit("k.pb");
-    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
-    cr_assert_geq(step(id), 30, "no progress");
+    long at = wait_step(id, 30, 60);
+    cr_assert_geq(at, 30, "no progress");
     char *ref = field(id, "launch_ref");
     cr_assert(ref[0]);
     kill(g_h.pid, SIGKILL);
@@ -480,8 +512,10 @@ Test(slurm, sbatch_refusal_fails_the_job_with_its_message) {
 Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
     NEED_SLURM();
     cr_assert_eq(hp_th_hpd_stop(&g_h), 0);
+    /* the launch timeout (from RUNNING to every rank's hello) must hold a worker's start on a
+     * loaded machine; the job then waits in the queue for longer than it */
     const char *args[] = {
-        "--http",          "off", "--launcher", "slurm", "--launch-timeout-s", "2",
+        "--http",          "off", "--launcher", "slurm", "--launch-timeout-s", "6",
         "--slurm-poll-ms", "200", NULL};
     start_hpd_with(args);
     int code;
@@ -490,22 +524,34 @@ Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
     /* long enough never to finish by itself: it is cancelled once the restart runs */
     new_job("n.pb", 1000000, "--checkpoint-interval 25 --max-restarts 2");
     char *id = submit("n.pb");
-    sleep(4); /* twice the launch timeout, pending all along */
-    char *st = field(id, "state"), *ls = field(id, "launch_state");
-    cr_expect_str_eq(st, "LAUNCHING", "a job waiting in Slurm's queue timed out");
-    cr_expect(!strncmp(ls, "PENDING", 7), "launch_state '%s'", ls);
-    free(st);
+    char *ls = NULL;
+    for (double end = mono_s() + 30; mono_s() < end; usleep(100000)) {
+        free(ls);
+        ls = field(id, "launch_state");
+        if (!strncmp(ls, "PENDING", 7)) break;
+    }
+    cr_assert(!strncmp(ls, "PENDING", 7), "launch_state '%s', not PENDING", ls);
     free(ls);
+    /* pending for 8 s, past the 6 s launch timeout: the job stays LAUNCHING all along */
+    for (double end = mono_s() + 8; mono_s() < end; usleep(200000)) {
+        char *st = field(id, "state");
+        ls = field(id, "launch_state");
+        bool ok = !strcmp(st, "LAUNCHING") && !strncmp(ls, "PENDING", 7);
+        cr_assert(ok, "a job waiting in Slurm's queue: state %s, launch_state '%s'%s", st, ls,
+                  diag(id));
+        free(st);
+        free(ls);
+    }
     free(sh(&code, "scontrol update nodename=localhost state=resume"));
-    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
-    cr_assert_geq(step(id), 30, "no progress after the node came back");
+    long at = wait_step(id, 30, 60);
+    if (at < 30) cr_assert_fail("no progress after the node came back (step %ld)%s", at, diag(id));
     char *ref = field(id, "launch_ref");
     free(sh(&code, "scontrol update nodename=localhost state=down reason=hp-node-fail"));
     cr_assert_eq(code, 0, "down");
     /* the Slurm job ends NODE_FAIL; hpd restarts the job, whose new Slurm job runs once the
      * node is back */
     char *ref2 = NULL;
-    for (int i = 0; i < 300; i++) {
+    for (double end = mono_s() + 30; mono_s() < end;) {
         free(ref2);
         ref2 = field(id, "launch_ref");
         if (ref2[0] && strcmp(ref2, ref) != 0) break;
@@ -513,8 +559,8 @@ Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
     }
     cr_expect(strcmp(ref2, ref) != 0, "no new Slurm job after the node failure");
     free(sh(&code, "scontrol update nodename=localhost state=resume 2>/dev/null"));
-    st = wait_state(id, "RUNNING", 60);
-    cr_expect_str_eq(st, "RUNNING", "the restart did not run");
+    char *st = wait_state(id, "RUNNING", 60);
+    if (strcmp(st, "RUNNING") != 0) cr_expect_fail("the restart did not run (%s)%s", st, diag(id));
     free(st);
     json_t *j = status(id);
     int restarts = (int)json_integer_value(json_object_get(j, "restarts"));
@@ -546,8 +592,8 @@ Test(slurm, job_gone_from_slurm_while_hpd_was_down_is_lost_and_restarted) {
     NEED_SLURM();
     new_job("g.pb", 200, "--checkpoint-interval 25 --max-restarts 2");
     char *id = submit("g.pb");
-    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
-    cr_assert_geq(step(id), 30, "no progress");
+    long at = wait_step(id, 30, 60);
+    cr_assert_geq(at, 30, "no progress");
     char *ref = field(id, "launch_ref");
     cr_assert(ref[0]);
     kill(g_h.pid, SIGKILL);
@@ -607,7 +653,7 @@ Test(slurm, srun_mode_killed_rank_is_its_own_failure_and_restarts) {
     char id[64] = "";
     char path[600];
     snprintf(path, sizeof path, "%s/sstate/hpd.ready", g_dir);
-    for (int i = 0; i < 600 && !id[0]; i++) {
+    for (double end = mono_s() + 60; !id[0] && mono_s() < end;) {
         char *o = sh(&code, "ls %s/sstate/jobs 2>/dev/null | head -n 1", g_dir);
         snprintf(id, sizeof id, "%.*s", (int)strcspn(o, "\n"), o);
         free(o);
@@ -626,8 +672,8 @@ Test(slurm, srun_mode_killed_rank_is_its_own_failure_and_restarts) {
     setenv("HP_SERVER", server, 1);
     snprintf(path, sizeof path, "%s/sstate", g_dir);
     setenv("HP_STATE_DIR", path, 1);
-    for (int i = 0; i < 6000 && step(id) < 30; i++) usleep(10000);
-    cr_assert_geq(step(id), 30, "no progress");
+    long at = wait_step(id, 30, 60);
+    cr_assert_geq(at, 30, "no progress");
     pid_t pid = worker_pid(id, 1);
     cr_assert(pid > 0, "no hp-worker of %s rank 1", id);
     cr_assert_eq(kill(pid, SIGKILL), 0);
@@ -635,7 +681,7 @@ Test(slurm, srun_mode_killed_rank_is_its_own_failure_and_restarts) {
     setenv("HP_STATE_DIR", old_state, 1);
     /* hpd.sbatch (and its hpd) ends once the job SUCCEEDED: watch the allocation, not hpd */
     bool ended = false;
-    for (int i = 0; i < 1500 && !ended; i++) {
+    for (double end = mono_s() + 150; !ended && mono_s() < end;) {
         char *q = sh(&code, "squeue -h -t all -j %s -o %%T", alloc);
         ended = !strncmp(q, "COMPLETED", 9) || !strncmp(q, "FAILED", 6);
         free(q);
