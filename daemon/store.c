@@ -57,6 +57,7 @@ static const char SCHEMA[] =
     X(ADD_METRICS, "INSERT OR REPLACE INTO metrics(job_id, step, rank, record) VALUES(?,?,?,?)")   \
     X(EACH_METRICS, "SELECT step, rank, record FROM metrics WHERE job_id = ? AND step >= ? "       \
                     "ORDER BY step, rank")                                                         \
+    X(METRICS_HIGH, "SELECT rank, MAX(step) FROM metrics WHERE job_id = ? GROUP BY rank")          \
     X(ADD_EXIT, "INSERT OR REPLACE INTO worker_exits(job_id, attempt, rank, status) "              \
                 "VALUES(?,?,?,?)")                                                                 \
     X(GET_EXIT, "SELECT status FROM worker_exits WHERE job_id = ? AND attempt = ? AND rank = ?")   \
@@ -411,6 +412,28 @@ hp_status hpd_store_each_metrics(hpd_store *s, const char *id, int64_t from_step
     hp_status st = HP_OK;
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) st = db_err(s, rc, "EACH_METRICS", err);
     done(q);
+    return st;
+}
+
+hp_status hpd_store_metrics_high(hpd_store *s, const char *id, int world, int64_t *step,
+                                 hp_err *err) {
+    *step = 0;
+    if (world < 1) return HP_OK;
+    sqlite3_stmt *q = s->st[ST_METRICS_HIGH];
+    sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
+    int rc, ranks = 0;
+    int64_t low = INT64_MAX;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        int rank = sqlite3_column_int(q, 0);
+        if (rank < 0 || rank >= world) continue; /* a rank of a wider attempt: not this world's */
+        ranks++;
+        int64_t high = sqlite3_column_int64(q, 1);
+        if (high < low) low = high;
+    }
+    hp_status st = HP_OK;
+    if (rc != SQLITE_DONE) st = db_err(s, rc, "METRICS_HIGH", err);
+    done(q);
+    if (st == HP_OK && ranks == world) *step = low;
     return st;
 }
 

@@ -7,6 +7,7 @@
  * device pointer. Which part of a parameter a rank holds is its program slot's box. */
 #include "worker/train_internal.h"
 
+#include "hp/checkpoint.h"
 #include "hp/device.h"
 #include "hp/metrics.h"
 #include "hp/models.h"
@@ -520,6 +521,16 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             if (st != HP_OK) goto done;
             stop = flag[0] != 0;
             asked_n = flag[1];
+        }
+        if (step == start + 1 && t.rank == 0 && opts->resume_before > 0 && t.ckpt_dir[0]) {
+            /* Every rank has loaded its checkpoint, or started over (they all passed the
+             * all-reduce above): the ones at or after the bound are a future being trained
+             * again, which a later resume or prune must not take for this run's. */
+            if ((st = hp_ckpt_remove_from(t.ckpt_dir, opts->resume_before, err)) != HP_OK) {
+                hp_err_prefix(err, "resume: removing checkpoints from step %lld",
+                              (long long)opts->resume_before);
+                goto done;
+            }
         }
         bool asked = asked_n > ckpt_requests_done;
         if (asked) ckpt_requests_done = asked_n;

@@ -490,10 +490,34 @@ Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
     /* long enough never to finish by itself: it is cancelled once the restart runs */
     new_job("n.pb", 1000000, "--checkpoint-interval 25 --max-restarts 2");
     char *id = submit("n.pb");
-    sleep(4); /* twice the launch timeout, pending all along */
-    char *st = field(id, "state"), *ls = field(id, "launch_state");
+    /* The condition: hpd has reported the job PENDING for twice the launch timeout (its tick
+     * checks the timeout every second), LAUNCHING all along; checked at every poll, so a
+     * timeout fails at once, and bounded by a deadline while hpd never says PENDING. */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double pending_since = -1, now = 0;
+    char *st = NULL, *ls = NULL;
+    for (;;) {
+        free(st);
+        free(ls);
+        st = field(id, "state");
+        ls = field(id, "launch_state");
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        now = (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9;
+        bool pending = !strcmp(st, "LAUNCHING") && !strncmp(ls, "PENDING", 7);
+        if (pending && pending_since < 0) pending_since = now;
+        if (strcmp(st, "LAUNCHING") != 0 && strcmp(st, "QUEUED") != 0 &&
+            strcmp(st, "COMPILING") != 0)
+            break; /* left the launch: the timeout fired (or worse) */
+        if (pending_since >= 0 && (!pending || now - pending_since >= 4.0)) break;
+        if (pending_since < 0 && now > 60) break; /* never PENDING: fails below */
+        usleep(100000);
+    }
     cr_expect_str_eq(st, "LAUNCHING", "a job waiting in Slurm's queue timed out");
     cr_expect(!strncmp(ls, "PENDING", 7), "launch_state '%s'", ls);
+    cr_expect(pending_since >= 0 && now - pending_since >= 4.0,
+              "PENDING for %.1f s of the 4 s (twice the launch timeout)",
+              pending_since >= 0 ? now - pending_since : 0.0);
     free(st);
     free(ls);
     free(sh(&code, "scontrol update nodename=localhost state=resume"));

@@ -1,0 +1,185 @@
+#!/usr/bin/python3
+"""tests/daemon/restart_test.py — hpd SIGKILLed and restarted under a running job (issue #14).
+
+A real hpd (local launcher, so real hp-worker ranks) on 127.0.0.1 port 0 with a temp state dir,
+one case:
+  restart  a world-2 FSDP job logging every step: hpd is SIGKILLed while the ranks train and
+           started again on the same state dir, --kills times; the job must end SUCCEEDED and
+           the store (read back through WatchJob from step 1) must hold every step 1..N of
+           every rank exactly once, nothing outside. Before the fix the ranks that lost hpd
+           checkpointed the step they were on, whose metrics never reached the store, and the
+           next attempt resumed after it: steps went missing.
+Every wait is on a condition with a deadline. Exit 0: passed; 1: a check failed.
+
+  restart_test.py --hpd BUILD/daemon/hpd --hpctl BUILD/client/hpctl --desc BUILD/proto/hp.desc
+                  --case restart
+"""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from grpc_client import FAILS, Msgs, check, flatten, unary  # noqa: E402
+from harden_test import start_hpd  # noqa: E402
+import grpc  # noqa: E402
+
+SVC = "/hp.v1.Coordinator/"
+
+
+class Hpd:
+    """One hpd incarnation after another on the same state dir."""
+
+    def __init__(self, a, state, log):
+        self.a, self.state, self.log = a, state, log
+        self.proc = self.chan = None
+
+    def start(self, extra=()):
+        self.proc, self.kv = start_hpd(self.a.hpd, self.state, extra, stderr=self.log)
+        with open(os.path.join(self.state, "token")) as f:
+            self.token = f.read().strip()
+        self.chan = grpc.insecure_channel(self.kv["grpc"], options=[("grpc.enable_http_proxy", 0)])
+        grpc.channel_ready_future(self.chan).result(timeout=10)
+
+    def kill(self):
+        self.chan.close()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc.stdout.close()
+
+    def stop(self):
+        if not self.proc or self.proc.poll() is not None:
+            return
+        self.chan.close()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+    def job(self, M, jid):
+        return M.GetJobResponse.FromString(unary(self.chan, "GetJob", M.GetJobRequest(
+            job_id=jid).SerializeToString(), token=self.token)).job
+
+
+def wait_for(what, cond, timeout_s):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.02)
+    check(False, f"{what} within {timeout_s} s")
+    return None
+
+
+def stored_records(M, h, jid):
+    """(step, rank) of every metrics record in the store: WatchJob replays them from step 1."""
+    raws = h.chan.unary_stream(SVC + "WatchJob")(
+        M.WatchJobRequest(job_id=jid, from_step=1).SerializeToString(),
+        metadata=[("authorization", "Bearer " + h.token)], timeout=60)
+    evs, _, _ = flatten(M, raws)
+    return [(e.metrics.step, e.metrics.rank) for e in evs if e.WhichOneof("event") == "metrics"]
+
+
+def check_every_step_once(recs, steps, world, what):
+    want = {(s, r) for s in range(1, steps + 1) for r in range(world)}
+    seen = {}
+    for k in recs:
+        seen[k] = seen.get(k, 0) + 1
+    missing = sorted(want - set(seen))
+    extra = sorted(set(seen) - want)
+    dup = sorted(k for k, n in seen.items() if n > 1)
+    check(not missing and not extra and not dup,
+          f"{what}: {len(recs)} records, every (step, rank) of {steps} x {world} exactly once "
+          f"(missing {missing[:20]}{'...' if len(missing) > 20 else ''}, outside {extra[:10]}, "
+          f"repeated {dup[:10]})")
+
+
+def case_restart(a, M, tmp, state, log):
+    steps, world = a.steps, 2
+    job_pb = os.path.join(tmp, "job.pb")
+    subprocess.run([a.hpctl, "new", "--model", "llama3:debugmodel", "--dim", "32", "--layers", "1",
+                    "--heads", "2", "--kv-heads", "1", "--ffn-hidden", "64", "--vocab", "128",
+                    "--batch", "2", "--seq", "16", "--steps", str(steps), "--log-interval", "1",
+                    "--checkpoint-interval", "5", "--max-restarts", "100", "--fsdp", "layers.*",
+                    "--mesh", "dp=2", "--name", "restart", "-o", job_pb],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(job_pb, "rb") as f:
+        job = M.Job.FromString(f.read())
+    h = Hpd(a, state, log)
+    h.start()
+    try:
+        jid = M.SubmitJobResponse.FromString(unary(h.chan, "SubmitJob", M.SubmitJobRequest(
+            job=job).SerializeToString(), token=h.token)).job.id
+        running = M.state("RUNNING")
+        last = 0
+        for k in range(a.kills):
+            # a few steps into this attempt, the ranks training: kill hpd under them
+            j = wait_for(f"kill {k + 1}: job {jid} RUNNING past step {last + 3}",
+                         lambda: (lambda j: j if j.state == running and j.step >= last + 3
+                                  else None)(h.job(M, jid)), 120)
+            if not j:
+                return
+            check(j.step < steps, f"kill {k + 1} at step {j.step} of {steps} (before the end)")
+            last = j.step
+            h.kill()
+            h.start()
+        final = wait_for(f"job {jid} final", lambda: (lambda j: j if j.state in (
+            M.state("SUCCEEDED"), M.state("FAILED"), M.state("CANCELLED")) else None)(
+                h.job(M, jid)), 300)
+        if not final:
+            return
+        check(final.state == M.state("SUCCEEDED"),
+              f"job {jid} SUCCEEDED after {a.kills} hpd kills (state {final.state}, restarts "
+              f"{final.restarts}, error {final.error!r})")
+        check(final.step == steps, f"the job's step {final.step} == {steps}")
+        check_every_step_once(stored_records(M, h, jid), steps, world, "the store after the run")
+        # and once more from a fresh hpd: what was stored is what a restart finds
+        h.stop()
+        h.start()
+        check_every_step_once(stored_records(M, h, jid), steps, world, "the store after a restart")
+    finally:
+        h.stop()
+
+
+CASES = {"restart": case_restart}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hpd", required=True)
+    ap.add_argument("--hpctl", required=True)
+    ap.add_argument("--desc", required=True)
+    ap.add_argument("--case", required=True, choices=sorted(CASES))
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--kills", type=int, default=3)
+    a = ap.parse_args()
+    M = Msgs(a.desc)
+    tmp = tempfile.mkdtemp(prefix="hp-restart-")
+    state = os.path.join(tmp, "state")
+    os.mkdir(state)
+    log = open(os.path.join(tmp, "hpd.log"), "w")
+    try:
+        CASES[a.case](a, M, tmp, state, log)
+    finally:
+        log.close()
+        if FAILS:
+            with open(os.path.join(tmp, "hpd.log")) as f:
+                sys.stderr.write(f.read()[-20000:])
+        shutil.rmtree(tmp, ignore_errors=True)
+    if FAILS:
+        print(f"{len(FAILS)} check(s) failed", file=sys.stderr)
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
