@@ -387,10 +387,8 @@ static hp_status resume_before(hpd *d, hpd_job *j, const hp_job *job, int64_t *o
         next = total > 0 ? total : high + 1;
     j->resume_before = next;
     j->resume_attempt = j->attempt + 1;
-    if (j->ckpt_step >= next || j->v.step >= next)
-        hp__log("info",
-                "event=resume_bounded job=%s attempt=%d stored_step=%lld resume_before=%lld "
-                "note=\"steps after the store's last record are trained again\"",
+    if (high > 0)
+        hp__log("info", "event=resume_bound job=%s attempt=%d stored_step=%lld resume_before=%lld",
                 j->v.id, j->attempt, (long long)high, (long long)next);
     *out = next;
     return HP_OK;

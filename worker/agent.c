@@ -447,6 +447,14 @@ static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program
         send_done(a, false, 0, err->msg);
         return err->status;
     }
+    int64_t newest = 0;
+    if (before != INT64_MAX && hp_ckpt_latest(root, &newest, NULL) == HP_OK && newest >= before)
+        fprintf(o->log ? o->log : stdout,
+                "resume: the coordinator's store has no record of step %lld: %s, not the newest "
+                "checkpoint (step %lld); the steps after it are trained again\n",
+                (long long)before,
+                have ? "resuming from the newest checkpoint before it" : "starting over",
+                (long long)newest);
     if (have) atomic_store(&a->step, ckpt_step);
     hp_train_opts t = {
         .out_dir = w->run_dir,

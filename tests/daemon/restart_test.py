@@ -8,13 +8,15 @@ one case:
            the store (read back through WatchJob from step 1) must hold every step 1..N of
            every rank exactly once, nothing outside. Before the fix the ranks that lost hpd
            checkpointed the step they were on, whose metrics never reached the store, and the
-           next attempt resumed after it: steps went missing.
+           next attempt resumed after it: steps went missing. Rank 0's metrics.jsonl in the
+           run dir holds each step once too.
 Every wait is on a condition with a deadline. Exit 0: passed; 1: a check failed.
 
   restart_test.py --hpd BUILD/daemon/hpd --hpctl BUILD/client/hpctl --desc BUILD/proto/hp.desc
                   --case restart
 """
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -141,6 +143,17 @@ def case_restart(a, M, tmp, state, log):
               f"{final.restarts}, error {final.error!r})")
         check(final.step == steps, f"the job's step {final.step} == {steps}")
         check_every_step_once(stored_records(M, h, jid), steps, world, "the store after the run")
+        # rank 0's metrics.jsonl in the run dir: a resume drops the records after its step
+        with open(os.path.join(state, "jobs", jid, "run", "metrics.jsonl")) as f:
+            recs = [(json.loads(line)["step"], 0) for line in f]
+        check_every_step_once(recs, steps, 1, "the run dir's metrics.jsonl")
+        bounded = 0
+        for root, _, files in os.walk(os.path.join(state, "jobs", jid)):
+            for name in files:
+                if name.startswith("rank-") and name.endswith(".log"):
+                    with open(os.path.join(root, name), errors="replace") as f:
+                        bounded += sum("the coordinator's store has no record" in ln for ln in f)
+        print(f"info {bounded} rank resume(s) below the newest checkpoint (the bound at work)")
         # and once more from a fresh hpd: what was stored is what a restart finds
         h.stop()
         h.start()
