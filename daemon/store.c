@@ -3,6 +3,7 @@
  * statement and SQLite's message. */
 #include "daemon/store.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +148,30 @@ static hp_status tx_end(hpd_store *s, hp_status st, hp_err *err) {
     return st;
 }
 
+/* HPD_STORE_MAX_PAGES=N caps the database at N pages (SQLite's max_page_count; at least the
+ * pages it has): a write beyond it fails as on a full disk (SQLITE_FULL, HP_NOSPACE naming the
+ * file). For operators who bound the store, and for the tests of a full disk on a real hpd. */
+static hp_status max_pages(hpd_store *s, hp_err *err) {
+    const char *env = getenv("HPD_STORE_MAX_PAGES");
+    if (!env || !*env) return HP_OK;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(env, &end, 10);
+    if (errno || *end || n < 1 || n > INT32_MAX)
+        return hp_errf(err, HP_INVALID,
+                       "HPD_STORE_MAX_PAGES '%.32s': expected a number of pages in [1, %d]", env,
+                       INT32_MAX);
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld;", n);
+    char *msg = NULL;
+    int rc = sqlite3_exec(s->db, sql, NULL, NULL, &msg);
+    hp_status st = rc == SQLITE_OK ? HP_OK
+                                   : hp_errf(err, HP_IO, "store: %s: max_page_count: %s", s->path,
+                                             msg ? msg : sqlite3_errstr(rc));
+    sqlite3_free(msg);
+    return st;
+}
+
 static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp_err *err) {
     *out = NULL;
     hpd_store *s = hp_calloc(1, sizeof *s);
@@ -170,6 +195,7 @@ static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, sync, NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, "PRAGMA foreign_keys=ON;", NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, SCHEMA, NULL, NULL, &msg);
+    if (rc == SQLITE_OK && (st = max_pages(s, err)) != HP_OK) goto fail;
     if (rc != SQLITE_OK) {
         st = hp_errf(err,
                      rc == SQLITE_NOMEM  ? HP_NOMEM

@@ -10,6 +10,10 @@ one case:
            checkpointed the step they were on, whose metrics never reached the store, and the
            next attempt resumed after it: steps went missing. Rank 0's metrics.jsonl in the
            run dir holds each step once too.
+  full     the disk is full under a real hpd (HPD_STORE_MAX_PAGES caps its store at the pages it
+           has): SubmitJob answers RESOURCE_EXHAUSTED naming the database file, twice, hpd
+           keeps serving every job as it was, and after a restart (room again) every job is
+           as it was and a submit is taken.
 Every wait is on a condition with a deadline. Exit 0: passed; 1: a check failed.
 
   restart_test.py --hpd BUILD/daemon/hpd --hpctl BUILD/client/hpctl --desc BUILD/proto/hp.desc
@@ -20,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -162,7 +167,75 @@ def case_restart(a, M, tmp, state, log):
         h.stop()
 
 
-CASES = {"restart": case_restart}
+def snapshot(M, h):
+    r = M.ListJobsResponse.FromString(unary(h.chan, "ListJobs", M.ListJobsRequest(
+        page_size=1000).SerializeToString(), token=h.token))
+    return sorted((j.id, j.name, j.state, j.step, j.total_steps, j.restarts, j.error)
+                  for j in r.jobs)
+
+
+def case_full(a, M, tmp, state, log):
+    job_pb = os.path.join(tmp, "job.pb")
+    subprocess.run([a.hpctl, "new", "--model", "llama3:debugmodel", "--dim", "32", "--layers", "2",
+                    "--heads", "2", "--kv-heads", "1", "--ffn-hidden", "64", "--vocab", "128",
+                    "--batch", "2", "--seq", "16", "--steps", "4", "--name", "full", "-o", job_pb],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(job_pb, "rb") as f:
+        job = M.Job.FromString(f.read())
+    check(job.ByteSize() > 8192, f"the job ({job.ByteSize()} bytes) needs new pages to store")
+    submit = M.SubmitJobRequest(job=job).SerializeToString()
+    h = Hpd(a, state, log)
+    h.start()
+    db = os.path.join(state, "hpd.db")
+    try:
+        done = unary(h.chan, "SubmitJob", submit, token=h.token)
+        jid = M.SubmitJobResponse.FromString(done).job.id
+        final = (M.state("SUCCEEDED"), M.state("FAILED"), M.state("CANCELLED"))
+        j = wait_for(f"job {jid} final", lambda: (lambda j: j if j.state in final else None)(
+            h.job(M, jid)), 120)
+        check(j is not None and j.state == M.state("SUCCEEDED"), f"job {jid} SUCCEEDED")
+        before = snapshot(M, h)
+        h.stop()  # a clean exit checkpoints the WAL into hpd.db: its page count is the store's
+        con = sqlite3.connect(db)
+        con.execute("VACUUM")  # no free page left: a new row's overflow pages must grow the file
+        pages = con.execute("PRAGMA page_count").fetchone()[0]
+        con.close()
+        # the disk is full: the store may not grow by a page
+        os.environ["HPD_STORE_MAX_PAGES"] = str(pages)
+        try:
+            h.start()
+        finally:
+            del os.environ["HPD_STORE_MAX_PAGES"]
+        for k in range(2):
+            try:
+                unary(h.chan, "SubmitJob", submit, token=h.token)
+                check(False, f"submit {k + 1} on a full store: succeeded, want RESOURCE_EXHAUSTED")
+            except grpc.RpcError as e:
+                check(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and db in (e.details() or ""),
+                      f"submit {k + 1} on a full store: {e.code()} {e.details()!r} (want "
+                      f"RESOURCE_EXHAUSTED naming {db})")
+        check(h.proc.poll() is None, "hpd still runs after refusing what it cannot store")
+        check(snapshot(M, h) == before, "hpd still serves: ListJobs lists every job as it was")
+        check(h.job(M, jid).state == M.state("SUCCEEDED"), f"GetJob {jid}: still SUCCEEDED")
+        h.kill()
+        h.start()  # room again
+        check(snapshot(M, h) == before, "after a restart every job is as it was (none half-added)")
+        nid = M.SubmitJobResponse.FromString(unary(h.chan, "SubmitJob", submit,
+                                                   token=h.token)).job.id
+        check(nid != jid, f"with room again a submit is taken ({nid})")
+        h.stop()
+        bad = subprocess.run([a.hpd, "--listen", "127.0.0.1:0", "--http", "off", "--worker-listen",
+                              "127.0.0.1:0", "--state-dir", state],
+                             env=dict(os.environ, HPD_STORE_MAX_PAGES="12x"),
+                             capture_output=True, text=True, timeout=60)
+        check(bad.returncode != 0 and "HPD_STORE_MAX_PAGES '12x'" in bad.stderr,
+              f"a bad HPD_STORE_MAX_PAGES is refused naming it (exit {bad.returncode}: "
+              f"{bad.stderr.strip()[-200:]!r})")
+    finally:
+        h.stop()
+
+
+CASES = {"restart": case_restart, "full": case_full}
 
 
 def main():

@@ -20,3 +20,9 @@ static void run_case(const char *name) {
 Test(restart, hpd_killed_every_step_stored_once, .timeout = 600) {
     run_case("restart");
 }
+
+/* A full disk under a real hpd (its store capped at the pages it has): SubmitJob answers
+ * RESOURCE_EXHAUSTED naming hpd.db, hpd keeps serving, a restart finds every job as it was. */
+Test(restart, full_store_refused_resource_exhausted, .timeout = 300) {
+    run_case("full");
+}
