@@ -48,7 +48,9 @@ typedef struct hpd_job {
     bool step_dirty;   /* v.step not yet in the store: hp__core_flush_steps writes it */
     int64_t ckpt_step; /* the newest checkpoint every rank reported (CheckpointDone); 0: none */
     int heartbeat_ms;  /* the interval this attempt's Welcome gave (SIGHUP may change d's) */
-    hpd_rank *ranks;   /* [v.world_size] while active */
+    int64_t resume_before;     /* this attempt's Welcome resume_before (one value for every rank) */
+    int resume_attempt;        /* 1 + the attempt resume_before was computed for (0: none yet) */
+    hpd_rank *ranks;           /* [v.world_size] while active */
     struct hpd_jstats *stats;  /* observe.c: counters, last records (NULL: none yet) */
     struct hpd_snap_job *snap; /* observe.c: the published entry (the loop's reference) */
     bool obs_dirty;            /* the entry must be rebuilt */

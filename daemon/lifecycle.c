@@ -364,6 +364,36 @@ static bool token_eq(const char *a, const char *b) {
     return diff == 0 && la > 0;
 }
 
+/* The Welcome's resume_before: the first step after the store's last record for every rank
+ * that this job logs (step 1, every log_interval-th, the last). The ranks resume from a
+ * checkpoint below it, so a step whose metrics never reached the store (sent to a coordinator
+ * killed before it committed them, or trained by ranks that lost their coordinator and
+ * checkpointed on the way out) is trained again and recorded, never skipped. Computed once
+ * per attempt: every rank must pick the same checkpoint. */
+static hp_status resume_before(hpd *d, hpd_job *j, const hp_job *job, int64_t *out, hp_err *err) {
+    if (j->resume_attempt == j->attempt + 1) {
+        *out = j->resume_before;
+        return HP_OK;
+    }
+    int64_t high = 0, total = j->v.total_steps, every = job->train.log_interval, next;
+    HP_TRY(hpd_store_metrics_high(d->store, j->v.id, j->v.world_size, &high, err));
+    if (high <= 0)
+        next = 1;
+    else if (total > 0 && high >= total)
+        next = total + 1;
+    else if (every > 0 && (total <= 0 || (high / every + 1) * every < total))
+        next = (high / every + 1) * every;
+    else
+        next = total > 0 ? total : high + 1;
+    j->resume_before = next;
+    j->resume_attempt = j->attempt + 1;
+    if (high > 0)
+        hp__log("info", "event=resume_bound job=%s attempt=%d stored_step=%lld resume_before=%lld",
+                j->v.id, j->attempt, (long long)high, (long long)next);
+    *out = next;
+    return HP_OK;
+}
+
 static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err *err) {
     if (!j->compiled) return hp_errf(err, HP_INTERNAL, "job %s has no compiled program", j->v.id);
     uint8_t *pp = NULL;
@@ -416,6 +446,7 @@ static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err 
          * newest every rank reported, 0: none known) makes it fail rather than start over
          * when that checkpoint is missing. */
         w.resume_step = j->ckpt_step;
+        st = resume_before(d, j, job, &w.resume_before, err);
         w.job = jm;
         w.run_dir = j->run_dir;
         w.comm = &comm;
@@ -424,7 +455,7 @@ static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err 
         hp__v1__frame__init(&f);
         f.body_case = HP__V1__FRAME__BODY_WELCOME;
         f.welcome = &w;
-        st = hp__conn_send(c, &f, err);
+        if (st == HP_OK) st = hp__conn_send(c, &f, err);
     }
     hp_job_free(job);
     hp_arena_fini(&arena);

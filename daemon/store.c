@@ -3,6 +3,7 @@
  * statement and SQLite's message. */
 #include "daemon/store.h"
 
+#include <errno.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ static const char SCHEMA[] =
     X(ADD_METRICS, "INSERT OR REPLACE INTO metrics(job_id, step, rank, record) VALUES(?,?,?,?)")   \
     X(EACH_METRICS, "SELECT step, rank, record FROM metrics WHERE job_id = ? AND step >= ? "       \
                     "ORDER BY step, rank")                                                         \
+    X(METRICS_HIGH, "SELECT rank, MAX(step) FROM metrics WHERE job_id = ? GROUP BY rank")          \
     X(ADD_EXIT, "INSERT OR REPLACE INTO worker_exits(job_id, attempt, rank, status) "              \
                 "VALUES(?,?,?,?)")                                                                 \
     X(GET_EXIT, "SELECT status FROM worker_exits WHERE job_id = ? AND attempt = ? AND rank = ?")   \
@@ -146,6 +148,30 @@ static hp_status tx_end(hpd_store *s, hp_status st, hp_err *err) {
     return st;
 }
 
+/* HPD_STORE_MAX_PAGES=N caps the database at N pages (SQLite's max_page_count; at least the
+ * pages it has): a write beyond it fails as on a full disk (SQLITE_FULL, HP_NOSPACE naming the
+ * file). For operators who bound the store, and for the tests of a full disk on a real hpd. */
+static hp_status max_pages(hpd_store *s, hp_err *err) {
+    const char *env = getenv("HPD_STORE_MAX_PAGES");
+    if (!env || !*env) return HP_OK;
+    char *end = NULL;
+    errno = 0;
+    long long n = strtoll(env, &end, 10);
+    if (errno || *end || n < 1 || n > INT32_MAX)
+        return hp_errf(err, HP_INVALID,
+                       "HPD_STORE_MAX_PAGES '%.32s': expected a number of pages in [1, %d]", env,
+                       INT32_MAX);
+    char sql[64];
+    snprintf(sql, sizeof sql, "PRAGMA max_page_count=%lld;", n);
+    char *msg = NULL;
+    int rc = sqlite3_exec(s->db, sql, NULL, NULL, &msg);
+    hp_status st = rc == SQLITE_OK ? HP_OK
+                                   : hp_errf(err, HP_IO, "store: %s: max_page_count: %s", s->path,
+                                             msg ? msg : sqlite3_errstr(rc));
+    sqlite3_free(msg);
+    return st;
+}
+
 static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp_err *err) {
     *out = NULL;
     hpd_store *s = hp_calloc(1, sizeof *s);
@@ -169,6 +195,7 @@ static hp_status store_open(const char *path, bool readonly, hpd_store **out, hp
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, sync, NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, "PRAGMA foreign_keys=ON;", NULL, NULL, &msg);
     if (rc == SQLITE_OK) rc = sqlite3_exec(s->db, SCHEMA, NULL, NULL, &msg);
+    if (rc == SQLITE_OK && (st = max_pages(s, err)) != HP_OK) goto fail;
     if (rc != SQLITE_OK) {
         st = hp_errf(err,
                      rc == SQLITE_NOMEM  ? HP_NOMEM
@@ -411,6 +438,28 @@ hp_status hpd_store_each_metrics(hpd_store *s, const char *id, int64_t from_step
     hp_status st = HP_OK;
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) st = db_err(s, rc, "EACH_METRICS", err);
     done(q);
+    return st;
+}
+
+hp_status hpd_store_metrics_high(hpd_store *s, const char *id, int world, int64_t *step,
+                                 hp_err *err) {
+    *step = 0;
+    if (world < 1) return HP_OK;
+    sqlite3_stmt *q = s->st[ST_METRICS_HIGH];
+    sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
+    int rc, ranks = 0;
+    int64_t low = INT64_MAX;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        int rank = sqlite3_column_int(q, 0);
+        if (rank < 0 || rank >= world) continue; /* a rank of a wider attempt: not this world's */
+        ranks++;
+        int64_t high = sqlite3_column_int64(q, 1);
+        if (high < low) low = high;
+    }
+    hp_status st = HP_OK;
+    if (rc != SQLITE_DONE) st = db_err(s, rc, "METRICS_HIGH", err);
+    done(q);
+    if (st == HP_OK && ranks == world) *step = low;
     return st;
 }
 

@@ -92,6 +92,12 @@ typedef bool (*hpd_store_metrics_fn)(void *ctx, int64_t step, int rank, const ui
 hp_status hpd_store_each_metrics(hpd_store *s, const char *id, int64_t from_step,
                                  hpd_store_metrics_fn fn, void *ctx, hp_err *err);
 
+/* The newest step every rank in [0, world) has a metrics record for (the least of the ranks'
+ * highest steps; 0 when a rank has none): a restart resumes no later than the first step after
+ * it that the job logs, so every logged step reaches the store (lifecycle.c, the Welcome). */
+hp_status hpd_store_metrics_high(hpd_store *s, const char *id, int world, int64_t *step,
+                                 hp_err *err);
+
 /* Batching for ingest: between begin and commit the metrics, step and exit writes share one
  * transaction. A durable write (insert, transition) inside a batch still commits before it
  * returns: the batch so far is committed with it and a new batch transaction opened after.

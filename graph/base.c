@@ -454,6 +454,74 @@ hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, h
     return hp_file_write_atomic_iov(path, &v, 1, err);
 }
 
+/* ---- append-only line logs -------------------------------------------------------------- */
+
+hp_status hp_file_log_open(const char *path, bool truncate, int *fd, hp_err *err) {
+    *fd = -1;
+    int f = io_open(
+        path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (truncate ? O_TRUNC : 0),
+        0644);
+    if (f < 0) return hp_errf(err, io_status(errno), "%s: open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        int e = errno;
+        close(f);
+        return hp_errf(err, HP_IO, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return hp_errf(err, HP_IO, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    }
+    /* a torn last line (a write cut short by a crash or a full disk): cut it off */
+    int r = open(path, O_RDONLY | O_CLOEXEC);
+    off_t end = st.st_size, cut = end;
+    char buf[4096];
+    while (r >= 0 && cut > 0) {
+        off_t lo = cut > (off_t)sizeof buf ? cut - (off_t)sizeof buf : 0;
+        ssize_t n = pread(r, buf, (size_t)(cut - lo), lo);
+        if (n != cut - lo) break;
+        if (cut == end && buf[n - 1] == '\n') break; /* whole */
+        ssize_t i = n - 1;
+        while (i >= 0 && buf[i] != '\n') i--;
+        if (i >= 0) {
+            cut = lo + i + 1;
+            break;
+        }
+        cut = lo;
+    }
+    if (r >= 0) close(r);
+    if (cut < end && ftruncate(f, cut) != 0) {
+        int e = errno;
+        close(f);
+        return hp_errf(err, io_status(e), "%s: cutting a torn last line: %s", path, strerror(e));
+    }
+    *fd = f;
+    return HP_OK;
+}
+
+hp_status hp_file_log_append(int fd, const char *path, const void *line, size_t len, hp_err *err) {
+    const char *p = line;
+    if (len == 0 || p[len - 1] != '\n')
+        return hp_errf(err, HP_INVALID, "%s: a log line must end with a newline", path);
+    struct stat st;
+    if (fstat(fd, &st) != 0) return hp_errf(err, HP_IO, "%s: fstat: %s", path, strerror(errno));
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = io_write(fd, p + done, len - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+            int e = errno;
+            /* no half line stays: back to the length before (best effort on a failing disk;
+             * hp_file_log_open cuts a torn line too) */
+            if (done > 0 && ftruncate(fd, st.st_size) != 0) {
+            }
+            return hp_errf(err, io_status(e), "%s: write: %s", path, strerror(e));
+        }
+        done += (size_t)w;
+    }
+    return HP_OK;
+}
+
 char *hp_quote(char *dst, size_t n, const char *s, size_t max_in) {
     size_t o = 0;
     if (n < 8) {

@@ -436,19 +436,30 @@ static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program
      * says one must exist. */
     char root[4096];
     snprintf(root, sizeof root, "%s/checkpoints", w->run_dir);
-    int64_t ckpt_step = 0;
+    int64_t ckpt_step = 0, before = w->resume_before > 0 ? w->resume_before : INT64_MAX;
     hp_err probe = {0};
-    bool have = hp_ckpt_latest(root, &ckpt_step, &probe) == HP_OK;
-    if (w->resume_step > 0 && !have) {
+    bool have = hp_ckpt_latest_before(root, before, &ckpt_step, &probe) == HP_OK;
+    /* resume_before: the coordinator's store lacks the metrics of the steps from there on, so
+     * they are trained again (none below it: start over). */
+    if (w->resume_step > 0 && w->resume_step < before && !have) {
         hp_errf(err, HP_NOT_FOUND, "resume_step %lld, but %s holds no checkpoint",
                 (long long)w->resume_step, root);
         send_done(a, false, 0, err->msg);
         return err->status;
     }
+    int64_t newest = 0;
+    if (before != INT64_MAX && hp_ckpt_latest(root, &newest, NULL) == HP_OK && newest >= before)
+        fprintf(o->log ? o->log : stdout,
+                "resume: the coordinator's store has no record of step %lld: %s, not the newest "
+                "checkpoint (step %lld); the steps after it are trained again\n",
+                (long long)before,
+                have ? "resuming from the newest checkpoint before it" : "starting over",
+                (long long)newest);
     if (have) atomic_store(&a->step, ckpt_step);
     hp_train_opts t = {
         .out_dir = w->run_dir,
         .resume = have ? w->run_dir : NULL,
+        .resume_before = w->resume_before,
         .threads = o->threads,
         .log = o->log,
         .stop = a->stop,

@@ -625,3 +625,18 @@ hp_status hp_ckpt_prune(const char *dir, int keep, hp_err *err) {
     if (s == HP_OK && removed) s = hp_fsync_dir(dir, err);
     return s;
 }
+
+hp_status hp_ckpt_remove_from(const char *dir, int64_t from, hp_err *err) {
+    step_ent *v;
+    int n;
+    HP_TRY(list_steps(dir, &v, &n, err));
+    hp_status s = HP_OK;
+    bool removed = false;
+    for (int i = 0; s == HP_OK && i < n && v[i].step >= from; i++) {
+        s = remove_step(dir, v[i].name, err);
+        removed = true;
+    }
+    hp_free(v);
+    if (s == HP_OK && removed) s = hp_fsync_dir(dir, err);
+    return s;
+}

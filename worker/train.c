@@ -7,6 +7,7 @@
  * device pointer. Which part of a parameter a rank holds is its program slot's box. */
 #include "worker/train_internal.h"
 
+#include "hp/checkpoint.h"
 #include "hp/device.h"
 #include "hp/metrics.h"
 #include "hp/models.h"
@@ -14,9 +15,11 @@
 #include "hp/threads.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -326,6 +329,35 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
     return prof ? finish_trace(t, step, err) : HP_OK;
 }
 
+/* A resume from step `keep`: the records after it (and lines that are not records) at the end
+ * of metrics.jsonl go, since those steps are trained and logged again; the file then holds
+ * each step once. Scans back from the end one line at a time (lines are < 4 KiB). */
+static hp_status trim_metrics(trainer *t, int64_t keep, hp_err *err) {
+    const char *path = t->metrics_path;
+    int r = open(path, O_RDONLY | O_CLOEXEC);
+    if (r < 0) return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+    struct stat st;
+    off_t cut = fstat(r, &st) == 0 ? st.st_size : 0, size = cut;
+    char buf[8192];
+    while (cut > 0) {
+        off_t lo = cut > (off_t)sizeof buf ? cut - (off_t)sizeof buf : 0;
+        ssize_t n = pread(r, buf, (size_t)(cut - lo), lo);
+        if (n != cut - lo || buf[n - 1] != '\n') break; /* hp_file_log_open left whole lines */
+        ssize_t i = n - 2;
+        while (i >= 0 && buf[i] != '\n') i--;
+        if (i < 0 && lo > 0) break; /* a line longer than the window: not a record of ours */
+        buf[n - 1] = 0;
+        hp_metrics m;
+        if (hp_metrics_from_json(buf + i + 1, &m, NULL) == HP_OK && m.step <= keep) break;
+        cut = lo + i + 1;
+    }
+    close(r);
+    if (cut < size && ftruncate(t->metrics_fd, cut) != 0)
+        return hp_errf(err, HP_IO, "%s: dropping the records after step %lld: %s", path,
+                       (long long)keep, strerror(errno));
+    return HP_OK;
+}
+
 /* Rank 0 prints the torchtitan-style line and appends the JSON record; every rank hands its
  * record to on_metrics (the coordinator shows each rank's throughput, memory and step). */
 static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err) {
@@ -349,11 +381,12 @@ static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err
     fprintf(t->log, "%s\n", line);
     fflush(t->log);
     if (t->opts->on_metrics) t->opts->on_metrics(t->opts->metrics_ctx, &m);
-    if (t->metrics) {
+    if (t->metrics_open) {
         char json[4096];
-        HP_TRY(hp_metrics_to_json(&m, json, sizeof json, err));
-        if (fprintf(t->metrics, "%s\n", json) < 0 || fflush(t->metrics) != 0)
-            return hp_errf(err, HP_IO, "writing metrics.jsonl: %s", strerror(errno));
+        HP_TRY(hp_metrics_to_json(&m, json, sizeof json - 1, err));
+        size_t n = strlen(json);
+        json[n++] = '\n';
+        HP_TRY(hp_file_log_append(t->metrics_fd, t->metrics_path, json, n, err));
     }
     return HP_OK;
 }
@@ -439,16 +472,18 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     if (o->out_dir) {
         HP_TRY(hp_mkdir_p(o->out_dir, err));
         snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/checkpoints", o->out_dir);
-        char path[HP__TRAIN_PATH_MAX];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
-        if (t->rank == 0 && !(t->metrics = fopen(path, o->resume ? "a" : "w")))
-            return hp_errf(err, HP_IO, "%s: %s", path, strerror(errno));
+        snprintf(t->metrics_path, sizeof t->metrics_path, "%s/metrics.jsonl", o->out_dir);
+        if (t->rank == 0) {
+            HP_TRY(hp_file_log_open(t->metrics_path, !o->resume, &t->metrics_fd, err));
+            t->metrics_open = true;
+        }
     }
     *start = 0;
     HP_TRY(hp__train_init_buffers(t, err));
     if (o->resume) {
         if (!t->ckpt_dir[0]) hp__train_resume_root(o->resume, t->ckpt_dir, sizeof t->ckpt_dir);
         HP_TRY(hp__train_load_checkpoint(t, o->resume, start, err));
+        if (t->metrics_open) HP_TRY(trim_metrics(t, *start, err));
         if (t->rank == 0) fprintf(t->log, "resumed from step %lld\n", (long long)*start);
         return HP_OK;
     }
@@ -458,7 +493,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
 }
 
 static void teardown(trainer *t) {
-    if (t->metrics) fclose(t->metrics);
+    if (t->metrics_open) close(t->metrics_fd);
     hp_exec_free(t->ex);
     hp__train_free_optimizer(t);
     if (t->owns_be)
@@ -520,6 +555,16 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             if (st != HP_OK) goto done;
             stop = flag[0] != 0;
             asked_n = flag[1];
+        }
+        if (step == start + 1 && t.rank == 0 && opts->resume_before > 0 && t.ckpt_dir[0]) {
+            /* Every rank has loaded its checkpoint, or started over (they all passed the
+             * all-reduce above): the ones at or after the bound are a future being trained
+             * again, which a later resume or prune must not take for this run's. */
+            if ((st = hp_ckpt_remove_from(t.ckpt_dir, opts->resume_before, err)) != HP_OK) {
+                hp_err_prefix(err, "resume: removing checkpoints from step %lld",
+                              (long long)opts->resume_before);
+                goto done;
+            }
         }
         bool asked = asked_n > ckpt_requests_done;
         if (asked) ckpt_requests_done = asked_n;

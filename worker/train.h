@@ -39,6 +39,9 @@ typedef struct hp_train_opts {
     const char *init_from; /* safetensors; NULL: the job's train.init_from ("" = fresh init) */
     const char *data;      /* token shards or "text:PATH"; NULL: the job's train.data_path */
     const char *resume;    /* a run's out dir or a checkpoint root; NULL: start fresh */
+    int64_t resume_before; /* > 0: resume from the newest checkpoint at a step below this one,
+                              and rank 0 removes those at or after it once every rank loaded
+                              (the coordinator's bound, worker.proto Welcome) */
     int threads;           /* <= 0: hp_default_threads() */
     int keep_checkpoints;  /* <= 0: keep 3 */
     FILE *log;             /* metrics lines and notices; NULL: stdout */

@@ -26,7 +26,10 @@
 typedef struct trainer {
     const hp_job *job;
     const hp_train_opts *opts;
-    FILE *log, *metrics;
+    FILE *log;
+    bool metrics_open; /* rank 0 with an out dir: metrics_fd appends to metrics_path */
+    int metrics_fd;
+    char metrics_path[HP__TRAIN_PATH_MAX];
     hp_compiled *compiled; /* the pipeline's output: owns prog */
     hp_program *prog;
     hp_comm *comm;                          /* world > 1 */

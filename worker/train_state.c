@@ -289,8 +289,8 @@ static hp_status read_box(trainer *t, hp_ckpt *c, int i, hp_ckpt_part kind, void
  * logged; all failing is an error naming the newest's reason. Every rank sees the same files,
  * so every rank lands on the same step. */
 static hp_status open_verified(trainer *t, const char *root, hp_ckpt **c, hp_err *err) {
-    int64_t at;
-    HP_TRY(hp_ckpt_latest(root, &at, err));
+    int64_t at, before = t->opts->resume_before > 0 ? t->opts->resume_before : INT64_MAX;
+    HP_TRY(hp_ckpt_latest_before(root, before, &at, err));
     hp_err newest = {0};
     int failed = 0;
     for (;;) {

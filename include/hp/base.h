@@ -142,6 +142,17 @@ hp_status hp_file_write_atomic_iov(const char *path, const hp_iov *v, int n, hp_
 /* hp_file_write_atomic_iov of one buffer. */
 hp_status hp_file_write_atomic(const char *path, const void *data, size_t len, hp_err *err);
 
+/* Append-only line logs (metrics.jsonl). hp_file_log_open opens path for appending (created
+ * 0644; emptied first when truncate), refusing what is not a regular file, and cuts off a torn
+ * last line (one without its newline: a write cut short by a crash or a full disk), so that
+ * every line in the file is whole. hp_file_log_append appends one line (len bytes ending with
+ * its newline) and, when a write fails part way, cuts the file back to its length before: no
+ * half line stays. Not fsynced (a log, not a commit). Errors name the path, the step and the
+ * errno text: HP_NOSPACE for a full disk or quota, HP_IO otherwise. Both count for
+ * hp_io_fail_at (the open and every write). */
+hp_status hp_file_log_open(const char *path, bool truncate, int *fd, hp_err *err);
+hp_status hp_file_log_append(int fd, const char *path, const void *line, size_t len, hp_err *err);
+
 /* fsyncs a directory, so that a rename or create in it is durable (file systems that cannot
  * fsync a directory, EINVAL, are fine). */
 hp_status hp_fsync_dir(const char *dir, hp_err *err);
@@ -156,9 +167,10 @@ void hp_cpu_model(char *out, size_t len);
 
 /* I/O fault injection, as hp_alloc_fail_at for memory: every system call of the helpers
  * above that creates or changes a file (open, write, fsync, close, rename, directory fsync,
- * mkdir) counts; the nth one from now (0-based) fails with errno `errnum` (ENOSPC, EIO, ...)
- * and so does every later one while `sticky`, else only that one. n < 0 disables. Returns the
- * number of such calls made since the last call. Process-wide and thread-safe; for tests. */
+ * mkdir; the log open and writes) counts; the nth one from now (0-based) fails with errno `errnum`
+ * (ENOSPC, EIO, ...) and so does every later one while `sticky`, else only that one. n < 0
+ * disables. Returns the number of such calls made since the last call. Process-wide and
+ * thread-safe; for tests. */
 long hp_io_fail_at(long n, int errnum, bool sticky);
 
 #ifdef __cplusplus

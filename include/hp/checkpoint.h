@@ -130,6 +130,9 @@ hp_status hp_ckpt_latest_before(const char *dir, int64_t before, int64_t *step, 
  * plus incomplete step directories older than the newest complete one (interrupted writes;
  * newer incomplete ones may be in progress and stay). */
 hp_status hp_ckpt_prune(const char *dir, int keep, hp_err *err);
+/* Removes every step directory at a step >= from, complete or not (a resume below them: they
+ * hold a future that is trained again, and must never be resumed from or pruned against). */
+hp_status hp_ckpt_remove_from(const char *dir, int64_t from, hp_err *err);
 
 /* ---- reading -------------------------------------------------------------------------------- */
 
