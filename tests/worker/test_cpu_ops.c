@@ -625,6 +625,24 @@ static void case_mask(hp_backend *be, hp_op op) {
     }
 }
 
+static void case_dropout(hp_backend *be, hp_op op) {
+    const double ps[] = {0, 0.1, 0.5};
+    hp_type ts[] = {TY(FT, 3, 70001), TY(FT, 2, 3, 5), TY0(FT), TY(FT, 0, 4)};
+    for (size_t i = 0; i < HP_ARRAY_LEN(ps); i++)
+        for (size_t k = 0; k < HP_ARRAY_LEN(ts); k++) {
+            if (op == HP_OP_NATIVE_DROPOUT) {
+                hp_attr a[2] = {hp_attr_float(HP_ATTR_P, ps[i]), hp_attr_str(HP_ATTR_FQN, "d")};
+                one(be, op, &ts[k], 1, a, 2, -2, 2, TOL_SIMPLE);
+            } else {
+                hp_type m = ts[k];
+                m.dtype = HP_BOOL;
+                hp_type in[2] = {ts[k], m};
+                hp_attr a = hp_attr_float(HP_ATTR_SCALE, 1.0 / (1.0 - ps[i]));
+                one(be, op, in, 2, &a, 1, -2, 2, TOL_SIMPLE);
+            }
+        }
+}
+
 static void case_rotary(hp_backend *be, hp_op op) {
     const double thetas[] = {10000, 500000};
     for (int inv = 0; inv < 2; inv++)
@@ -751,6 +769,8 @@ static const op_case cases[] = {
     {HP_OP_LAYER_NORM, case_layer_norm},
     {HP_OP_LAYER_NORM_BACKWARD, case_layer_norm},
     {HP_OP_TRIL, case_mask},
+    {HP_OP_NATIVE_DROPOUT, case_dropout},
+    {HP_OP_NATIVE_DROPOUT_BACKWARD, case_dropout},
     {HP_OP_BITWISE_NOT, case_mask},
     {HP_OP_ARANGE, case_mask},
 };
