@@ -1,10 +1,12 @@
 #!/usr/bin/python3
 """tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
 
-  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [HPCTL FLAGS...]  exports the
-                  GPT-2-style model below with hp_export (autodiff torch | hp) to
+  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [--dropout P] [HPCTL FLAGS...]
+                  exports the GPT-2-style model below with hp_export (autodiff torch | hp) to
                   DIR/job-AUTODIFF.pb (or DIR/job-NAME.pb), its weights to
-                  DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer
+                  DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer;
+                  --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
+                  residual branches) with p = P (default 0: they fold away)
   export_ref.py train DIR STEPS                      trains the same model from
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
@@ -49,6 +51,7 @@ from hp_export import safetensors  # noqa: E402
 
 V, T, C, H, L, B = 64, 16, 32, 4, 2, 4
 LR, WARMUP, WD, CLIP = 1e-3, 2, 0.1, 1.0
+DROPOUT = 0.0  # nanoGPT's dropout p (export --dropout)
 
 
 class Attention(nn.Module):
@@ -60,6 +63,7 @@ class Attention(nn.Module):
         # no two implementations agree on it. Every other Linear and LayerNorm has its bias.
         self.c_attn = nn.Linear(C, 3 * C, bias=False)
         self.c_proj = nn.Linear(C, C)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(DROPOUT), nn.Dropout(DROPOUT)
 
     def forward(self, x):
         b, t, c = x.size()
@@ -70,9 +74,9 @@ class Attention(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
         att = att.masked_fill(~mask, float("-inf"))
-        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(F.softmax(att, dim=-1))
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
+        return self.resid_dropout(self.c_proj(y))
 
 
 class BiasAttention(Attention):
@@ -100,9 +104,10 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(C, 4 * C)
         self.c_proj = nn.Linear(4 * C, C)
+        self.dropout = nn.Dropout(DROPOUT)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class Block(nn.Module):
@@ -120,7 +125,7 @@ class GPT(nn.Module):
     def __init__(self, attn=Attention):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(0.0),
+            wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(DROPOUT),
             h=nn.ModuleList([Block(attn) for _ in range(L)]), ln_f=nn.LayerNorm(C)))
         self.lm_head = nn.Linear(C, V, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied
@@ -173,6 +178,9 @@ def do_export(d, autodiff, flags):
         name, flags = flags[1], flags[2:]
     if flags[:1] == ["--bias-buffer"]:  # nanoGPT's registered causal mask
         attn, flags = BiasAttention, flags[1:]
+    if flags[:1] == ["--dropout"]:
+        global DROPOUT
+        DROPOUT, flags = float(flags[1]), flags[2:]
     x = torch.zeros(B, T, dtype=torch.int64)
     hp_export.export(make(attn), (x, x.clone()), hp_export.default_loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
