@@ -302,7 +302,10 @@ static int count_in(const char *name, const char *what) {
  * residual branches): exported both ways they become hp's native_dropout (7 of them, named by
  * module path), train alike (the same masks: forward-only capture names them as the joint one
  * does), and the FSDP world-2 run drops the elements the world-1 run drops: every loss within
- * 1e-5. At p = 0 they fold away, and the losses differ from p = 0.1's. */
+ * 1e-5. PyTorch's AdamW run with hp's masks (export_ref.py ports hp/rng.h) gives the same
+ * losses (1e-4 relative) and weights. At p = 0 they fold away, and the losses differ from
+ * p = 0.1's. torch.native_dropout (aten.native_dropout + its backward, what a GPU trace
+ * records) exports to the same job: the same losses. */
 Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
     write_tokens();
     char args[1024], out[320];
@@ -330,6 +333,18 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
     snprintf(args, sizeof args, "export '%s' torch --as p0 --steps %d", dir, STEPS);
     cr_assert_eq(ref(args), 0, "export (p = 0) failed:\n%s", hp_th_slurp_or_empty(out));
     cr_expect_eq(count_in("job-p0.hpir", "native_dropout"), 0, "p = 0 folds away");
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args,
+                 "export '%s' %s --as native-%s --dropout 0.1 --native-dropout "
+                 "--steps %d",
+                 dir, modes[i], modes[i], STEPS);
+        cr_assert_eq(ref(args), 0, "export (%s, native_dropout) failed:\n%s", modes[i],
+                     hp_th_slurp_or_empty(out));
+    }
+    cr_expect_eq(count_in("job-native-torch.hpir", " = native_dropout_backward("), 7);
+    cr_expect_eq(count_in("job-native-hp.hpir", " = native_dropout("), 7);
+    train_hp("job-native-torch.pb", "native-torch", 1);
+    train_hp("job-native-hp.pb", "native-hp", 1);
     train_hp("job-torch.pb", "w1-torch", 1);
     train_hp("job-hp.pb", "w1-hp", 1);
     train_hp("job-torch-fsdp.pb", "w2-torch", 2);
@@ -345,6 +360,18 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
     snprintf(a, sizeof a, "%s/w1-torch", dir);
     snprintf(b, sizeof b, "%s/w1-hp", dir);
     hp_th_expect_losses_close(a, b, 0, 1e-5, "joint capture vs hp autodiff");
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(b, sizeof b, "%s/native-%s", dir, modes[i]);
+        hp_th_expect_losses_close(a, b, 0, 1e-5, "torch.native_dropout");
+    }
+    /* PyTorch's own AdamW run, its dropouts drawing hp's masks (a port of hp/rng.h) on hp's
+     * sample order: the same losses and weights as hp's */
+    snprintf(args, sizeof args, "train '%s' %d --dropout 0.1", dir, STEPS);
+    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    char ref_dir[320];
+    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
+    hp_th_expect_losses_close(ref_dir, a, 0, 1e-4, "PyTorch with hp's masks");
+    hp_th_expect_weights_close(ref_dir, a, 1e-7, 1e-4, "PyTorch with hp's masks");
     double with[STEPS + 1], without[STEPS + 1];
     snprintf(b, sizeof b, "%s/p0", dir);
     cr_assert_eq(hp_th_read_losses(a, with, STEPS + 1), STEPS);
