@@ -301,9 +301,9 @@ static int count_in(const char *name, const char *what) {
 /* nanoGPT's dropouts at p = 0.1 in the train-mode model (embeddings, attention weights, both
  * residual branches): exported both ways they become hp's native_dropout (7 of them, named by
  * module path), train alike (the same masks: forward-only capture names them as the joint one
- * does), and the FSDP world-2 run drops the elements the world-1 run drops: every loss within
- * 1e-5. PyTorch's AdamW run with hp's masks (export_ref.py ports hp/rng.h) gives the same
- * losses (1e-4 relative) and weights. At p = 0 they fold away, and the losses differ from
+ * does), and the FSDP world-2 run (and a tp=2 MLP) drops the elements the world-1 run drops:
+ * every loss within 1e-5. PyTorch's AdamW run with hp's masks (export_ref.py ports hp/rng.h) gives
+ * the same losses (1e-4 relative) and weights. At p = 0 they fold away, and the losses differ from
  * p = 0.1's. torch.native_dropout (aten.native_dropout + its backward, what a GPU trace
  * records) exports to the same job: the same losses. */
 Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
@@ -341,6 +341,15 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
         cr_assert_eq(ref(args), 0, "export (%s, native_dropout) failed:\n%s", modes[i],
                      hp_th_slurp_or_empty(out));
     }
+    /* tensor parallel on a mesh: the MLP column/row-parallel (its dropout reads a Partial) */
+    snprintf(args, sizeof args,
+             "export '%s' torch --as tp --dropout 0.1 --steps %d --mesh tp=2 "
+             "--place 'transformer.h.*.mlp.c_fc.weight=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_fc.bias=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_proj.weight=tp:S(1)'",
+             dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (tp) failed:\n%s", hp_th_slurp_or_empty(out));
+    train_hp("job-tp.pb", "tp2", 2);
     cr_expect_eq(count_in("job-native-torch.hpir", " = native_dropout_backward("), 7);
     cr_expect_eq(count_in("job-native-hp.hpir", " = native_dropout("), 7);
     train_hp("job-native-torch.pb", "native-torch", 1);
@@ -360,6 +369,8 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
     snprintf(a, sizeof a, "%s/w1-torch", dir);
     snprintf(b, sizeof b, "%s/w1-hp", dir);
     hp_th_expect_losses_close(a, b, 0, 1e-5, "joint capture vs hp autodiff");
+    snprintf(b, sizeof b, "%s/tp2", dir);
+    hp_th_expect_losses_close(a, b, 0, 1e-5, "tp=2");
     for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
         snprintf(b, sizeof b, "%s/native-%s", dir, modes[i]);
         hp_th_expect_losses_close(a, b, 0, 1e-5, "torch.native_dropout");
