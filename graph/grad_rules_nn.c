@@ -156,3 +156,15 @@ hp_status hp__grad_sdpa(hp_graph *g, const hp_grad_node *fwd, const hp_value *go
         if (hp__grad_need(fwd, i)) gin[i] = hp_out(r, i);
     return HP_OK;
 }
+
+/* Dropout's gradient reuses the forward's mask (its output 1): grad * mask / (1 - p), as ATen's
+ * native_dropout_backward, so the backward never draws again. */
+hp_status hp__grad_dropout(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout,
+                           hp_value *gin) {
+    const hp_node *n = &fwd->node;
+    if (!hp_value_ok(gout[0])) return HP_OK;
+    hp_value in[2] = {gout[0], hp__grad_self(fwd, 1)};
+    hp_attr a = hp_attr_float(HP_ATTR_SCALE, 1.0 / (1.0 - hp_node_float(n, HP_ATTR_P, 0.0)));
+    gin[0] = hp_build(g, HP_OP_NATIVE_DROPOUT_BACKWARD, in, 2, &a, 1);
+    return HP_OK;
+}

@@ -889,3 +889,46 @@ hp_status hp__shape_chunked_embedding_backward(const hp_node *n, const hp_type *
     HP_TRY(hp__shape_embedding_backward(n, in, out, err));
     return chunk_base(&in[2], out[0].shape[0], err);
 }
+
+/* ---- dropout -------------------------------------------------------------------------------- */
+
+hp_status hp__shape_dropout(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    HP_TRY(need_float(&in[0], "input", err));
+    double p = attr(n, HP_ATTR_P)->f;
+    if (!(p >= 0 && p < 1)) return hp_errf(err, HP_INVALID, "p is %g, must be in [0, 1)", p);
+    const hp_attr *f = attr(n, HP_ATTR_FQN);
+    if (!f->s || !f->s[0])
+        return hp_errf(err, HP_INVALID, "fqn (the mask's stream name) must not be empty");
+    const hp_attr *gs = attr(n, HP_ATTR_GLOBAL_SHAPE);
+    if (gs) {
+        if (gs->ints.n != in[0].rank)
+            return hp_errf(err, HP_INVALID, "global_shape has %d dims, the input %d", gs->ints.n,
+                           in[0].rank);
+        for (int d = 0; d < gs->ints.n; d++) {
+            int64_t l = in[0].shape[d], g = gs->ints.v[d];
+            if (g < l || g > HP_MAX_DIM || (l > 0 && g % l) || (l == 0 && g != 0))
+                return hp_errf(err, HP_INVALID,
+                               "global_shape dim %d is %lld: must be a multiple of the local %lld",
+                               d, (long long)g, (long long)l);
+        }
+    }
+    out[0] = in[0];
+    out[1] = in[0];
+    out[1].dtype = HP_BOOL;
+    return HP_OK;
+}
+
+hp_status hp__shape_dropout_backward(const hp_node *n, const hp_type *in, hp_type *out,
+                                     hp_err *err) {
+    HP_TRY(need_float(&in[0], "grad", err));
+    if (in[1].dtype != HP_BOOL)
+        return hp_errf(err, HP_INVALID, "mask must be bool, not %s", hp_dtype_name(in[1].dtype));
+    hp_type m = in[1];
+    m.dtype = in[0].dtype;
+    HP_TRY(same_type(&in[0], &m, "grad and mask shapes differ", err));
+    double s = attr(n, HP_ATTR_SCALE)->f;
+    if (!isfinite(s) || s < 0)
+        return hp_errf(err, HP_INVALID, "scale is %g, must be finite and >= 0", s);
+    out[0] = in[0];
+    return HP_OK;
+}

@@ -759,3 +759,37 @@ int hp__shard_collective(const hp_shard_query *q, hp_shard_rule *rules, int cap)
     partial_through(&b, 0);
     return b.n;
 }
+
+/* ---- dropout -------------------------------------------------------------------------------- */
+
+/* native_dropout: the mask of an element depends on its global index only, so every rank's
+ * piece drops what the whole tensor drops: Shard(d) passes (mask Shard(d)), and Partial(op)
+ * passes too (every rank draws the same, Replicate, mask, and x * m / (1 - p) with m >= 0 is
+ * linear and monotone in x). */
+int hp__shard_dropout(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    for (int d = 0; d < q->in[0].rank; d++) {
+        if (!divs(q, &q->in[0], d)) continue;
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->out[0] = r->out[1] = HP_SHARD(d);
+    }
+    static const hp_reduce_op all[] = {HP_REDUCE_SUM, HP_REDUCE_AVG, HP_REDUCE_MAX};
+    for (size_t i = 0; i < HP_ARRAY_LEN(all); i++) {
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->out[0] = HP_PARTIAL(all[i]);
+    }
+    return b.n;
+}
+
+/* native_dropout_backward(grad, mask): elementwise; a Partial gradient passes with a
+ * Replicate mask (the rule above gives one). */
+int hp__shard_dropout_backward(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    pointwise(&b);
+    static const hp_reduce_op all[] = {HP_REDUCE_SUM, HP_REDUCE_AVG, HP_REDUCE_MAX};
+    for (size_t i = 0; i < HP_ARRAY_LEN(all); i++) {
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->out[0] = HP_PARTIAL(all[i]);
+    }
+    return b.n;
+}

@@ -480,7 +480,11 @@ static hp_status copy_node(fsdp *f, int i, hp_err *err) {
         return HP_OK;
     }
     HP_TRY(rewrite_attrs(f, i, k0, attrs, nd->n_attrs, err));
-    hp_status st = add_node(f, nd->op, f->ins, nd->n_in, attrs, nd->n_attrs, NULL, &id, err);
+    int na = nd->n_attrs;
+    if (nd->op == HP_OP_NATIVE_DROPOUT && !find_attr(attrs, na, HP_ATTR_GLOBAL_SHAPE))
+        /* its mask is drawn at global indices: the runtime places the local batch in it */
+        attrs[na++] = hp_attr_ints(HP_ATTR_GLOBAL_SHAPE, nd->out[0].rank, nd->out[0].shape);
+    hp_status st = add_node(f, nd->op, f->ins, nd->n_in, attrs, na, NULL, &id, err);
     if (st == HP_NOMEM || st == HP_LIMIT) return st;
     if (st != HP_OK) {
         hp_err_prefix(err, "node %d (%s) at the local batch (1/%lld)", i, op_name(nd->op),

@@ -28,6 +28,7 @@
 #include "hp/graph.h"
 #include "hp/job.h"
 #include "hp/optim.h"
+#include "hp/rng.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,6 +53,9 @@ typedef struct hp_kernel_call {
     const hp_type *in_type;  /* [n_in] */
     void *const *out;        /* [n_out] device pointers */
     const hp_type *out_type; /* [n_out] */
+    /* native_dropout: the draw and where this rank's piece sits in the whole tensor (the
+     * executor's, hp_exec_set_rng); NULL: seed 0, step 0, the buffer is the whole tensor. */
+    const hp_dropout_site *site;
 } hp_kernel_call;
 
 typedef struct hp_device_info {

@@ -21,7 +21,8 @@ struct hp_exec {
     int64_t bytes;
     hp_exec_trace_fn trace;
     void *trace_ctx;
-    double exposed_s; /* compute blocked on the comm stream */
+    double exposed_s;       /* compute blocked on the comm stream */
+    hp_dropout_site *sites; /* [n_instrs]: each native_dropout's (hp_exec_set_rng) */
 };
 
 static double now_s(void) {
@@ -51,6 +52,7 @@ void hp_exec_free(hp_exec *e) {
         for (int32_t i = 0; i < e->p->n_instrs; i++)
             if (e->events[i]) e->b->vt->event_free(e->b, e->events[i]);
     hp_free(e->events);
+    hp_free(e->sites);
     hp_free(e->calls);
     hp_free(e->in_ptrs);
     hp_free(e->out_ptrs);
@@ -81,6 +83,47 @@ static hp_status plan_events(hp_exec *e, hp_err *err) {
     return st;
 }
 
+/* Where native_dropout node n's local piece (type t) sits in the whole tensor on this rank: from
+ * its placements on the program's mesh, else (FSDP) its global_shape split over the world on
+ * the one dim that differs, else it is the whole tensor. */
+static hp_status dropout_site(const hp_program *p, const hp_node *n, const hp_type *t,
+                              hp_dropout_site *s, hp_err *err) {
+    const hp_attr *f = hp_node_attr(n, HP_ATTR_FQN);
+    *s = (hp_dropout_site){.stream = hp_rng_stream_id(f && f->s ? f->s : ""), .rank = t->rank};
+    for (int d = 0; d < t->rank; d++) s->local[d] = s->global[d] = t->shape[d];
+    const hp_graph_mesh *m = &p->graph->mesh;
+    const hp_attr *gs = hp_node_attr(n, HP_ATTR_GLOBAL_SHAPE);
+    if (m->ndim > 0 && n->pl) {
+        hp_type g = *t;
+        for (int i = 0; i < m->ndim; i++)
+            if (n->pl[i].kind == HP_PLACE_SHARD && n->pl[i].dim < g.rank)
+                g.shape[n->pl[i].dim] *= m->size[i];
+        int64_t len[HP_MAX_RANK];
+        HP_TRY(hp_local_box(&g, n->pl, m->size, p->coord, m->ndim, s->off, len, err));
+        for (int d = 0; d < t->rank; d++) s->global[d] = g.shape[d];
+    } else if (gs) {
+        int index, count;
+        hp_program_data_rank(p, p->rank, &index, &count);
+        for (int d = 0; d < t->rank && d < gs->ints.n; d++) {
+            if (gs->ints.v[d] == t->shape[d]) continue;
+            if (gs->ints.v[d] != t->shape[d] * count)
+                return hp_errf(err, HP_INVALID,
+                               "native_dropout: global dim %d is %lld, not %d ranks' %lld", d,
+                               (long long)gs->ints.v[d], count, (long long)t->shape[d]);
+            s->global[d] = gs->ints.v[d];
+            s->off[d] = (int64_t)index * t->shape[d];
+        }
+    }
+    return HP_OK;
+}
+
+void hp_exec_set_rng(hp_exec *e, uint64_t seed, uint64_t step) {
+    for (int32_t i = 0; e->sites && i < e->p->n_instrs; i++) {
+        e->sites[i].seed = seed;
+        e->sites[i].step = step;
+    }
+}
+
 hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err *err) {
     *out = NULL;
     hp_exec *e = hp_calloc(1, sizeof *e);
@@ -106,7 +149,8 @@ hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err 
     e->in_ptrs = hp_calloc(n_in + 1, sizeof *e->in_ptrs);
     e->out_ptrs = hp_calloc(n_out + 1, sizeof *e->out_ptrs);
     e->types = hp_calloc(n_in + n_out + 1, sizeof *e->types);
-    if (!e->calls || !e->events || !e->in_ptrs || !e->out_ptrs || !e->types) {
+    e->sites = hp_calloc((size_t)p->n_instrs + 1, sizeof *e->sites);
+    if (!e->calls || !e->events || !e->in_ptrs || !e->out_ptrs || !e->types || !e->sites) {
         st = hp_errf(err, HP_NOMEM, "out of memory creating the executor");
         goto fail;
     }
@@ -129,6 +173,13 @@ hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err 
         for (int k = 0; k < ins->n_out; k++) {
             e->out_ptrs[ko++] = hp_exec_ptr(e, ins->out[k]);
             e->types[kt++] = p->buffers[ins->out[k]].type;
+        }
+        if (c->node->op == HP_OP_NATIVE_DROPOUT && ins->n_in == 1) {
+            if ((st = dropout_site(p, c->node, &c->in_type[0], &e->sites[i], err)) != HP_OK) {
+                hp_err_prefix(err, "instruction %d (node %d)", i, ins->node);
+                goto fail;
+            }
+            c->site = &e->sites[i];
         }
     }
     if ((st = plan_events(e, err)) != HP_OK) goto fail;

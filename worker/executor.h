@@ -29,6 +29,12 @@ int64_t hp_exec_bytes(const hp_exec *e);
 
 void hp_exec_set_trace(hp_exec *e, hp_exec_trace_fn fn, void *ctx);
 
+/* The draw of the next steps' dropout masks (hp/rng.h): the run's seed and the training step
+ * (0, 0 until set). Each native_dropout also gets where this rank's piece sits in the whole
+ * tensor (from its placements, or an FSDP node's global_shape), so every sharding of a graph
+ * drops the elements its one-rank form drops. */
+void hp_exec_set_rng(hp_exec *e, uint64_t seed, uint64_t step);
+
 /* Runs every instruction once (one forward + backward) and waits for the device. Errors name
  * the instruction and its node: "instruction 41 (node 57, mm): ...". */
 hp_status hp_exec_step(hp_exec *e, hp_err *err);

@@ -295,6 +295,7 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
         hp_trace_add(t->trace, HP_TRACE_COMPUTE, "data", t0, t0 + o->data_s, -1, -1);
         trace_hooks(t, true);
     }
+    hp_exec_set_rng(t->ex, t->job->train.seed, (uint64_t)step); /* dropout masks: hp/rng.h */
     hp_status st = hp_exec_step(t->ex, err);
     if (prof) trace_hooks(t, false); /* hp_exec_step synchronized, or failed */
     HP_TRY(st);

@@ -424,7 +424,9 @@ def export(model, example_inputs, loss_fn=default_loss, plan=None, train=None, o
     "fsdp": [patterns], "place": [...], ...}; train: {"steps": 10, "lr": 1e-3, ...}: both
     become hpctl new flags (underscores as dashes). weights: where the model's state goes
     (default: out's stem + .safetensors); hpir_path: keep the IR there (default: out's stem +
-    .hpir). Raises ExportError with the whole message on failure; nothing is written then."""
+    .hpir). The step is traced in train mode (model.train(), restored after), so dropout with
+    p > 0 is exported: hp draws its masks (native_dropout). Raises ExportError with the whole
+    message on failure; nothing is written then."""
     stem = os.path.splitext(out)[0]
     weights = weights or stem + ".safetensors"
     hpir_path = hpir_path or stem + ".hpir"

@@ -5,6 +5,10 @@ represent (Unsupported), fails the export with every such op listed once.
 
 Most entries are one-to-one (hp's op names follow ATen). The others:
   detach, alias, dropout p=0          fold away (the value itself)
+  native_dropout p>0 (+ backward)     native_dropout (hp's counter-RNG mask, named by module
+                                      path: `transformer.drop#0`) and its backward
+  bernoulli_(empty_like(x), 1-p)      cast of native_dropout(x)'s mask: aten.dropout's CPU
+                                      decomposition (then div_ and mul as traced)
   _reshape_alias, _unsafe_view        view (hp values are contiguous: a reshape)
   split, split_with_sizes             one slice per piece
   select, unbind                      slice(s) of one, the dim viewed away
@@ -435,19 +439,56 @@ def _to_copy(cx, node, args, kw):
     return cx.g.node("_to_copy", [cx.v(args[0])], [t], {"dtype": t[0]})
 
 
+def _dropout_name(cx, node):
+    """The mask's stream name: the module path and the dropout's index within it, in trace
+    order (the same in a joint capture and a forward-only one)."""
+    path = cx.cap.paths.get(node) or "(model)"
+    seen = cx.__dict__.setdefault("_dropouts", {})
+    k = seen.get(path, 0)
+    seen[path] = k + 1
+    return "%s#%d" % (path, k)
+
+
+def _dropout_node(cx, node, x, p):
+    if not 0 < p < 1:
+        raise Unsupported("p=%g (hp drops with p in [0, 1))" % p)
+    xv = cx.v(x)
+    return cx.g.node("native_dropout", [xv], [(xv.dtype, xv.shape), ("bool", xv.shape)],
+                     {"p": float(p), "fqn": _dropout_name(cx, node)})
+
+
 def _dropout(cx, node, args, kw):
     x, p, train = args[0], args[1], args[2]
-    if train and p > 0:
-        raise Unsupported("p=%g > 0 (only p = 0 folds away for now)" % p)
-    xv = cx.v(x)
-    mask = cx.g.node("ones", [], [("bool", xv.shape)], {"shape": xv.shape, "dtype": "bool"})
-    return [xv, mask]
+    if not train or p == 0:
+        xv = cx.v(x)
+        mask = cx.g.node("ones", [], [("bool", xv.shape)], {"shape": xv.shape, "dtype": "bool"})
+        return [xv, mask]
+    return _dropout_node(cx, node, x, p)
 
 
 def _dropout_backward(cx, node, args, kw):
-    if args[2] != 1:
-        raise Unsupported("scale %g (dropout with p > 0)" % args[2])
-    return cx.v(args[0])
+    g, mask, scale = args[0], args[1], args[2]
+    if scale == 1:  # p = 0: the mask is all ones
+        return cx.v(g)
+    return cx.g.node("native_dropout_backward", [cx.v(g), cx.v(mask)], [_t(cx, node)],
+                     {"scale": float(scale)})
+
+
+def _bernoulli(cx, node, args, kw):
+    """aten.dropout on the CPU decomposes to mul(x, div_(bernoulli_(empty_like(x), 1 - p),
+    1 - p)) (the backward: mul(grad, that)): the keep mask is hp's native_dropout mask of x,
+    cast to x's dtype; the division and products stay as traced."""
+    target, q = args[0], args[1] if len(args) > 1 else kw.get("p", 0.5)
+    if not (_is_node(target) and target.target == aten.empty_like.default and
+            len(target.users) == 1):
+        raise Unsupported("bernoulli_ outside dropout's pattern (hp draws only dropout masks)")
+    if not isinstance(q, (int, float)):
+        raise Unsupported("a tensor probability")
+    t = _t(cx, node)
+    if q == 1:
+        return cx.g.node("ones", [], [t], {"shape": t[1], "dtype": t[0]})
+    mask = _dropout_node(cx, node, target.args[0], 1.0 - q)[1]
+    return cx.g.node("_to_copy", [mask], [t], {"dtype": t[0]})
 
 
 def _getitem(cx, node, args, kw):
@@ -486,6 +527,8 @@ TABLE = {
     aten.sub_.Tensor: _inplace(_binary("sub", None)),
     aten.mul_.Tensor: _inplace(_binary("mul", "mul_scalar")),
     aten.div_.Tensor: _inplace(_binary("div", None)),
+    aten.div_.Scalar: _inplace(_binary("div", None)),
+    aten.bernoulli_.float: _inplace(_bernoulli),
     aten.add.Tensor: _binary("add", "add_scalar"),
     aten.sub.Tensor: _binary("sub", None),
     aten.mul.Tensor: _binary("mul", "mul_scalar"),

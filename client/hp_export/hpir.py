@@ -59,7 +59,7 @@ def _str(s):
 
 
 # The kind of each attribute key hp reads (HP_ATTR_LIST in include/hp/graph.h).
-_FLOAT_KEYS = {"value", "exponent", "alpha", "beta", "eps", "theta", "scale"}
+_FLOAT_KEYS = {"value", "exponent", "alpha", "beta", "eps", "theta", "scale", "p"}
 _INTS_KEYS = {"dims", "shape", "perm", "global_shape"}
 _STR_KEYS = {"fqn", "group"}
 

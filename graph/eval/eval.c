@@ -147,6 +147,8 @@ static const hp__eval_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_LAYER_NORM] = hp__eval_layer_norm,
     [HP_OP_LAYER_NORM_BACKWARD] = hp__eval_layer_norm_backward,
     [HP_OP_TRIL] = hp__eval_tril,
+    [HP_OP_NATIVE_DROPOUT] = hp__eval_dropout,
+    [HP_OP_NATIVE_DROPOUT_BACKWARD] = hp__eval_dropout_backward,
     [HP_OP_BITWISE_NOT] = hp__eval_bitwise_not,
     [HP_OP_ARANGE] = hp__eval_arange,
     [HP_OP_ROTARY_EMB] = hp__eval_rotary,
@@ -305,7 +307,7 @@ static hp_status run_collect(run *r, const hp_graph *g, hp_tensor *outputs, hp_e
 
 hp_status hp_eval(const hp_graph *g, const hp_tensor *inputs, int n_inputs,
                   const hp_eval_opts *opts, hp_tensor *outputs, hp_err *err) {
-    static const hp_eval_opts default_opts = {HP_EVAL_F32, NULL, NULL};
+    static const hp_eval_opts default_opts = {.precision = HP_EVAL_F32};
     if (!g) return hp_errf(err, HP_INVALID, "eval: graph is NULL");
     if (g->n_outputs > 0 && !outputs) return hp_errf(err, HP_INVALID, "eval: outputs is NULL");
     for (int i = 0; i < g->n_outputs; i++) outputs[i] = (hp_tensor){0};

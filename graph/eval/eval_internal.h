@@ -84,6 +84,8 @@ HP__EVAL_KERNEL(hp__eval_layer_norm_backward);
 
 /* eval_mask.c */
 HP__EVAL_KERNEL(hp__eval_tril);
+HP__EVAL_KERNEL(hp__eval_dropout);
+HP__EVAL_KERNEL(hp__eval_dropout_backward);
 HP__EVAL_KERNEL(hp__eval_bitwise_not);
 HP__EVAL_KERNEL(hp__eval_arange);
 

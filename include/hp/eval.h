@@ -34,10 +34,19 @@ typedef enum { HP_EVAL_F32 = 0, HP_EVAL_F64 = 1 } hp_eval_precision;
 typedef hp_status (*hp_eval_collective_fn)(void *ctx, const hp_node *n, const hp_tensor *in,
                                            hp_tensor *out, hp_err *err);
 
+/* Dropout hook (a simulated rank): where native_dropout node n's local piece sits in the whole
+ * tensor, off[d] and global[d] for each of its dims (hp_dropout_site; both arrive as one rank's:
+ * off 0, global = the local shape). */
+typedef hp_status (*hp_eval_dropout_fn)(void *ctx, const hp_node *n, int64_t *off, int64_t *global,
+                                        hp_err *err);
+
 typedef struct hp_eval_opts {
     hp_eval_precision precision;
     hp_eval_collective_fn collective; /* NULL: collectives are HP_UNSUPPORTED */
     void *collective_ctx;
+    uint64_t seed, step;             /* the draw of native_dropout's masks (hp/rng.h) */
+    hp_eval_dropout_fn dropout_site; /* NULL: the graph holds whole tensors */
+    void *dropout_ctx;
 } hp_eval_opts;
 
 /* Runs g. inputs[i] feeds placeholder i (node i), n_inputs must equal the placeholder count

@@ -101,7 +101,8 @@ hp_status hp_type_check(const hp_type *t, hp_err *err);
     X(FQN, "fqn", STR)                    /* placeholder: fully qualified name */                  \
     X(INIT, "init", INIT)                 /* placeholder: parameter init spec */                   \
     X(GLOBAL_SHAPE, "global_shape", INTS) /* placeholder: unsharded shape (FSDP shards dim 0) */   \
-    X(DIAGONAL, "diagonal", INT)          /* tril: the diagonal kept last (0: the main one) */
+    X(DIAGONAL, "diagonal", INT)          /* tril: the diagonal kept last (0: the main one) */     \
+    X(P, "p", FLOAT)                      /* native_dropout: the probability of dropping */
 
 typedef enum {
 #define X(e, name, kind) HP_ATTR_##e,

@@ -12,6 +12,12 @@
  * be computed independently, so sharded parameter init equals unsharded init and a resumed
  * run needs no generator state beyond (seed, position).
  *
+ * Dropout masks (hp_dropout_keep) draw from the stream of the dropout node's fqn moved by the
+ * training step, stream = hp_rng_stream_id(fqn) + step * 0x9E3779B97F4A7C15 (mod 2^64), at
+ * index g / 4 of the element's global flat index g, and use word g % 4: element g is dropped when
+ * that word is below round(p * 2^32). A piece of a sharded tensor draws from its global
+ * indices, so N ranks drop exactly the elements one rank drops.
+ *
  * Not here: distributions of parameters (hp/param_init.h) and any stateful generator.
  */
 #ifndef HP_RNG_H
@@ -47,6 +53,27 @@ double hp_rng_u01_oo(const uint32_t w[2]);
 double hp_normal_quantile(double p);
 /* Standard normal CDF Phi(x) = erfc(-x / sqrt 2) / 2. */
 double hp_normal_cdf(double x);
+
+/* ---- dropout ----------------------------------------------------------------------------------
+ */
+#define HP_RNG_MAX_RANK 8 /* = HP_MAX_RANK (graph/rng.c checks) */
+
+/* Where one dropout draws: which draw (seed, step, stream), and where the rank's local piece of
+ * shape local[rank] sits in the whole tensor: local element idx[] is global element
+ * off[d] + idx[d] of a tensor of shape global[rank] (off 0, global = local on one rank). */
+typedef struct hp_dropout_site {
+    uint64_t seed, step;
+    uint64_t stream; /* hp_rng_stream_id(the node's fqn) */
+    int rank;
+    int64_t local[HP_RNG_MAX_RANK], off[HP_RNG_MAX_RANK], global[HP_RNG_MAX_RANK];
+} hp_dropout_site;
+
+/* round(p * 2^32), clamped to 2^32 - 1; p in [0, 1). */
+uint32_t hp_dropout_threshold(double p);
+/* keep[i - first] = 0 (dropped) or 1 for the local flat elements i in [first, first + count)
+ * (row-major over s->local), as laid out above. */
+void hp_dropout_keep(const hp_dropout_site *s, uint32_t threshold, int64_t first, int64_t count,
+                     uint8_t *keep);
 
 #ifdef __cplusplus
 }

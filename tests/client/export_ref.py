@@ -1,15 +1,19 @@
 #!/usr/bin/python3
 """tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
 
-  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [HPCTL FLAGS...]  exports the
-                  GPT-2-style model below with hp_export (autodiff torch | hp) to
+  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [--dropout P] [HPCTL FLAGS...]
+                  exports the GPT-2-style model below with hp_export (autodiff torch | hp) to
                   DIR/job-AUTODIFF.pb (or DIR/job-NAME.pb), its weights to
-                  DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer
-  export_ref.py train DIR STEPS                      trains the same model from
+                  DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer;
+                  --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
+                  residual branches) with p = P (default 0: they fold away);
+                  --native-dropout (after --dropout): through torch.native_dropout
+  export_ref.py train DIR STEPS [--dropout P]        trains the same model from
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights)
+                  and DIR/ref/model.safetensors (the final weights); --dropout P: with
+                  nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
                   to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
@@ -49,6 +53,73 @@ from hp_export import safetensors  # noqa: E402
 
 V, T, C, H, L, B = 64, 16, 32, 4, 2, 4
 LR, WARMUP, WD, CLIP = 1e-3, 2, 0.1, 1.0
+DROPOUT = 0.0  # nanoGPT's dropout p (export --dropout)
+NATIVE_DROPOUT = False  # export --native-dropout: call torch.native_dropout instead
+
+
+class NativeDropout(nn.Module):
+    """Dropout through torch.native_dropout, which make_fx records as aten.native_dropout and
+    aten.native_dropout_backward (what nn.Dropout records on a GPU)."""
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return torch.native_dropout(x, self.p, self.training)[0] if self.p > 0 else x
+
+
+# ---- hp's dropout mask (include/hp/rng.h), so PyTorch can train with the elements hp drops ----
+M32, M64 = 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF
+HP_SEED = 0  # the job's seed (hpctl's default)
+HP_STEP = [0]  # the training step hp's masks are drawn for (1-based)
+
+
+def philox(ctr, key):
+    c, k = list(ctr), list(key)
+    for r in range(10):
+        if r:
+            k = [(k[0] + 0x9E3779B9) & M32, (k[1] + 0xBB67AE85) & M32]
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & M32, (p0 >> 32) ^ c[3] ^ k[1], p0 & M32]
+    return c
+
+
+def stream_id(name):
+    h = 0xcbf29ce484222325
+    for ch in name.encode():
+        h = ((h ^ ch) * 0x100000001b3) & M64
+    return h
+
+
+def hp_keep(fqn, step, p, n):
+    """hp's keep mask of a whole tensor of n elements (hp_dropout_keep)."""
+    th = min(round(p * 2.0 ** 32), M32)
+    st = (stream_id(fqn) + step * 0x9E3779B97F4A7C15) & M64
+    key = [HP_SEED & M32, HP_SEED >> 32]
+    out = []
+    for q in range((n + 3) // 4):
+        out += philox([q & M32, q >> 32, st & M32, st >> 32], key)
+    return torch.tensor([w >= th for w in out[:n]])
+
+
+class HpMaskDropout(nn.Module):
+    """Dropout with hp's mask for the step HP_STEP (fqn: set from the module's path)."""
+    def __init__(self, p):
+        super().__init__()
+        self.p, self.fqn = p, None
+
+    def forward(self, x):
+        keep = hp_keep(self.fqn, HP_STEP[0], 1.0 - (1.0 - self.p), x.numel()).view(x.shape)
+        return x * (keep.to(x.dtype) / (1.0 - self.p))
+
+
+HP_MASK = False  # train --dropout: PyTorch draws hp's masks
+
+
+def dropout():
+    if HP_MASK and DROPOUT > 0:
+        return HpMaskDropout(DROPOUT)
+    return NativeDropout(DROPOUT) if NATIVE_DROPOUT else nn.Dropout(DROPOUT)
 
 
 class Attention(nn.Module):
@@ -60,6 +131,7 @@ class Attention(nn.Module):
         # no two implementations agree on it. Every other Linear and LayerNorm has its bias.
         self.c_attn = nn.Linear(C, 3 * C, bias=False)
         self.c_proj = nn.Linear(C, C)
+        self.attn_dropout, self.resid_dropout = dropout(), dropout()
 
     def forward(self, x):
         b, t, c = x.size()
@@ -70,9 +142,9 @@ class Attention(nn.Module):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         mask = torch.tril(torch.ones(t, t, dtype=torch.bool, device=x.device))
         att = att.masked_fill(~mask, float("-inf"))
-        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(F.softmax(att, dim=-1))
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.c_proj(y)
+        return self.resid_dropout(self.c_proj(y))
 
 
 class BiasAttention(Attention):
@@ -100,9 +172,10 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(C, 4 * C)
         self.c_proj = nn.Linear(4 * C, C)
+        self.dropout = dropout()
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class Block(nn.Module):
@@ -120,7 +193,7 @@ class GPT(nn.Module):
     def __init__(self, attn=Attention):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=nn.Dropout(0.0),
+            wte=nn.Embedding(V, C), wpe=nn.Embedding(T, C), drop=dropout(),
             h=nn.ModuleList([Block(attn) for _ in range(L)]), ln_f=nn.LayerNorm(C)))
         self.lm_head = nn.Linear(C, V, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied
@@ -157,6 +230,47 @@ class ConvNet(nn.Module):
         return self.head(x.permute(0, 2, 1, 3).reshape(b, t, c * d))
 
 
+def _mix64(x):  # splitmix64's finalizer (worker/data.c)
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & M64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def hp_window(seed, n_windows, e, i):
+    """The window hp's loader reads as sample i of epoch e (worker/data.c's window_of)."""
+    bits = 0
+    while bits < 62 and (1 << bits) < n_windows:
+        bits += 1
+    half = 1 if bits < 2 else (bits + 1) // 2
+    mask = (1 << half) - 1
+    key = _mix64(seed ^ _mix64((e + 0x68705f64617461) & M64))
+    x = i
+    while True:
+        l, r = x >> half, x & mask
+        for rnd in range(6):
+            f = _mix64(r ^ _mix64((key + rnd * 0x9e3779b97f4a7c15) & M64)) & mask
+            l, r = r, l ^ f
+        x = l << half | r
+        if x < n_windows:
+            return x
+
+
+def hp_batch(d, step):
+    """Step `step`'s (1-based) batch in hp's sample order: with dropout the rows matter, since
+    hp's mask is drawn at each element's index in hp's batch."""
+    with open(d + "/tokens.bin", "rb") as f:
+        buf = f.read()
+    n = struct.unpack("<256i", buf[:1024])[2]
+    toks = torch.tensor(struct.unpack("<%dH" % n, buf[1024:1024 + 2 * n]), dtype=torch.int64)
+    ws = [hp_window(HP_SEED, B, ((step - 1) * B + b) // B, ((step - 1) * B + b) % B)
+          for b in range(B)]
+    x = torch.stack([toks[w * T:w * T + T] for w in ws])
+    y = torch.stack([toks[w * T + 1:w * T + T + 1] for w in ws])
+    return x, y
+
+
 def batch(d):
     with open(d + "/tokens.bin", "rb") as f:
         buf = f.read()
@@ -173,6 +287,11 @@ def do_export(d, autodiff, flags):
         name, flags = flags[1], flags[2:]
     if flags[:1] == ["--bias-buffer"]:  # nanoGPT's registered causal mask
         attn, flags = BiasAttention, flags[1:]
+    global DROPOUT, NATIVE_DROPOUT
+    if flags[:1] == ["--dropout"]:
+        DROPOUT, flags = float(flags[1]), flags[2:]
+    if flags[:1] == ["--native-dropout"]:
+        NATIVE_DROPOUT, flags = True, flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
     hp_export.export(make(attn), (x, x.clone()), hp_export.default_loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
@@ -182,8 +301,14 @@ def do_export(d, autodiff, flags):
                      extra_args=flags)
 
 
-def do_train(d, steps):
+def do_train(d, steps, flags=()):
+    global DROPOUT, HP_MASK
+    if list(flags[:1]) == ["--dropout"]:  # with hp's masks
+        DROPOUT, HP_MASK = float(flags[1]), True
     m = make()
+    for name, mod in m.named_modules():
+        if isinstance(mod, HpMaskDropout):
+            mod.fqn = name + "#0"
     w, _ = safetensors.load(d + "/init.safetensors")
     with torch.no_grad():
         for n, p in m.named_parameters():
@@ -197,6 +322,9 @@ def do_train(d, steps):
     os.makedirs(d + "/ref", exist_ok=True)
     with open(d + "/ref/metrics.jsonl", "w") as f:
         for s in range(steps):
+            HP_STEP[0] = s + 1
+            if HP_MASK:
+                x, y = hp_batch(d, s + 1)
             opt.zero_grad()
             loss = hp_export.default_loss(m(x), y)
             loss.backward()
@@ -347,7 +475,7 @@ def main():
     if mode == "export":
         do_export(d, sys.argv[3], sys.argv[4:])
     elif mode == "train":
-        do_train(d, int(sys.argv[3]))
+        do_train(d, int(sys.argv[3]), sys.argv[4:])
     elif mode == "conv":
         return do_conv(d)
     elif mode == "llama":

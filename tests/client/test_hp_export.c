@@ -4,7 +4,8 @@
  * the joint step, and the forward with hp's autodiff), checked by `hpctl inspect`, and trained
  * 10 steps by `hp-worker --standalone` from the same weights and tokens as PyTorch's own AdamW
  * run: every loss within 1e-4 relative, the final weights within 1e-4. The same at world 2
- * with FSDP. A model with a Conv2d fails the export with one message listing what hp lacks. */
+ * with FSDP. With dropout (p = 0.1) the world-2 FSDP run drops what the world-1 run drops. A
+ * model with a Conv2d fails the export with one message listing what hp lacks. */
 #include "hp/base.h"
 #include "hp/data.h"
 
@@ -12,6 +13,7 @@
 #include "tests/util/run_compare.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +285,110 @@ Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     snprintf(hp_dir, sizeof hp_dir, "%s/hp", dir);
     hp_th_expect_losses_close(ref_dir, hp_dir, 0, 1e-4, "fsdp world 2");
     hp_th_expect_weights_close(ref_dir, hp_dir, 1e-7, 1e-4, "fsdp world 2");
+}
+
+/* Occurrences of `what` in the file dir/name. */
+static int count_in(const char *name, const char *what) {
+    char path[320];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *text = hp_th_slurp_or_empty(path);
+    int n = 0;
+    for (const char *at = text; (at = strstr(at, what)); at++) n++;
+    free(text);
+    return n;
+}
+
+/* nanoGPT's dropouts at p = 0.1 in the train-mode model (embeddings, attention weights, both
+ * residual branches): exported both ways they become hp's native_dropout (7 of them, named by
+ * module path), train alike (the same masks: forward-only capture names them as the joint one
+ * does), and the FSDP world-2 run (and a tp=2 MLP) drops the elements the world-1 run drops:
+ * every loss within 1e-5. PyTorch's AdamW run with hp's masks (export_ref.py ports hp/rng.h) gives
+ * the same losses (1e-4 relative) and weights. At p = 0 they fold away, and the losses differ from
+ * p = 0.1's. torch.native_dropout (aten.native_dropout + its backward, what a GPU trace
+ * records) exports to the same job: the same losses. */
+Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    const char *modes[] = {"torch", "hp"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args, "export '%s' %s --dropout 0.1 --steps %d", dir, modes[i],
+                 STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "export (%s) failed:\n%s", modes[i], hp_th_slurp_or_empty(out));
+        snprintf(args, sizeof args,
+                 "export '%s' %s --as %s-fsdp --dropout 0.1 --steps %d --mesh dp=2 "
+                 "--fsdp 'transformer.*'",
+                 dir, modes[i], modes[i], STEPS);
+        cr_assert_eq(ref(args), 0, "export (%s, fsdp) failed:\n%s", modes[i],
+                     hp_th_slurp_or_empty(out));
+        char hpir[64];
+        snprintf(hpir, sizeof hpir, "job-%s.hpir", modes[i]);
+        cr_expect_eq(count_in(hpir, " = native_dropout("), 7, "%s", modes[i]);
+        cr_expect_eq(count_in(hpir, "fqn=\"transformer.h.1.attn.attn_dropout#0\", "
+                                    "p=0.09999999999999998}"),
+                     1, "%s", modes[i]);
+    }
+    snprintf(args, sizeof args, "export '%s' torch --as p0 --steps %d", dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (p = 0) failed:\n%s", hp_th_slurp_or_empty(out));
+    cr_expect_eq(count_in("job-p0.hpir", "native_dropout"), 0, "p = 0 folds away");
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args,
+                 "export '%s' %s --as native-%s --dropout 0.1 --native-dropout "
+                 "--steps %d",
+                 dir, modes[i], modes[i], STEPS);
+        cr_assert_eq(ref(args), 0, "export (%s, native_dropout) failed:\n%s", modes[i],
+                     hp_th_slurp_or_empty(out));
+    }
+    /* tensor parallel on a mesh: the MLP column/row-parallel (its dropout reads a Partial) */
+    snprintf(args, sizeof args,
+             "export '%s' torch --as tp --dropout 0.1 --steps %d --mesh tp=2 "
+             "--place 'transformer.h.*.mlp.c_fc.weight=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_fc.bias=tp:S(0)' "
+             "--place 'transformer.h.*.mlp.c_proj.weight=tp:S(1)'",
+             dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (tp) failed:\n%s", hp_th_slurp_or_empty(out));
+    train_hp("job-tp.pb", "tp2", 2);
+    cr_expect_eq(count_in("job-native-torch.hpir", " = native_dropout_backward("), 7);
+    cr_expect_eq(count_in("job-native-hp.hpir", " = native_dropout("), 7);
+    train_hp("job-native-torch.pb", "native-torch", 1);
+    train_hp("job-native-hp.pb", "native-hp", 1);
+    train_hp("job-torch.pb", "w1-torch", 1);
+    train_hp("job-hp.pb", "w1-hp", 1);
+    train_hp("job-torch-fsdp.pb", "w2-torch", 2);
+    train_hp("job-hp-fsdp.pb", "w2-hp", 2);
+    train_hp("job-p0.pb", "p0", 1);
+    char a[320], b[320];
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(a, sizeof a, "%s/w1-%s", dir, modes[i]);
+        snprintf(b, sizeof b, "%s/w2-%s", dir, modes[i]);
+        cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(a, b, 0, 1e-5, modes[i]);
+    }
+    snprintf(a, sizeof a, "%s/w1-torch", dir);
+    snprintf(b, sizeof b, "%s/w1-hp", dir);
+    hp_th_expect_losses_close(a, b, 0, 1e-5, "joint capture vs hp autodiff");
+    snprintf(b, sizeof b, "%s/tp2", dir);
+    hp_th_expect_losses_close(a, b, 0, 1e-5, "tp=2");
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(b, sizeof b, "%s/native-%s", dir, modes[i]);
+        hp_th_expect_losses_close(a, b, 0, 1e-5, "torch.native_dropout");
+    }
+    /* PyTorch's own AdamW run, its dropouts drawing hp's masks (a port of hp/rng.h) on hp's
+     * sample order: the same losses and weights as hp's */
+    snprintf(args, sizeof args, "train '%s' %d --dropout 0.1", dir, STEPS);
+    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    char ref_dir[320];
+    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
+    hp_th_expect_losses_close(ref_dir, a, 0, 1e-4, "PyTorch with hp's masks");
+    hp_th_expect_weights_close(ref_dir, a, 1e-7, 1e-4, "PyTorch with hp's masks");
+    double with[STEPS + 1], without[STEPS + 1];
+    snprintf(b, sizeof b, "%s/p0", dir);
+    cr_assert_eq(hp_th_read_losses(a, with, STEPS + 1), STEPS);
+    cr_assert_eq(hp_th_read_losses(b, without, STEPS + 1), STEPS);
+    cr_expect(fabs(with[0] - without[0]) > 1e-3, "dropout changed nothing: %.7f vs %.7f", with[0],
+              without[0]);
 }
 
 Test(hp_export, unsupported_op_lists_every_one_and_writes_nothing) {

@@ -253,6 +253,11 @@ static void build_cases(void) {
          A_f(HP_ATTR_EPS, 0.5));
     CASE("[2,3,5], diagonal 1", HP_OP_TRIL, IN(P(T(F, 2, 3, 5))), A_int(HP_ATTR_DIAGONAL, 1));
     CASE("[4,4]", HP_OP_TRIL, IN(P(T(F, 4, 4))));
+    /* the mask is fixed by (seed, step, fqn, index): a linear map the differences see */
+    CASE("p 0.3", HP_OP_NATIVE_DROPOUT, IN(P(T(F, 3, 5))), A_f(HP_ATTR_P, 0.3),
+         hp_attr_str(HP_ATTR_FQN, "drop"));
+    CASE("p 0", HP_OP_NATIVE_DROPOUT, IN(P(T(F, 4))), A_f(HP_ATTR_P, 0),
+         hp_attr_str(HP_ATTR_FQN, "drop"));
     CASE("forward", HP_OP_ROTARY_EMB, IN(P(T(F, 2, 3, 2, 4))), A_f(HP_ATTR_THETA, 10000));
     CASE("inverse", HP_OP_ROTARY_EMB, IN(P(T(F, 1, 4, 1, 6))), A_f(HP_ATTR_THETA, 500000),
          A_int(HP_ATTR_INVERSE, 1));
@@ -429,8 +434,8 @@ static const hp_op fam_shapes[] = {HP_OP_VIEW,      HP_OP_RESHAPE, HP_OP_PERMUTE
                                    HP_OP_UNSQUEEZE, HP_OP_SQUEEZE, HP_OP_TRIL};
 static const hp_op fam_matmul[] = {HP_OP_MM, HP_OP_BMM, HP_OP_ADDMM};
 static const hp_op fam_nn[] = {
-    HP_OP_EMBEDDING, HP_OP_LOG_SOFTMAX, HP_OP_SOFTMAX, HP_OP_NLL_LOSS_FORWARD,
-    HP_OP_RMS_NORM,  HP_OP_ROTARY_EMB,  HP_OP_SDPA,    HP_OP_LAYER_NORM};
+    HP_OP_EMBEDDING,  HP_OP_LOG_SOFTMAX, HP_OP_SOFTMAX,    HP_OP_NLL_LOSS_FORWARD, HP_OP_RMS_NORM,
+    HP_OP_ROTARY_EMB, HP_OP_SDPA,        HP_OP_LAYER_NORM, HP_OP_NATIVE_DROPOUT};
 #define FAMILY(f) f, (int)HP_ARRAY_LEN(f)
 
 static bool in_family(hp_op op, const hp_op *ops, int n) {

@@ -50,6 +50,8 @@ typedef struct {
     {                                                                                              \
         .key = HP_ATTR_##k, .kind = HP_ATTR_KIND_INTS, .ints = {.n = 0 }                           \
     }
+#define S(k, v)                                                                                    \
+    { .key = HP_ATTR_##k, .kind = HP_ATTR_KIND_STR, .s = (v) }
 #define D(k, v)                                                                                    \
     { .key = HP_ATTR_##k, .kind = HP_ATTR_KIND_DTYPE, .dtype = (v) }
 
@@ -294,6 +296,36 @@ static const shape_case cases[] = {
      {0},
      "mean does not match"},
     {HP_OP_TRIL, {"bool[4,4]"}, {{0}}, 0, {"bool[4,4]"}, NULL},
+    {HP_OP_NATIVE_DROPOUT,
+     {"bf16[2,8]"},
+     {F(P, 0.1), S(FQN, "h.0.drop#0")},
+     2,
+     {"bf16[2,8]", "bool[2,8]"},
+     NULL},
+    {HP_OP_NATIVE_DROPOUT,
+     {"f32[2,8]"},
+     {F(P, 0.1), S(FQN, "d"), L(GLOBAL_SHAPE, 6, 8)},
+     3,
+     {"f32[2,8]", "bool[2,8]"},
+     NULL},
+    {HP_OP_NATIVE_DROPOUT, {"f32[2,8]"}, {F(P, 1), S(FQN, "d")}, 2, {0}, "must be in [0, 1)"},
+    {HP_OP_NATIVE_DROPOUT, {"i64[2,8]"}, {F(P, 0.5), S(FQN, "d")}, 2, {0}, "floating"},
+    {HP_OP_NATIVE_DROPOUT, {"f32[2]"}, {F(P, 0.5), S(FQN, "")}, 2, {0}, "must not be empty"},
+    {HP_OP_NATIVE_DROPOUT,
+     {"f32[2,8]"},
+     {F(P, 0.1), S(FQN, "d"), L(GLOBAL_SHAPE, 5, 8)},
+     3,
+     {0},
+     "multiple of the local 2"},
+    {HP_OP_NATIVE_DROPOUT, {"f32[2,8]"}, {F(P, 0.1)}, 1, {0}, "missing required attribute 'fqn'"},
+    {HP_OP_NATIVE_DROPOUT_BACKWARD,
+     {"f32[2,8]", "bool[2,8]"},
+     {F(SCALE, 1.25)},
+     1,
+     {"f32[2,8]"},
+     NULL},
+    {HP_OP_NATIVE_DROPOUT_BACKWARD, {"f32[2,8]", "f32[2,8]"}, {F(SCALE, 1)}, 1, {0}, "bool"},
+    {HP_OP_NATIVE_DROPOUT_BACKWARD, {"f32[2,8]", "bool[8]"}, {F(SCALE, 1)}, 1, {0}, "differ"},
     {HP_OP_TRIL, {"f32[2,3,5]"}, {I(DIAGONAL, -1)}, 1, {"f32[2,3,5]"}, NULL},
     {HP_OP_TRIL, {"f32[5]"}, {{0}}, 0, {0}, "rank >= 2"},
     {HP_OP_BITWISE_NOT, {"bool[3,4]"}, {{0}}, 0, {"bool[3,4]"}, NULL},

@@ -159,6 +159,8 @@ static op_case *cases_new(int *n) {
     CASE(TRIL, 1, IN(BOOLS(12, 6, 6)), 0);
     CASE(BITWISE_NOT, 1, IN(BOOLS(12, 6)), 0);
     CASE(ARANGE, 0, IN(), 3, AI(START, 1), AI(END, 13), AI(STEP, 1));
+    CASE(NATIVE_DROPOUT, 1, IN(F(6, 4, 6)), 2, AF(P, 0.4), hp_attr_str(HP_ATTR_FQN, "drop"));
+    CASE(NATIVE_DROPOUT_BACKWARD, 2, IN(F(6, 4, 6), BOOLS(6, 4, 6)), 1, AF(SCALE, 1.0 / 0.6));
 #undef CASE
 #undef IN
     *n = k;
@@ -272,10 +274,35 @@ static hp_tensor combine(hp_tensor *pieces, hp_placement p, int n, const char *w
 
 /* ---- running one node ----------------------------------------------------------------------- */
 
+/* Where a simulated rank's piece of output 0 sits in the whole tensor (dropout draws there). */
+typedef struct piece_box {
+    int64_t off[HP_MAX_RANK], global[HP_MAX_RANK];
+    int rank;
+} piece_box;
+
+static hp_status box_site(void *ctx, const hp_node *n, int64_t *off, int64_t *global, hp_err *err) {
+    (void)n, (void)err;
+    const piece_box *b = ctx;
+    for (int d = 0; d < b->rank; d++) off[d] = b->off[d], global[d] = b->global[d];
+    return HP_OK;
+}
+
+/* The box of output 0 on the rank at coord[ndim] of a mesh sizes[ndim] with placements pl. */
+static piece_box box_of(const hp_type *gout, const hp_placement *pl, const int64_t *sizes,
+                        const int64_t *coord, int ndim) {
+    piece_box b = {.rank = gout->rank};
+    int64_t len[HP_MAX_RANK];
+    hp_err e = {0};
+    cr_assert_eq(hp_local_box(gout, pl, sizes, coord, ndim, b.off, len, &e), HP_OK, "%s", e.msg);
+    for (int d = 0; d < gout->rank; d++) b.global[d] = gout->shape[d];
+    return b;
+}
+
 /* Runs c's op on inputs of the given types (localizing the size attributes to out_local when
- * given). Checks the shape rule infers out_local. outs[] receive the results. */
-static void run_node(const op_case *c, hp_tensor *ins, const hp_type *out_local, hp_tensor *outs,
-                     int *n_out, const char *what) {
+ * given). Checks the shape rule infers out_local. outs[] receive the results. box: where the
+ * piece sits in the whole output (NULL: it is the whole). */
+static void run_node_at(const op_case *c, hp_tensor *ins, const hp_type *out_local, hp_tensor *outs,
+                        int *n_out, const char *what, const piece_box *box) {
     hp_graph *g = hp_graph_new();
     cr_assert(g);
     hp_value v[MAX_IN];
@@ -303,9 +330,18 @@ static void run_node(const op_case *c, hp_tensor *ins, const hp_type *out_local,
         cr_assert_eq(hp_graph_add_output(g, hp_out(y, k), &e), HP_OK, "%s", e.msg);
     }
     hp_err e = {0};
-    hp_eval_opts o = {.precision = HP_EVAL_F64};
+    hp_eval_opts o = {.precision = HP_EVAL_F64,
+                      .seed = 7,
+                      .step = 3,
+                      .dropout_site = box ? box_site : NULL,
+                      .dropout_ctx = (void *)box};
     cr_assert_eq(hp_eval(g, ins, c->n_in, &o, outs, &e), HP_OK, "%s: %s", what, e.msg);
     hp_graph_free(g);
+}
+
+static void run_node(const op_case *c, hp_tensor *ins, const hp_type *out_local, hp_tensor *outs,
+                     int *n_out, const char *what) {
+    run_node_at(c, ins, out_local, outs, n_out, what, NULL);
 }
 
 static void fill(hp_tensor *x, const in_spec *s) {
@@ -406,7 +442,8 @@ static void check_1d(const op_case *c, hp_tensor *full_in, hp_tensor *full_out, 
         hp_tensor ins[MAX_IN], res[HP_MAX_OUTS];
         for (int i = 0; i < c->n_in; i++) ins[i] = pieces[i][rank];
         int no;
-        run_node(c, ins, lout, res, &no, what);
+        piece_box box = box_of(&gout[0], &r->out[0], (int64_t[]){n}, (int64_t[]){rank}, 1);
+        run_node_at(c, ins, lout, res, &no, what, &box);
         for (int k = 0; k < n_out; k++) outs[k][rank] = res[k];
     }
     for (int k = 0; k < n_out; k++) {
@@ -442,7 +479,9 @@ static void check_2d(const op_case *c, hp_tensor *full_in, hp_tensor *full_out, 
             hp_tensor ins[MAX_IN], res[HP_MAX_OUTS];
             for (int i = 0; i < c->n_in; i++) ins[i] = p1[i][r0][r1];
             int no;
-            run_node(c, ins, lout, res, &no, what);
+            piece_box box = box_of(&gout[0], (hp_placement[]){a->out[0], b->out[0]},
+                                   (int64_t[]){n0, n1}, (int64_t[]){r0, r1}, 2);
+            run_node_at(c, ins, lout, res, &no, what, &box);
             for (int k = 0; k < n_out; k++) outs[k][r0][r1] = res[k];
         }
     }

@@ -239,6 +239,17 @@ static hp_value build_op(hp_graph *g, hp_op op) {
     }
     case HP_OP_TRIL:
         return hp_un1(g, op, data(g, TY(BOOL, 4, 4)), hp_attr_int(HP_ATTR_DIAGONAL, -1));
+    case HP_OP_NATIVE_DROPOUT: { /* an FSDP-split one: global_shape */
+        hp_attr a[] = {hp_attr_float(HP_ATTR_P, 0.1), hp_attr_str(HP_ATTR_FQN, "h.0.drop#0"),
+                       INTS(GLOBAL_SHAPE, 4, 3)};
+        hp_value in[] = {data(g, TY(BF16, 2, 3))};
+        return OP(g, NATIVE_DROPOUT, in, a);
+    }
+    case HP_OP_NATIVE_DROPOUT_BACKWARD: {
+        hp_attr a[] = {hp_attr_float(HP_ATTR_SCALE, 1.0 / 0.9)};
+        hp_value in[] = {data(g, TY(F32, 2, 3)), data(g, TY(BOOL, 2, 3))};
+        return OP(g, NATIVE_DROPOUT_BACKWARD, in, a);
+    }
     case HP_OP_BITWISE_NOT: {
         hp_value x = data(g, TY(BOOL, 2, 3));
         return hp_build(g, op, &x, 1, NULL, 0);

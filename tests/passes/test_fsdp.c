@@ -387,14 +387,15 @@ static void check_simulated_ranks(model m, int world, const char *const *pattern
         }
         sim s = {
             .rank = r, .world = world, .n_params = gi.n_params, .padded = padded, .shards = local};
-        hp_eval_opts opts = {HP_EVAL_F64, sim_collective, &s};
+        hp_eval_opts opts = {
+            .precision = HP_EVAL_F64, .collective = sim_collective, .collective_ctx = &s};
         cr_assert_eq(hp_eval(out, local, n_ph, &opts, got, &err), HP_OK, "rank %d: %s", r, err.msg);
 
         /* the reference: the unsharded graph at the local batch, full parameters, same rows */
         hp_tensor ref_in[64];
         cr_assert_lt(n_ph, 64);
         for (int i = 0; i < n_ph; i++) ref_in[i] = i < gi.n_params ? full[i] : local[i];
-        hp_eval_opts ropts = {HP_EVAL_F64, NULL, NULL};
+        hp_eval_opts ropts = {.precision = HP_EVAL_F64};
         cr_assert_eq(hp_eval(ref, ref_in, n_ph, &ropts, ref_out, &err), HP_OK, "%s", err.msg);
 
         double e = rel_err(got[0].data, ref_out[0].data, 1);

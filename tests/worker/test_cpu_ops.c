@@ -625,6 +625,24 @@ static void case_mask(hp_backend *be, hp_op op) {
     }
 }
 
+static void case_dropout(hp_backend *be, hp_op op) {
+    const double ps[] = {0, 0.1, 0.5};
+    hp_type ts[] = {TY(FT, 3, 70001), TY(FT, 2, 3, 5), TY0(FT), TY(FT, 0, 4)};
+    for (size_t i = 0; i < HP_ARRAY_LEN(ps); i++)
+        for (size_t k = 0; k < HP_ARRAY_LEN(ts); k++) {
+            if (op == HP_OP_NATIVE_DROPOUT) {
+                hp_attr a[2] = {hp_attr_float(HP_ATTR_P, ps[i]), hp_attr_str(HP_ATTR_FQN, "d")};
+                one(be, op, &ts[k], 1, a, 2, -2, 2, TOL_SIMPLE);
+            } else {
+                hp_type m = ts[k];
+                m.dtype = HP_BOOL;
+                hp_type in[2] = {ts[k], m};
+                hp_attr a = hp_attr_float(HP_ATTR_SCALE, 1.0 / (1.0 - ps[i]));
+                one(be, op, in, 2, &a, 1, -2, 2, TOL_SIMPLE);
+            }
+        }
+}
+
 static void case_rotary(hp_backend *be, hp_op op) {
     const double thetas[] = {10000, 500000};
     for (int inv = 0; inv < 2; inv++)
@@ -751,6 +769,8 @@ static const op_case cases[] = {
     {HP_OP_LAYER_NORM, case_layer_norm},
     {HP_OP_LAYER_NORM_BACKWARD, case_layer_norm},
     {HP_OP_TRIL, case_mask},
+    {HP_OP_NATIVE_DROPOUT, case_dropout},
+    {HP_OP_NATIVE_DROPOUT_BACKWARD, case_dropout},
     {HP_OP_BITWISE_NOT, case_mask},
     {HP_OP_ARANGE, case_mask},
 };
@@ -794,5 +814,76 @@ ParameterizedTest(size_t *i, cpu_ops, bf16_matches_eval, .timeout = 60) {
     FT = HP_BF16;
     hp_backend *be = cc_backend(TH);
     c->fn(be, c->op);
+    hp_backend_free(be);
+}
+
+/* ---- dropout at a site ---------------------------------------------------------------------- */
+
+static void launch_raw(hp_backend *be, const hp_node *n, const void *const *in, const hp_type *ti,
+                       int n_in, void *const *out, const hp_dropout_site *site) {
+    hp_kernel_call c = {.node = n,
+                        .n_in = n_in,
+                        .n_out = n->n_out,
+                        .in = in,
+                        .in_type = ti,
+                        .out = out,
+                        .out_type = n->out,
+                        .site = site};
+    hp_err e = {0};
+    cr_assert_eq(be->vt->launch(be, HP_STREAM_COMPUTE, &c, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(be->vt->synchronize(be, &e), HP_OK, "%s", e.msg);
+}
+
+/* A rank's piece (rows [2, 4) of [4, 6, 8]) at its site drops exactly the whole tensor's
+ * elements there; y = x / (1 - p) where kept, 0 elsewhere; the backward with that mask is
+ * grad / (1 - p) on the same elements. (The cpu backend's memory is the host's.) */
+Test(cpu_ops, dropout_piece_matches_the_whole_and_backward_uses_its_mask) {
+    hp_backend *be = cc_backend(TH);
+    hp_graph *g = hp_graph_new();
+    const double p = 0.25;
+    hp_attr a[2] = {hp_attr_float(HP_ATTR_P, p), hp_attr_str(HP_ATTR_FQN, "blk.drop#0")};
+    hp_type tw = TY(HP_F32, 4, 6, 8), tp = TY(HP_F32, 2, 6, 8), tm = TY(HP_BOOL, 4, 6, 8);
+    hp_value xw = hp_build_placeholder(g, HP_INPUT_DATA, NULL, tw, NULL);
+    hp_value xp = hp_build_placeholder(g, HP_INPUT_DATA, NULL, tp, NULL);
+    hp_value gr = hp_build_placeholder(g, HP_INPUT_DATA, NULL, tw, NULL);
+    hp_value mk = hp_build_placeholder(g, HP_INPUT_DATA, NULL, tm, NULL);
+    hp_value dw = hp_build(g, HP_OP_NATIVE_DROPOUT, &xw, 1, a, 2);
+    hp_value dp = hp_build(g, HP_OP_NATIVE_DROPOUT, &xp, 1, a, 2);
+    hp_attr sc = hp_attr_float(HP_ATTR_SCALE, 1 / (1 - p));
+    hp_value bw = hp_build(g, HP_OP_NATIVE_DROPOUT_BACKWARD, (hp_value[]){gr, mk}, 2, &sc, 1);
+    cr_assert(!hp_graph_failed(g), "%s", g->err.msg);
+    enum { N = 4 * 6 * 8, NP = 2 * 6 * 8 };
+    static float x[N], y[N], yp[NP], grad[N], gx[N];
+    static uint8_t m[N], mp[NP];
+    double xs[N];
+    hp_th_rand(xs, N, 11, -2, 2);
+    for (int i = 0; i < N; i++) x[i] = (float)xs[i], grad[i] = (float)(xs[(i * 7) % N] + 3);
+    hp_dropout_site whole = {.seed = 5, .step = 3, .rank = 3};
+    hp_dropout_site piece = whole;
+    for (int d = 0; d < 3; d++) {
+        whole.global[d] = piece.global[d] = tw.shape[d];
+        whole.local[d] = tw.shape[d];
+        piece.local[d] = tp.shape[d];
+    }
+    piece.off[0] = 2;
+    launch_raw(be, &g->nodes[dw.node], (const void *[]){x}, &tw, 1, (void *[]){y, m}, &whole);
+    launch_raw(be, &g->nodes[dp.node], (const void *[]){x + NP}, &tp, 1, (void *[]){yp, mp},
+               &piece);
+    int dropped = 0;
+    float scale = (float)(1 / (1 - p));
+    for (int i = 0; i < N; i++) {
+        cr_assert(m[i] <= 1);
+        dropped += !m[i];
+        cr_expect_eq(y[i], m[i] ? x[i] * scale : 0.0f, "y[%d]", i);
+        if (i >= NP) {
+            cr_expect_eq(mp[i - NP], m[i], "the piece's mask at %d", i);
+            cr_expect_eq(yp[i - NP], y[i], "the piece's y at %d", i);
+        }
+    }
+    cr_expect(dropped > 0 && dropped < N, "dropped %d of %d", dropped, N);
+    launch_raw(be, &g->nodes[bw.node], (const void *[]){grad, m}, (hp_type[]){tw, tm}, 2,
+               (void *[]){gx}, NULL);
+    for (int i = 0; i < N; i++) cr_expect_eq(gx[i], m[i] ? grad[i] * scale : 0.0f, "gx[%d]", i);
+    hp_graph_free(g);
     hp_backend_free(be);
 }

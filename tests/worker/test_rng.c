@@ -88,3 +88,61 @@ Test(rng, normal_quantile_is_accurate) {
     cr_assert(isnan(hp_normal_quantile(NAN)));
     cr_assert(isfinite(hp_normal_quantile(4.9e-324)));
 }
+
+/* ---- dropout masks -------------------------------------------------------------------------- */
+
+static hp_dropout_site whole(int rank, const int64_t *shape, uint64_t step, const char *fqn) {
+    hp_dropout_site s = {.seed = 42, .step = step, .stream = hp_rng_stream_id(fqn), .rank = rank};
+    for (int d = 0; d < rank; d++) s.local[d] = s.global[d] = shape[d];
+    return s;
+}
+
+/* The fraction dropped is p within 6 standard deviations of a Bernoulli(p) mean (the draw is
+ * fixed by the seed: the bound is deterministic), for each p, and p = 0 drops nothing. */
+Test(rng, dropout_drops_a_fraction_p) {
+    enum { N = 1 << 20 };
+    static uint8_t keep[N];
+    const double ps[] = {0, 0.1, 0.5, 0.9};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) {
+        hp_dropout_site s = whole(1, (int64_t[]){N}, 1, "h.0.drop#0");
+        hp_dropout_keep(&s, hp_dropout_threshold(ps[i]), 0, N, keep);
+        int64_t dropped = 0;
+        for (int k = 0; k < N; k++) dropped += !keep[k];
+        double f = (double)dropped / N, sd = sqrt(ps[i] * (1 - ps[i]) / N);
+        cr_expect(fabs(f - ps[i]) <= 6 * sd, "p %g: dropped %.6f (6 sd = %.2e)", ps[i], f, 6 * sd);
+        if (ps[i] == 0) cr_expect_eq(dropped, 0);
+    }
+    cr_expect_eq(hp_dropout_threshold(0.5), 1u << 31);
+    cr_expect_eq(hp_dropout_threshold(0.9999999999999), UINT32_MAX);
+}
+
+/* A piece (any box of the whole tensor, any chunk of it) drops exactly what the whole drops at
+ * its global indices; another step or another fqn draws another mask. */
+Test(rng, dropout_piece_drops_what_the_whole_drops) {
+    const int64_t shape[3] = {6, 5, 7};
+    enum { N = 6 * 5 * 7 };
+    uint8_t all[N], step2[N], other[N];
+    uint32_t th = hp_dropout_threshold(0.3);
+    hp_dropout_site s = whole(3, shape, 1, "a");
+    hp_dropout_keep(&s, th, 0, N, all);
+    s.step = 2;
+    hp_dropout_keep(&s, th, 0, N, step2);
+    hp_dropout_site o = whole(3, shape, 1, "b");
+    hp_dropout_keep(&o, th, 0, N, other);
+    int same_step = 0, same_fqn = 0;
+    for (int i = 0; i < N; i++) same_step += all[i] == step2[i], same_fqn += all[i] == other[i];
+    cr_expect(same_step < N && same_fqn < N, "step or fqn does not change the mask");
+    /* box [2, 6) x [1, 4) x [3, 7), computed in two chunks split mid-row */
+    hp_dropout_site p = whole(3, shape, 1, "a");
+    const int64_t off[3] = {2, 1, 3}, len[3] = {4, 3, 4};
+    for (int d = 0; d < 3; d++) p.off[d] = off[d], p.local[d] = len[d];
+    uint8_t piece[4 * 3 * 4];
+    hp_dropout_keep(&p, th, 0, 5, piece);
+    hp_dropout_keep(&p, th, 5, 4 * 3 * 4 - 5, piece + 5);
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 4; c++) {
+                int g = ((a + 2) * 5 + (b + 1)) * 7 + (c + 3);
+                cr_expect_eq(piece[(a * 3 + b) * 4 + c], all[g], "element (%d, %d, %d)", a, b, c);
+            }
+}

@@ -179,6 +179,8 @@ HP__CPU_KERNEL(hp__cpu_layer_norm_backward);
 HP__CPU_KERNEL(hp__cpu_tril); /* k_mask.c */
 HP__CPU_KERNEL(hp__cpu_bitwise_not);
 HP__CPU_KERNEL(hp__cpu_arange);
+HP__CPU_KERNEL(hp__cpu_dropout); /* k_mask.c: native_dropout (+ backward) */
+HP__CPU_KERNEL(hp__cpu_dropout_backward);
 HP__CPU_KERNEL(hp__cpu_rotary);
 /* Frees the cached rotary tables. */
 void hp__cpu_rope_fini(hp__cpu *cpu);

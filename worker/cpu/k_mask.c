@@ -1,5 +1,6 @@
 /* worker/cpu/k_mask.c — the masking and index ops exported PyTorch models use: tril (any
- * dtype), bitwise_not (bool, i32, i64), arange (i32, i64, f32). Plain loops, split over the
+ * dtype), bitwise_not (bool, i32, i64), arange (i32, i64, f32), native_dropout (+ backward; f32,
+ * bf16 staged by cpu_backend.c). Plain loops, split over the
  * pool by fixed chunks. */
 #include "worker/cpu/cpu_internal.h"
 
@@ -9,7 +10,12 @@ typedef struct mask_job {
     size_t esz;      /* element bytes */
     int64_t m, n, k; /* tril: matrix rows, cols, diagonal */
     hp_dtype dt;
-    int64_t start, step; /* arange */
+    int64_t start, step;         /* arange */
+    const hp_dropout_site *site; /* native_dropout */
+    uint32_t threshold;
+    float scale;
+    const uint8_t *mask; /* native_dropout_backward */
+    uint8_t *keep;       /* native_dropout */
 } mask_job;
 
 /* tril over whole matrices b..e. */
@@ -94,6 +100,78 @@ HP__CPU_KERNEL(hp__cpu_arange) {
                   .start = hp_node_int(c->node, HP_ATTR_START, 0),
                   .step = hp_node_int(c->node, HP_ATTR_STEP, 1)};
     hp_pool_parallel_for(cpu->pool, hp_type_numel(&c->out_type[0]), HP__CPU_GRAIN, arange_chunk,
+                         &j);
+    return HP_OK;
+}
+
+static void dropout_chunk(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const mask_job *j = ctx;
+    hp_dropout_keep(j->site, j->threshold, b, e - b, j->keep + b);
+    const float *x = j->x;
+    float *y = j->y;
+    for (int64_t i = b; i < e; i++) y[i] = j->keep[i] ? x[i] * j->scale : 0.0f;
+}
+
+/* native_dropout{p, fqn} -> (y, mask): the mask of hp/rng.h at the call's site (the global
+ * indices of this rank's piece), y = x * (1 / (1 - p)) where kept, else 0. */
+HP__CPU_KERNEL(hp__cpu_dropout) {
+    HP_TRY(hp__cpu_dtype(c, 0, 0, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 1, 0, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 1, 1, HP__M(HP_BOOL), err));
+    HP_TRY(hp__cpu_same_shape(c, 0, 0, 1, err));
+    HP_TRY(hp__cpu_out_numel(c, 1, hp_type_numel(&c->in_type[0]), err));
+    const hp_type *t = &c->in_type[0];
+    const hp_attr *f = hp_node_attr(c->node, HP_ATTR_FQN);
+    hp_dropout_site s = {.stream = hp_rng_stream_id(f && f->s ? f->s : ""), .rank = t->rank};
+    if (c->site) {
+        s.seed = c->site->seed;
+        s.step = c->site->step;
+        if (c->site->rank != t->rank)
+            return hp_errf(err, HP_INVALID, "the dropout site has %d dims, the input %d",
+                           c->site->rank, t->rank);
+    }
+    for (int d = 0; d < t->rank; d++) {
+        s.local[d] = t->shape[d];
+        s.off[d] = c->site ? c->site->off[d] : 0;
+        s.global[d] = c->site ? c->site->global[d] : t->shape[d];
+        if (s.off[d] < 0 || s.off[d] + s.local[d] > s.global[d])
+            return hp_errf(err, HP_INVALID,
+                           "dim %d: the piece [%lld, %lld) is outside the whole tensor's %lld", d,
+                           (long long)s.off[d], (long long)(s.off[d] + s.local[d]),
+                           (long long)s.global[d]);
+    }
+    double p = hp_node_float(c->node, HP_ATTR_P, 0.0);
+    mask_job j = {.x = c->in[0],
+                  .y = c->out[0],
+                  .keep = c->out[1],
+                  .site = &s,
+                  .threshold = hp_dropout_threshold(p),
+                  .scale = (float)(1.0 / (1.0 - p))};
+    hp_pool_parallel_for(cpu->pool, hp_type_numel(t), HP__CPU_GRAIN, dropout_chunk, &j);
+    return HP_OK;
+}
+
+static void dropout_bwd_chunk(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const mask_job *j = ctx;
+    const float *g = j->x;
+    float *y = j->y;
+    for (int64_t i = b; i < e; i++) y[i] = j->mask[i] ? g[i] * j->scale : 0.0f;
+}
+
+/* native_dropout_backward(grad, mask){scale}: grad * scale where the mask kept, else 0. */
+HP__CPU_KERNEL(hp__cpu_dropout_backward) {
+    HP_TRY(hp__cpu_dtype(c, 0, 0, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 1, HP__M(HP_BOOL), err));
+    HP_TRY(hp__cpu_dtype(c, 1, 0, HP__F32, err));
+    HP_TRY(hp__cpu_same_shape(c, 0, 0, 1, err));
+    HP_TRY(hp__cpu_out_numel(c, 0, hp_type_numel(&c->in_type[1]), err));
+    mask_job j = {.x = c->in[0],
+                  .y = c->out[0],
+                  .mask = c->in[1],
+                  .scale = (float)hp_node_float(c->node, HP_ATTR_SCALE, 1.0)};
+    hp_pool_parallel_for(cpu->pool, hp_type_numel(&c->in_type[0]), HP__CPU_GRAIN, dropout_bwd_chunk,
                          &j);
     return HP_OK;
 }

@@ -114,3 +114,59 @@ double hp_normal_quantile(double p) {
     if (!isfinite(u)) return x; /* |x| > ~37.6: the density underflows, Acklam must do */
     return x - u / (1 + 0.5 * x * u);
 }
+
+/* ---- dropout -------------------------------------------------------------------------------- */
+
+#include "hp/graph.h"
+_Static_assert(HP_RNG_MAX_RANK == HP_MAX_RANK, "hp_dropout_site holds a tensor's dims");
+
+#define DROPOUT_STEP_MUL 0x9E3779B97F4A7C15u
+
+uint32_t hp_dropout_threshold(double p) {
+    if (!(p > 0)) return 0;
+    double t = nearbyint(p * 4294967296.0);
+    return t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
+}
+
+void hp_dropout_keep(const hp_dropout_site *s, uint32_t threshold, int64_t first, int64_t count,
+                     uint8_t *keep) {
+    if (count <= 0) return;
+    uint64_t stream = s->stream + s->step * DROPOUT_STEP_MUL;
+    int r = s->rank;
+    if (r == 0) { /* a scalar: global element 0 */
+        uint32_t w[4];
+        hp_rng_bits(s->seed, stream, 0, w);
+        keep[0] = w[0] >= threshold;
+        return;
+    }
+    int64_t gst[HP_RNG_MAX_RANK], idx[HP_RNG_MAX_RANK];
+    gst[r - 1] = 1;
+    for (int d = r - 2; d >= 0; d--) gst[d] = gst[d + 1] * s->global[d + 1];
+    int64_t rem = first;
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d] = s->local[d] ? rem % s->local[d] : 0;
+        rem = s->local[d] ? rem / s->local[d] : 0;
+    }
+    int64_t last = s->local[r - 1], done = 0;
+    uint64_t have = UINT64_MAX;
+    uint32_t w[4] = {0};
+    while (done < count) {
+        uint64_t g = 0;
+        for (int d = 0; d < r; d++) g += (uint64_t)(s->off[d] + idx[d]) * (uint64_t)gst[d];
+        int64_t run = last - idx[r - 1];
+        if (run > count - done) run = count - done;
+        for (int64_t j = 0; j < run; j++, g++) {
+            if (g >> 2 != have) {
+                have = g >> 2;
+                hp_rng_bits(s->seed, stream, have, w);
+            }
+            keep[done + j] = w[g & 3] >= threshold;
+        }
+        done += run;
+        idx[r - 1] = 0;
+        for (int d = r - 2; d >= 0 && run; d--) {
+            if (++idx[d] < s->local[d]) break;
+            idx[d] = 0;
+        }
+    }
+}
