@@ -137,24 +137,56 @@ void hp_arena_init(hp_arena *a) {
     memset(a, 0, sizeof *a);
 }
 
+/* The calling thread's spare chunks while a hp_arena_cache_begin is open: a compile frees
+ * each pass's input graph once the next one is built, and reusing its chunks (pages already
+ * faulted in) instead of returning them to malloc, which trims them back to the kernel, saved
+ * a third of the 4096-layer compile's time in page faults. Minimum-size chunks only. */
+static _Thread_local struct {
+    int depth;
+    hp_arena_chunk *spare;
+} cache;
+
+void hp_arena_cache_begin(void) {
+    cache.depth++;
+}
+
+void hp_arena_cache_end(void) {
+    if (cache.depth > 0 && --cache.depth > 0) return;
+    while (cache.spare) {
+        hp_arena_chunk *next = cache.spare->next;
+        hp_free(cache.spare);
+        cache.spare = next;
+    }
+}
+
 void hp_arena_fini(hp_arena *a) {
     hp_arena_chunk *c = a->head;
     while (c) {
         hp_arena_chunk *next = c->next;
-        hp_free(c);
+        if (cache.depth > 0 && c->size == ARENA_CHUNK_MIN) {
+            c->next = cache.spare;
+            cache.spare = c;
+        } else {
+            hp_free(c);
+        }
         c = next;
     }
     memset(a, 0, sizeof *a);
 }
 
 /* n bytes, 16-aligned, not cleared: for callers that overwrite them all. */
-static void *arena_take(hp_arena *a, size_t n) {
+void *hp_arena_take(hp_arena *a, size_t n) {
     if (n > SIZE_MAX / 2) return NULL;
     size_t need = (n + 15) & ~(size_t)15;
     if (!a->head || a->used + need > a->head->size) {
         size_t size = need > ARENA_CHUNK_MIN ? need : ARENA_CHUNK_MIN;
-        hp_arena_chunk *c = hp_malloc(sizeof *c + size);
-        if (!c) return NULL;
+        hp_arena_chunk *c = NULL;
+        if (size == ARENA_CHUNK_MIN && cache.spare) {
+            c = cache.spare;
+            cache.spare = c->next;
+        } else if (!(c = hp_malloc(sizeof *c + size))) {
+            return NULL;
+        }
         c->next = a->head;
         c->size = size;
         a->head = c;
@@ -167,7 +199,7 @@ static void *arena_take(hp_arena *a, size_t n) {
 }
 
 void *hp_arena_alloc(hp_arena *a, size_t n) {
-    void *p = arena_take(a, n);
+    void *p = hp_arena_take(a, n);
     if (p) memset(p, 0, n);
     return p;
 }
@@ -177,7 +209,7 @@ char *hp_arena_strdup(hp_arena *a, const char *s) {
 }
 
 void *hp_arena_memdup(hp_arena *a, const void *p, size_t n) {
-    void *d = arena_take(a, n);
+    void *d = hp_arena_take(a, n);
     if (d && n) memcpy(d, p, n);
     return d;
 }

@@ -366,6 +366,16 @@ static void sort_attrs(hp_attr *a, int n) {
     }
 }
 
+hp_status hp_graph_reserve(hp_graph *g, int n_nodes, hp_err *err) {
+    if (n_nodes <= g->cap_nodes) return HP_OK;
+    if (n_nodes > HP_MAX_NODES) n_nodes = HP_MAX_NODES;
+    hp_node *nodes = hp_realloc(g->nodes, (size_t)n_nodes * sizeof *nodes);
+    if (!nodes) return hp_errf(err, HP_NOMEM, "out of memory reserving %d nodes", n_nodes);
+    g->nodes = nodes;
+    g->cap_nodes = n_nodes;
+    return HP_OK;
+}
+
 int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const hp_type *out,
                     int n_out, const hp_attr *attrs, int n_attrs, hp_err *err) {
     if (g->n_nodes >= HP_MAX_NODES) {
@@ -386,12 +396,17 @@ int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const h
         g->cap_nodes = cap;
     }
     hp_node n = {.op = op, .n_in = n_in, .n_out = n_out, .n_attrs = n_attrs};
-    if (n_in && !(n.in = hp_arena_memdup(&g->arena, in, (size_t)n_in * sizeof *in))) goto nomem;
-    if (n_out && !(n.out = hp_arena_memdup(&g->arena, out, (size_t)n_out * sizeof *out)))
-        goto nomem;
+    /* one arena block per node: attributes, output types, then inputs (each 8-aligned) */
+    size_t a_bytes = (size_t)n_attrs * sizeof *attrs, o_bytes = (size_t)n_out * sizeof *out;
+    size_t i_bytes = (size_t)n_in * sizeof *in;
+    if (a_bytes + o_bytes + i_bytes) {
+        unsigned char *blk = hp_arena_take(&g->arena, a_bytes + o_bytes + i_bytes);
+        if (!blk) goto nomem;
+        if (n_attrs) memcpy(n.attrs = (hp_attr *)(void *)blk, attrs, a_bytes);
+        if (n_out) memcpy(n.out = (hp_type *)(void *)(blk + a_bytes), out, o_bytes);
+        if (n_in) memcpy(n.in = (hp_value *)(void *)(blk + a_bytes + o_bytes), in, i_bytes);
+    }
     if (n_attrs) {
-        if (!(n.attrs = hp_arena_memdup(&g->arena, attrs, (size_t)n_attrs * sizeof *attrs)))
-            goto nomem;
         for (int i = 0; i < n_attrs; i++) {
             hp_attr *a = &n.attrs[i];
             if ((unsigned)a->key >= HP_ATTR_COUNT) {
@@ -582,8 +597,16 @@ bool hp_graph_eq(const hp_graph *a, const hp_graph *b) {
 }
 
 hp_graph *hp_graph_clone(const hp_graph *g) {
+    return hp_graph_clone_room(g, 0);
+}
+
+hp_graph *hp_graph_clone_room(const hp_graph *g, int extra) {
     hp_graph *c = hp_graph_new();
-    if (!c) return NULL;
+    int room = extra > 0 && extra <= HP_MAX_NODES - g->n_nodes ? g->n_nodes + extra : g->n_nodes;
+    if (!c || hp_graph_reserve(c, room, NULL) != HP_OK) {
+        hp_graph_free(c);
+        return NULL;
+    }
     c->mesh = g->mesh;
     for (int i = 0; i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];

@@ -548,7 +548,7 @@ static hp_status bucketize(const hp_graph *in, int64_t limit, hp_graph **out, hp
     b.ins = hp_malloc(HP_MAX_INPUTS * sizeof *b.ins);
     o = hp_graph_new();
     if (!b.first_wait || !b.bucket_of || !b.offset || !b.stamp || !b.members || !b.buckets ||
-        !b.newid || !b.done || !b.ins || !o) {
+        !b.newid || !b.done || !b.ins || !o || hp_graph_reserve(o, b.n, NULL) != HP_OK) {
         st = hp_errf(err, HP_NOMEM, "out of memory bucketing %d nodes", b.n);
         goto done;
     }

@@ -254,8 +254,15 @@ static bool simplify(cand *c, const hp_graph *g, hp_value *fold) {
 
 /* ---- CSE: a hash set of new-graph node ids, keyed by (op, inputs, attributes) ---------------- */
 
+/* A slot: a new-graph node id (-1 empty) and the high bits of its hash, so that most probes
+ * of a full slot end here without reading the node (a cache miss each at 4096 layers). */
+typedef struct cse_slot {
+    int32_t id;
+    uint32_t tag;
+} cse_slot;
+
 typedef struct cse_table {
-    int32_t *slot; /* -1 empty */
+    cse_slot *slot;
     uint64_t mask;
 } cse_table;
 
@@ -334,16 +341,21 @@ static bool cse_ok(hp_op op) {
 }
 
 /* The slot for c: an existing equal node's, or the empty one where it would go. */
-static int32_t *cse_find(const cse_table *t, const hp_graph *g, const cand *c) {
+static cse_slot *cse_find(const cse_table *t, const hp_graph *g, const cand *c) {
     /* mix's multiply carries only upwards: the low bits the mask keeps needed a final
      * avalanche (splitmix64's), or similar nodes clustered (6 probes a lookup at 4096 layers) */
     uint64_t h = hash_cand(c);
     h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
     h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
     h ^= h >> 31;
+    uint32_t tag = (uint32_t)(h >> 32);
     for (;; h++) {
-        int32_t *s = &t->slot[h & t->mask];
-        if (*s < 0 || same_node(c, &g->nodes[*s])) return s;
+        cse_slot *s = &t->slot[h & t->mask];
+        if (s->id < 0) {
+            s->tag = tag; /* for the caller's insert */
+            return s;
+        }
+        if (s->tag == tag && same_node(c, &g->nodes[s->id])) return s;
     }
 }
 
@@ -356,19 +368,19 @@ static hp_status emit(hp__rewrite *rw, cse_table *t, int old, cand *c, hp_err *e
         hp__rewrite_set(rw, (hp_value){old, 0}, fold);
         return HP_OK;
     }
-    int32_t *slot = NULL;
+    cse_slot *slot = NULL;
     if (cse_ok(c->op)) {
         slot = cse_find(t, rw->out, c);
-        if (*slot >= 0) {
+        if (slot->id >= 0) {
             for (int k = 0; k < c->n_out; k++)
-                hp__rewrite_set(rw, (hp_value){old, k}, (hp_value){*slot, k});
+                hp__rewrite_set(rw, (hp_value){old, k}, (hp_value){slot->id, k});
             return HP_OK;
         }
     }
     int id =
         hp__rewrite_append(rw, c->op, c->in, c->n_in, c->out, c->n_out, c->attrs, c->n_attrs, err);
     if (id < 0) return err ? err->status : HP_NOMEM;
-    if (slot) *slot = id;
+    if (slot) slot->id = id;
     for (int k = 0; k < c->n_out; k++) hp__rewrite_set(rw, (hp_value){old, k}, (hp_value){id, k});
     return HP_OK;
 }
@@ -418,8 +430,7 @@ hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **
         goto done;
     }
     if ((st = hp__rewrite_finish(&rw, &mid, &e)) != HP_OK) goto done;
-    st = hp__dce(mid, out, NULL, &e);
-    hp_graph_free(mid);
+    st = hp__dce_take(mid, out, &e);
 done:
     hp_free(t.slot);
     hp_free(ins);

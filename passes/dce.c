@@ -6,10 +6,8 @@
  * the op table (collectives are consumed by wait_tensor, which an output must reach). */
 #include "passes/passes_internal.h"
 
-hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err) {
-    *out = NULL;
-    bool *live = hp_calloc((size_t)in->n_nodes + 1, sizeof *live);
-    if (!live) return hp_errf(err, HP_NOMEM, "out of memory in dce");
+/* live[i] for every node; returns the number of dead ones. */
+static int mark_live(const hp_graph *in, bool *live) {
     for (int i = 0; i < in->n_outputs; i++)
         if (in->outputs[i].node >= 0 && in->outputs[i].node < in->n_nodes)
             live[in->outputs[i].node] = true;
@@ -23,21 +21,48 @@ hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err)
         }
         for (int k = 0; k < n->n_in; k++) live[n->in[k].node] = true;
     }
+    return dead;
+}
+
+static hp_status sweep(const hp_graph *in, const bool *live, hp_graph **out, hp_err *err) {
     hp__rewrite rw;
     hp_err e = {0};
-    hp_status st = hp__rewrite_start(&rw, in, err);
-    if (st != HP_OK) goto done;
+    HP_TRY(hp__rewrite_start(&rw, in, err));
     for (int i = 0; i < in->n_nodes; i++) {
         if (live[i] && hp__rewrite_copy(&rw, i, &e) < 0) {
-            st = e.status;
             if (err) *err = e;
             hp__rewrite_abort(&rw);
-            goto done;
+            return e.status;
         }
     }
-    st = hp__rewrite_finish(&rw, out, err);
+    return hp__rewrite_finish(&rw, out, err);
+}
+
+hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err) {
+    *out = NULL;
+    bool *live = hp_calloc((size_t)in->n_nodes + 1, sizeof *live);
+    if (!live) return hp_errf(err, HP_NOMEM, "out of memory in dce");
+    int dead = mark_live(in, live);
+    hp_status st = sweep(in, live, out, err);
     if (st == HP_OK && removed) *removed = dead;
-done:
+    hp_free(live);
+    return st;
+}
+
+hp_status hp__dce_take(hp_graph *g, hp_graph **out, hp_err *err) {
+    *out = NULL;
+    bool *live = hp_calloc((size_t)g->n_nodes + 1, sizeof *live);
+    if (!live) {
+        hp_graph_free(g);
+        return hp_errf(err, HP_NOMEM, "out of memory in dce");
+    }
+    hp_status st = HP_OK;
+    if (mark_live(g, live) == 0) /* a copy would equal g */
+        *out = g;
+    else {
+        st = sweep(g, live, out, err);
+        hp_graph_free(g);
+    }
     hp_free(live);
     return st;
 }

@@ -586,7 +586,9 @@ static hp_status fsdp_init(fsdp *f, const hp_graph *in, hp_pass_ctx *ctx, hp_err
 
 static hp_status rewrite(fsdp *f, hp_err *err) {
     const hp_graph *g = f->in;
-    if (!(f->out = hp_graph_new())) return hp_errf(err, HP_NOMEM, "out of memory");
+    /* room for the copy and the collectives (unused room costs no pages) */
+    if (!(f->out = hp_graph_new()) || hp_graph_reserve(f->out, g->n_nodes * 2, NULL) != HP_OK)
+        return hp_errf(err, HP_NOMEM, "out of memory");
     for (int i = 0; i < g->n_nodes; i++) {
         if (i < f->n_ph) {
             HP_TRY(copy_placeholder(f, i, err));

@@ -299,7 +299,9 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
     }
     lower_state s = {.p = p};
     hp_status st = HP_NOMEM;
-    if (!(p->graph = hp_graph_clone(joint))) goto nomem;
+    /* room for place_grads' gradient copies (at most one per parameter) */
+    hp_graph_inputs gin = hp_graph_count_inputs(joint);
+    if (!(p->graph = hp_graph_clone_room(joint, gin.n_params))) goto nomem;
     const hp_graph *g = s.g = p->graph;
     s.slot0 = hp_calloc((size_t)g->n_nodes + 1, sizeof *s.slot0);
     s.folded = hp_calloc((size_t)g->n_nodes + 1, sizeof *s.folded);
@@ -310,6 +312,12 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
         n_slots += g->nodes[i].n_out;
     }
     if (!(s.buf = hp_malloc((size_t)(n_slots + 1) * sizeof *s.buf))) goto nomem;
+    /* at most a buffer per value and an instruction per node, plus the gradient copies */
+    s.cap_bufs = n_slots + gin.n_params + 1;
+    s.cap_instrs = g->n_nodes + gin.n_params + 1;
+    p->buffers = hp_malloc((size_t)s.cap_bufs * sizeof *p->buffers);
+    p->instrs = hp_malloc((size_t)s.cap_instrs * sizeof *p->instrs);
+    if (!p->buffers || !p->instrs) goto nomem;
     for (int32_t i = 0; i < n_slots; i++) s.buf[i] = -1;
     if ((st = find_folds(&s, err)) != HP_OK) goto fail;
     if ((st = lower_nodes(&s, err)) != HP_OK) goto fail;

@@ -97,6 +97,10 @@ void hp__rewrite_abort(hp__rewrite *rw);
  * are the graph's interface). *removed (may be NULL) gets the count. The survivors keep their
  * order. HP_NOMEM. */
 hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err);
+/* The same on a graph the caller hands over (a rewrite's fresh output, without a mesh or
+ * placements, which a copy would drop): g itself when nothing is dead, else a copy of the live
+ * nodes and g is freed; g is freed on failure too. */
+hp_status hp__dce_take(hp_graph *g, hp_graph **out, hp_err *err);
 
 /* FLOPs of node `id` as the cost model counts them: 2*M*N*K for mm/addmm (times the batch for
  * bmm), 4*B*H*T*S*D for an attention forward and 8*B*H*T*S*D for its backward (causal

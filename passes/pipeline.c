@@ -465,7 +465,16 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
     return dump_program(&s->dump, N_PASSES + 1, c->program, err);
 }
 
+static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err *err);
+
 hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *err) {
+    hp_arena_cache_begin(); /* each pass's input graph's chunks go to the next pass's graph */
+    hp_status st = compile(job, world, out, err);
+    hp_arena_cache_end();
+    return st;
+}
+
+static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err *err) {
     *out = NULL;
     if (world <= 0) world = job->resources.world_size;
     hp_compiled *c = hp_calloc(1, sizeof *c);

@@ -19,7 +19,8 @@ hp_status hp__rewrite_start(hp__rewrite *rw, const hp_graph *in, hp_err *err) {
     }
     rw->map = hp_malloc(((size_t)slots + 1) * sizeof *rw->map);
     rw->out = hp_graph_new();
-    if (!rw->slot0 || !rw->map || !rw->out) {
+    /* room for a copy (passes that add nodes grow the array past it) */
+    if (!rw->slot0 || !rw->map || !rw->out || hp_graph_reserve(rw->out, in->n_nodes, NULL)) {
         hp__rewrite_abort(rw);
         return hp_errf(err, HP_NOMEM, "out of memory starting a rewrite");
     }

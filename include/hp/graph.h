@@ -395,6 +395,9 @@ const hp_type *hp_graph_type(const hp_graph *g, hp_value v);
  * the arena) and sorted. Returns the node id, or -1 with err set (HP_NOMEM, HP_LIMIT). */
 int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const hp_type *out,
                     int n_out, const hp_attr *attrs, int n_attrs, hp_err *err);
+/* Makes room for n_nodes nodes in all (a rewrite or copy that knows its size appends without
+ * moving the node array); at most HP_MAX_NODES. HP_NOMEM. */
+hp_status hp_graph_reserve(hp_graph *g, int n_nodes, hp_err *err);
 hp_status hp_graph_set_outputs(hp_graph *g, const hp_value *outs, int n, hp_err *err);
 hp_status hp_graph_add_output(hp_graph *g, hp_value v, hp_err *err);
 
@@ -430,6 +433,8 @@ bool hp_graph_eq(const hp_graph *a, const hp_graph *b);
 
 /* A deep copy (NULL on out of memory). */
 hp_graph *hp_graph_clone(const hp_graph *g);
+/* The same, with room for `extra` more nodes (appended later without moving the array). */
+hp_graph *hp_graph_clone_room(const hp_graph *g, int extra);
 
 /* Placeholders: the count of each kind and lookup by FQN. */
 typedef struct hp_graph_inputs {
