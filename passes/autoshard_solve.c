@@ -313,11 +313,13 @@ static int simplex(glp_prob *lp, bool fresh) {
     glp_smcp sp;
     glp_init_smcp(&sp);
     sp.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ON : GLP_MSG_OFF;
+    double t0 = now_s();
     if (fresh) glp_adv_basis(lp, 0);
+    double t1 = now_s();
     int r = glp_simplex(lp, &sp);
     if (getenv("HP_AUTOSHARD_TRACE"))
-        fprintf(stderr, "autoshard: simplex%s: %d, status %d\n", fresh ? " (fresh)" : "", r,
-                glp_get_status(lp));
+        fprintf(stderr, "autoshard: simplex%s: %d, status %d, basis %.3f s, %.3f s\n",
+                fresh ? " (fresh)" : "", r, glp_get_status(lp), t1 - t0, now_s() - t1);
     if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
     if (r != 0 && !fresh) { /* a warm basis gone bad: from scratch */
         glp_adv_basis(lp, 0);
@@ -498,6 +500,12 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
         for (int c = 0; c < a->n_cls; c++)
             if (a->cls[c].leader < 0) a->cls[c].chosen = best.assign[c];
         hp__as_follow_choices(a);
+        if (getenv("HP_AUTOSHARD_TRACE")) {
+            unsigned long long h = 1469598103934665603ull; /* to compare plans across builds */
+            for (int c = 0; c < a->n_cls; c++)
+                h = (h ^ (unsigned)a->cls[c].chosen) * 1099511628211ull;
+            fprintf(stderr, "autoshard: plan hash %016llx\n", h);
+        }
         double c, m, o; /* the chosen plan's cost exactly, not GLPK's rounded objective */
         hp_autoshard_breakdown(a, &c, &m, &o);
         a->stats.objective_s = c + m + o;
