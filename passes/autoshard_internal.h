@@ -3,7 +3,8 @@
  *
  *   autoshard_enum.c  classes of identical nodes, each class's strategies, their costs, the
  *                     class-edges and their redistribution costs
- *   autoshard_solve.c the integer program (GLPK) and the exhaustive check
+ *   autoshard_solve.c the integer program (GLPK)
+ *   autoshard_exhaust.c the exhaustive check of its optimum (branch and bound, no GLPK)
  *   autoshard.c       hp_autoshard_solve/apply/explain, the pipeline pass
  */
 #ifndef HP_PASSES_AUTOSHARD_INTERNAL_H
@@ -112,5 +113,7 @@ void hp__as_follow_choices(hp_autoshard *a);
 
 /* autoshard_solve.c */
 hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err);
+/* The parameter bytes one rank may hold under the budget, or false when it is (0, 1). */
+bool hp__as_budget(const hp_autoshard *a, double *lo, double *hi);
 
 #endif

@@ -1,5 +1,5 @@
-/* passes/autoshard_solve.c — the integer program (GLPK) and the exhaustive check of its
- * optimum (docs/autoshard.md).
+/* passes/autoshard_solve.c — the integer program (GLPK) of auto-sharding (docs/autoshard.md;
+ * autoshard_exhaust.c checks its optimum).
  *
  * Columns: x[c, s] binary, class c runs strategy s; y[e, p, q] in [0, 1], class-edge e's value
  * leaves its producer in group p and is needed in group q (only the pairs with a finite
@@ -76,8 +76,8 @@ static void callback(glp_tree *t, void *info) {
     }
 }
 
-/* Parameter bytes bounds of the budget row, or false when the budget is (0, 1). */
-static bool budget(const hp_autoshard *a, double *lo, double *hi) {
+/* Parameter bytes bounds of the budget row (autoshard_internal.h). */
+bool hp__as_budget(const hp_autoshard *a, double *lo, double *hi) {
     if (a->v.mem_low <= 0 && a->v.mem_high >= 1) return false;
     /* bytes one rank may hold; a hair of slack so that exactly 1/N is met despite rounding */
     *lo = a->v.mem_low * a->v.total_param_bytes * (1 - 1e-9);
@@ -175,7 +175,7 @@ static hp_status build(hp_autoshard *a, glp_prob *lp, bool with_budget, hp_err *
         hp_free(colof);
     }
     double lo, hi;
-    if (ok && with_budget && budget(a, &lo, &hi)) {
+    if (ok && with_budget && hp__as_budget(a, &lo, &hi)) {
         for (int c = 0; c < a->n_cls && ok; c++) {
             const as_class *cl = &a->cls[c];
             if (!cl->param) continue;
@@ -214,7 +214,7 @@ static int solve(glp_prob *lp, const hp_autoshard_opts *opts, cb_state *cb) {
 
 static hp_status infeasible(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err) {
     double lo, hi, mn, mx;
-    if (budget(a, &lo, &hi)) {
+    if (hp__as_budget(a, &lo, &hi)) {
         memory_range(a, &mn, &mx);
         double tot = a->v.total_param_bytes;
         if (mn > hi || mx < lo)
@@ -313,11 +313,13 @@ static int simplex(glp_prob *lp, bool fresh) {
     glp_smcp sp;
     glp_init_smcp(&sp);
     sp.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ON : GLP_MSG_OFF;
+    double t0 = now_s();
     if (fresh) glp_adv_basis(lp, 0);
+    double t1 = now_s();
     int r = glp_simplex(lp, &sp);
     if (getenv("HP_AUTOSHARD_TRACE"))
-        fprintf(stderr, "autoshard: simplex%s: %d, status %d\n", fresh ? " (fresh)" : "", r,
-                glp_get_status(lp));
+        fprintf(stderr, "autoshard: simplex%s: %d, status %d, basis %.3f s, %.3f s\n",
+                fresh ? " (fresh)" : "", r, glp_get_status(lp), t1 - t0, now_s() - t1);
     if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
     if (r != 0 && !fresh) { /* a warm basis gone bad: from scratch */
         glp_adv_basis(lp, 0);
@@ -371,7 +373,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     a->stats.build_s = t1 - t0;
     a->stats.presolved_rows = a->stats.presolved_cols = -1;
     double lo = 0, hi = INFINITY;
-    bool has_budget = budget(a, &lo, &hi);
+    bool has_budget = hp__as_budget(a, &lo, &hi);
     int brow = has_budget ? glp_get_num_rows(lp) : 0;
     plan_state cur = {.assign = hp_calloc((size_t)a->n_cls + 1, sizeof(int))};
     plan_state best = {.assign = hp_calloc((size_t)a->n_cls + 1, sizeof(int)), .cost = INFINITY};
@@ -498,6 +500,12 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
         for (int c = 0; c < a->n_cls; c++)
             if (a->cls[c].leader < 0) a->cls[c].chosen = best.assign[c];
         hp__as_follow_choices(a);
+        if (getenv("HP_AUTOSHARD_TRACE")) {
+            unsigned long long h = 1469598103934665603ull; /* to compare plans across builds */
+            for (int c = 0; c < a->n_cls; c++)
+                h = (h ^ (unsigned)a->cls[c].chosen) * 1099511628211ull;
+            fprintf(stderr, "autoshard: plan hash %016llx\n", h);
+        }
         double c, m, o; /* the chosen plan's cost exactly, not GLPK's rounded objective */
         hp_autoshard_breakdown(a, &c, &m, &o);
         a->stats.objective_s = c + m + o;
@@ -508,141 +516,5 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     glp_delete_prob(lp);
     hp_free(cur.assign);
     hp_free(best.assign);
-    return st;
-}
-
-/* ---- exhaustive check ---------------------------------------------------------------------- */
-
-typedef struct bnb {
-    const hp_autoshard *a;
-    int *assign;       /* [n_cls] */
-    double *min_unary; /* [n_cls] */
-    double *suffix;    /* [n_cls + 1]: sum of min_unary from c on */
-    int **in_edges;    /* [n_cls]: edges whose later endpoint is c */
-    int *n_in;
-    double best, lo, hi;
-    bool budget;
-    double *min_mem, *max_mem; /* suffix sums */
-    int64_t visited, max_nodes;
-} bnb;
-
-static double edge_cost(const hp_autoshard *a, const as_edge *e, const int *assign) {
-    (void)a;
-    int p = e->p_of[assign[e->cu]], q = e->q_of[assign[e->cv]];
-    return e->count * e->cost[p * e->n_q + q];
-}
-
-static void search(bnb *b, int c, double cost, double mem) {
-    const hp_autoshard *a = b->a;
-    if (++b->visited > b->max_nodes) return;
-    if (c == a->n_cls) {
-        if (b->budget && (mem < b->lo || mem > b->hi)) return;
-        if (cost < b->best) b->best = cost;
-        return;
-    }
-    const as_class *cl = &a->cls[c];
-    if (cl->leader >= 0) {
-        search(b, c + 1, cost, mem);
-        return;
-    }
-    for (int s = 0; s < cl->n_strat; s++) {
-        b->assign[c] = s;
-        const as_strat *x = &a->st[cl->strat0 + s];
-        double m = mem + (cl->param ? cl->count * x->mem_bytes : 0);
-        if (b->budget && (m + b->min_mem[c + 1] > b->hi || m + b->max_mem[c + 1] < b->lo)) continue;
-        double k = cost + a->lunary[cl->strat0 + s];
-        for (int i = 0; i < b->n_in[c] && isfinite(k); i++)
-            k += edge_cost(a, &a->ledges[b->in_edges[c][i]], b->assign);
-        if (!isfinite(k) || k + b->suffix[c + 1] >= b->best * (1 + 1e-12)) continue;
-        search(b, c + 1, k, m);
-        if (b->visited > b->max_nodes) return;
-    }
-}
-
-hp_status hp_autoshard_exhaustive(const hp_autoshard *a, int64_t max_nodes, double *best_s,
-                                  hp_err *err) {
-    int n = a->n_cls;
-    bnb b = {.a = a, .best = INFINITY, .max_nodes = max_nodes};
-    b.assign = hp_calloc((size_t)n + 1, sizeof *b.assign);
-    b.min_unary = hp_calloc((size_t)n + 1, sizeof *b.min_unary);
-    b.suffix = hp_calloc((size_t)n + 2, sizeof *b.suffix);
-    b.min_mem = hp_calloc((size_t)n + 2, sizeof *b.min_mem);
-    b.max_mem = hp_calloc((size_t)n + 2, sizeof *b.max_mem);
-    b.in_edges = hp_calloc((size_t)n + 1, sizeof *b.in_edges);
-    b.n_in = hp_calloc((size_t)n + 1, sizeof *b.n_in);
-    hp_status st =
-        b.assign && b.min_unary && b.suffix && b.min_mem && b.max_mem && b.in_edges && b.n_in
-            ? HP_OK
-            : hp_errf(err, HP_NOMEM, "out of memory");
-    for (int e = 0; e < a->n_ledges && st == HP_OK; e++) {
-        const as_edge *ed = &a->ledges[e];
-        int c = ed->cu > ed->cv ? ed->cu : ed->cv;
-        int *v = hp_realloc(b.in_edges[c], (size_t)(b.n_in[c] + 1) * sizeof *v);
-        if (!v) {
-            st = hp_errf(err, HP_NOMEM, "out of memory");
-            break;
-        }
-        v[b.n_in[c]++] = e;
-        b.in_edges[c] = v;
-    }
-    for (int c = n - 1; c >= 0 && st == HP_OK; c--) {
-        const as_class *cl = &a->cls[c];
-        double mu = cl->leader >= 0 ? 0 : INFINITY, mn = cl->leader >= 0 ? 0 : INFINITY, mx = 0;
-        for (int s = 0; cl->leader < 0 && s < cl->n_strat; s++) {
-            const as_strat *x = &a->st[cl->strat0 + s];
-            /* what c's choice s costs at least: itself and the edges it closes, each at its
-             * cheapest other end */
-            double lb = a->lunary[cl->strat0 + s];
-            for (int i = 0; i < b.n_in[c]; i++) {
-                const as_edge *ed = &a->ledges[b.in_edges[c][i]];
-                double m = INFINITY;
-                if (ed->cv == c) {
-                    for (int p = 0; p < ed->n_p; p++)
-                        m = fmin(m, ed->cost[p * ed->n_q + ed->q_of[s]]);
-                } else {
-                    for (int q = 0; q < ed->n_q; q++)
-                        m = fmin(m, ed->cost[ed->p_of[s] * ed->n_q + q]);
-                }
-                lb += ed->count * m;
-            }
-            mu = fmin(mu, lb);
-            mn = fmin(mn, cl->param ? cl->count * x->mem_bytes : 0);
-            mx = fmax(mx, cl->param ? cl->count * x->mem_bytes : 0);
-        }
-        b.suffix[c] = b.suffix[c + 1] + mu;
-        b.min_mem[c] = b.min_mem[c + 1] + mn;
-        b.max_mem[c] = b.max_mem[c + 1] + mx;
-    }
-    b.budget = st == HP_OK && budget(a, &b.lo, &b.hi);
-    /* the solver's plan, priced here, is the first incumbent: the search then proves that
-     * no assignment is cheaper (or finds one) */
-    if (st == HP_OK && a->cls[0].chosen >= 0) {
-        double k = 0, m = 0;
-        for (int c = 0; c < n; c++) {
-            const as_class *cl = &a->cls[c];
-            if (cl->leader >= 0) continue;
-            b.assign[c] = cl->chosen;
-            k += a->lunary[cl->strat0 + cl->chosen];
-            if (cl->param) m += cl->count * a->st[cl->strat0 + cl->chosen].mem_bytes;
-        }
-        for (int e = 0; e < a->n_ledges; e++) k += edge_cost(a, &a->ledges[e], b.assign);
-        if (isfinite(k) && (!b.budget || (m >= b.lo && m <= b.hi))) b.best = k * (1 + 1e-12);
-    }
-    if (st == HP_OK) search(&b, 0, 0, 0);
-    if (st == HP_OK && b.visited > max_nodes)
-        st = hp_errf(err, HP_UNSUPPORTED,
-                     "exhaustive search: more than %lld assignments to visit (%d classes)",
-                     (long long)max_nodes, n);
-    if (st == HP_OK && !isfinite(b.best))
-        st = hp_errf(err, HP_INVALID, "exhaustive search: no feasible assignment");
-    if (st == HP_OK) *best_s = b.best;
-    for (int c = 0; b.in_edges && c < n; c++) hp_free(b.in_edges[c]);
-    hp_free(b.in_edges);
-    hp_free(b.n_in);
-    hp_free(b.assign);
-    hp_free(b.min_unary);
-    hp_free(b.suffix);
-    hp_free(b.min_mem);
-    hp_free(b.max_mem);
     return st;
 }

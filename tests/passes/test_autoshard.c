@@ -1,9 +1,10 @@
 /* Auto-sharding (passes/autoshard*.c, docs/autoshard.md): on 1-D dp the solver replicates
  * every parameter without a budget (DDP) and shards every one with high = 1/N (FSDP); on a
  * 2-D (dp, tp) Llama with a budget it finds a plan no dearer than the hand-written FSDP x TP
- * one; its objective equals exhaustive search's minimum on the MLP (1-D and 2-D, with and
- * without a budget) and on 1-layer Llamas of odd sizes on 1-D dp (the search of a 2-D one takes
- * a minute: run once, not here); the same job gives
+ * one; its objective equals the exact minimum (dynamic programming over the same cost tables,
+ * no GLPK) on the MLP (1-D and 2-D, with and without a budget), on 1-layer Llamas of odd sizes
+ * and on a 1-layer Llama of the debugmodel's shape scaled down, on dp=2 and dp=4 with and
+ * without a budget (a 2-D 1-layer Llama's tables are beyond it: not here); the same job gives
  * the same plan; classes do not grow with the layers; infeasible constraints name themselves;
  * explain says why; the pipeline compiles an auto plan. Priced on the h100 profile, whose
  * figures are fixed (the cpu profile is this machine's).
@@ -173,6 +174,8 @@ static void expect_exhaustive(const model_case *m, int nd, const char *const *na
     hp_job *job = make_job(m, nd, names, sizes);
     job->plan.mem_high = high;
     hp_autoshard *a = solve(job, 0);
+    cr_expect(hp_autoshard_get_stats(a)->optimal, "%s on %d dims, high %g: the ILP proved optimal",
+              m->spec, nd, high);
     double best = 0;
     hp_err err = {0};
     cr_assert_eq(hp_autoshard_exhaustive(a, (int64_t)2e8, &best, &err), HP_OK, "%s: %s", m->spec,
@@ -194,6 +197,18 @@ Test(autoshard, ilp_objective_equals_exhaustive_search) {
     expect_exhaustive(&MLP, 2, DPTP, twotwo, 0.3);
     expect_exhaustive(&LLAMA1_ODD, 1, DP, two, 1);
     expect_exhaustive(&LLAMA1_GQA, 1, DP, two, 1);
+}
+
+/* The debugmodel's shape scaled down (dim 64, 4 heads, 2 kv heads), one layer: every dim
+ * splits, so every strategy of the mesh is in play; with budgets that bind (a knapsack over
+ * the parameters' bytes). The exhaustive minimum is exact dynamic programming over the same
+ * cost tables, without GLPK (passes/autoshard_exhaust.c). */
+Test(autoshard, ilp_objective_equals_exhaustive_search_on_a_1_layer_llama) {
+    int two[] = {2}, four[] = {4};
+    expect_exhaustive(&LLAMA1, 1, DP, two, 1);
+    expect_exhaustive(&LLAMA1, 1, DP, two, 0.75);
+    expect_exhaustive(&LLAMA1, 1, DP, four, 1);
+    expect_exhaustive(&LLAMA1, 1, DP, four, 0.5);
 }
 
 Test(autoshard, same_job_same_plan_and_classes_do_not_grow_with_layers) {
