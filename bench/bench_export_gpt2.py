@@ -9,7 +9,9 @@ as compiled by default (fuse_attention turns make_fx's bmm/mask/softmax/bmm into
 attention kernel) and with `--no-fuse-attention` (the unfused ATen attention run op by op).
 The peer, in the same run: the model itself in PyTorch (eager, torch.optim.AdamW, clipping,
 the same threads, batch, sequence and tokens). Each runs in its own process; the first WARMUP
-steps are not timed; the figure is the median step time, as the ratio hp / PyTorch.
+steps are not timed; the figure is the median step time, as the ratio hp / PyTorch. Each
+process's CPU seconds per step (startup included) are printed too: on a shared, loaded machine
+they vary far less than wall time.
 
 usage: /usr/bin/python3 bench/bench_export_gpt2.py [--build DIR] [--steps N] [--warmup N]
            [--threads N] [--batch B] [--seq T] [--layers L] [--dim C] [--heads H] [--vocab V]
@@ -19,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import struct
 import subprocess
 import sys
@@ -104,6 +107,11 @@ def write_tokens(path, n, V):
     return toks
 
 
+def child_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_hp(build, job, out, threads):
     subprocess.run([os.path.join(build, "worker", "hp-worker"), "--standalone", job, "--out", out,
                     "--threads", str(threads)], check=True, capture_output=True)
@@ -180,9 +188,14 @@ def main():
                              (x, x.clone()), out=jobs[name],
                              weights=os.path.join(tmp, "init.safetensors"), hpctl=hpctl,
                              train=train, extra_args=["--data", data] + flags)
+        c0 = child_cpu_s()
         hp_t = run_hp(a.build, jobs["fused"], os.path.join(tmp, "run-fused"), a.threads)
+        c1 = child_cpu_s()
         un_t = run_hp(a.build, jobs["unfused"], os.path.join(tmp, "run-unfused"), a.threads)
+        c2 = child_cpu_s()
     torch_t = run_torch(cfg, toks, a.threads)
+    c3 = child_cpu_s()
+    hp_c, un_c, torch_c = ((y - x) / a.steps for x, y in ((c0, c1), (c1, c2), (c2, c3)))
     hp_s, un_s, torch_s = (median(t[a.warmup:]) for t in (hp_t, un_t, torch_t))
     tokens = a.batch * a.seq
     print("config: GPT-2 (nanoGPT shape) dim %d, %d layers, %d heads, vocab %d; batch %d x seq "
@@ -196,6 +209,9 @@ def main():
           % (torch.__version__, torch_s, tokens / torch_s))
     print("ratio hp/pytorch step time: %.3f fused, %.3f unfused (target <= 0.7)"
           % (hp_s / torch_s, un_s / torch_s))
+    # On a shared machine wall time depends on what else runs; CPU time much less so.
+    print("cpu s/step (whole process incl. startup): hp %.3f fused, %.3f unfused, pytorch %.3f; "
+          "ratio %.3f fused, %.3f unfused" % (hp_c, un_c, torch_c, hp_c / torch_c, un_c / torch_c))
     return 0
 
 

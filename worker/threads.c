@@ -1,9 +1,12 @@
 /* worker/threads.c — the static thread pool behind hp/threads.h.
  *
- * One run at a time: the caller publishes (fn, ctx, n_tasks) under `mu`, bumps the generation
- * and wakes every worker; all threads, the caller included, claim task indices from an atomic
- * counter; the caller waits until every worker has reported back for that generation, so no
- * worker can still be touching the run's ctx when hp_pool_run returns. Sleeping on condition
+ * One run at a time: the caller publishes (fn, ctx, n_tasks) under `mu`, opens the run, bumps
+ * the generation and wakes every worker; all threads, the caller included, claim task indices
+ * from an atomic counter. A worker joins the run (under `mu`) only while it is open; when the
+ * caller has no task left to claim it closes the run and waits for the workers that joined, so
+ * no worker can still be touching the run's ctx when hp_pool_run returns. A worker the
+ * scheduler wakes late (a loaded machine) finds the run closed and skips it, instead of the
+ * caller waiting a time slice for a thread that has nothing left to do. Sleeping on condition
  * variables rather than spinning keeps idle pools free on a shared machine.
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
@@ -31,10 +34,11 @@ struct hp_pool {
     pthread_mutex_t run_lock; /* serializes hp_pool_run callers */
     pthread_mutex_t mu;       /* guards everything below but `next` */
     pthread_cond_t wake;      /* gen changed or stop */
-    pthread_cond_t done;      /* active dropped to 0 */
+    pthread_cond_t done;      /* the closed run's last joined worker left */
     uint64_t gen;
     int stop;
-    int active; /* workers that have not finished the current generation */
+    int open;   /* the current run still takes workers */
+    int joined; /* workers inside the current run */
 
     hp_pool_fn fn;
     void *ctx;
@@ -66,10 +70,12 @@ static void *worker_main(void *arg) {
         while (p->gen == seen && !p->stop) pthread_cond_wait(&p->wake, &p->mu);
         if (p->stop) break;
         seen = p->gen;
+        if (!p->open) continue; /* over before this thread got to it */
+        p->joined++;
         pthread_mutex_unlock(&p->mu);
         drain(p, w->id);
         pthread_mutex_lock(&p->mu);
-        if (--p->active == 0) pthread_cond_signal(&p->done);
+        if (--p->joined == 0 && !p->open) pthread_cond_signal(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -164,7 +170,8 @@ void hp_pool_run(hp_pool *pool, int64_t n_tasks, hp_pool_fn fn, void *ctx) {
         pool->ctx = ctx;
         pool->n_tasks = n_tasks;
         atomic_store_explicit(&pool->next, 0, memory_order_relaxed);
-        pool->active = pool->started;
+        pool->open = 1;
+        pool->joined = 0;
         pool->gen++;
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mu);
@@ -172,7 +179,8 @@ void hp_pool_run(hp_pool *pool, int64_t n_tasks, hp_pool_fn fn, void *ctx) {
         drain(pool, 0);
 
         pthread_mutex_lock(&pool->mu);
-        while (pool->active > 0) pthread_cond_wait(&pool->done, &pool->mu);
+        pool->open = 0;
+        while (pool->joined > 0) pthread_cond_wait(&pool->done, &pool->mu);
         pool->fn = NULL;
         pool->ctx = NULL;
         pthread_mutex_unlock(&pool->mu);

@@ -1,6 +1,6 @@
 /* tests/worker/test_threads.c — the static thread pool: every task runs exactly once, thread
- * indices stay in range, nested runs and concurrent callers do not deadlock, bad sizes and
- * failed allocations are clean errors. */
+ * indices stay in range, late workers skip finished runs, nested runs and concurrent callers do not
+ * deadlock, bad sizes and failed allocations are clean errors. */
 #include "hp/threads.h"
 
 #include <criterion/criterion.h>
@@ -36,6 +36,43 @@ Test(threads, every_task_runs_once) {
         }
         hp_pool_free(pool);
     }
+}
+
+/* A run's ctx dies when hp_pool_run returns: a worker that wakes after the run is over must
+ * skip it, and one that joined must be done with it before the call returns. Many short runs
+ * back to back (workers often arrive late), each ctx marked dead right after its run. */
+typedef struct live_ctx {
+    _Atomic int alive, hits;
+} live_ctx;
+
+static _Atomic int stale_touches;
+
+static void live_task(void *ctx, int64_t t, int thread) {
+    (void)t, (void)thread;
+    live_ctx *c = ctx;
+    for (volatile int spin = 0; spin < 20000; spin++) { /* widens the window a race needs */
+    }
+    if (!atomic_load(&c->alive)) atomic_fetch_add(&stale_touches, 1);
+    atomic_fetch_add(&c->hits, 1);
+}
+
+Test(threads, late_workers_never_touch_a_finished_run, .timeout = 60) {
+    hp_pool *pool;
+    hp_err e;
+    cr_assert_eq(hp_pool_new(4, &pool, &e), HP_OK, "%s", e.msg);
+    enum { RUNS = 4000 };
+    live_ctx *ctx = calloc(RUNS, sizeof *ctx);
+    for (int r = 0; r < RUNS; r++) {
+        atomic_store(&ctx[r].alive, 1);
+        int64_t tasks = 2 + r % 5;
+        hp_pool_run(pool, tasks, live_task, &ctx[r]);
+        atomic_store(&ctx[r].alive, 0);
+        cr_assert_eq(atomic_load(&ctx[r].hits), tasks, "run %d", r);
+    }
+    hp_pool_free(pool);
+    cr_assert_eq(atomic_load(&stale_touches), 0);
+    for (int r = 0; r < RUNS; r++) cr_assert_eq(atomic_load(&ctx[r].hits), 2 + r % 5, "run %d", r);
+    free(ctx);
 }
 
 Test(threads, null_pool_runs_inline) {

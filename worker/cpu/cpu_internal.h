@@ -244,6 +244,24 @@ static inline float hp__cpu_expf(float x) {
     return y;
 }
 
+/* tanh(x) in f32 within ~2 ulp (Cephes' tanhf), vectorizable like hp__cpu_expf: the odd
+ * polynomial for |x| < 0.625 and 1 - 2 / (exp(2|x|) + 1) above, both computed and one
+ * selected; |x| > 44 gives ±1 exactly (exp saturates), NaN stays NaN. */
+static inline float hp__cpu_tanhf(float x) {
+    float a = x < 0 ? -x : x;
+    float z = x * x;
+    float p = -5.70498872745e-3f;
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    float small = p * z * x + x;
+    float ac = a > 44.0f ? 44.0f : a; /* also keeps exp finite; NaN passes through */
+    float big = 1.0f - 2.0f / (hp__cpu_expf(ac + ac) + 1.0f);
+    big = x < 0 ? -big : big;
+    return a < 0.625f ? small : big;
+}
+
 /* Σ x[i] in double: 8 lanes (lane k takes i ≡ k mod 8), folded in lane order. The result
  * depends on n and the values only, and vectorizes. */
 static inline double hp__cpu_sum_d(const float *x, int64_t n) {

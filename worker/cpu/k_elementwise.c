@@ -431,7 +431,7 @@ HP__CPU_INLINE void unary_body(void *ctx, int64_t b, int64_t e, int thread) {
         for (int64_t i = 0; i < n; i++) y[i] = (float)(1.0 / sqrt((double)x[i]));
         break;
     case HP_OP_TANH:
-        for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+        for (int64_t i = 0; i < n; i++) y[i] = hp__cpu_tanhf(x[i]);
         break;
     case HP_OP_SIGMOID:
         for (int64_t i = 0; i < n; i++) y[i] = sigmoidf_(x[i]);
@@ -443,7 +443,7 @@ HP__CPU_INLINE void unary_body(void *ctx, int64_t b, int64_t e, int thread) {
         if (j->approx)
             for (int64_t i = 0; i < n; i++) {
                 float a = x[i];
-                y[i] = 0.5f * a * (1.0f + tanhf(SQRT_2_OVER_PI * (a + GELU_C * a * a * a)));
+                y[i] = 0.5f * a * (1.0f + hp__cpu_tanhf(SQRT_2_OVER_PI * (a + GELU_C * a * a * a)));
             }
         else
             for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT_2));
@@ -506,7 +506,7 @@ HP__CPU_INLINE void pair_body(void *ctx, int64_t b, int64_t e, int thread) {
                 float x = s[i];
                 float u = SQRT_2_OVER_PI * (x + GELU_C * x * x * x);
                 float du = SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_C * x * x);
-                float t = tanhf(u);
+                float t = hp__cpu_tanhf(u);
                 y[i] = g[i] * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
             }
         else
