@@ -146,8 +146,20 @@ static _Thread_local struct {
     hp_arena_chunk *spare;
 } cache;
 
+/* Under ASan freed chunks go back to malloc, so that a use after free still shows. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ARENA_CACHE 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ARENA_CACHE 0
+#endif
+#endif
+#ifndef ARENA_CACHE
+#define ARENA_CACHE 1
+#endif
+
 void hp_arena_cache_begin(void) {
-    cache.depth++;
+    if (ARENA_CACHE) cache.depth++;
 }
 
 void hp_arena_cache_end(void) {
