@@ -15,7 +15,9 @@
 #include "daemon/http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,9 +84,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) fail("connect: %m");
+    /* libFuzzer's timer signal interrupts these calls (a socket with a timeout is never
+     * restarted, SA_RESTART or not): EINTR is retried, never taken for a refusal or a hang. */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        if (errno != EINTR) fail("connect: %m");
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int rc, soerr = 0;
+        socklen_t len = sizeof soerr;
+        while ((rc = poll(&pf, 1, 20000)) < 0 && errno == EINTR) continue;
+        if (rc <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0 || soerr)
+            fail("connect: %s", soerr ? strerror(soerr) : "no connection within 20 s");
+    }
     for (size_t off = 0; off < n;) {
         ssize_t w = send(fd, req + off, n - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
         if (w <= 0) break; /* the server may answer (414) and close before reading it all */
         off += (size_t)w;
     }
@@ -92,6 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t got = 0;
     while (got < sizeof head - 1) {
         ssize_t r = recv(fd, head + got, sizeof head - 1 - got, 0);
+        if (r < 0 && errno == EINTR) continue;
         if (r < 0) fail("no answer within 20 s to a %zu-byte target: %.200s", size, req + 4);
         if (r == 0) break;
         got += (size_t)r;
