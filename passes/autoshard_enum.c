@@ -150,8 +150,14 @@ static double node_cost(const hp_autoshard *a, const hp_node *n, const hp_type *
         out[k] = split_type(a, &n->out[k], s->out[k], nd);
         bytes += (double)hp_type_numel(&out[k]) * (double)hp_dtype_size(out[k].dtype);
     }
-    double f = op_flops(n->op, in, out);
-    double t = fmax(f / (a->prof.peak_flops * a->prof.efficiency), bytes / a->prof.mem_bw);
+    double f = op_flops(n->op, in, out), rate = a->prof.peak_flops * a->prof.efficiency;
+    if ((n->op == HP_OP_SDPA || n->op == HP_OP_SDPA_BACKWARD) && nk > 2) { /* as cost.c */
+        const hp_type *q = &in[n->op == HP_OP_SDPA ? 0 : 1], *k = q + 1;
+        if (q->rank == 4 && k->rank == 4)
+            rate = hp_device_profile_attn_rate(
+                &a->prof, q->shape[3], hp_node_int(n, HP_ATTR_CAUSAL, 0), q->shape[2], k->shape[2]);
+    }
+    double t = fmax(f / rate, bytes / a->prof.mem_bw);
     return t + a->prof.kernel_s;
 }
 

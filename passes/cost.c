@@ -5,7 +5,9 @@
  * (hp/autoshard.h: h100/h200/a100 figures, or this machine's probed cpu figures), the same
  * model auto-sharding prices its strategies with (docs/autoshard.md):
  *   * compute: each kernel the larger of its FLOPs over peak x efficiency and its bytes (local
- *     inputs read and outputs written) over memory bandwidth, plus a launch; views free. FLOPs:
+ *     inputs read and outputs written) over memory bandwidth, plus a launch. The kernels are
+ *     the lowered program's instructions: a view costs nothing unless the lowering
+ *     materializes it (a transpose not folded into a GEMM, a slice: a copy of its output). FLOPs:
  *     2*M*N*K per mm/addmm (times the batch for bmm), 4*B*H*T*S*D per attention forward and
  *     8*B*H*T*S*D per attention backward (causal masking not discounted, as torchtitan's
  *     6N + 12LdT convention).
@@ -108,17 +110,29 @@ static int mesh_dim(const hp_plan *plan, const char *group) {
  * free (the same roofline auto-sharding prices strategies with). */
 static double node_time(const hp_graph *g, int id, const hp_device_profile *p, double flops) {
     const hp_node *n = &g->nodes[id];
-    if (hp_op_get(n->op)->flags & HP_OPF_VIEW) return 0;
     double bytes = 0;
-    for (int j = 0; j < n->n_in; j++) bytes += (double)type_bytes(hp_graph_type(g, n->in[j]));
-    for (int k = 0; k < n->n_out; k++) bytes += (double)type_bytes(&n->out[k]);
-    double t = flops / (p->peak_flops * p->efficiency);
+    if (hp_op_get(n->op)->flags & HP_OPF_VIEW) {
+        /* a materialized view copies its output's elements (a slice reads only its part) */
+        bytes = 2.0 * (double)type_bytes(&n->out[0]);
+    } else {
+        for (int j = 0; j < n->n_in; j++) bytes += (double)type_bytes(hp_graph_type(g, n->in[j]));
+        for (int k = 0; k < n->n_out; k++) bytes += (double)type_bytes(&n->out[k]);
+    }
+    double rate = p->peak_flops * p->efficiency;
+    if (n->op == HP_OP_SDPA || n->op == HP_OP_SDPA_BACKWARD) { /* q: input 0, or 1 after g_out */
+        int q = n->op == HP_OP_SDPA ? 0 : 1;
+        const hp_type *qt = hp_graph_type(g, n->in[q]), *kt = hp_graph_type(g, n->in[q + 1]);
+        if (qt->rank == 4 && kt->rank == 4)
+            rate = hp_device_profile_attn_rate(p, qt->shape[3], hp_node_int(n, HP_ATTR_CAUSAL, 0),
+                                               qt->shape[2], kt->shape[2]);
+    }
+    double t = flops / rate;
     if (bytes / p->mem_bw > t) t = bytes / p->mem_bw;
     return t + p->kernel_s;
 }
 
-hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estimate *c,
-                            hp_err *err) {
+hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_job *job,
+                            hp_cost_estimate *c, hp_err *err) {
     memset(c, 0, sizeof *c);
     hp_device_profile prof;
     HP_TRY(hp_device_profile_for_job(job, &prof, err));
@@ -134,7 +148,17 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estima
     c->bandwidth = dp >= 0 ? link[dp].bandwidth : def.bandwidth;
     c->latency = dp >= 0 ? link[dp].latency : def.latency;
     double *done = hp_malloc(((size_t)g->n_nodes + 1) * sizeof *done);
-    if (!done) return hp_errf(err, HP_NOMEM, "out of memory estimating the step");
+    bool *runs = hp_malloc((size_t)g->n_nodes + 1); /* the node is a compute kernel */
+    if (!done || !runs) {
+        hp_free(done);
+        hp_free(runs);
+        return hp_errf(err, HP_NOMEM, "out of memory estimating the step");
+    }
+    for (int i = 0; i < g->n_nodes; i++)
+        runs[i] = !prog && !(hp_op_get(g->nodes[i].op)->flags & HP_OPF_VIEW);
+    for (int k = 0; prog && k < prog->n_instrs; k++)
+        if (prog->instrs[k].node >= 0 && prog->instrs[k].node < g->n_nodes)
+            runs[prog->instrs[k].node] = true;
     double t_compute = 0, t_comm = 0; /* when each stream is next free */
     for (int i = 0; i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];
@@ -157,7 +181,7 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estima
                 c->exposed_comm_s += ready - t_compute;
                 t_compute = ready;
             }
-        } else {
+        } else if (runs[i]) {
             double f = hp__node_flops(g, i), t = node_time(g, i, &prof, f);
             c->flops += f;
             c->compute_s += t;
@@ -174,5 +198,6 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estima
     if (t_comm > t_compute) c->exposed_comm_s += t_comm - t_compute;
     c->step_s = c->compute_s + c->exposed_comm_s + c->optimizer_s;
     hp_free(done);
+    hp_free(runs);
     return HP_OK;
 }

@@ -9,12 +9,16 @@
  *
  * The cpu profile is this machine's: `hp-worker --probe-profile` measures the SGEMM peak (the
  * kernels' own GEMM path, as for MFU), memcpy bandwidth and the shm communicator's all-reduce
- * bandwidth and latency between two ranks, and caches them here as one line of text per CPU
- * model:
- *     hp-cpu-profile 1 <peak_flops> <mem_bw> <shm_bw> <shm_latency> <kernel_s>
+ * bandwidth and latency between two ranks, the cost of dispatching one kernel to the compute
+ * threads, and a collective's latency when twice as many ranks as CPUs compute and meet
+ * (worker/probe.c), and caches them here as one line of text per CPU model:
+ *     hp-cpu-profile 2 <peak_flops> <mem_bw> <shm_bw> <shm_latency> <kernel_s> <cpus>
+ *                      <oversubscribed_latency> <attn_eff_d16> <_d32> <_d64> <_d128>
+ * (version 1, without the last six, still reads).
  * Without a cached probe the cpu profile is an assumed one (measured = false) and `hpctl plan`
  * says so. The figures are the whole host's: the ranks of a job share it (--gpus-per-node
- * ranks per host, else all of them), each priced at its share of the peak and bandwidth.
+ * ranks per host, else all of them), each priced at its share of the peak and bandwidth, and
+ * at the oversubscribed latency when they outnumber the CPUs.
  */
 #include "hp/autoshard.h"
 
@@ -25,7 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define CPU_PROFILE_VERSION 1
+#define CPU_PROFILE_VERSION 2
 
 typedef struct known {
     const char *name;
@@ -75,12 +79,22 @@ static void from_known(const known *k, hp_device_profile *out) {
     out->inter = k->inter;
 }
 
+static bool attn_plausible(const hp_device_profile *p) {
+    for (int i = 0; i < 4; i++)
+        if (!isfinite(p->attn_efficiency[i]) || p->attn_efficiency[i] < 0 ||
+            p->attn_efficiency[i] > 1.5)
+            return false;
+    return true;
+}
+
 static bool plausible(const hp_device_profile *p) {
     return isfinite(p->peak_flops) && p->peak_flops >= 1e8 && p->peak_flops <= 1e16 &&
            isfinite(p->mem_bw) && p->mem_bw >= 1e8 && p->mem_bw <= 1e14 &&
            isfinite(p->intra.bandwidth) && p->intra.bandwidth >= 1e6 &&
            p->intra.bandwidth <= 1e14 && isfinite(p->intra.latency) && p->intra.latency >= 0 &&
-           p->intra.latency <= 1 && isfinite(p->kernel_s) && p->kernel_s >= 0 && p->kernel_s <= 1;
+           p->intra.latency <= 1 && isfinite(p->kernel_s) && p->kernel_s >= 0 && p->kernel_s <= 1 &&
+           p->cpus >= 0 && p->cpus <= 65536 && isfinite(p->oversubscribed_latency) &&
+           p->oversubscribed_latency >= 0 && p->oversubscribed_latency <= 1 && attn_plausible(p);
 }
 
 hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err) {
@@ -89,19 +103,24 @@ hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err) {
         return hp_errf(err, HP_NOT_FOUND, "cpu profile: no cache directory ($HOME unset)");
     FILE *f = fopen(path, "r");
     if (!f) return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: %s", path, strerror(errno));
-    int version = 0;
-    double peak, bw, shm_bw, shm_lat, kernel;
-    int n = fscanf(f, "hp-cpu-profile %d %lf %lf %lf %lf %lf", &version, &peak, &bw, &shm_bw,
-                   &shm_lat, &kernel);
+    int version = 0, cpus = 0;
+    double peak, bw, shm_bw, shm_lat, kernel, oversub = 0, attn[4] = {0};
+    int n = fscanf(f, "hp-cpu-profile %d %lf %lf %lf %lf %lf %d %lf %lf %lf %lf %lf", &version,
+                   &peak, &bw, &shm_bw, &shm_lat, &kernel, &cpus, &oversub, &attn[0], &attn[1],
+                   &attn[2], &attn[3]);
     fclose(f);
-    if (n != 6 || version != CPU_PROFILE_VERSION)
-        return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: not a version-%d profile", path,
+    if (!(version == 1 && n >= 6) && !(version == CPU_PROFILE_VERSION && n == 12))
+        return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: not a version-1 or %d profile", path,
                        CPU_PROFILE_VERSION);
+    if (version == 1) cpus = 0, oversub = 0, memset(attn, 0, sizeof attn);
     from_known(&CPU_ASSUMED, out);
     out->peak_flops = peak;
     out->mem_bw = bw;
     out->intra = out->inter = (hp_link_class){shm_bw, shm_lat};
     out->kernel_s = kernel;
+    out->cpus = cpus;
+    out->oversubscribed_latency = oversub;
+    memcpy(out->attn_efficiency, attn, sizeof attn);
     out->measured = true;
     if (!plausible(out))
         return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: implausible figures", path);
@@ -122,10 +141,13 @@ hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err) {
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     HP_TRY(hp_mkdir_p(dir, err));
-    char text[256];
-    int n = snprintf(text, sizeof text, "hp-cpu-profile %d %.6g %.6g %.6g %.6g %.6g\n",
+    char text[320];
+    int n = snprintf(text, sizeof text,
+                     "hp-cpu-profile %d %.6g %.6g %.6g %.6g %.6g %d %.6g %.4g %.4g %.4g %.4g\n",
                      CPU_PROFILE_VERSION, p->peak_flops, p->mem_bw, p->intra.bandwidth,
-                     p->intra.latency, p->kernel_s);
+                     p->intra.latency, p->kernel_s, p->cpus, p->oversubscribed_latency,
+                     p->attn_efficiency[0], p->attn_efficiency[1], p->attn_efficiency[2],
+                     p->attn_efficiency[3]);
     return hp_file_write_atomic(path, text, (size_t)n, err);
 }
 
@@ -161,6 +183,9 @@ hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, h
         int share = per_host < world ? per_host : world;
         out->peak_flops /= share;
         out->mem_bw /= share;
+        /* more ranks than CPUs: a rank that waits sleeps, and a woken one waits for a CPU */
+        if (out->cpus > 0 && share > out->cpus && out->oversubscribed_latency > out->intra.latency)
+            out->intra.latency = out->inter.latency = out->oversubscribed_latency;
     }
     return HP_OK;
 }
@@ -177,4 +202,21 @@ void hp_device_profile_links(const hp_device_profile *p, const hp_job *job, hp_l
             link[i] = job->plan.mesh[i].link;
         stride = span;
     }
+}
+
+double hp_device_profile_attn_efficiency(const hp_device_profile *p, int64_t d) {
+    const double *e = p->attn_efficiency; /* at head dims 16, 32, 64, 128 */
+    for (int i = 0; i < 4; i++)
+        if (!(e[i] > 0)) return p->efficiency;
+    double x = log2((double)(d > 0 ? d : 1)) - 4; /* 0 at 16, 3 at 128 */
+    if (x <= 0) return e[0];
+    if (x >= 3) return e[3];
+    int i = (int)x;
+    return e[i] + (x - i) * (e[i + 1] - e[i]);
+}
+
+double hp_device_profile_attn_rate(const hp_device_profile *p, int64_t d, bool causal, int64_t t,
+                                   int64_t s) {
+    double visible = causal && t == s && t > 0 ? (double)(t + 1) / (2.0 * (double)t) : 1.0;
+    return p->peak_flops * hp_device_profile_attn_efficiency(p, d) / visible;
 }

@@ -113,7 +113,12 @@ double hp__node_flops(const hp_graph *g, int id);
 void hp__memory_report(const hp_graph *g, const hp_program *p, hp_memory_report *m);
 
 /* The cost model of one step of one rank (its assumptions are at the top of cost.c). */
-hp_status hp__cost_estimate(const hp_graph *g, const hp_job *job, hp_cost_estimate *c, hp_err *err);
+/* The cost model of one step of one rank (its assumptions are at the top of cost.c).
+ * prog: g's lowering, or NULL. With it, what runs is priced: a view the lowering materializes
+ * (a transpose not folded into a matrix product) is a copy, a node with no instruction is
+ * free; without it, every non-view node is a kernel and every view free. */
+hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_job *job,
+                            hp_cost_estimate *c, hp_err *err);
 
 /* ---- the pass table (pipeline.c) ---------------------------------------------------------- */
 typedef struct hp__pass_entry {

@@ -515,7 +515,7 @@ static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err
     if ((st = run_passes(&s, &g, &owned, err)) != HP_OK) goto fail;
     if ((st = lower(&s, g, err)) != HP_OK) goto fail;
     hp__memory_report(g, c->program, &c->memory);
-    if ((st = hp__cost_estimate(g, job, &c->cost, err)) != HP_OK) goto fail;
+    if ((st = hp__cost_estimate(g, c->program, job, &c->cost, err)) != HP_OK) goto fail;
     if (!owned && !(g = hp_graph_clone(g))) {
         st = hp_errf(err, HP_NOMEM, "out of memory compiling");
         goto fail;

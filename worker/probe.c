@@ -5,10 +5,25 @@
  *   * link: the shm communicator between two ranks (two threads of this process), an f32
  *     all-reduce of 8 MiB for the bandwidth (hp_collective_bytes' convention: 2(N-1)/N of the
  *     tensor) and of one element for the latency, best of runs;
- *   * kernel: a fixed cost per instruction, assumed 5 us (not measured).
+ *   * kernel: the fixed cost of one instruction, the time of dispatching a kernel of no work to
+ *     the run's compute threads (hp_pool_parallel_for, as every cpu kernel does), mean of
+ *     many, best of runs;
+ *   * oversubscribed latency: what a collective costs when more ranks than CPUs share the
+ *     host (spinning is off then: a waiting rank sleeps on the futex, and a woken one waits for
+ *     a CPU the others compute on). 2 x CPUs ranks (threads of this process) each compute a
+ *     fixed burst and then all-reduce one element, 100 rounds; the excess of a round over the
+ *     bursts' CPU time shared over the CPUs is the latency. Best of runs (other processes'
+ *     load only raises it);
+ *   * attention: the cpu backend's fused causal attention, forward then backward, on
+ *     [1, 8, 512, D] at D = 16, 32, 64, 128: the FLOPs of the pairs the mask leaves (12 B H D
+ *     T (T + 1) / 2) over the process's CPU time per thread (as the peak is
+ *     rated: other processes' load does not lower it), as a fraction of the peak. Best of runs.
  * Prints the figures; exit 0, or 1 with the reason.
  */
 #include "worker/probe.h"
+
+#include "worker/backend.h"
+#include "worker/cpu/cpu_backend.h"
 
 #include "hp/autoshard.h"
 #include "hp/comm.h"
@@ -91,6 +106,209 @@ static void *link_thread(void *arg) {
     return NULL;
 }
 
+/* ---- a collective's latency on an oversubscribed host --------------------------------- */
+
+#define OVERSUB_ROUNDS 100
+
+typedef struct oversub_rank {
+    const char *name;
+    int rank, world;
+    int64_t burst; /* iterations of spin_work per round */
+    double elapsed;
+    hp_status st;
+    hp_err err;
+} oversub_rank;
+
+static volatile double spin_sink;
+
+static void spin_work(int64_t n) {
+    double x = 1.0;
+    for (int64_t i = 0; i < n; i++) x = x * 1.0000001 + 1e-9;
+    spin_sink = x;
+}
+
+static void *oversub_thread(void *arg) {
+    oversub_rank *o = arg;
+    hp_comm *c = NULL;
+    o->st = hp_shm_comm_new(o->name, o->rank, o->world, 30, &c, &o->err);
+    if (o->st != HP_OK) return NULL;
+    float x = 1;
+    o->st = c->vt->barrier(c, &o->err);
+    double t0 = now_s();
+    for (int r = 0; r < OVERSUB_ROUNDS && o->st == HP_OK; r++) {
+        spin_work(o->burst);
+        o->st = c->vt->all_reduce(c, &x, &x, 1, HP_COMM_F32, HP_REDUCE_MAX, &o->err);
+    }
+    o->elapsed = now_s() - t0;
+    hp_comm_free(c);
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) { /* ascending */
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Iterations of spin_work that take about `s` seconds of one CPU's time. */
+static int64_t spin_iters(double s) {
+    int64_t n = 1 << 12;
+    for (;;) {
+        double t0 = thread_cpu_s();
+        spin_work(n);
+        double t = thread_cpu_s() - t0;
+        if (t >= 2e-3 || n >= ((int64_t)1 << 34)) return (int64_t)((double)n * s / fmax(t, 1e-9));
+        n *= 4;
+    }
+}
+
+/* ---- the dispatch cost of one kernel --------------------------------------------------- */
+
+static void spin_chunk(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    for (int64_t i = begin; i < end; i++) spin_work(*(const int64_t *)ctx);
+}
+
+/* One kernel's fixed cost: a parallel-for of one ~20 us chunk per thread, less the chunk. */
+static double dispatch_s(int threads) {
+    hp_pool *pool = NULL;
+    hp_err err;
+    if (hp_pool_new(threads, &pool, &err) != HP_OK) return NAN;
+    int64_t iters = spin_iters(20e-6);
+    double t0 = thread_cpu_s();
+    for (int i = 0; i < 100; i++) spin_work(iters);
+    double chunk = (thread_cpu_s() - t0) / 100, best = INFINITY;
+    for (int r = 0; r < 5; r++) {
+        double w0 = now_s();
+        for (int i = 0; i < 200; i++) hp_pool_parallel_for(pool, threads, 1, spin_chunk, &iters);
+        best = fmin(best, (now_s() - w0) / 200 - chunk);
+    }
+    hp_pool_free(pool);
+    return fmax(best, 0);
+}
+
+/* The latency, or NAN with the reason in err. */
+static double oversubscribed_latency(int cpus, hp_err *err) {
+    int world = 2 * cpus > 8 ? 8 : 2 * cpus;
+    if (world < 2) world = 2;
+    int64_t burst = spin_iters(5e-4); /* about 0.5 ms of one CPU's time */
+    double t0 = thread_cpu_s();
+    for (int i = 0; i < 10; i++) spin_work(burst);
+    double burst_s = (thread_cpu_s() - t0) / 10;
+    double lat[5];
+    for (int run = 0; run < 5; run++) {
+        oversub_rank o[8];
+        pthread_t th[8];
+        char name[64];
+        snprintf(name, sizeof name, "hp-probe-o-%ld-%d", (long)getpid(), run);
+        int started = 0;
+        for (int r = 0; r < world; r++) {
+            o[r] = (oversub_rank){.name = name, .rank = r, .world = world, .burst = burst};
+            if (pthread_create(&th[r], NULL, oversub_thread, &o[r]) != 0) break;
+            started++;
+        }
+        for (int r = 0; r < started; r++) pthread_join(th[r], NULL);
+        if (started < world) {
+            hp_errf(err, HP_IO, "cannot start %d threads", world);
+            return NAN;
+        }
+        double slowest = 0;
+        for (int r = 0; r < world; r++) {
+            if (o[r].st != HP_OK) {
+                *err = o[r].err;
+                return NAN;
+            }
+            slowest = fmax(slowest, o[r].elapsed);
+        }
+        double round = slowest / OVERSUB_ROUNDS, shared = burst_s * world / cpus;
+        lat[run] = fmax(round - shared, 0);
+    }
+    qsort(lat, 5, sizeof lat[0], cmp_double);
+    return lat[0];
+}
+
+/* ---- attention's efficiency ------------------------------------------------------------ */
+
+#define ATTN_H 8
+#define ATTN_T 512
+
+/* The fraction of `peak` the causal attention forward + backward reaches at head dim d. */
+static double process_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static hp_status attn_efficiency(hp_backend *be, int threads, int64_t d, double peak, double *eff,
+                                 hp_err *err) {
+    int64_t n = (int64_t)ATTN_H * ATTN_T * d, rows = (int64_t)ATTN_H * ATTN_T;
+    hp_type qt = {.dtype = HP_F32, .rank = 4, .shape = {1, ATTN_H, ATTN_T, d}};
+    hp_type lt = {.dtype = HP_F32, .rank = 3, .shape = {1, ATTN_H, ATTN_T}};
+    /* q k v out lse go gq gk gv, one allocation */
+    size_t bytes = (size_t)(8 * n + rows) * sizeof(float);
+    float *host = malloc(bytes), *buf = NULL;
+    if (!host) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (size_t i = 0; i < bytes / sizeof(float); i++)
+        host[i] = (float)((int)(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    hp_status st = be->vt->alloc(be, bytes, (void **)&buf, err);
+    if (st == HP_OK) st = be->vt->copy_in(be, buf, host, bytes, err);
+    free(host);
+    if (st != HP_OK) {
+        if (buf) be->vt->free(be, buf);
+        return st;
+    }
+    float *q = buf, *k = q + n, *v = k + n, *o = v + n, *go = o + n, *gq = go + n, *gk = gq + n,
+          *gv = gk + n, *lse = gv + n;
+    hp_attr causal = {.key = HP_ATTR_CAUSAL, .kind = hp_attr_key_kind(HP_ATTR_CAUSAL), .i = 1};
+    const void *fin[3] = {q, k, v}, *bin[6] = {go, q, k, v, o, lse};
+    void *fout[2] = {o, lse}, *bout[3] = {gq, gk, gv};
+    hp_type fin_t[3] = {qt, qt, qt}, fout_t[2] = {qt, lt}, bin_t[6] = {qt, qt, qt, qt, qt, lt},
+            bout_t[3] = {qt, qt, qt};
+    hp_node fwd = {
+        .op = HP_OP_SDPA, .n_in = 3, .n_out = 2, .n_attrs = 1, .out = fout_t, .attrs = &causal};
+    hp_node bwd = {.op = HP_OP_SDPA_BACKWARD,
+                   .n_in = 6,
+                   .n_out = 3,
+                   .n_attrs = 1,
+                   .out = bout_t,
+                   .attrs = &causal};
+    hp_kernel_call fc = {.node = &fwd,
+                         .n_in = 3,
+                         .n_out = 2,
+                         .in = fin,
+                         .in_type = fin_t,
+                         .out = fout,
+                         .out_type = fout_t};
+    hp_kernel_call bc = {.node = &bwd,
+                         .n_in = 6,
+                         .n_out = 3,
+                         .in = bin,
+                         .in_type = bin_t,
+                         .out = bout,
+                         .out_type = bout_t};
+    /* rated by the process's CPU time over the threads, as the peak is (hp_cpu_peak_flops),
+     * so cores lent to other processes meanwhile do not lower it */
+    double best = INFINITY;
+    for (int r = 0; r < 4 && st == HP_OK; r++) { /* the first warms up */
+        double t0 = process_cpu_s();
+        st = be->vt->launch(be, 0, &fc, err);
+        if (st == HP_OK) st = be->vt->launch(be, 0, &bc, err);
+        if (st == HP_OK) st = be->vt->synchronize(be, err);
+        if (r > 0) best = fmin(best, (process_cpu_s() - t0) / threads);
+    }
+    be->vt->free(be, buf);
+    if (st != HP_OK) return st;
+    /* the pairs the causal mask leaves: T (T + 1) / 2 per head */
+    double flops = 12.0 * (double)ATTN_H * ATTN_T * (ATTN_T + 1) / 2 * (double)d;
+    *eff = flops / best / peak;
+    return HP_OK;
+}
+
 int hp__probe_profile(int threads, bool quiet) {
     if (threads <= 0) threads = hp_default_threads();
     hp_device_profile p;
@@ -123,7 +341,25 @@ int hp__probe_profile(int threads, bool quiet) {
             return 1;
         }
     p.intra = p.inter = (hp_link_class){fmin(lp[0].bw, lp[1].bw), fmax(lp[0].lat, lp[1].lat)};
-    p.kernel_s = 5e-6;
+    p.kernel_s = dispatch_s(threads);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    p.cpus = cpus > 0 ? (int)cpus : 1;
+    p.oversubscribed_latency = oversubscribed_latency(p.cpus, &err);
+    if (!isfinite(p.kernel_s) || !isfinite(p.oversubscribed_latency)) {
+        fprintf(stderr, "hp-worker: probe: %s\n",
+                isfinite(p.kernel_s) ? err.msg : "cannot start the compute threads");
+        return 1;
+    }
+    hp_backend *be = NULL;
+    hp_status ast = hp_cpu_backend_new(threads, &be, &err);
+    for (int i = 0; i < 4 && ast == HP_OK; i++)
+        ast = attn_efficiency(be, threads, (int64_t)16 << i, p.peak_flops, &p.attn_efficiency[i],
+                              &err);
+    if (be) be->vt->destroy(be);
+    if (ast != HP_OK) {
+        fprintf(stderr, "hp-worker: probe: attention: %s\n", err.msg);
+        return 1;
+    }
     p.measured = true;
     if (hp_cpu_profile_store(&p, &err) != HP_OK) {
         fprintf(stderr, "hp-worker: probe: %s\n", err.msg);
@@ -131,8 +367,11 @@ int hp__probe_profile(int threads, bool quiet) {
     }
     if (!quiet)
         printf("cpu profile (%d threads): peak %.4g FLOP/s, memory %.4g B/s, shm link %.4g B/s, "
-               "latency %.3g us, kernel %.3g us (cached for hpctl plan and hpd)\n",
+               "latency %.3g us (%.3g us with more ranks than the %d CPUs), kernel %.3g us, "
+               "attention at head dim 16/32/64/128 %.0f%%/%.0f%%/%.0f%%/%.0f%% of peak "
+               "(cached for hpctl plan and hpd)\n",
                threads, p.peak_flops, p.mem_bw, p.intra.bandwidth, p.intra.latency * 1e6,
-               p.kernel_s * 1e6);
+               p.oversubscribed_latency * 1e6, p.cpus, p.kernel_s * 1e6, 100 * p.attn_efficiency[0],
+               100 * p.attn_efficiency[1], 100 * p.attn_efficiency[2], 100 * p.attn_efficiency[3]);
     return 0;
 }

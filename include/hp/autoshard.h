@@ -31,7 +31,25 @@ typedef struct hp_device_profile {
     hp_link_class inter; /* a mesh dim spanning nodes */
     int gpus_per_node;   /* ranks per node; 0: every dim is intra-node */
     bool measured;       /* cpu: figures probed on this machine (else assumed) */
+    /* cpu: the host's CPUs, and a collective's latency when more ranks than CPUs share them
+     * (each waiting rank sleeps, and a woken one waits for a CPU the others compute on);
+     * 0: unknown (a version-1 probe), the latency above is used */
+    int cpus;
+    double oversubscribed_latency;
+    /* cpu: the fraction of peak_flops the causal attention kernels (forward + backward, the
+     * FLOPs of the pairs the mask leaves) reach at head dims 16, 32, 64, 128; 0: `efficiency` */
+    double attn_efficiency[4];
 } hp_device_profile;
+
+/* The efficiency a fused attention of head dim d reaches on p: the probed figure at the
+ * nearest probed head dims (interpolated in log2 d, clamped at the ends), else p->efficiency. */
+double hp_device_profile_attn_efficiency(const hp_device_profile *p, int64_t d);
+/* The rate at which a fused attention (q [.., T, d], keys S) works off the FLOPs the cost
+ * model counts for it (hp__node_flops: every (query, key) pair, as torchtitan counts): the
+ * peak times its efficiency, over the fraction of pairs a causal mask leaves (T = S: (T+1)/2T),
+ * since the kernels skip the masked blocks. */
+double hp_device_profile_attn_rate(const hp_device_profile *p, int64_t d, bool causal, int64_t t,
+                                   int64_t s);
 
 /* The profile by name: "h100", "h200", "a100" (peak from torchtitan's table, NCCL-derived
  * bus bandwidths, docs/autoshard.md), "cpu" (this machine's probe figures cached by

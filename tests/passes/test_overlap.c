@@ -408,8 +408,8 @@ Test(overlap, cost_model_sees_communication_hidden, .timeout = 300) {
     cr_assert_eq(hp_pass_fsdp(j, &ctx, &g, &e), HP_OK, "%s", e.msg);
     hp_graph *o = hp_fx_run_pass(hp_pass_overlap, g, &job);
     hp_cost_estimate before, after;
-    cr_assert_eq(hp__cost_estimate(g, &job, &before, &e), HP_OK, "%s", e.msg);
-    cr_assert_eq(hp__cost_estimate(o, &job, &after, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(hp__cost_estimate(g, NULL, &job, &before, &e), HP_OK, "%s", e.msg);
+    cr_assert_eq(hp__cost_estimate(o, NULL, &job, &after, &e), HP_OK, "%s", e.msg);
     cr_log_info("8B world 8: compute %.3f s, comm %.3f s, exposed %.3f s -> %.3f s",
                 before.compute_s, before.comm_s, before.exposed_comm_s, after.exposed_comm_s);
     cr_expect_gt(before.exposed_comm_s, 0.9 * before.comm_s);
