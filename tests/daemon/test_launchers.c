@@ -1,7 +1,8 @@
 /* tests/daemon/test_launchers.c — the launcher choice and what surrounds it, through the real
  * hpd, hpctl and hp-worker on 127.0.0.1: --launcher external (the printed per-rank commands
  * train a job; a wrong token, a stale attempt and a rank out of range are refused and logged;
- * the launch timeout), --advertise (hpd bound to 0.0.0.0, workers dial 127.0.0.1), the
+ * the launch timeout), --comm tcp (a late rank still gets rank 0's address; the run equals
+ * the shm run bit for bit), --advertise (hpd bound to 0.0.0.0, workers dial 127.0.0.1), the
  * sd_notify messages on a test datagram socket, the systemd units (systemd-analyze verify
  * with nothing on stderr, security scores) and the deploy scripts (shellcheck). */
 #include "tests/util/cli_harness.h"

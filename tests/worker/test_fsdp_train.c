@@ -2,7 +2,8 @@
  * world 3 (a world whose shapes need padding) gives the losses and final weights of world 1
  * over the same global batch, to 1e-5; a dead rank fails the run cleanly, naming it. With
  * --param-dtype bf16, the debugmodel follows its f32 losses within 2% and world 2 equals
- * world 1 within bf16 tolerance. */
+ * world 1 within bf16 tolerance. World 2 over the tcp communicator (launched, and ranks
+ * started by hand with --comm-addr) equals the shm run bit for bit. */
 #include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
