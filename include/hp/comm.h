@@ -89,8 +89,11 @@ hp_status hp_shm_comm_new(const char *name, int rank, int world, double timeout_
  * its connection to rank 0 (or its own bind_host). Every connection proves both ends hold
  * `secret` (HMAC-SHA-256 challenge-response; the secret never crosses the wire); a stranger
  * is logged to stderr and dropped. Joining blocks until every rank has connected or timeout_s
- * passes (HP_IO naming the rank that did not come). A peer that closes its connection is
- * HP_IO at once; a frame that is not what the receiver expects is HP_IO naming the rank. */
+ * passes (HP_IO naming the rank that did not come). In a collective the timeout counts from
+ * the last byte moved, so a large message over a slow link is not cut off while it flows. A
+ * peer that closes its connection is HP_IO at once; a frame that is not what the receiver
+ * expects is HP_IO naming the rank. A connection that has not completed the handshake within
+ * 5 s is dropped (a silent stranger delays the join by that much at most). */
 typedef struct hp_tcp_opts {
     int rank, world;
     double timeout_s;
@@ -110,7 +113,8 @@ hp_status hp_tcp_comm_new(const hp_tcp_opts *o, hp_comm **out, hp_err *err);
 hp_status hp_tcp_secret_new(char out[HP_TCP_SECRET_LEN + 1]);
 /* Standalone rendezvous: rank 0 writes "host:port secret\n" to path (mode 0600, atomically:
  * written beside it, then renamed); the others poll for it until timeout_s (HP_IO naming the
- * path), HP_PARSE for a file that does not hold the line. */
+ * path), HP_PARSE for a file that does not hold the line. A file an earlier run left is read
+ * as it is: give every run a fresh path (hp-worker's default holds its launcher's pid). */
 hp_status hp_tcp_addr_file_write(const char *path, const char *addr, const char *secret,
                                  hp_err *err);
 hp_status hp_tcp_addr_file_wait(const char *path, double timeout_s, char *addr, size_t addr_cap,

@@ -8,13 +8,15 @@
  * same inputs in the same process; split into a 2x2 mesh's groups (and color -1); a call
  * mismatch; a rank that never comes to a collective (timeout naming it); a killed peer
  * (HP_IO for a closed connection, not a timeout); garbage and wrong-secret connections
- * refused while the real peer still joins; bad options.
+ * refused while the real peer still joins; forged frames (junk, a huge length) from a peer;
+ * bad options.
  */
 #define _GNU_SOURCE
 #include "hp/comm.h"
 #include "tests/util/shm_harness.h"
 #include "worker/comm/sha256.h"
 #include "worker/comm/shm_internal.h"
+#include "worker/comm/tcp_internal.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -349,6 +351,50 @@ Test(comm_tcp, killed_peer_is_an_io_error_at_once, .timeout = 50) {
     run_group(&g, outs);
     for (int r = 0; r < 2; r++) cr_assert(outs[r].ok, "rank %d: %s", r, outs[r].msg);
     cr_assert(!outs[2].ok, "rank 2 was killed");
+}
+
+/* ---- bad frames from a peer ----------------------------------------------------------------- */
+
+static void put_le(uint8_t *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* Rank 1 writes a forged frame where rank 0 expects its barrier: junk (ctx "junk"), or a
+ * barrier header claiming a terabyte of payload. Rank 0 must fail naming rank 1. */
+static int bad_frame_body(hp_comm *c, int rank, void *ctx, hp_sh_out *o) {
+    const int junk = !strcmp(ctx, "junk");
+    hp_err e = {0};
+    if (rank == 1) {
+        uint8_t h[HP__TCP_HDR_BYTES];
+        memset(h, 0xab, sizeof h);
+        if (!junk) {
+            memset(h, 0, sizeof h);
+            put_le(h, HP__TCP_FRAME_MAGIC, 4);
+            put_le(h + 4, HP__TCP_BARRIER, 4);
+            put_le(h + 8, 1, 8);                  /* seq */
+            put_le(h + 40, (uint64_t)1 << 40, 8); /* payload bytes */
+        }
+        int fd = ((hp__tcp_comm *)c)->fds[0];
+        CHECK(write(fd, h, sizeof h) == (ssize_t)sizeof h, "write: %s", strerror(errno));
+        (void)c->vt->barrier(c, &e); /* fails once rank 0 drops us; either way is fine */
+        return 0;
+    }
+    hp_status s = c->vt->barrier(c, &e);
+    CHECK(s == HP_IO, "status %d (%s)", s, e.msg);
+    CHECK(strstr(e.msg, "barrier #1: rank 1 sent a bad frame"), "%s", e.msg);
+    return 0;
+}
+
+Test(comm_tcp, bad_frames_are_errors, .timeout = 60) {
+    const char *kinds[] = {"junk", "huge"};
+    for (int k = 0; k < 2; k++) {
+        group g;
+        group_init(&g, 2, 10, bad_frame_body, (void *)kinds[k]);
+        hp_sh_out outs[HP_SH_MAX_WORLD];
+        run_group(&g, outs);
+        for (int r = 0; r < 2; r++)
+            cr_assert(outs[r].ok, "%s: rank %d: %s", kinds[k], r, outs[r].msg);
+    }
 }
 
 /* ---- strangers on the port ------------------------------------------------------------------- */

@@ -307,12 +307,26 @@ static hp_status connect_to(const char *host, const char *port, int64_t deadline
     hp_status st = HP_IO;
     int last = ETIMEDOUT;
     while (st != HP_OK) {
-        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        /* Non-blocking: an unreachable host (SYNs dropped) must not outlast the deadline. */
+        int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) {
             last = errno;
             break;
         }
-        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+        if (rc != 0 && errno == EINPROGRESS) {
+            struct pollfd pf = {fd, POLLOUT, 0};
+            int left = ms_left(deadline);
+            socklen_t len = sizeof last;
+            if (left > 0 && poll(&pf, 1, left) == 1 &&
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &last, &len) == 0) {
+                rc = last == 0 ? 0 : -1;
+            } else {
+                last = ETIMEDOUT;
+            }
+            errno = last;
+        }
+        if (rc == 0) {
             tune(fd);
             *fd_out = fd;
             st = HP_OK;
