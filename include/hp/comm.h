@@ -86,11 +86,12 @@ hp_status hp_shm_comm_new(const char *name, int rank, int world, double timeout_
  * bind_host (default 127.0.0.1) at `port` (0: the kernel picks) and hands its "host:port" to
  * publish; the other ranks get it as addr (the caller carries it: hpd's CommSetup relay, or
  * the address file below). Each rank > 0 listens for its higher peers on the local address of
- * its connection to rank 0 (or its own bind_host). Every connection proves both ends hold
- * `secret` (HMAC-SHA-256 challenge-response; the secret never crosses the wire); a stranger
- * is logged to stderr and dropped. Joining blocks until every rank has connected or timeout_s
- * passes (HP_IO naming the rank that did not come). In a collective the timeout counts from
- * the last byte moved, so a large message over a slow link is not cut off while it flows. A
+ * its connection to rank 0 (or its own bind_host, which must then be the address that
+ * connection leaves from: the peers learn it from rank 0, which sees that one). Every connection
+ * proves both ends hold `secret` (HMAC-SHA-256 challenge-response; the secret never crosses the
+ * wire); a stranger is logged to stderr and dropped. Joining blocks until every rank has connected
+ * or timeout_s passes (HP_IO naming the rank that did not come). In a collective the timeout counts
+ * from the last byte moved, so a large message over a slow link is not cut off while it flows. A
  * peer that closes its connection is HP_IO at once; a frame that is not what the receiver
  * expects is HP_IO naming the rank. A connection that has not completed the handshake within
  * 5 s is dropped (a silent stranger delays the join by that much at most). */

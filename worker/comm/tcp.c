@@ -567,6 +567,9 @@ static hp_status bootstrap_peer(hp__tcp_comm *c, const hp_tcp_opts *o, uint16_t 
         ports[j] = (uint16_t)(row[HP__TCP_HOST_MAX] | row[HP__TCP_HOST_MAX + 1] << 8);
     }
     hp_free(table);
+    /* Rank 0 reports the address it is bound to, a wildcard (0.0.0.0) if so bound; the one
+     * we reached it at is the one its groups' listeners are reachable at too. */
+    snprintf(c->hosts[0], HP__TCP_HOST_MAX, "%s", host0);
     if (st == HP_OK) st = build_mesh(c, ports, lfd, 1, deadline, "join", err);
     close(lfd);
     return st;
@@ -603,7 +606,7 @@ hp_status hp_tcp_comm_new(const hp_tcp_opts *o, hp_comm **out, hp_err *err) {
     int64_t deadline = deadline_after(o->timeout_s);
     hp_status st = HP_OK;
     if (o->world == 1) {
-        /* Nobody to meet; still publish, so that a caller's wiring works at world 1. */
+        /* Nobody to meet: the host only names where a split's group would listen. */
         snprintf(c->hosts[0], HP__TCP_HOST_MAX, "%s",
                  o->bind_host && o->bind_host[0] ? o->bind_host : "127.0.0.1");
     } else if (o->rank == 0) {
