@@ -216,8 +216,9 @@ static void send_heartbeat(agent *a) {
     if (send_frame(a, &f, &err) != HP_OK) mark_lost(a, err.msg);
 }
 
-/* Handles one frame from the coordinator. Only Stop and CheckpointNow mean anything once
- * training runs; the rest (a heartbeat echo, say) is ignored so the protocol can grow. */
+/* Handles one frame from the coordinator. Only CommSetup (rank 0's tcp address, while the
+ * ranks join), Stop and CheckpointNow mean anything once training runs; the rest (a heartbeat
+ * echo, say) is ignored so the protocol can grow. */
 static void on_frame(agent *a, const Hp__V1__Frame *f) {
     if (f->body_case == HP__V1__FRAME__BODY_COMM_SETUP) {
         const Hp__V1__CommSetup *cs = f->comm_setup;
@@ -453,8 +454,7 @@ static hp_status send_hello(agent *a, hp_err *err) {
     return send_frame(a, &f, err);
 }
 
-/* ---- comm tcp: the rendezvous through the coordinator -----------------------------------------
- */
+/* ---- comm tcp: the rendezvous through the coordinator --------------------------------------- */
 
 #define TCP_JOIN_TIMEOUT_S 60
 
@@ -483,10 +483,10 @@ static hp_status join_tcp(agent *a, int world, hp_comm **out, hp_err *err) {
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0)
         return hp_errf(err, HP_IO, "comm tcp: the local address: %s", strerror(errno));
     const char *token = o->token ? o->token : "";
-    const void *parts[2] = {"hp tcp comm", token};
-    const size_t lens[2] = {11, strlen(token)};
+    const void *parts[1] = {"hp tcp comm"};
+    const size_t lens[1] = {11};
     uint8_t mac[HP__SHA256_BYTES];
-    hp__hmac_sha256(token, strlen(token), parts, lens, 2, mac);
+    hp__hmac_sha256(token, strlen(token), parts, lens, 1, mac);
     char secret[2 * HP__SHA256_BYTES + 1];
     for (int i = 0; i < HP__SHA256_BYTES; i++) snprintf(secret + 2 * i, 3, "%02x", mac[i]);
     hp_tcp_opts to = {.rank = o->rank,
