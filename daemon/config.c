@@ -169,6 +169,7 @@ static const struct key {
 
 /* ENUM fields are int-sized (plain int, or an enum of int's size). */
 _Static_assert(sizeof(hpd_on_sigterm) == sizeof(int) && sizeof(hpd_launcher_kind) == sizeof(int) &&
+                   sizeof(hpd_comm_kind) == sizeof(int) &&
                    sizeof(hpd_systemd_manager) == sizeof(int),
                "ENUM settings are stored as int");
 

@@ -39,6 +39,13 @@ typedef enum {
     HPD_LAUNCHER_SYSTEMD,  /* one transient systemd service per rank (systemd-run) */
 } hpd_launcher_kind;
 
+/* The communicator a job's ranks use (the Welcome's comm.backend). */
+typedef enum {
+    HPD_COMM_AUTO, /* tcp where the launcher may place ranks on several hosts, else shm */
+    HPD_COMM_SHM,
+    HPD_COMM_TCP,
+} hpd_comm_kind;
+
 /* Which systemd manager the systemd launcher talks to. */
 typedef enum {
     HPD_SYSTEMD_AUTO,   /* the system's when hpd runs as root, else the user's (main decides) */
@@ -61,6 +68,7 @@ typedef struct hpd_settings {
     int metrics_retention_s; /* finished jobs stay in /metrics this long (default 600) */
     hpd_on_sigterm on_sigterm;
     hpd_launcher_kind launcher;
+    hpd_comm_kind comm;
     char advertise[256];  /* HOST or HOST:PORT the workers dial ("": from worker-listen) */
     int launch_timeout_s; /* LAUNCHING longer than this fails the attempt (default 120) */
     char slurm_partition[128], slurm_account[128], slurm_qos[128];

@@ -130,6 +130,7 @@ static void job_link(hpd *d, hpd_job *j) {
 static void job_free(hpd_job *j) {
     hp__obs_job_free(j);
     hp_free(j->packed);
+    hp_free(j->comm_setup);
     hp_compiled_free(j->compiled);
     hp_free(j->ranks);
     hp_free(j->gpu_ids);
@@ -861,6 +862,8 @@ hp_status hpd_new(uv_loop_t *loop, const hpd_config *cfg, hpd **out, hp_err *err
     if (st == HP_OK) st = hpd_store_each_job(d->store, load_row, ctx, err);
     if (st == HP_OK && ctx[2]) st = HP_NOMEM;
     d->launch_timeout_ms = (cfg->launch_timeout_s > 0 ? cfg->launch_timeout_s : 120) * 1000;
+    d->comm_kind = cfg->comm;
+    d->launcher_kind = cfg->launcher;
     if (st == HP_OK) st = launcher_new(d, cfg, err);
     if (st != HP_OK) {
         hpd_free(d);

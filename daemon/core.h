@@ -40,7 +40,11 @@ typedef struct hpd_job {
     size_t packed_len;
     hp_compiled *compiled; /* while active */
     char token[65];        /* per-job worker token (fresh per attempt) */
-    char prev_token[65];   /* the previous attempt's (a worker presenting it is stale) */
+    /* Rank 0's CommSetup of this attempt (packed; NULL: none yet): relayed to every rank,
+     * also to one whose Hello comes after it (its address must reach late ranks too). */
+    uint8_t *comm_setup;
+    size_t comm_setup_len;
+    char prev_token[65]; /* the previous attempt's (a worker presenting it is stale) */
     int attempt;
     uint64_t launched_ms, stop_ms; /* stop_ms: when the attempt was told to stop (0: not) */
     bool holds_slots;
@@ -66,6 +70,8 @@ struct hpd {
     bool auth_all;         /* --auth all: reads need the token too (rpc.c, http.c) */
     char worker_addr[300]; /* "HOST:PORT" the workers dial (--advertise) */
     int launch_timeout_ms; /* LAUNCHING longer than this fails the attempt */
+    int comm_kind;         /* hpd_comm_kind: the Welcome's comm.backend (lifecycle.c) */
+    int launcher_kind;     /* hpd_launcher_kind */
     int slots, slots_used;
     int gpus, gpus_used;     /* gpus -1: not counted (a launcher other than local places them) */
     unsigned char *gpu_busy; /* [gpus] */
@@ -94,6 +100,7 @@ typedef struct hpd_config {
     int on_sigterm;           /* hpd_on_sigterm (config.h); 0: checkpoint */
     int launcher;             /* hpd_launcher_kind (config.h); 0: local */
     int launch_timeout_s;     /* 0: 120 */
+    int comm;                 /* hpd_comm_kind (config.h); 0: auto */
     hpd_slurm_opts slurm;     /* launcher slurm (worker_path is set from the above) */
     hpd_systemd_opts systemd; /* launcher systemd (worker_path is set from the above) */
 } hpd_config;

@@ -5,6 +5,7 @@
  * change goes through hp__transition (committed before acted on). Loop thread only.
  */
 #include "daemon/core.h"
+#include "daemon/config.h"
 #include "daemon/jobsm.h"
 #include "daemon/observe.h"
 
@@ -128,10 +129,39 @@ static void release_attempt(hpd *d, hpd_job *j) {
             if (j->ranks[r].conn) hp__conn_close(j->ranks[r].conn, "attempt over");
     hp_free(j->ranks);
     j->ranks = NULL;
+    hp_free(j->comm_setup); /* the next attempt's rank 0 listens anew */
+    j->comm_setup = NULL;
+    j->comm_setup_len = 0;
     if (hpd_sm_is_final(j->v.state)) { /* a restart reuses the program */
         hp_compiled_free(j->compiled);
         j->compiled = NULL;
     }
+}
+
+/* The Welcome's comm.backend: shm joins the ranks of one host, tcp any. auto picks tcp where
+ * the launcher may put the ranks on several hosts: Slurm runs a cuda job of more ranks than
+ * gpus_per_node on several nodes (CPU jobs on one); an external launcher's workers run
+ * wherever the operator starts them. */
+static const char *comm_backend(const hpd *d, const hpd_job *j) {
+    if (d->comm_kind == HPD_COMM_SHM) return "shm";
+    if (d->comm_kind == HPD_COMM_TCP) return "tcp";
+    int gpn = j->gpus_per_node > 0 ? j->gpus_per_node : 1;
+    if (d->launcher_kind == HPD_LAUNCHER_SLURM && j->cuda && j->v.world_size > gpn) return "tcp";
+    if (d->launcher_kind == HPD_LAUNCHER_EXTERNAL && j->v.world_size > 1) return "tcp";
+    return "shm";
+}
+
+/* Sends rank 0's CommSetup of the attempt (if it came) to c. */
+static void send_comm_setup(hpd_job *j, hpd_conn *c) {
+    if (!j->comm_setup) return;
+    Hp__V1__CommSetup *cs = hp__v1__comm_setup__unpack(NULL, j->comm_setup_len, j->comm_setup);
+    if (!cs) return;
+    Hp__V1__Frame f;
+    hp__v1__frame__init(&f);
+    f.body_case = HP__V1__FRAME__BODY_COMM_SETUP;
+    f.comm_setup = cs;
+    (void)hp__conn_send(c, &f, NULL); /* a failed send drops the connection: the rank is lost */
+    hp__v1__comm_setup__free_unpacked(cs, NULL);
 }
 
 static void hex_token(char out[65]) {
@@ -432,7 +462,7 @@ static hp_status send_welcome(hpd *d, hpd_conn *c, hpd_job *j, int rank, hp_err 
         jm->graph = NULL; /* the program carries the compiled graph */
         Hp__V1__CommSetup comm;
         hp__v1__comm_setup__init(&comm);
-        comm.backend = "shm";
+        comm.backend = (char *)comm_backend(d, j);
         char shm[96];
         snprintf(shm, sizeof shm, "hp-%s-a%d-%.8s", j->v.id, j->attempt, j->token);
         comm.shm_name = shm;
@@ -490,6 +520,7 @@ hp_status hp__core_hello(hpd *d, hpd_conn *c, const Hp__V1__Hello *h, hpd_job **
     if (rk->conn || rk->hello)
         return hp_errf(err, HP_INVALID, "rank %d of job %s already connected", h->rank, j->v.id);
     HP_TRY(send_welcome(d, c, j, h->rank, err));
+    if (h->rank != 0) send_comm_setup(j, c); /* rank 0 sent it before this rank came */
     rk->conn = c;
     rk->hello = true;
     rk->last_seen_ms = hp__now_ms();
@@ -580,7 +611,18 @@ void hp__core_frame(hpd *d, hpd_job *j, int attempt, int rank, const Hp__V1__Fra
         if (f->trace) hp__trace_store(d, j, rank, f->trace);
         break;
     case HP__V1__FRAME__BODY_COMM_SETUP:
-        /* Relay (the NCCL id from rank 0) to every other rank. */
+        /* Relay (rank 0's tcp address, the NCCL id) to every other rank; rank 0's is kept
+         * for the ranks whose Hello comes later. */
+        if (rank == 0 && f->comm_setup) {
+            size_t len = hp__v1__comm_setup__get_packed_size(f->comm_setup);
+            uint8_t *b = hp_malloc(len ? len : 1);
+            if (b) {
+                hp__v1__comm_setup__pack(f->comm_setup, b);
+                hp_free(j->comm_setup);
+                j->comm_setup = b;
+                j->comm_setup_len = len;
+            }
+        }
         for (int r = 0; r < j->v.world_size; r++)
             if (r != rank && j->ranks[r].conn) (void)hp__conn_send(j->ranks[r].conn, f, NULL);
         break;

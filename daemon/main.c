@@ -413,6 +413,7 @@ int main(int argc, char **argv) {
         .heartbeat_ms = g_cur.heartbeat_ms > 0 ? g_cur.heartbeat_ms : g_hb_env,
         .on_sigterm = (int)g_cur.on_sigterm,
         .launcher = (int)g_cur.launcher,
+        .comm = (int)g_cur.comm,
         .launch_timeout_s = g_cur.launch_timeout_s,
         .slurm = {.partition = g_cur.slurm_partition,
                   .account = g_cur.slurm_account,

@@ -11,10 +11,12 @@
 #include "worker/agent.h"
 
 #include "hp/checkpoint.h"
+#include "hp/comm.h"
 #include "hp/frame.h"
 #include "hp/job.h"
 #include "hp/metrics.h"
 #include "hp/program.h"
+#include "worker/comm/sha256.h"
 #include "worker/train.h"
 
 #include <errno.h>
@@ -50,6 +52,10 @@ typedef struct agent {
     volatile sig_atomic_t own_stop;
     volatile sig_atomic_t *stop;
     volatile sig_atomic_t ckpt_now; /* CheckpointNow frames seen (hp_train checkpoints on growth) */
+    /* comm tcp: rank 0's address from the coordinator's CommSetup relay (under why_mu; the
+     * I/O thread sets it and signals comm_cv) */
+    pthread_cond_t comm_cv;
+    char tcp_addr[256];
 } agent;
 
 static double now_unix_s(void) {
@@ -185,6 +191,7 @@ static void mark_lost(agent *a, const char *why) {
         snprintf(a->lost_why, sizeof a->lost_why, "%s", why);
         atomic_store(&a->lost, true);
     }
+    pthread_cond_broadcast(&a->comm_cv); /* a rank waiting for rank 0's address gives up */
     pthread_mutex_unlock(&a->why_mu);
     __atomic_store_n(a->stop, 1, __ATOMIC_RELAXED); /* a flag, as a signal handler sets it */
 }
@@ -209,9 +216,19 @@ static void send_heartbeat(agent *a) {
     if (send_frame(a, &f, &err) != HP_OK) mark_lost(a, err.msg);
 }
 
-/* Handles one frame from the coordinator. Only Stop and CheckpointNow mean anything once
- * training runs; the rest (a heartbeat echo, say) is ignored so the protocol can grow. */
+/* Handles one frame from the coordinator. Only CommSetup (rank 0's tcp address, while the
+ * ranks join), Stop and CheckpointNow mean anything once training runs; the rest (a heartbeat
+ * echo, say) is ignored so the protocol can grow. */
 static void on_frame(agent *a, const Hp__V1__Frame *f) {
+    if (f->body_case == HP__V1__FRAME__BODY_COMM_SETUP) {
+        const Hp__V1__CommSetup *cs = f->comm_setup;
+        if (!cs || !cs->backend || strcmp(cs->backend, "tcp") || !cs->tcp_addr) return;
+        pthread_mutex_lock(&a->why_mu);
+        snprintf(a->tcp_addr, sizeof a->tcp_addr, "%s", cs->tcp_addr);
+        pthread_cond_broadcast(&a->comm_cv);
+        pthread_mutex_unlock(&a->why_mu);
+        return;
+    }
     if (f->body_case == HP__V1__FRAME__BODY_CHECKPOINT_NOW) {
         __atomic_add_fetch(&a->ckpt_now, 1, __ATOMIC_RELAXED); /* hp_train reads it after a step */
         return;
@@ -227,8 +244,25 @@ static void on_frame(agent *a, const Hp__V1__Frame *f) {
     __atomic_store_n(a->stop, 1, __ATOMIC_RELAXED); /* a flag, as a signal handler sets it */
 }
 
+/* Handles every whole frame the reader holds; false when the connection is lost. */
+static bool drain(agent *a) {
+    for (;;) {
+        Hp__V1__Frame *f;
+        hp_err err = {0};
+        if (hp_frame_reader_next(&a->rd, &f, &err) != HP_OK) {
+            mark_lost(a, err.msg);
+            return false;
+        }
+        if (!f) return true;
+        on_frame(a, f);
+        hp_frame_free(f);
+    }
+}
+
 static void *io_main(void *arg) {
     agent *a = arg;
+    /* Frames that came in the Welcome's read (a CommSetup the coordinator kept for us) */
+    if (!drain(a)) return NULL;
     uint8_t chunk[65536];
     int64_t next = now_ms(); /* the first heartbeat says "training is starting" */
     while (!atomic_load(&a->lost)) {
@@ -259,16 +293,7 @@ static void *io_main(void *arg) {
             mark_lost(a, err.msg);
             break;
         }
-        for (;;) {
-            Hp__V1__Frame *f;
-            if (hp_frame_reader_next(&a->rd, &f, &err) != HP_OK) {
-                mark_lost(a, err.msg);
-                break;
-            }
-            if (!f) break;
-            on_frame(a, f);
-            hp_frame_free(f);
-        }
+        if (!drain(a)) break;
     }
     return NULL;
 }
@@ -324,11 +349,12 @@ static hp_status take_welcome(agent *a, const Hp__V1__Welcome *w, int *world, hp
         return hp_errf(err, HP_INVALID, "rank %d, but this worker is rank %d", w->rank, o->rank);
     if (!w->run_dir || !w->run_dir[0]) return hp_errf(err, HP_INVALID, "run_dir is empty");
     if (w->world_size > 1) {
-        if (!w->comm || !w->comm->shm_name || !w->comm->shm_name[0])
+        bool tcp = w->comm && w->comm->backend && !strcmp(w->comm->backend, "tcp");
+        if (!w->comm || (!tcp && (!w->comm->shm_name || !w->comm->shm_name[0])))
             return hp_errf(err, HP_INVALID, "world_size %d needs comm.shm_name", w->world_size);
-        if (w->comm->backend && w->comm->backend[0] && strcmp(w->comm->backend, "shm") != 0)
+        if (!tcp && w->comm->backend && w->comm->backend[0] && strcmp(w->comm->backend, "shm"))
             return hp_errf(err, HP_UNSUPPORTED,
-                           "comm backend '%.64s' (this worker supports 'shm' only)",
+                           "comm backend '%.64s' (this worker supports 'shm' and 'tcp')",
                            w->comm->backend);
     }
     if (!w->program) return hp_errf(err, HP_INVALID, "no program");
@@ -428,6 +454,66 @@ static hp_status send_hello(agent *a, hp_err *err) {
     return send_frame(a, &f, err);
 }
 
+/* ---- comm tcp: the rendezvous through the coordinator --------------------------------------- */
+
+#define TCP_JOIN_TIMEOUT_S 60
+
+/* Rank 0 tells the coordinator where it listens; the coordinator relays it to the others. */
+static hp_status publish_addr(const char *addr, void *ctx, hp_err *err) {
+    agent *a = ctx;
+    Hp__V1__CommSetup cs = HP__V1__COMM_SETUP__INIT;
+    cs.backend = "tcp";
+    cs.tcp_addr = (char *)addr;
+    Hp__V1__Frame f = HP__V1__FRAME__INIT;
+    f.body_case = HP__V1__FRAME__BODY_COMM_SETUP;
+    f.comm_setup = &cs;
+    return send_frame(a, &f, err);
+}
+
+/* Joins the world's tcp communicator. Every rank listens on the local address of its
+ * connection to the coordinator (the interface the coordinator reached it on, which its peers
+ * reach it on too); the secret is derived from the attempt's token, which every rank holds and
+ * which never crosses the ranks' connections. */
+static hp_status join_tcp(agent *a, int world, hp_comm **out, hp_err *err) {
+    const hp_agent_opts *o = a->o;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char host[NI_MAXHOST];
+    if (getsockname(a->fd, (struct sockaddr *)&ss, &sl) != 0 ||
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, NULL, 0, NI_NUMERICHOST) != 0)
+        return hp_errf(err, HP_IO, "comm tcp: the local address: %s", strerror(errno));
+    const char *token = o->token ? o->token : "";
+    const void *parts[1] = {"hp tcp comm"};
+    const size_t lens[1] = {11};
+    uint8_t mac[HP__SHA256_BYTES];
+    hp__hmac_sha256(token, strlen(token), parts, lens, 1, mac);
+    char secret[2 * HP__SHA256_BYTES + 1];
+    for (int i = 0; i < HP__SHA256_BYTES; i++) snprintf(secret + 2 * i, 3, "%02x", mac[i]);
+    hp_tcp_opts to = {.rank = o->rank,
+                      .world = world,
+                      .timeout_s = TCP_JOIN_TIMEOUT_S,
+                      .secret = secret,
+                      .bind_host = host,
+                      .publish = publish_addr,
+                      .publish_ctx = a};
+    char addr[256] = "";
+    if (o->rank > 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += TCP_JOIN_TIMEOUT_S;
+        pthread_mutex_lock(&a->why_mu);
+        while (!a->tcp_addr[0] && !atomic_load(&a->lost) && !*a->stop)
+            if (pthread_cond_timedwait(&a->comm_cv, &a->why_mu, &until) != 0) break;
+        snprintf(addr, sizeof addr, "%s", a->tcp_addr);
+        pthread_mutex_unlock(&a->why_mu);
+        if (!addr[0])
+            return hp_errf(err, HP_IO, "comm tcp: rank 0's address did not come within %d s",
+                           TCP_JOIN_TIMEOUT_S);
+        to.addr = addr;
+    }
+    return hp_tcp_comm_new(&to, out, err);
+}
+
 /* Trains with the Welcome's program; sends Done. The I/O thread runs meanwhile. */
 static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program *prog, hp_job *job,
                        hp_agent_result *res, hp_err *err) {
@@ -456,6 +542,12 @@ static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program
                 have ? "resuming from the newest checkpoint before it" : "starting over",
                 (long long)newest);
     if (have) atomic_store(&a->step, ckpt_step);
+    hp_comm *tcp = NULL;
+    if (world > 1 && w->comm->backend && !strcmp(w->comm->backend, "tcp") &&
+        join_tcp(a, world, &tcp, err) != HP_OK) {
+        send_done(a, false, 0, err->msg);
+        return err->status;
+    }
     hp_train_opts t = {
         .out_dir = w->run_dir,
         .resume = have ? w->run_dir : NULL,
@@ -466,6 +558,7 @@ static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program
         .rank = o->rank,
         .world = world,
         .comm_name = world > 1 ? w->comm->shm_name : NULL,
+        .comm = tcp,
         .program = prog,
         .on_metrics = on_metrics, /* every rank: the coordinator shows each one */
         .metrics_ctx = a,
@@ -480,6 +573,7 @@ static hp_status train(agent *a, const Hp__V1__Welcome *w, int world, hp_program
     };
     hp_train_result r = {0};
     hp_status st = hp_train(job, &t, &r, err);
+    hp_comm_free(tcp);
     int64_t last = r.last_step >= r.first_step && r.last_step > 0 ? r.last_step : ckpt_step;
     res->final_step = last;
     res->stopped = st == HP_OK && r.interrupted;
@@ -510,6 +604,7 @@ hp_status hp_agent_run(const hp_agent_opts *o, hp_agent_result *res, hp_err *err
     a.stop = o->stop ? o->stop : &a.own_stop;
     pthread_mutex_init(&a.send_mu, NULL);
     pthread_mutex_init(&a.why_mu, NULL);
+    pthread_cond_init(&a.comm_cv, NULL);
     hp_frame_reader_init(&a.rd, HP_FRAME_MAX);
     Hp__V1__Frame *wf = NULL;
     hp_program *prog = NULL;
@@ -564,5 +659,6 @@ out:
     hp_frame_reader_fini(&a.rd);
     pthread_mutex_destroy(&a.send_mu);
     pthread_mutex_destroy(&a.why_mu);
+    pthread_cond_destroy(&a.comm_cv);
     return st;
 }

@@ -24,6 +24,7 @@
  * Ctrl-C (SIGINT) or SIGTERM stops after the current step, writes a checkpoint when --out is
  * given, and exits 130. Exit codes: 0 done, 1 error, 2 usage, 130 interrupted (or stopped by
  * the coordinator). */
+#include "hp/comm.h"
 #include "hp/device.h"
 #include "hp/job.h"
 #include "hp/passes.h"
@@ -75,6 +76,15 @@ static void usage(void) {
          "                         (default: the job's; else the built-in corpus)\n"
          "  --resume DIR           continue from the latest checkpoint in DIR\n"
          "  --world N              run N ranks on this host (FSDP over the shm backend)\n"
+         "  --comm-backend shm|tcp how the ranks talk (default shm: one host); tcp also runs\n"
+         "                         ranks on several hosts (each started with --rank R)\n"
+         "  --comm-addr HOST:PORT  tcp: rank 0 listens there, the others connect (secret in\n"
+         "                         $HP_COMM_SECRET, at least 16 characters, the same on all)\n"
+         "  --comm-file PATH       tcp: rank 0 writes its address and a fresh secret there\n"
+         "                         (a shared directory), the others wait for it (default:\n"
+         "                         $TMPDIR/NAME.tcp for the ranks of one --world launch)\n"
+         "  --comm-bind ADDR       tcp: the local address to listen on (default: rank 0\n"
+         "                         127.0.0.1, the others the address that reaches rank 0)\n"
          "  --threads N            compute threads per rank (default: $HP_NUM_THREADS, or the\n"
          "                         CPUs divided among the ranks)\n"
          "  --profile-steps S,S    trace these steps (besides the job's profile_steps): a\n"
@@ -267,6 +277,11 @@ static int launch(int argc, char **argv, int world, int threads) {
             }
         }
     }
+    /* --comm-backend tcp's rendezvous file, if rank 0 died before removing it */
+    char file[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(file, sizeof file, "%s/%s.tcp", tmp && *tmp ? tmp : "/tmp", comm);
+    unlink(file);
     return rc;
 }
 
@@ -353,6 +368,75 @@ static int run_agent(hp_agent_opts *ao, bool rank_given, const char *token_file)
     return res.stopped ? 130 : 0;
 }
 
+/* ---- --comm-backend tcp -----------------------------------------------------------------------
+ */
+
+typedef struct tcp_flags {
+    bool tcp;
+    const char *addr, *file, *bind;
+} tcp_flags;
+
+/* The rendezvous file of this run: --comm-file, else $TMPDIR/NAME.tcp for a --world launch. */
+static void tcp_file_path(const tcp_flags *tc, const char *comm_name, char *out, size_t cap) {
+    const char *tmp = getenv("TMPDIR");
+    if (tc->file)
+        snprintf(out, cap, "%s", tc->file);
+    else
+        snprintf(out, cap, "%s/%s.tcp", tmp && *tmp ? tmp : "/tmp", comm_name ? comm_name : "hp");
+}
+
+static hp_status publish_file(const char *addr, void *ctx, hp_err *err) {
+    const char *const *file_secret = ctx;
+    return hp_tcp_addr_file_write(file_secret[0], addr, file_secret[1], err);
+}
+
+/* Joins the tcp communicator as this rank: through --comm-addr and $HP_COMM_SECRET, or the
+ * rendezvous file (rank 0 writes its address and a fresh secret, removed once all joined). */
+static hp_status tcp_join(const tcp_flags *tc, int rank, int world, const char *comm_name,
+                          hp_comm **out, hp_err *err) {
+    char path[4096], addr[256] = "", secret[256] = "", host[256] = "";
+    hp_tcp_opts to = {.rank = rank, .world = world, .timeout_s = 60, .bind_host = tc->bind};
+    const char *file_secret[2] = {path, secret};
+    if (tc->addr) {
+        const char *env = getenv("HP_COMM_SECRET");
+        if (!env || !*env) return hp_errf(err, HP_INVALID, "--comm-addr needs $HP_COMM_SECRET");
+        snprintf(secret, sizeof secret, "%s", env);
+        to.addr = tc->addr;
+        const char *colon = strrchr(tc->addr, ':');
+        if (rank == 0) { /* listen where the others will connect */
+            if (!colon || colon == tc->addr || (size_t)(colon - tc->addr) >= sizeof host)
+                return hp_errf(err, HP_INVALID, "--comm-addr %.200s is not HOST:PORT", tc->addr);
+            memcpy(host, tc->addr, (size_t)(colon - tc->addr));
+            size_t hl = strlen(host);
+            if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+                memmove(host, host + 1, hl - 2);
+                host[hl - 2] = '\0';
+            }
+            char *end = NULL;
+            long port = strtol(colon + 1, &end, 10);
+            if (!end || *end || port < 1 || port > 65535)
+                return hp_errf(err, HP_INVALID, "--comm-addr %.200s: bad port", tc->addr);
+            to.port = (int)port;
+            if (!tc->bind) to.bind_host = host;
+        }
+    } else {
+        tcp_file_path(tc, comm_name, path, sizeof path);
+        if (rank == 0) {
+            hp_tcp_secret_new(secret);
+            to.publish = publish_file;
+            to.publish_ctx = file_secret;
+        } else {
+            HP_TRY(hp_tcp_addr_file_wait(path, to.timeout_s, addr, sizeof addr, secret,
+                                         sizeof secret, err));
+            to.addr = addr;
+        }
+    }
+    to.secret = secret;
+    hp_status st = hp_tcp_comm_new(&to, out, err);
+    if (!tc->addr && rank == 0) unlink(path); /* everyone has read it (or the join failed) */
+    return st;
+}
+
 int main(int argc, char **argv) {
     /* OpenBLAS's idle threads spin ~0.1 s after each GEMM and steal the cores our own pool
      * computes on; it reads its timeout only when it loads, so set it and start again. */
@@ -362,6 +446,7 @@ int main(int argc, char **argv) {
     const char *job_path = NULL;
     hp_train_opts o = {.stop = &stop_requested};
     hp_agent_opts ao = {.coordinator = NULL};
+    tcp_flags tc = {0};
     bool rank_given = false;
     const char *token_file = NULL;
     int64_t profile[HP_JOB_PROFILE_MAX];
@@ -424,6 +509,16 @@ int main(int argc, char **argv) {
             rank_given = true;
         } else if (!strcmp(a, "--comm")) { /* set by the launcher */
             o.comm_name = v;
+        } else if (!strcmp(a, "--comm-backend")) {
+            if (strcmp(v, "shm") && strcmp(v, "tcp"))
+                return usage_error("--comm-backend: '%s' is not shm or tcp", v);
+            tc.tcp = !strcmp(v, "tcp");
+        } else if (!strcmp(a, "--comm-addr")) {
+            tc.addr = v;
+        } else if (!strcmp(a, "--comm-file")) {
+            tc.file = v;
+        } else if (!strcmp(a, "--comm-bind")) {
+            tc.bind = v;
         } else if (!strcmp(a, "--profile-steps")) {
             if (parse_profile_steps(v, profile, &n_profile)) return 2;
         } else
@@ -476,7 +571,16 @@ int main(int argc, char **argv) {
         hp_job_free(job);
         return usage_error("%s", "--rank needs --world N > 1");
     }
-    if (o.world > 1 && rank_given && !o.comm_name) {
+    if ((tc.addr || tc.file || tc.bind) && !tc.tcp) {
+        hp_job_free(job);
+        return usage_error("%s",
+                           "--comm-addr, --comm-file and --comm-bind need --comm-backend tcp");
+    }
+    if (tc.addr && tc.file) {
+        hp_job_free(job);
+        return usage_error("%s", "--comm-addr and --comm-file exclude each other");
+    }
+    if (o.world > 1 && rank_given && !o.comm_name && !tc.addr && !tc.file) {
         hp_job_free(job);
         return usage_error("%s", "--rank needs --comm NAME (the launcher sets both)");
     }
@@ -494,6 +598,15 @@ int main(int argc, char **argv) {
         free(args);
         return rc;
     }
+    hp_comm *tcp_comm = NULL;
+    if (o.world > 1 && tc.tcp) {
+        if (tcp_join(&tc, o.rank, o.world, o.comm_name, &tcp_comm, &err) != HP_OK) {
+            fprintf(stderr, "hp-worker: rank %d: %s\n", o.rank, err.msg);
+            hp_job_free(job);
+            return hp_status_exit(err.status);
+        }
+        o.comm = tcp_comm;
+    }
 
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
@@ -503,6 +616,7 @@ int main(int argc, char **argv) {
     hp_train_result res;
     hp_status st = hp_train(job, &o, &res, &err);
     hp_job_free(job);
+    hp_comm_free(tcp_comm);
     if (st != HP_OK) {
         if (o.world > 1)
             fprintf(stderr, "hp-worker: rank %d: %s\n", o.rank, err.msg);

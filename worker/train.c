@@ -441,10 +441,19 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     HP_TRY(hp_program_set_rank(t->prog, t->rank, err));
     hp_program_data_rank(t->prog, t->rank, &t->data_rank, &t->data_world);
     if (t->world > 1) {
-        if (!o->comm_name)
-            return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);
-        double timeout = o->comm_timeout_s > 0 ? o->comm_timeout_s : 60;
-        HP_TRY(hp_shm_comm_new(o->comm_name, t->rank, t->world, timeout, &t->comm, err));
+        if (o->comm) { /* joined by the caller (tcp across hosts): borrowed */
+            if (o->comm->rank != t->rank || o->comm->world != t->world)
+                return hp_errf(err, HP_INVALID,
+                               "the communicator is rank %d of %d, this run is rank %d of %d",
+                               o->comm->rank, o->comm->world, t->rank, t->world);
+            t->comm = o->comm;
+        } else {
+            if (!o->comm_name)
+                return hp_errf(err, HP_INVALID, "world %d needs a communicator name", t->world);
+            double timeout = o->comm_timeout_s > 0 ? o->comm_timeout_s : 60;
+            HP_TRY(hp_shm_comm_new(o->comm_name, t->rank, t->world, timeout, &t->comm, err));
+            t->owns_comm = true;
+        }
         HP_TRY(split_mesh(t, err));
     }
     if (o->backend) { /* the caller's (tests): borrowed */
@@ -508,7 +517,7 @@ static void teardown(trainer *t) {
     hp_free(t->labels);
     hp_compiled_free(t->compiled);
     for (int i = 0; i < t->n_groups; i++) hp_comm_free(t->groups[i].comm);
-    hp_comm_free(t->comm);
+    if (t->owns_comm) hp_comm_free(t->comm);
 }
 
 hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result *res,

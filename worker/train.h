@@ -55,6 +55,10 @@ typedef struct hp_train_opts {
     int rank, world;
     const char *comm_name;
     double comm_timeout_s; /* <= 0: 60 s */
+    /* world > 1: a communicator the caller has joined (borrowed; rank and world must be
+     * this run's), used instead of joining shm `comm_name`: the tcp one of a job whose ranks
+     * run on several hosts (hp-worker --comm-backend tcp, the coordinator agent). */
+    struct hp_comm *comm;
     /* The backend to run on (borrowed; world 1 only). NULL: hp_backend_new makes the one of
      * the job's device (worker/backend.h). For tests and embedders: the caller answers for
      * it matching the job's device. */

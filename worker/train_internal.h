@@ -33,6 +33,7 @@ typedef struct trainer {
     hp_compiled *compiled; /* the pipeline's output: owns prog */
     hp_program *prog;
     hp_comm *comm;                          /* world > 1 */
+    bool owns_comm;                         /* false: the caller's (hp_train_opts.comm) */
     hp_comm_group groups[HP_MESH_MAX_DIMS]; /* the mesh dims of more than one rank */
     int n_groups;
     int rank, world;

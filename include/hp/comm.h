@@ -1,6 +1,7 @@
 /* hp/comm.h — communicators: the collectives a rank runs with its peers, behind one vtable.
  * `shm` (worker/comm/shm.c) connects the ranks of one host through a shared-memory segment;
- * `nccl` comes with the CUDA backend.
+ * `tcp` (worker/comm/tcp.c) connects ranks on several hosts over TCP; `nccl` comes with the
+ * CUDA backend (its bootstrap travels over shm or tcp).
  *
  * Every call is blocking and collective: all ranks of the communicator must make the same
  * calls in the same order with the same sizes. The backend runs them on its communication
@@ -78,6 +79,47 @@ static inline void hp_comm_free(hp_comm *c) {
  * nothing is left in /dev/shm even if the ranks die later. */
 hp_status hp_shm_comm_new(const char *name, int rank, int world, double timeout_s, hp_comm **out,
                           hp_err *err);
+
+/* ---- tcp: ranks on several hosts (worker/comm/tcp.c, tcp_coll.c) -----------------------------
+ * Every pair of ranks holds one TCP connection (TCP_NODELAY); the collectives keep the rules
+ * above (reductions fold in rank order: results are bitwise those of shm). Rank 0 listens on
+ * bind_host (default 127.0.0.1) at `port` (0: the kernel picks) and hands its "host:port" to
+ * publish; the other ranks get it as addr (the caller carries it: hpd's CommSetup relay, or
+ * the address file below). Each rank > 0 listens for its higher peers on the local address of
+ * its connection to rank 0 (or its own bind_host, which must then be the address that
+ * connection leaves from: the peers learn it from rank 0, which sees that one). Every connection
+ * proves both ends hold `secret` (HMAC-SHA-256 challenge-response; the secret never crosses the
+ * wire); a stranger is logged to stderr and dropped. Joining blocks until every rank has connected
+ * or timeout_s passes (HP_IO naming the rank that did not come). In a collective the timeout counts
+ * from the last byte moved, so a large message over a slow link is not cut off while it flows. A
+ * peer that closes its connection is HP_IO at once; a frame that is not what the receiver
+ * expects is HP_IO naming the rank. A connection that has not completed the handshake within
+ * 5 s is dropped (a silent stranger delays the join by that much at most). */
+typedef struct hp_tcp_opts {
+    int rank, world;
+    double timeout_s;
+    const char *secret;    /* the job's shared secret, at least 16 characters */
+    const char *addr;      /* ranks > 0: rank 0's "host:port" ("[v6]:port") */
+    const char *bind_host; /* numeric address to listen on; NULL: see above */
+    int port;              /* rank 0's port; 0: the kernel picks */
+    /* Rank 0, once it listens: makes addr reach the other ranks (may be NULL). */
+    hp_status (*publish)(const char *addr, void *ctx, hp_err *err);
+    void *publish_ctx;
+} hp_tcp_opts;
+
+hp_status hp_tcp_comm_new(const hp_tcp_opts *o, hp_comm **out, hp_err *err);
+
+#define HP_TCP_SECRET_LEN 64
+/* A fresh random secret: HP_TCP_SECRET_LEN hex characters. */
+hp_status hp_tcp_secret_new(char out[HP_TCP_SECRET_LEN + 1]);
+/* Standalone rendezvous: rank 0 writes "host:port secret\n" to path (mode 0600, atomically:
+ * written beside it, then renamed); the others poll for it until timeout_s (HP_IO naming the
+ * path), HP_PARSE for a file that does not hold the line. A file an earlier run left is read
+ * as it is: give every run a fresh path (hp-worker's default holds its launcher's pid). */
+hp_status hp_tcp_addr_file_write(const char *path, const char *addr, const char *secret,
+                                 hp_err *err);
+hp_status hp_tcp_addr_file_wait(const char *path, double timeout_s, char *addr, size_t addr_cap,
+                                char *secret, size_t secret_cap, hp_err *err);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@ Test(config, defaults) {
     cr_expect_eq(s.heartbeat_ms, 0);
     cr_expect_eq(s.on_sigterm, HPD_ON_SIGTERM_CHECKPOINT);
     cr_expect_eq(s.launcher, HPD_LAUNCHER_LOCAL);
+    cr_expect_eq(s.comm, HPD_COMM_AUTO);
     cr_expect_str_eq(s.advertise, "");
     cr_expect_eq(s.launch_timeout_s, 120);
     cr_expect_eq(s.slurm_poll_ms, 1000);
@@ -48,6 +49,7 @@ Test(config, good_file_every_key) {
                        "on-sigterm = cancel\n"
                        "metrics-retention = 30\n"
                        "launcher = slurm\n"
+                       "comm = tcp\n"
                        "advertise = node7.cluster:7100\n"
                        "launch-timeout-s = 900\n"
                        "slurm-partition = gpu-h100\n"
@@ -81,6 +83,7 @@ Test(config, good_file_every_key) {
     cr_expect_eq(s.heartbeat_ms, 250);
     cr_expect_eq(s.metrics_retention_s, 30);
     cr_expect_eq(s.launcher, HPD_LAUNCHER_SLURM);
+    cr_expect_eq(s.comm, HPD_COMM_TCP);
     cr_expect_str_eq(s.advertise, "node7.cluster:7100");
     cr_expect_eq(s.launch_timeout_s, 900);
     cr_expect_str_eq(s.slurm_partition, "gpu-h100");
@@ -134,6 +137,7 @@ Test(config, errors_name_file_line_and_key) {
         {"--slots = 2\n", "hpd.conf:1: unknown key '--slots'"},
         {"launcher = kubernetes\n",
          "hpd.conf:1: launcher: 'kubernetes' is not local|slurm|systemd|external"},
+        {"comm = rdma\n", "hpd.conf:1: comm: 'rdma' is not auto|shm|tcp"},
         {"systemd-manager = session\n", "systemd-manager: 'session' is not auto|system|user"},
         {"systemd-token = env\n", "systemd-token: 'env' is not credential|file"},
         {"systemd-slice = hp\n", "systemd-slice: 'hp' is not a slice unit name"},

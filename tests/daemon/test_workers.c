@@ -1,10 +1,12 @@
 /* tests/daemon/test_workers.c — the worker protocol server with fake workers over 127.0.0.1
  * (port 0): hostile peers (wrong token, unknown job, bad rank, garbage, oversized length,
  * no hello) are disconnected and the daemon keeps serving; a good hello gets a Welcome with the
- * program, the comm setup and the run dir; a rank that stops sending heartbeats is declared
+ * program, the comm setup and the run dir; under comm tcp rank 0's CommSetup reaches a rank
+ * whose Hello comes after it; a rank that stops sending heartbeats is declared
  * dead and the job fails (max_restarts 0). The launcher starts a stand-in script (sleep) so no
  * real worker runs; the fake workers are threads with blocking sockets while the test pumps
  * the daemon's loop. */
+#include "daemon/config.h"
 #include "daemon/core.h"
 #include "daemon/jobsm.h"
 
@@ -29,12 +31,18 @@ static hpd *d;
 static int wport;
 static char job_id[HPD_ID_MAX];
 
+static uint8_t *job_bytes(size_t *len, int world);
+
 static uint8_t *tiny_job_bytes(size_t *len) {
+    return job_bytes(len, 1);
+}
+
+static uint8_t *job_bytes(size_t *len, int world) {
     hp_model_spec s;
     hp_err e = {0};
     cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &s, &e), HP_OK, "%s", e.msg);
     s.dim = 32, s.n_layers = 1, s.n_heads = 2, s.n_kv_heads = 1, s.ffn_hidden = 48;
-    s.vocab = 64, s.batch = 1, s.seq = 8;
+    s.vocab = 64, s.batch = world, s.seq = 8;
     hp_job *job = hp_job_new();
     cr_assert(job);
     snprintf(job->name, sizeof job->name, "workers-test");
@@ -44,6 +52,10 @@ static uint8_t *tiny_job_bytes(size_t *len) {
     job->train.local_batch = 1;
     job->train.seq = s.seq;
     job->resources.max_restarts = 0;
+    if (world > 1) {
+        job->resources.world_size = world;
+        job->plan.mesh[0].size = world;
+    }
     cr_assert_eq(hp_job_validate(job, &e), HP_OK, "%s", e.msg);
     uint8_t *b;
     cr_assert_eq(hp_job_pack(job, &b, len, &e), HP_OK, "%s", e.msg);
@@ -407,4 +419,132 @@ Test(workers, submit_fault_loop) {
         cr_expect_eq(hpd_store_get(d->store, j->v.id, &r, &e), HP_OK, "%s", e.msg);
         hpd_store_row_fini(&r);
     }
+}
+
+/* ---- comm tcp: rank 0's CommSetup reaches a rank that says Hello later ------------------------
+ */
+
+/* A fake rank: Hello, then every frame the daemon sends is kept (at most 4); rank 0 answers
+ * the Welcome with a CommSetup. Heartbeats every 20 ms until told to stop. */
+typedef struct relay_rank {
+    int rank;
+    const char *id, *token;
+    atomic_bool stop, done;
+    atomic_int n_frames;
+    Hp__V1__Frame *frames[4];
+    pthread_t th;
+} relay_rank;
+
+static bool send_frame_fd(int fd, Hp__V1__Frame *f) {
+    uint8_t *b = NULL;
+    size_t n = 0;
+    bool ok = hp_frame_encode(f, &b, &n, NULL) == HP_OK && write(fd, b, n) == (ssize_t)n;
+    hp_free(b);
+    return ok;
+}
+
+static void *relay_main(void *arg) {
+    relay_rank *p = arg;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)wport)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    struct timeval tv = {.tv_usec = 20000}; /* read slices between heartbeats */
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    Hp__V1__Hello h = HP__V1__HELLO__INIT;
+    h.protocol_version = HP_PROTOCOL_VERSION;
+    h.job_id = (char *)p->id;
+    h.rank = p->rank;
+    h.token = (char *)p->token;
+    h.pid = getpid();
+    h.hostname = "test";
+    Hp__V1__Frame f = HP__V1__FRAME__INIT;
+    f.body_case = HP__V1__FRAME__BODY_HELLO;
+    f.hello = &h;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 || !send_frame_fd(fd, &f)) goto out;
+    hp_frame_reader rd;
+    hp_frame_reader_init(&rd, HP_FRAME_MAX);
+    uint8_t buf[65536];
+    while (!atomic_load(&p->stop)) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n == 0) break;
+        if (n > 0) hp_frame_reader_feed(&rd, buf, (size_t)n, NULL);
+        Hp__V1__Frame *got = NULL;
+        while (hp_frame_reader_next(&rd, &got, NULL) == HP_OK && got) {
+            int k = atomic_load(&p->n_frames);
+            if (k == 0 && p->rank == 0 && got->body_case == HP__V1__FRAME__BODY_WELCOME) {
+                Hp__V1__CommSetup cs = HP__V1__COMM_SETUP__INIT;
+                cs.backend = "tcp";
+                cs.tcp_addr = "127.0.0.1:5555";
+                Hp__V1__Frame r = HP__V1__FRAME__INIT;
+                r.body_case = HP__V1__FRAME__BODY_COMM_SETUP;
+                r.comm_setup = &cs;
+                send_frame_fd(fd, &r);
+            }
+            if (k < 4) {
+                p->frames[k] = got;
+                atomic_store(&p->n_frames, k + 1);
+            } else {
+                hp_frame_free(got);
+            }
+        }
+        Hp__V1__Heartbeat hb = HP__V1__HEARTBEAT__INIT;
+        Hp__V1__Frame hf = HP__V1__FRAME__INIT;
+        hf.body_case = HP__V1__FRAME__BODY_HEARTBEAT;
+        hf.heartbeat = &hb;
+        if (atomic_load(&p->n_frames) > 0) send_frame_fd(fd, &hf);
+    }
+    hp_frame_reader_fini(&rd);
+out:
+    close(fd);
+    atomic_store(&p->done, true);
+    return NULL;
+}
+
+static bool setup_kept(void *ctx) {
+    return hp__job_find(d, ctx)->comm_setup != NULL;
+}
+
+static bool has_frames(void *ctx) {
+    return atomic_load(&((relay_rank *)ctx)->n_frames) >= 2 ||
+           atomic_load(&((relay_rank *)ctx)->done);
+}
+
+Test(workers, tcp_comm_setup_reaches_a_late_rank) {
+    d->comm_kind = HPD_COMM_TCP;
+    hpd_job_view v;
+    hp_err e = {0};
+    cr_assert_eq(hpd_cancel(d, job_id, "make room", &v, &e), HP_OK, "%s", e.msg);
+    pump_until(job_final, NULL, 5000);
+    size_t len;
+    uint8_t *b = job_bytes(&len, 2);
+    cr_assert_eq(hpd_submit(d, b, len, NULL, &v, &e), HP_OK, "%s", e.msg);
+    hp_free(b);
+    snprintf(job_id, sizeof job_id, "%s", v.id); /* teardown cancels this one */
+    for (int i = 0; i < 10000 && v.state != HP__V1__JOB_STATE__JOB_STATE_LAUNCHING; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        usleep(1000);
+        cr_assert_eq(hpd_get(d, job_id, &v, &e), HP_OK, "%s", e.msg);
+    }
+    cr_assert_eq(v.state, HP__V1__JOB_STATE__JOB_STATE_LAUNCHING, "%s", hpd_sm_state_str(v.state));
+    relay_rank r0 = {.rank = 0, .id = job_id, .token = token()};
+    relay_rank r1 = {.rank = 1, .id = job_id, .token = token()};
+    cr_assert_eq(pthread_create(&r0.th, NULL, relay_main, &r0), 0);
+    pump_until(setup_kept, job_id, 10000); /* rank 0's CommSetup is in before rank 1 comes */
+    cr_assert(setup_kept(job_id), "hpd did not keep rank 0's CommSetup");
+    cr_assert_eq(pthread_create(&r1.th, NULL, relay_main, &r1), 0);
+    pump_until(has_frames, &r1, 10000);
+    atomic_store(&r0.stop, true);
+    atomic_store(&r1.stop, true);
+    pthread_join(r0.th, NULL);
+    pthread_join(r1.th, NULL);
+    cr_assert_geq(atomic_load(&r0.n_frames), 1);
+    cr_expect_eq(r0.frames[0]->body_case, HP__V1__FRAME__BODY_WELCOME);
+    cr_expect_str_eq(r0.frames[0]->welcome->comm->backend, "tcp");
+    cr_assert_geq(atomic_load(&r1.n_frames), 2, "rank 1 got %d frames", atomic_load(&r1.n_frames));
+    cr_expect_eq(r1.frames[0]->body_case, HP__V1__FRAME__BODY_WELCOME);
+    cr_assert_eq(r1.frames[1]->body_case, HP__V1__FRAME__BODY_COMM_SETUP);
+    cr_expect_str_eq(r1.frames[1]->comm_setup->backend, "tcp");
+    cr_expect_str_eq(r1.frames[1]->comm_setup->tcp_addr, "127.0.0.1:5555");
+    for (int k = 0; k < atomic_load(&r0.n_frames); k++) hp_frame_free(r0.frames[k]);
+    for (int k = 0; k < atomic_load(&r1.n_frames); k++) hp_frame_free(r1.frames[k]);
 }

@@ -6,7 +6,8 @@
  * checkpoint written at step 5 on dp=2 x tp=2 resumes at dp=4 (FSDP) and at world 1 and ends
  * where the uninterrupted world-1 run does. Under the bf16 mixed-precision policy, tp=2 and
  * dp=2 x tp=2 with FSDP equal world 1 under the same policy within bf16 tolerance. Auto-sharded
- * plans on dp=2 x tp=2 too. */
+ * plans on dp=2 x tp=2 too. dp=2 x tp=2 over the tcp communicator equals the shm run bit for
+ * bit. */
 #include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
@@ -14,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 
 static char tmp[256];
@@ -161,4 +163,25 @@ static void expect_world1_bf16(const char *name, const char *plan) {
 Test(tp_train, bf16_tp2_and_dp2_tp2_fsdp_equal_world1) {
     expect_world1_bf16("tp2bf16", "--mesh tp=2 --tp-plan llama");
     expect_world1_bf16("dp2tp2bf16", "--mesh dp=2,tp=2 --tp-plan llama " FSDP);
+}
+
+/* dp=2 x tp=2 with FSDP over the tcp communicator (its mesh groups are tcp splits) logs the
+ * shm run's losses and leaves its weights, bit for bit. */
+Test(tp_train, dp2_tp2_over_tcp_equals_shm_bitwise) {
+    char shm[512], cmd[2048];
+    snprintf(shm, sizeof shm, "%s", train("m22", "--mesh dp=2,tp=2 --tp-plan llama " FSDP));
+    snprintf(cmd, sizeof cmd,
+             "HP_CPU_PEAK_FLOPS=1e11 %s/worker/hp-worker --standalone %s/m22.pb --threads 1 "
+             "--comm-backend tcp --out %s/m22tcp >/dev/null",
+             hp_th_binary_dir(), tmp, tmp);
+    run(cmd);
+    char tcp[512];
+    snprintf(tcp, sizeof tcp, "%s/m22tcp", tmp);
+    double a[16], b[16];
+    cr_assert_eq(hp_th_read_losses(shm, a, 16), 10);
+    cr_assert_eq(hp_th_read_losses(tcp, b, 16), 10);
+    for (int i = 0; i < 10; i++)
+        cr_expect(memcmp(&a[i], &b[i], sizeof a[i]) == 0, "step %d: shm %.17g, tcp %.17g", i + 1,
+                  a[i], b[i]);
+    hp_th_expect_weights_close(shm, tcp, 0, 0, "dp2 x tp2 over tcp");
 }

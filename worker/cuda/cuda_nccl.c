@@ -2,11 +2,13 @@
  * stream (HP_STREAM_COMM; the executor's events order it against compute).
  *
  * Bootstrap: the host communicators the trainer already made (the world's and one per mesh
- * dim, shm on one host) carry the NCCL unique id (world rank 0 makes it and broadcasts it) and
- * the split colors: each mesh group's NCCL communicator comes from ncclCommSplit of the world
- * one, color = the world rank of the group's rank 0, key = the rank in the group. Under hpd on
- * several hosts the coordinator would have to relay the id (the worker protocol): not done;
- * multi-host cuda jobs have no bootstrap yet.
+ * dim: shm on one host, tcp across hosts, worker/comm/tcp.c) carry the NCCL unique id (world
+ * rank 0 makes it and broadcasts it) and the split colors: each mesh group's NCCL
+ * communicator comes from ncclCommSplit of the world one, color = the world rank of the
+ * group's rank 0, key = the rank in the group. A multi-host cuda job gets the tcp host
+ * communicator (hpd's comm auto under Slurm on several nodes, or comm tcp; hp-worker
+ * --comm-backend tcp standalone), so the id crosses hosts over it; the coordinator relays
+ * only rank 0's tcp address.
  *
  * A dead or hung peer: collectives only enqueue, so nothing blocks until synchronize, which
  * polls the comm stream and ncclCommGetAsyncError of every communicator up to a deadline;
