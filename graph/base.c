@@ -210,6 +210,21 @@ void *hp_arena_take(hp_arena *a, size_t n) {
     return p;
 }
 
+void hp_arena_adopt(hp_arena *dst, hp_arena *src) {
+    if (!src->head) return;
+    if (!dst->head) {
+        *dst = *src; /* dst bumps on in src's head chunk */
+    } else {
+        /* behind dst's head, which stays the chunk dst bumps in */
+        hp_arena_chunk *last = src->head;
+        while (last->next) last = last->next;
+        last->next = dst->head->next;
+        dst->head->next = src->head;
+        dst->total += src->total;
+    }
+    memset(src, 0, sizeof *src);
+}
+
 void *hp_arena_alloc(hp_arena *a, size_t n) {
     void *p = hp_arena_take(a, n);
     if (p) memset(p, 0, n);

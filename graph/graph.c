@@ -439,6 +439,34 @@ nomem:
     return -1;
 }
 
+int hp_graph_append_like(hp_graph *g, const hp_graph *src, const hp_node *n, const hp_value *in,
+                         hp_err *err) {
+    if (!src->lends)
+        return hp_graph_append(g, n->op, in, n->n_in, n->out, n->n_out, n->attrs, n->n_attrs, err);
+    /* n's types and attributes were checked, sorted and their strings copied when n was
+     * appended to src: only the inputs (new ids) need storage of g's own */
+    if (g->n_nodes >= HP_MAX_NODES) {
+        hp_errf(err, HP_LIMIT, "graph has more than %d nodes", HP_MAX_NODES);
+        return -1;
+    }
+    if (g->n_nodes == g->cap_nodes &&
+        hp_graph_reserve(g, g->cap_nodes ? g->cap_nodes * 2 : 64, err) != HP_OK)
+        return -1;
+    hp_node copy = *n;
+    copy.pl = NULL;
+    copy.in = NULL;
+    if (n->n_in && !(copy.in = hp_arena_memdup(&g->arena, in, (size_t)n->n_in * sizeof *in))) {
+        hp_errf(err, HP_NOMEM, "out of memory adding node %d", g->n_nodes);
+        return -1;
+    }
+    g->nodes[g->n_nodes] = copy;
+    return g->n_nodes++;
+}
+
+void hp_graph_adopt_storage(hp_graph *g, hp_graph *lender) {
+    hp_arena_adopt(&g->arena, &lender->arena);
+}
+
 hp_status hp_graph_set_outputs(hp_graph *g, const hp_value *outs, int n, hp_err *err) {
     if (n < 0 || n > HP_MAX_NODES) return hp_errf(err, HP_LIMIT, "%d graph outputs", n);
     g->n_outputs = 0;

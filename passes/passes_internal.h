@@ -101,6 +101,8 @@ hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err)
  * placements, which a copy would drop): g itself when nothing is dead, else a copy of the live
  * nodes and g is freed; g is freed on failure too. */
 hp_status hp__dce_take(hp_graph *g, hp_graph **out, hp_err *err);
+/* Whether DCE would remove nothing (hp__pass_entry.no_op). */
+bool hp__dce_no_op(const hp_graph *in);
 
 /* FLOPs of node `id` as the cost model counts them: 2*M*N*K for mm/addmm (times the batch for
  * bmm), 4*B*H*T*S*D for an attention forward and 8*B*H*T*S*D for its backward (causal
@@ -122,6 +124,10 @@ typedef struct hp__pass_entry {
     /* the default switch: does the pass run for this job and world? (the job's switches
      * override it) */
     bool (*wanted)(const hp_pass_ctx *ctx);
+    /* NULL, or a quick check that the pass would change nothing on this graph: the pipeline
+     * then goes on with its input instead of a copy (fn itself always returns a new graph, as
+     * its callers free both) */
+    bool (*no_op)(const hp_graph *in);
 } hp__pass_entry;
 
 /* The pipeline's passes in order; *n gets the count. */

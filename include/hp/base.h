@@ -106,6 +106,8 @@ void *hp_arena_alloc(hp_arena *a, size_t n); /* zeroed, 16-byte aligned */
 char *hp_arena_strdup(hp_arena *a, const char *s);
 void *hp_arena_memdup(hp_arena *a, const void *p, size_t n);
 void *hp_arena_take(hp_arena *a, size_t n); /* not cleared, 16-byte aligned: the caller fills it */
+/* Moves every chunk of src into dst (freed with dst); src is left empty and usable. */
+void hp_arena_adopt(hp_arena *dst, hp_arena *src);
 /* Between begin and end (nestable, per thread) the arenas this thread finishes keep their
  * chunks for this thread's next arena allocations instead of freeing them; the outermost end
  * frees what is left. For a sequence of graphs each freed once the next is built (hp_compile);
