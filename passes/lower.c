@@ -310,7 +310,11 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
      * group the graph uses */
     p->world = 1;
     for (int i = 0; i < joint->n_nodes; i++) {
-        int64_t gs = hp_node_int(&joint->nodes[i], HP_ATTR_GROUP_SIZE, 1);
+        /* only placeholders and collectives take a group_size (graph/ops.def): the others'
+         * attributes are not worth a cache miss each */
+        const hp_node *n = &joint->nodes[i];
+        if (n->op != HP_OP_PLACEHOLDER && !(hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE)) continue;
+        int64_t gs = hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
         if (gs > p->world) p->world = (int)gs;
     }
     if (joint->mesh.ndim > 0) {

@@ -27,6 +27,13 @@
  * hp__rewrite_append / _build / _copy return; rw.out is the new graph, readable at any time
  * (its `nodes` array moves as nodes are added: hold ids, not pointers).
  *
+ * Shared storage: hp__rewrite_copy (and hp_graph_append_like, which overlap, bucketing, fsdp
+ * and canonicalize call for a node they keep as it is) copies only a node's inputs when the
+ * input graph lends (in->lends, set by hp_compile on its own graphs): the new node points at
+ * the old one's type and attribute arrays. So a pass must never write through an output
+ * node's `out` or `attrs` (append a new node instead); hp_compile keeps every lender's arena
+ * alive in the next graph (hp_graph_adopt_storage).
+ *
  * Dead-code removal (dce.c) and the FLOPs of a node (cost.c) are here too, so that every pass
  * and the report agree on them (the bytes of a collective are public: hp_collective_bytes).
  * User lists and FSDP units for the scheduling passes are in sched_util.h.
