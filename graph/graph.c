@@ -321,7 +321,8 @@ hp_graph *hp_graph_new(void) {
 void hp_graph_free(hp_graph *g) {
     if (!g) return;
     hp_arena_fini(&g->arena);
-    hp_free(g->nodes);
+    /* a compile's next pass graph takes it (hp_graph_reserve) */
+    hp_cache_give(g->nodes, (size_t)g->cap_nodes * sizeof *g->nodes);
     hp_free(g->outputs);
     hp_free(g);
 }
@@ -369,6 +370,13 @@ static void sort_attrs(hp_attr *a, int n) {
 hp_status hp_graph_reserve(hp_graph *g, int n_nodes, hp_err *err) {
     if (n_nodes <= g->cap_nodes) return HP_OK;
     if (n_nodes > HP_MAX_NODES) n_nodes = HP_MAX_NODES;
+    size_t got = 0;
+    hp_node *spare = g->nodes ? NULL : hp_cache_take((size_t)n_nodes * sizeof *spare, &got);
+    if (spare) { /* a freed pass graph's array, pages faulted in already */
+        g->nodes = spare;
+        g->cap_nodes = (int)(got / sizeof *spare);
+        return HP_OK;
+    }
     hp_node *nodes = hp_realloc(g->nodes, (size_t)n_nodes * sizeof *nodes);
     if (!nodes) return hp_errf(err, HP_NOMEM, "out of memory reserving %d nodes", n_nodes);
     g->nodes = nodes;
