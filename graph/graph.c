@@ -315,12 +315,14 @@ hp_graph *hp_graph_new(void) {
     hp_graph *g = hp_calloc(1, sizeof *g);
     if (!g) return NULL;
     hp_arena_init(&g->arena);
+    hp_arena_init(&g->inputs);
     return g;
 }
 
 void hp_graph_free(hp_graph *g) {
     if (!g) return;
     hp_arena_fini(&g->arena);
+    hp_arena_fini(&g->inputs);
     /* a compile's next pass graph takes it (hp_graph_reserve) */
     hp_cache_give(g->nodes, (size_t)g->cap_nodes * sizeof *g->nodes);
     hp_free(g->outputs);
@@ -463,7 +465,7 @@ int hp_graph_append_like(hp_graph *g, const hp_graph *src, const hp_node *n, con
     hp_node copy = *n;
     copy.pl = NULL;
     copy.in = NULL;
-    if (n->n_in && !(copy.in = hp_arena_memdup(&g->arena, in, (size_t)n->n_in * sizeof *in))) {
+    if (n->n_in && !(copy.in = hp_arena_memdup(&g->inputs, in, (size_t)n->n_in * sizeof *in))) {
         hp_errf(err, HP_NOMEM, "out of memory adding node %d", g->n_nodes);
         return -1;
     }

@@ -360,6 +360,10 @@ typedef struct hp_graph_mesh {
 
 struct hp_graph {
     hp_arena arena;
+    /* What no other graph points at, so freed with the graph even when another graph adopts
+     * its arena: the input lists of nodes appended with hp_graph_append_like (their chunks go
+     * back to a compile's cache for the next graph). */
+    hp_arena inputs;
     hp_graph_mesh mesh;
     hp_node *nodes; /* [n_nodes], hp_malloc'd, may move on add */
     int n_nodes, cap_nodes;
@@ -411,8 +415,9 @@ hp_status hp_graph_set_outputs(hp_graph *g, const hp_value *outs, int n, hp_err 
  * set as hp_graph_append. */
 int hp_graph_append_like(hp_graph *g, const hp_graph *src, const hp_node *n, const hp_value *in,
                          hp_err *err);
-/* Moves lender's arena (everything its nodes point at) into g's, so that g's nodes may keep
- * pointing there once lender is freed; lender keeps its nodes but must only be freed after. */
+/* Moves lender's arena (its nodes' types, attributes, strings, placements; not lender->inputs)
+ * into g's, so that g's nodes may keep pointing there once lender is freed; lender must only
+ * be freed after, never read. */
 void hp_graph_adopt_storage(hp_graph *g, hp_graph *lender);
 hp_status hp_graph_add_output(hp_graph *g, hp_value v, hp_err *err);
 
