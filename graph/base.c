@@ -144,6 +144,8 @@ void hp_arena_init(hp_arena *a) {
 static _Thread_local struct {
     int depth;
     hp_arena_chunk *spare;
+    void *block; /* hp_cache_give's */
+    size_t block_bytes;
 } cache;
 
 /* Under ASan freed chunks go back to malloc, so that a use after free still shows. */
@@ -164,11 +166,34 @@ void hp_arena_cache_begin(void) {
 
 void hp_arena_cache_end(void) {
     if (cache.depth > 0 && --cache.depth > 0) return;
+    hp_free(cache.block);
+    cache.block = NULL;
+    cache.block_bytes = 0;
     while (cache.spare) {
         hp_arena_chunk *next = cache.spare->next;
         hp_free(cache.spare);
         cache.spare = next;
     }
+}
+
+void hp_cache_give(void *p, size_t bytes) {
+    if (!p) return;
+    if (cache.depth == 0 || bytes <= cache.block_bytes) {
+        hp_free(p);
+        return;
+    }
+    hp_free(cache.block);
+    cache.block = p;
+    cache.block_bytes = bytes;
+}
+
+void *hp_cache_take(size_t bytes, size_t *got) {
+    if (!cache.block || cache.block_bytes < bytes) return NULL;
+    void *p = cache.block;
+    *got = cache.block_bytes;
+    cache.block = NULL;
+    cache.block_bytes = 0;
+    return p;
 }
 
 void hp_arena_fini(hp_arena *a) {
@@ -208,6 +233,21 @@ void *hp_arena_take(hp_arena *a, size_t n) {
     a->used += need;
     a->total += need;
     return p;
+}
+
+void hp_arena_adopt(hp_arena *dst, hp_arena *src) {
+    if (!src->head) return;
+    if (!dst->head) {
+        *dst = *src; /* dst bumps on in src's head chunk */
+    } else {
+        /* behind dst's head, which stays the chunk dst bumps in */
+        hp_arena_chunk *last = src->head;
+        while (last->next) last = last->next;
+        last->next = dst->head->next;
+        dst->head->next = src->head;
+        dst->total += src->total;
+    }
+    memset(src, 0, sizeof *src);
 }
 
 void *hp_arena_alloc(hp_arena *a, size_t n) {

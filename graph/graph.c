@@ -315,13 +315,16 @@ hp_graph *hp_graph_new(void) {
     hp_graph *g = hp_calloc(1, sizeof *g);
     if (!g) return NULL;
     hp_arena_init(&g->arena);
+    hp_arena_init(&g->inputs);
     return g;
 }
 
 void hp_graph_free(hp_graph *g) {
     if (!g) return;
     hp_arena_fini(&g->arena);
-    hp_free(g->nodes);
+    hp_arena_fini(&g->inputs);
+    /* a compile's next pass graph takes it (hp_graph_reserve) */
+    hp_cache_give(g->nodes, (size_t)g->cap_nodes * sizeof *g->nodes);
     hp_free(g->outputs);
     hp_free(g);
 }
@@ -369,6 +372,13 @@ static void sort_attrs(hp_attr *a, int n) {
 hp_status hp_graph_reserve(hp_graph *g, int n_nodes, hp_err *err) {
     if (n_nodes <= g->cap_nodes) return HP_OK;
     if (n_nodes > HP_MAX_NODES) n_nodes = HP_MAX_NODES;
+    size_t got = 0;
+    hp_node *spare = g->nodes ? NULL : hp_cache_take((size_t)n_nodes * sizeof *spare, &got);
+    if (spare) { /* a freed pass graph's array, pages faulted in already */
+        g->nodes = spare;
+        g->cap_nodes = (int)(got / sizeof *spare);
+        return HP_OK;
+    }
     hp_node *nodes = hp_realloc(g->nodes, (size_t)n_nodes * sizeof *nodes);
     if (!nodes) return hp_errf(err, HP_NOMEM, "out of memory reserving %d nodes", n_nodes);
     g->nodes = nodes;
@@ -437,6 +447,34 @@ int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const h
 nomem:
     hp_errf(err, HP_NOMEM, "out of memory adding node %d", g->n_nodes);
     return -1;
+}
+
+int hp_graph_append_like(hp_graph *g, const hp_graph *src, const hp_node *n, const hp_value *in,
+                         hp_err *err) {
+    if (!src->lends)
+        return hp_graph_append(g, n->op, in, n->n_in, n->out, n->n_out, n->attrs, n->n_attrs, err);
+    /* n's types and attributes were checked, sorted and their strings copied when n was
+     * appended to src: only the inputs (new ids) need storage of g's own */
+    if (g->n_nodes >= HP_MAX_NODES) {
+        hp_errf(err, HP_LIMIT, "graph has more than %d nodes", HP_MAX_NODES);
+        return -1;
+    }
+    if (g->n_nodes == g->cap_nodes &&
+        hp_graph_reserve(g, g->cap_nodes ? g->cap_nodes * 2 : 64, err) != HP_OK)
+        return -1;
+    hp_node copy = *n;
+    copy.pl = NULL;
+    copy.in = NULL;
+    if (n->n_in && !(copy.in = hp_arena_memdup(&g->inputs, in, (size_t)n->n_in * sizeof *in))) {
+        hp_errf(err, HP_NOMEM, "out of memory adding node %d", g->n_nodes);
+        return -1;
+    }
+    g->nodes[g->n_nodes] = copy;
+    return g->n_nodes++;
+}
+
+void hp_graph_adopt_storage(hp_graph *g, hp_graph *lender) {
+    hp_arena_adopt(&g->arena, &lender->arena);
 }
 
 hp_status hp_graph_set_outputs(hp_graph *g, const hp_value *outs, int n, hp_err *err) {

@@ -509,8 +509,7 @@ static hp_status emit(bk *b, hp_graph *o, hp_err *err) {
         } else {
             for (int k = 0; k < n->n_in; k++) b->ins[k] = remap(b, n->in[k]);
             hp_err e;
-            int id = hp_graph_append(o, n->op, b->ins, n->n_in, n->out, n->n_out, n->attrs,
-                                     n->n_attrs, &e);
+            int id = hp_graph_append_like(o, b->g, n, b->ins, &e);
             if (id < 0) {
                 if (err) *err = e;
                 return e.status;

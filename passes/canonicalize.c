@@ -377,8 +377,15 @@ static hp_status emit(hp__rewrite *rw, cse_table *t, int old, cand *c, hp_err *e
             return HP_OK;
         }
     }
-    int id =
-        hp__rewrite_append(rw, c->op, c->in, c->n_in, c->out, c->n_out, c->attrs, c->n_attrs, err);
+    /* a node simplify left as it was is copied as such (sharing a lending graph's storage) */
+    const hp_node *n = &rw->in->nodes[old];
+    bool unchanged =
+        c->op == n->op && c->n_in == n->n_in && c->out == n->out && c->n_out == n->n_out &&
+        c->n_attrs == n->n_attrs &&
+        (!n->n_attrs || !memcmp(c->attrs, n->attrs, (size_t)n->n_attrs * sizeof *n->attrs));
+    int id = unchanged ? hp_graph_append_like(rw->out, rw->in, n, c->in, err)
+                       : hp__rewrite_append(rw, c->op, c->in, c->n_in, c->out, c->n_out, c->attrs,
+                                            c->n_attrs, err);
     if (id < 0) return err ? err->status : HP_NOMEM;
     if (slot) slot->id = id;
     for (int k = 0; k < c->n_out; k++) hp__rewrite_set(rw, (hp_value){old, k}, (hp_value){id, k});

@@ -471,14 +471,15 @@ static hp_status copy_node(fsdp *f, int i, hp_err *err) {
         if (k == 0) k0 = s;
     }
     for (int o = 0; o < nd->n_out; o++) *sd_of(f, (hp_value){i, o}) = -1;
-    hp_attr attrs[HP_ATTR_COUNT];
-    if (nd->n_attrs) memcpy(attrs, nd->attrs, (size_t)nd->n_attrs * sizeof *attrs);
     int id;
-    if (!batched) {
-        HP_TRY(add_node(f, nd->op, f->ins, nd->n_in, attrs, nd->n_attrs, nd->out, &id, err));
+    if (!batched) { /* unchanged but for its inputs */
+        if ((id = hp_graph_append_like(f->out, f->in, nd, f->ins, err)) < 0)
+            return err ? err->status : HP_NOMEM;
         f->newid[i] = id;
         return HP_OK;
     }
+    hp_attr attrs[HP_ATTR_COUNT];
+    if (nd->n_attrs) memcpy(attrs, nd->attrs, (size_t)nd->n_attrs * sizeof *attrs);
     HP_TRY(rewrite_attrs(f, i, k0, attrs, nd->n_attrs, err));
     int na = nd->n_attrs;
     if (nd->op == HP_OP_NATIVE_DROPOUT && !find_attr(attrs, na, HP_ATTR_GLOBAL_SHAPE))

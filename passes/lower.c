@@ -276,6 +276,26 @@ static hp_status check_joint(const hp_graph *g, bool verified, hp_err *err) {
     return HP_OK;
 }
 
+/* The program's own graph: the joint graph with room for place_grads' gradient copies. Where
+ * the joint graph lends its storage (hp_compile's, which frees it with the program) the copy
+ * shares its nodes' types and attributes; otherwise it is a deep copy. */
+static hp_graph *copy_joint(const hp_graph *joint, int extra) {
+    if (!joint->lends) return hp_graph_clone_room(joint, extra);
+    hp_graph *c = hp_graph_new();
+    if (!c || hp_graph_reserve(c, joint->n_nodes + extra, NULL) != HP_OK) goto fail;
+    c->mesh = joint->mesh;
+    for (int i = 0; i < joint->n_nodes; i++) {
+        const hp_node *n = &joint->nodes[i];
+        if (hp_graph_append_like(c, joint, n, n->in, NULL) < 0) goto fail;
+        if (n->pl && hp_node_set_placements(c, i, n->pl, NULL) != HP_OK) goto fail;
+    }
+    if (hp_graph_set_outputs(c, joint->outputs, joint->n_outputs, NULL) != HP_OK) goto fail;
+    return c;
+fail:
+    hp_graph_free(c);
+    return NULL;
+}
+
 hp_status hp_lower(const hp_graph *joint, hp_program **out, hp_err *err) {
     return hp__lower(joint, false, out, err);
 }
@@ -290,7 +310,11 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
      * group the graph uses */
     p->world = 1;
     for (int i = 0; i < joint->n_nodes; i++) {
-        int64_t gs = hp_node_int(&joint->nodes[i], HP_ATTR_GROUP_SIZE, 1);
+        /* only placeholders and collectives take a group_size (graph/ops.def): the others'
+         * attributes are not worth a cache miss each */
+        const hp_node *n = &joint->nodes[i];
+        if (n->op != HP_OP_PLACEHOLDER && !(hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE)) continue;
+        int64_t gs = hp_node_int(n, HP_ATTR_GROUP_SIZE, 1);
         if (gs > p->world) p->world = (int)gs;
     }
     if (joint->mesh.ndim > 0) {
@@ -301,7 +325,7 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
     hp_status st = HP_NOMEM;
     /* room for place_grads' gradient copies (at most one per parameter) */
     hp_graph_inputs gin = hp_graph_count_inputs(joint);
-    if (!(p->graph = hp_graph_clone_room(joint, gin.n_params))) goto nomem;
+    if (!(p->graph = copy_joint(joint, gin.n_params))) goto nomem;
     const hp_graph *g = s.g = p->graph;
     s.slot0 = hp_calloc((size_t)g->n_nodes + 1, sizeof *s.slot0);
     s.folded = hp_calloc((size_t)g->n_nodes + 1, sizeof *s.folded);

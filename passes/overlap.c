@@ -363,8 +363,7 @@ static hp_status emit(const hp_graph *g, const int32_t *order, hp_graph **out, h
             ins[k] = (hp_value){m, nd->in[k].out};
         }
         hp_err e;
-        int nid = hp_graph_append(o, nd->op, ins, nd->n_in, nd->out, nd->n_out, nd->attrs,
-                                  nd->n_attrs, &e);
+        int nid = hp_graph_append_like(o, g, nd, ins, &e);
         if (nid < 0) {
             st = e.status;
             if (err) *err = e;

@@ -27,6 +27,13 @@
  * hp__rewrite_append / _build / _copy return; rw.out is the new graph, readable at any time
  * (its `nodes` array moves as nodes are added: hold ids, not pointers).
  *
+ * Shared storage: hp__rewrite_copy (and hp_graph_append_like, which overlap, bucketing, fsdp
+ * and canonicalize call for a node they keep as it is) copies only a node's inputs when the
+ * input graph lends (in->lends, set by hp_compile on its own graphs): the new node points at
+ * the old one's type and attribute arrays. So a pass must never write through an output
+ * node's `out` or `attrs` (append a new node instead); hp_compile keeps every lender's arena
+ * alive in the next graph (hp_graph_adopt_storage).
+ *
  * Dead-code removal (dce.c) and the FLOPs of a node (cost.c) are here too, so that every pass
  * and the report agree on them (the bytes of a collective are public: hp_collective_bytes).
  * User lists and FSDP units for the scheduling passes are in sched_util.h.
@@ -101,6 +108,8 @@ hp_status hp__dce(const hp_graph *in, hp_graph **out, int *removed, hp_err *err)
  * placements, which a copy would drop): g itself when nothing is dead, else a copy of the live
  * nodes and g is freed; g is freed on failure too. */
 hp_status hp__dce_take(hp_graph *g, hp_graph **out, hp_err *err);
+/* Whether DCE would remove nothing (hp__pass_entry.no_op). */
+bool hp__dce_no_op(const hp_graph *in);
 
 /* FLOPs of node `id` as the cost model counts them: 2*M*N*K for mm/addmm (times the batch for
  * bmm), 4*B*H*T*S*D for an attention forward and 8*B*H*T*S*D for its backward (causal
@@ -127,6 +136,10 @@ typedef struct hp__pass_entry {
     /* the default switch: does the pass run for this job and world? (the job's switches
      * override it) */
     bool (*wanted)(const hp_pass_ctx *ctx);
+    /* NULL, or a quick check that the pass would change nothing on this graph: the pipeline
+     * then goes on with its input instead of a copy (fn itself always returns a new graph, as
+     * its callers free both) */
+    bool (*no_op)(const hp_graph *in);
 } hp__pass_entry;
 
 /* The pipeline's passes in order; *n gets the count. */

@@ -9,6 +9,13 @@
  * "input" for the graph before the first pass and "lower" for the program listing) write
  * $HP_DUMP_DIR/NN-<name>.hpir (default dir "."), NN the position in the pipeline (00 the
  * input, the last number the lowering, which writes NN-lower.txt).
+ * Storage: every graph the compile made itself lends its storage to the next pass (see
+ * passes_internal.h: the output's unchanged nodes point at its types and attributes) and its
+ * arena moves into that output once the pass is done, so each rebuild writes only node
+ * records, inputs and what the pass changed; the program's graph shares the compiled graph's
+ * storage the same way. The job's own graph is never lent (it may be freed before the
+ * result). A pass whose no_op check says it would change nothing (DCE with nothing dead) is
+ * not run: its input goes on as it is.
  * Nothing here prints; warnings are collected in the result.
  */
 #include "passes/passes_internal.h"
@@ -190,16 +197,16 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
 }
 
 static const hp__pass_entry pipeline[] = {
-    /* name           pass                   runs by default when (passes.switches override) */
-    {"dce", hp_pass_dce, always},
-    {"canonicalize", hp_pass_canonicalize, always},
-    {"fuse_attention", hp_pass_fuse_attention, always},
-    {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on},
-    {"spmd", pass_spmd, placed},
-    {"fsdp", hp_pass_fsdp, multi_rank},
-    {"mixed_precision", hp_pass_mixed_precision, mixed_on},
-    {"overlap", hp_pass_overlap, overlap_on},
-    {"bucketing", hp_pass_bucketing, buckets_on},
+    /* name, pass, runs by default when (passes.switches override), its no-op check */
+    {"dce", hp_pass_dce, always, hp__dce_no_op},
+    {"canonicalize", hp_pass_canonicalize, always, NULL},
+    {"fuse_attention", hp_pass_fuse_attention, always, NULL},
+    {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on, NULL},
+    {"spmd", pass_spmd, placed, NULL},
+    {"fsdp", hp_pass_fsdp, multi_rank, NULL},
+    {"mixed_precision", hp_pass_mixed_precision, mixed_on, NULL},
+    {"overlap", hp_pass_overlap, overlap_on, NULL},
+    {"bucketing", hp_pass_bucketing, buckets_on, NULL},
     /* then: hp_lower (lowering + memory plan), hp_program_verify */
 };
 #define N_PASSES ((int)HP_ARRAY_LEN(pipeline))
@@ -406,9 +413,13 @@ static hp_status run_passes(compile_state *s, hp_graph **g, bool *owned, hp_err 
             continue;
         }
         s->ctx->report = r;
+        /* a graph of the compile's own is lent to the pass: nodes it leaves as they were
+         * share their types and attributes with it instead of copying them */
+        if (*owned) (*g)->lends = true; /* (never the job's graph, which outlives no compile) */
         hp_graph *next = NULL;
         double t0 = now_s();
-        hp_status st = e->fn(*g, s->ctx, &next, err);
+        bool no_op = e->no_op && e->no_op(*g);
+        hp_status st = no_op ? HP_OK : e->fn(*g, s->ctx, &next, err);
         r->seconds = now_s() - t0;
         s->ctx->report = NULL;
         if (st != HP_OK) {
@@ -416,11 +427,20 @@ static hp_status run_passes(compile_state *s, hp_graph **g, bool *owned, hp_err 
             hp_err_prefix(err, "%s", e->name);
             return st;
         }
-        if (!next) return hp_errf(err, HP_INTERNAL, "%s: the pass returned no graph", e->name);
-        if (*owned) hp_graph_free(*g);
+        if (!next && !no_op)
+            return hp_errf(err, HP_INTERNAL, "%s: the pass returned no graph", e->name);
+        r->ran = true;
+        if (no_op) { /* the input, verified already, goes on */
+            count(*g, r);
+            HP_TRY(dump_graph(&s->dump, i + 1, e->name, *g, err));
+            continue;
+        }
+        if (*owned) { /* its storage lives on in the output, which may point there */
+            hp_graph_adopt_storage(next, *g);
+            hp_graph_free(*g);
+        }
         *g = next;
         *owned = true;
-        r->ran = true;
         count(*g, r);
         if (s->verify && (st = hp_graph_verify(*g, err)) != HP_OK) {
             hp_err_prefix(err, "after %s", e->name);
@@ -513,7 +533,10 @@ static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err
                          job->passes.dump[i]);
     if ((st = dump_graph(&s.dump, 0, "input", g, err)) != HP_OK) goto fail;
     if ((st = run_passes(&s, &g, &owned, err)) != HP_OK) goto fail;
-    if ((st = lower(&s, g, err)) != HP_OK) goto fail;
+    if (owned) g->lends = true; /* the program's graph shares the compiled graph's storage */
+    st = lower(&s, g, err);
+    if (owned) g->lends = false; /* a rewrite of the compiled graph outside a compile copies */
+    if (st != HP_OK) goto fail;
     hp__memory_report(g, c->program, &c->memory);
     if ((st = hp__cost_estimate(g, c->program, job, &c->cost, err)) != HP_OK) goto fail;
     if (!owned && !(g = hp_graph_clone(g))) {

@@ -59,7 +59,7 @@ int hp__rewrite_copy(hp__rewrite *rw, int id, hp_err *err) {
             goto done;
         }
     }
-    nid = hp_graph_append(rw->out, n->op, in, n->n_in, n->out, n->n_out, n->attrs, n->n_attrs, err);
+    nid = hp_graph_append_like(rw->out, rw->in, n, in, err);
     if (nid >= 0)
         for (int k = 0; k < n->n_out; k++)
             hp__rewrite_set(rw, (hp_value){id, k}, (hp_value){nid, k});

@@ -106,12 +106,21 @@ void *hp_arena_alloc(hp_arena *a, size_t n); /* zeroed, 16-byte aligned */
 char *hp_arena_strdup(hp_arena *a, const char *s);
 void *hp_arena_memdup(hp_arena *a, const void *p, size_t n);
 void *hp_arena_take(hp_arena *a, size_t n); /* not cleared, 16-byte aligned: the caller fills it */
+/* Moves every chunk of src into dst (freed with dst); src is left empty and usable. */
+void hp_arena_adopt(hp_arena *dst, hp_arena *src);
 /* Between begin and end (nestable, per thread) the arenas this thread finishes keep their
  * chunks for this thread's next arena allocations instead of freeing them; the outermost end
  * frees what is left. For a sequence of graphs each freed once the next is built (hp_compile);
  * an arena may still be finished on another thread or after the end (its chunks are freed). */
 void hp_arena_cache_begin(void);
 void hp_arena_cache_end(void);
+/* Within the same begin/end, one large freed array (a pass graph's node array) is kept for
+ * the next hp_cache_take, its pages already faulted in: hp_cache_give(p, bytes) keeps p when
+ * a cache is open and holds no larger block (the smaller one is freed), else frees it;
+ * hp_cache_take(bytes, &got) hands the kept block over when it has at least `bytes` (its size
+ * in *got), else NULL. The outermost end frees it. */
+void hp_cache_give(void *p, size_t bytes);
+void *hp_cache_take(size_t bytes, size_t *got);
 
 /* ---- files ---------------------------------------------------------------------------------- */
 

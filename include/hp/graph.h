@@ -360,6 +360,10 @@ typedef struct hp_graph_mesh {
 
 struct hp_graph {
     hp_arena arena;
+    /* What no other graph points at, so freed with the graph even when another graph adopts
+     * its arena: the input lists of nodes appended with hp_graph_append_like (their chunks go
+     * back to a compile's cache for the next graph). */
+    hp_arena inputs;
     hp_graph_mesh mesh;
     hp_node *nodes; /* [n_nodes], hp_malloc'd, may move on add */
     int n_nodes, cap_nodes;
@@ -369,6 +373,11 @@ struct hp_graph {
      * later call is a no-op returning HP_NO_VALUE, so model code can check once at the end. */
     hp_err err;
     bool failed;
+    /* Set by the graph's owner while rewrites of it (hp_graph_append_like) may share its
+     * nodes' types and attributes instead of copying them; the owner then keeps its arena
+     * alive for the rewrite's output (hp_graph_adopt_storage). hp_compile sets it on its
+     * intermediate graphs only: a plain graph is never lent. */
+    bool lends;
 };
 
 /* Upper bound on nodes in one graph (the 405B joint graph has ~20k). */
@@ -399,6 +408,17 @@ int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const h
  * moving the node array); at most HP_MAX_NODES. HP_NOMEM. */
 hp_status hp_graph_reserve(hp_graph *g, int n_nodes, hp_err *err);
 hp_status hp_graph_set_outputs(hp_graph *g, const hp_value *outs, int n, hp_err *err);
+/* Appends a copy of node n of graph src (op, output types, attributes; not its placements)
+ * reading inputs in[n->n_in] of g. When src lends (src->lends), the copy points at n's type
+ * and attribute arrays in src's arena instead of copying them: the caller must keep that
+ * storage alive as long as g (hp_graph_adopt_storage). Returns the node id, or -1 with err
+ * set as hp_graph_append. */
+int hp_graph_append_like(hp_graph *g, const hp_graph *src, const hp_node *n, const hp_value *in,
+                         hp_err *err);
+/* Moves lender's arena (its nodes' types, attributes, strings, placements; not lender->inputs)
+ * into g's, so that g's nodes may keep pointing there once lender is freed; lender must only
+ * be freed after, never read. */
+void hp_graph_adopt_storage(hp_graph *g, hp_graph *lender);
 hp_status hp_graph_add_output(hp_graph *g, hp_value v, hp_err *err);
 
 /* Sets the mesh the graph's placements refer to (names [A-Za-z0-9_]+ unique, sizes in [1,

@@ -161,8 +161,10 @@ typedef struct hp_cost_estimate {
 } hp_cost_estimate;
 
 typedef struct hp_compiled {
-    hp_graph *graph;     /* the per-rank graph after all passes */
-    hp_program *program; /* its lowering (rank 0's; other ranks differ only in rank) */
+    hp_graph *graph; /* the per-rank graph after all passes */
+    /* its lowering (rank 0's; other ranks differ only in rank), whose own graph may share
+     * graph's node types and attributes: the two are freed together (hp_compiled_free) */
+    hp_program *program;
     int world;
     int n_passes;
     hp_pass_report passes[16];

@@ -613,7 +613,8 @@ Test(pipeline, fault_injection) {
  */
 
 /* The dp=2,tp=2 job of fsdp_x_tp_job with the given bucket size and overlap switch. */
-static hp_compiled *fsdp_x_tp_compile(int64_t bucket, bool overlap) {
+/* TINY on (dp=2, tp=2): FSDP over dp, Megatron's column/row splits over tp. */
+static hp_job *fsdp_x_tp_plan(int64_t bucket, bool overlap) {
     hp_job *job = make_job(&TINY, 4, true);
     job->plan.n_mesh = 2;
     job->plan.mesh[0].size = job->plan.mesh[1].size = 2;
@@ -634,9 +635,69 @@ static hp_compiled *fsdp_x_tp_compile(int64_t bucket, bool overlap) {
         cr_assert_eq(hp_job_add_place_pattern(job, tp[i].pattern, pl, 2, &err), HP_OK, "%s",
                      err.msg);
     }
+    return job;
+}
+
+static hp_compiled *fsdp_x_tp_compile(int64_t bucket, bool overlap) {
+    hp_job *job = fsdp_x_tp_plan(bucket, overlap);
     hp_compiled *c = compile_ok(job, 4);
     hp_job_free(job);
     return c;
+}
+
+/* hp_compile lends each graph of its own to the next pass, whose output shares the types and
+ * attributes of the nodes it leaves as they were (and the program's graph the compiled
+ * graph's), and DCE that removes nothing hands its input on: the compiled graph and program
+ * equal those of the same passes run one by one on graphs that lend nothing, and outlive the
+ * job's graph. */
+static void expect_same_as_pass_by_pass(hp_job *job, int world) {
+    hp_compiled *c = compile_ok(job, world);
+    hp_pass_ctx ctx = {.job = job, .world = world};
+    hp_graph *g = hp_graph_clone(job->graph);
+    cr_assert_not_null(g);
+    hp_err err = {0};
+    int n, ran = 0;
+    const hp__pass_entry *e = hp__passes(&n);
+    for (int i = 0; i < n; i++) {
+        if (!report(c, e[i].name)->ran) continue;
+        hp_pass_report r = {0};
+        ctx.report = &r;
+        hp_graph *next = NULL;
+        cr_assert_eq(e[i].fn(g, &ctx, &next, &err), HP_OK, "%s: %s", e[i].name, err.msg);
+        hp_graph_free(g);
+        g = next;
+        ran++;
+    }
+    cr_expect_geq(ran, 5, "dce, canonicalize, fuse_attention, fsdp|spmd, overlap, bucketing");
+    hp_autoshard_free(ctx.autoshard);
+    hp_program *p = NULL;
+    cr_assert_eq(hp_lower(g, &p, &err), HP_OK, "%s", err.msg);
+    hp_graph_free(job->graph);
+    job->graph = NULL;
+    cr_expect(hp_graph_eq(c->graph, g), "the compiled graph differs from the passes' own");
+    cr_expect(hp_graph_eq(c->program->graph, p->graph), "the program's graph differs");
+    cr_expect_eq(c->program->n_instrs, p->n_instrs);
+    cr_expect_eq(c->program->n_buffers, p->n_buffers);
+    char *a = NULL, *b = NULL;
+    cr_assert_eq(hp_graph_print(c->graph, &a, NULL, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_graph_print(g, &b, NULL, &err), HP_OK, "%s", err.msg);
+    cr_expect_str_eq(a, b);
+    hp_free(a);
+    hp_free(b);
+    hp_program_free(p);
+    hp_graph_free(g);
+    hp_compiled_free(c);
+}
+
+Test(pipeline, shared_storage_changes_nothing) {
+    hp_job *job = make_job(&TINY, 2, true);
+    job->passes.bucket_bytes = (int64_t)1 << 20;
+    job->passes.enable_overlap = true;
+    expect_same_as_pass_by_pass(job, 2);
+    hp_job_free(job);
+    job = fsdp_x_tp_plan((int64_t)25 << 20, true);
+    expect_same_as_pass_by_pass(job, 4);
+    hp_job_free(job);
 }
 
 typedef struct group_count {
