@@ -4,7 +4,7 @@
  *   autoshard_enum.c  classes of identical nodes, each class's strategies, their costs, the
  *                     class-edges and their redistribution costs
  *   autoshard_solve.c the integer program (GLPK)
- *   autoshard_exhaust.c the exhaustive check of its optimum (branch and bound, no GLPK)
+ *   autoshard_exhaust.c the exhaustive check of its optimum (dynamic programming, no GLPK)
  *   autoshard.c       hp_autoshard_solve/apply/explain, the pipeline pass
  */
 #ifndef HP_PASSES_AUTOSHARD_INTERNAL_H

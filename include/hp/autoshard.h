@@ -130,9 +130,11 @@ void hp_autoshard_breakdown(const hp_autoshard *a, double *compute_s, double *co
 hp_status hp_autoshard_explain(const hp_autoshard *a, const char *what, char **text, hp_err *err);
 
 /* The minimum objective over every assignment of strategies to classes under the same cost
- * model and constraints, by exhaustive search (branch and bound); for tests on small graphs.
- * HP_UNSUPPORTED when the search would visit more than max_nodes assignments. */
-hp_status hp_autoshard_exhaustive(const hp_autoshard *a, int64_t max_nodes, double *best_s,
+ * model and constraints, by exact dynamic programming without GLPK (passes/autoshard_exhaust.c,
+ * docs/autoshard.md); for tests on small graphs. HP_UNSUPPORTED (a message naming the limit,
+ * *best_s untouched) when a table would exceed max_work entries or the pairs combined would
+ * exceed max_work: the bound on its time. HP_INVALID when no assignment is feasible. */
+hp_status hp_autoshard_exhaustive(const hp_autoshard *a, int64_t max_work, double *best_s,
                                   hp_err *err);
 
 void hp_autoshard_free(hp_autoshard *a);
