@@ -14,7 +14,8 @@
  * (worker/probe.c), and caches them here as one line of text per CPU model:
  *     hp-cpu-profile 2 <peak_flops> <mem_bw> <shm_bw> <shm_latency> <kernel_s> <cpus>
  *                      <oversubscribed_latency> <attn_eff_d16> <_d32> <_d64> <_d128>
- * (version 1, without the last six, still reads).
+ *                      <gemm_efficiency>
+ * (version 1, without the last seven, still reads with the assumed efficiency 0.8).
  * Without a cached probe the cpu profile is an assumed one (measured = false) and `hpctl plan`
  * says so. The figures are the whole host's: the ranks of a job share it (--gpus-per-node
  * ranks per host, else all of them), each priced at its share of the peak and bandwidth, and
@@ -94,7 +95,8 @@ static bool plausible(const hp_device_profile *p) {
            p->intra.bandwidth <= 1e14 && isfinite(p->intra.latency) && p->intra.latency >= 0 &&
            p->intra.latency <= 1 && isfinite(p->kernel_s) && p->kernel_s >= 0 && p->kernel_s <= 1 &&
            p->cpus >= 0 && p->cpus <= 65536 && isfinite(p->oversubscribed_latency) &&
-           p->oversubscribed_latency >= 0 && p->oversubscribed_latency <= 1 && attn_plausible(p);
+           p->oversubscribed_latency >= 0 && p->oversubscribed_latency <= 1 && attn_plausible(p) &&
+           isfinite(p->efficiency) && p->efficiency > 0 && p->efficiency <= 1.5;
 }
 
 hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err) {
@@ -104,12 +106,12 @@ hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err) {
     FILE *f = fopen(path, "r");
     if (!f) return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: %s", path, strerror(errno));
     int version = 0, cpus = 0;
-    double peak, bw, shm_bw, shm_lat, kernel, oversub = 0, attn[4] = {0};
-    int n = fscanf(f, "hp-cpu-profile %d %lf %lf %lf %lf %lf %d %lf %lf %lf %lf %lf", &version,
+    double peak, bw, shm_bw, shm_lat, kernel, oversub = 0, attn[4] = {0}, gemm_eff = 0;
+    int n = fscanf(f, "hp-cpu-profile %d %lf %lf %lf %lf %lf %d %lf %lf %lf %lf %lf %lf", &version,
                    &peak, &bw, &shm_bw, &shm_lat, &kernel, &cpus, &oversub, &attn[0], &attn[1],
-                   &attn[2], &attn[3]);
+                   &attn[2], &attn[3], &gemm_eff);
     fclose(f);
-    if (!(version == 1 && n >= 6) && !(version == CPU_PROFILE_VERSION && n == 12))
+    if (!(version == 1 && n >= 6) && !(version == CPU_PROFILE_VERSION && n == 13))
         return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: not a version-1 or %d profile", path,
                        CPU_PROFILE_VERSION);
     if (version == 1) cpus = 0, oversub = 0, memset(attn, 0, sizeof attn);
@@ -121,6 +123,7 @@ hp_status hp_cpu_profile_load(hp_device_profile *out, hp_err *err) {
     out->cpus = cpus;
     out->oversubscribed_latency = oversub;
     memcpy(out->attn_efficiency, attn, sizeof attn);
+    if (version == CPU_PROFILE_VERSION) out->efficiency = gemm_eff;
     out->measured = true;
     if (!plausible(out))
         return hp_errf(err, HP_NOT_FOUND, "cpu profile: %s: implausible figures", path);
@@ -142,12 +145,12 @@ hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err) {
     if (slash) *slash = 0;
     HP_TRY(hp_mkdir_p(dir, err));
     char text[320];
-    int n = snprintf(text, sizeof text,
-                     "hp-cpu-profile %d %.6g %.6g %.6g %.6g %.6g %d %.6g %.4g %.4g %.4g %.4g\n",
-                     CPU_PROFILE_VERSION, p->peak_flops, p->mem_bw, p->intra.bandwidth,
-                     p->intra.latency, p->kernel_s, p->cpus, p->oversubscribed_latency,
-                     p->attn_efficiency[0], p->attn_efficiency[1], p->attn_efficiency[2],
-                     p->attn_efficiency[3]);
+    int n = snprintf(
+        text, sizeof text,
+        "hp-cpu-profile %d %.6g %.6g %.6g %.6g %.6g %d %.6g %.4g %.4g %.4g %.4g %.4g\n",
+        CPU_PROFILE_VERSION, p->peak_flops, p->mem_bw, p->intra.bandwidth, p->intra.latency,
+        p->kernel_s, p->cpus, p->oversubscribed_latency, p->attn_efficiency[0],
+        p->attn_efficiency[1], p->attn_efficiency[2], p->attn_efficiency[3], p->efficiency);
     return hp_file_write_atomic(path, text, (size_t)n, err);
 }
 

@@ -1,6 +1,6 @@
 /* tests/passes/test_device_profile.c — the cpu probe's cache and how the cost model reads it
  * (passes/device_profile.c): a version-2 line round-trips, a version-1 line (before the
- * dispatch, oversubscription and attention figures) still reads with those unknown, garbage
+ * dispatch, oversubscription, attention and GEMM figures) still reads with those unknown, garbage
  * and implausible figures fall back to the assumed profile, attention's efficiency is
  * interpolated between the probed head dims, a causal attention's rate counts only the pairs
  * its mask leaves, and ranks that outnumber the host's CPUs are priced at the oversubscribed
@@ -62,6 +62,7 @@ static hp_device_profile probed(void) {
     p.peak_flops = 1e11, p.mem_bw = 1e10, p.kernel_s = 8e-6, p.cpus = 2;
     p.intra = p.inter = (hp_link_class){2e9, 1e-6};
     p.oversubscribed_latency = 2e-4;
+    p.efficiency = 0.9;
     double attn[4] = {0.3, 0.4, 0.5, 0.6};
     memcpy(p.attn_efficiency, attn, sizeof attn);
     return p;
@@ -78,6 +79,7 @@ Test(device_profile, version2_round_trips) {
     cr_expect_eq(q.cpus, 2);
     cr_expect_float_eq(q.oversubscribed_latency, 2e-4, 1e-9);
     for (int i = 0; i < 4; i++) cr_expect_float_eq(q.attn_efficiency[i], 0.3 + 0.1 * i, 1e-6);
+    cr_expect_float_eq(q.efficiency, 0.9, 1e-6);
 }
 
 Test(device_profile, version1_reads_without_the_new_figures) {
@@ -90,6 +92,7 @@ Test(device_profile, version1_reads_without_the_new_figures) {
     cr_expect_eq(q.cpus, 0);
     cr_expect_eq(q.oversubscribed_latency, 0);
     cr_expect_eq(q.attn_efficiency[0], 0);
+    cr_expect_float_eq(q.efficiency, 0.8, 1e-12, "version 1: the assumed GEMM efficiency");
     cr_expect_float_eq(hp_device_profile_attn_efficiency(&q, 64), q.efficiency, 1e-12);
 }
 
@@ -99,11 +102,13 @@ Test(device_profile, bad_files_fall_back_to_the_assumed_profile) {
     cr_assert_eq(hp_cpu_profile_store(&p, &e), HP_OK, "%s", e.msg);
     const char *bad[] = {
         "garbage\n",
-        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2\n",                       /* short */
-        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2 2e-4 0.3 0.4 0.5 9\n",    /* attn 900% */
-        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 -1 2e-4 0.3 0.4 0.5 0.6\n", /* cpus < 0 */
-        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2 nan 0.3 0.4 0.5 0.6\n",
-        "hp-cpu-profile 3 1e11 1e10 2e9 1e-6 8e-6 2 2e-4 0.3 0.4 0.5 0.6\n", /* from the future */
+        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2\n",                         /* short */
+        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2 2e-4 0.3 0.4 0.5 0.6\n",    /* no GEMM */
+        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2 2e-4 0.3 0.4 0.5 9 0.9\n",  /* attn 900% */
+        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2 2e-4 0.3 0.4 0.5 0.6 0\n",  /* GEMM 0 */
+        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 -1 2e-4 0.3 0.4 0.5 0.6 1\n", /* cpus < 0 */
+        "hp-cpu-profile 2 1e11 1e10 2e9 1e-6 8e-6 2 nan 0.3 0.4 0.5 0.6 1\n",
+        "hp-cpu-profile 3 1e11 1e10 2e9 1e-6 8e-6 2 2e-4 0.3 0.4 0.5 0.6 1\n", /* the future */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         overwrite(bad[i]);
