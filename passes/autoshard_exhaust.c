@@ -154,7 +154,7 @@ static bool push_pts(factor *f, const pt *v, int n) {
         f->pts = p;
         f->cap_pts = cap;
     }
-    memcpy(f->pts + f->n_pts, v, (size_t)n * sizeof *v);
+    if (n > 0) memcpy(f->pts + f->n_pts, v, (size_t)n * sizeof *v); /* v may be NULL then */
     f->n_pts += n;
     return true;
 }
@@ -278,7 +278,7 @@ static inline const pt *entry(const factor *f, int64_t x, int *n) {
 static hp_status eliminate(ve *w, int c, const int *in_, int n_in, const int *vars, int nv,
                            hp_err *err) {
     int in[F_MAX_IN];
-    memcpy(in, in_, (size_t)n_in * sizeof *in);
+    if (n_in > 0) memcpy(in, in_, (size_t)n_in * sizeof *in);
     slot sl[F_MAX_VARS];
     int *rep[F_MAX_VARS] = {0};
     hp_status st = HP_OK;
@@ -380,7 +380,7 @@ static hp_status eliminate(ve *w, int c, const int *in_, int n_in, const int *va
                     st = nomem(err);
                     break;
                 }
-                memcpy(w->out + n_out, w->tmp, (size_t)n * sizeof *w->out);
+                if (n > 0) memcpy(w->out + n_out, w->tmp, (size_t)n * sizeof *w->out);
                 n_out = pareto(w, w->out, n_out + n, rest);
             }
             if (st == HP_OK && !push_pts(out_f, w->out, n_out)) st = nomem(err);
@@ -762,7 +762,7 @@ static hp_status bound_prune(ve *w, hp_err *err) {
         if (!lb[c] || !dom[c])
             st = nomem(err);
         else if (w->nd[c])
-            memcpy(dom[c], w->dom[c], (size_t)w->nd[c] * sizeof **dom);
+            if (w->nd[c] > 0) memcpy(dom[c], w->dom[c], (size_t)w->nd[c] * sizeof **dom);
     }
     double t0 = now_s();
     if (st == HP_OK) st = lower_bounds(w, lb, err);
