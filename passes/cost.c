@@ -10,7 +10,9 @@
  *     materializes it (a transpose not folded into a GEMM, a slice: a copy of its output). FLOPs:
  *     2*M*N*K per mm/addmm (times the batch for bmm), 4*B*H*T*S*D per attention forward and
  *     8*B*H*T*S*D per attention backward (causal masking not discounted, as torchtitan's
- *     6N + 12LdT convention).
+ *     6N + 12LdT convention); a fused attention works them off at the profile's attention
+ *     rate (hp_device_profile_attn_rate: its efficiency at the head dim, over the fraction of
+ *     pairs a causal mask leaves, since the kernels skip the masked blocks).
  *   * communication: each collective costs the link latency plus its bytes (hp_collective_bytes'
  *     convention) over the bandwidth of its mesh dimension's link class on the profile (its
  *     `group` attribute, else the dim named "dp", else the first).
@@ -105,9 +107,10 @@ static int mesh_dim(const hp_plan *plan, const char *group) {
     return dp >= 0 ? dp : plan->n_mesh ? 0 : -1;
 }
 
-/* A kernel's time on the profile: the larger of its FLOPs at peak x efficiency and its bytes
- * (inputs read, outputs written, local shapes) at memory bandwidth, plus one launch; views are
- * free (the same roofline auto-sharding prices strategies with). */
+/* A kernel's time on the profile: the larger of its FLOPs at peak x efficiency (attention: at
+ * its rate) and its bytes (inputs read, outputs written, local shapes; a materialized view: its
+ * output copied) at memory bandwidth, plus one launch (the same roofline auto-sharding prices
+ * strategies with). */
 static double node_time(const hp_graph *g, int id, const hp_device_profile *p, double flops) {
     const hp_node *n = &g->nodes[id];
     double bytes = 0;
