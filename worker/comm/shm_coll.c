@@ -42,84 +42,16 @@
  * aligned to their dtype; apart from the aliasing comm.h allows they must not overlap.
  */
 #include "worker/comm/shm_internal.h"
+#include "worker/comm/fold.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#define BLOCK     1024       /* elements reduced at a time: dst block stays in L1 */
 #define SMALL_WIN (16 << 10) /* all_reduce windows up to this many bytes: one sync */
 
 static const size_t esize[] = {4, 8, 8};
 static const char *const dt_name[] = {"f32", "f64", "i64"};
 static const char *const op_name[] = {"sum", "avg", "max"};
-
-/* ---- reduction kernels ----------------------------------------------------------------------- */
-
-static inline float add_f32(float a, float b) {
-    return a + b;
-}
-static inline double add_f64(double a, double b) {
-    return a + b;
-}
-static inline int64_t add_i64(int64_t a, int64_t b) {
-    return (int64_t)((uint64_t)a + (uint64_t)b);
-}
-/* a if a is NaN or not below b, else b (NaN in b propagates through the failed compare). */
-static inline float max_f32(float a, float b) {
-    return (a >= b || a != a) ? a : b;
-}
-static inline double max_f64(double a, double b) {
-    return (a >= b || a != a) ? a : b;
-}
-static inline int64_t max_i64(int64_t a, int64_t b) {
-    return a >= b ? a : b;
-}
-
-/* dst[0..m) = op over j = 0..world-1 of src[j][0..m), folded in rank order. Called with
- * m == BLOCK for all but the last block: a constant trip count lets GCC's -O2 (very cheap
- * cost model) vectorize the loops; elementwise, so the vector and scalar paths agree. */
-#define DEFINE_REDUCE(T, SUFFIX)                                                                   \
-    static inline void block_##SUFFIX(T *restrict d, const void *const *src, size_t b, int world,  \
-                                      size_t m, hp_reduce_op op) {                                 \
-        const T *restrict s0 = (const T *)src[0] + b;                                              \
-        for (size_t i = 0; i < m; i++) d[i] = s0[i];                                               \
-        for (int j = 1; j < world; j++) {                                                          \
-            const T *restrict sj = (const T *)src[j] + b;                                          \
-            if (op == HP_REDUCE_MAX) {                                                             \
-                for (size_t i = 0; i < m; i++) d[i] = max_##SUFFIX(d[i], sj[i]);                   \
-            } else {                                                                               \
-                for (size_t i = 0; i < m; i++) d[i] = add_##SUFFIX(d[i], sj[i]);                   \
-            }                                                                                      \
-        }                                                                                          \
-        if (op == HP_REDUCE_AVG) {                                                                 \
-            const T w = (T)world;                                                                  \
-            for (size_t i = 0; i < m; i++) d[i] = d[i] / w;                                        \
-        }                                                                                          \
-    }                                                                                              \
-    static void reduce_##SUFFIX(T *dst, const void *const *src, int world, size_t n,               \
-                                hp_reduce_op op) {                                                 \
-        size_t b = 0;                                                                              \
-        for (; b + BLOCK <= n; b += BLOCK) block_##SUFFIX(dst + b, src, b, world, BLOCK, op);      \
-        if (b < n) block_##SUFFIX(dst + b, src, b, world, n - b, op);                              \
-    }
-DEFINE_REDUCE(float, f32)
-DEFINE_REDUCE(double, f64)
-DEFINE_REDUCE(int64_t, i64)
-
-static void reduce(void *dst, const void *const *src, int world, size_t n, hp_comm_dtype dt,
-                   hp_reduce_op op) {
-    switch (dt) {
-    case HP_COMM_F32:
-        reduce_f32(dst, src, world, n, op);
-        break;
-    case HP_COMM_F64:
-        reduce_f64(dst, src, world, n, op);
-        break;
-    case HP_COMM_I64:
-        reduce_i64(dst, src, world, n, op);
-        break;
-    }
-}
 
 /* ---- descriptors ----------------------------------------------------------------------------- */
 
@@ -307,7 +239,7 @@ static hp_status shm_reduce_scatter(hp_comm *base, const void *send, void *recv,
         HP_TRY(step_sync(c, kind, s, err));
         if (n) {
             for (int j = 0; j < world; j++) c->srcs[j] = slot(c, j) + (size_t)me * n * es;
-            reduce((uint8_t *)recv + e0 * es, c->srcs, world, n, dt, op);
+            hp__comm_fold((uint8_t *)recv + e0 * es, c->srcs, world, n, dt, op);
         }
         c->step++;
     }
@@ -336,13 +268,13 @@ static hp_status shm_all_reduce(hp_comm *base, const void *send, void *recv, int
         HP_TRY(step_sync(c, kind, s, err));
         if (n * es <= SMALL_WIN) {
             for (int j = 0; j < world; j++) c->srcs[j] = slot(c, j);
-            if (n) reduce(dst + e0 * es, c->srcs, world, n, dt, op);
+            if (n) hp__comm_fold(dst + e0 * es, c->srcs, world, n, dt, op);
         } else {
             /* Our share [lo, hi) of the window into the result area; the result area's previous
              * readers all arrived at this step's sync after reading it. */
             size_t lo = n * (size_t)me / (size_t)world, hi = n * (size_t)(me + 1) / (size_t)world;
             for (int j = 0; j < world; j++) c->srcs[j] = slot(c, j) + lo * es;
-            reduce(c->result + lo * es, c->srcs, world, hi - lo, dt, op);
+            hp__comm_fold(c->result + lo * es, c->srcs, world, hi - lo, dt, op);
             HP_TRY(hp__shm_sync(c, kind, err));
             HP_TRY(hp__shm_peer_check(c, kind, err));
             memcpy(dst + e0 * es, c->result, n * es);

@@ -24,72 +24,13 @@
  * propagates NaN.
  */
 #include "worker/comm/tcp_internal.h"
+#include "worker/comm/fold.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-#define BLOCK 1024 /* elements reduced at a time: the dst block stays in L1 */
-
 static const size_t esize[] = {4, 8, 8};
-
-/* ---- reduction kernels (the fold of shm_coll.c) ---------------------------------------------- */
-
-static inline float add_f32(float a, float b) {
-    return a + b;
-}
-static inline double add_f64(double a, double b) {
-    return a + b;
-}
-static inline int64_t add_i64(int64_t a, int64_t b) {
-    return (int64_t)((uint64_t)a + (uint64_t)b);
-}
-static inline float max_f32(float a, float b) {
-    return (a >= b || a != a) ? a : b;
-}
-static inline double max_f64(double a, double b) {
-    return (a >= b || a != a) ? a : b;
-}
-static inline int64_t max_i64(int64_t a, int64_t b) {
-    return a >= b ? a : b;
-}
-
-/* dst[0..n) = op over j of src[j][0..n) in rank order. dst never aliases a src (callers stage
- * an aliased piece first). */
-#define DEFINE_REDUCE(T, SUFFIX)                                                                   \
-    static inline void block_##SUFFIX(T *restrict d, const void *const *src, size_t b, int world,  \
-                                      size_t m, hp_reduce_op op) {                                 \
-        const T *restrict s0 = (const T *)src[0] + b;                                              \
-        for (size_t i = 0; i < m; i++) d[i] = s0[i];                                               \
-        for (int j = 1; j < world; j++) {                                                          \
-            const T *restrict sj = (const T *)src[j] + b;                                          \
-            if (op == HP_REDUCE_MAX) {                                                             \
-                for (size_t i = 0; i < m; i++) d[i] = max_##SUFFIX(d[i], sj[i]);                   \
-            } else {                                                                               \
-                for (size_t i = 0; i < m; i++) d[i] = add_##SUFFIX(d[i], sj[i]);                   \
-            }                                                                                      \
-        }                                                                                          \
-        if (op == HP_REDUCE_AVG) {                                                                 \
-            const T w = (T)world;                                                                  \
-            for (size_t i = 0; i < m; i++) d[i] = d[i] / w;                                        \
-        }                                                                                          \
-    }                                                                                              \
-    static void reduce_##SUFFIX(T *dst, const void *const *src, int world, size_t n,               \
-                                hp_reduce_op op) {                                                 \
-        size_t b = 0;                                                                              \
-        for (; b + BLOCK <= n; b += BLOCK) block_##SUFFIX(dst + b, src, b, world, BLOCK, op);      \
-        if (b < n) block_##SUFFIX(dst + b, src, b, world, n - b, op);                              \
-    }
-DEFINE_REDUCE(float, f32)
-DEFINE_REDUCE(double, f64)
-DEFINE_REDUCE(int64_t, i64)
-
-static void reduce(void *dst, const void *const *src, int world, size_t n, hp_comm_dtype dt,
-                   hp_reduce_op op) {
-    if (dt == HP_COMM_F32) reduce_f32(dst, src, world, n, op);
-    if (dt == HP_COMM_F64) reduce_f64(dst, src, world, n, op);
-    if (dt == HP_COMM_I64) reduce_i64(dst, src, world, n, op);
-}
 
 /* ---- shared checks --------------------------------------------------------------------------- */
 
@@ -193,7 +134,7 @@ static hp_status reduce_chunk(hp__tcp_comm *c, hp__tcp_desc *d, const void *own,
     } else {
         srcs[me] = own;
     }
-    if (n) reduce(dst, (const void *const *)srcs, world, n, dt, op);
+    if (n) hp__comm_fold(dst, (const void *const *)srcs, world, n, dt, op);
     return HP_OK;
 }
 
