@@ -234,6 +234,37 @@ static double oversubscribed_latency(int cpus, hp_err *err) {
     return lat[0];
 }
 
+/* ---- kernels on the cpu backend, timed ------------------------------------------------- */
+
+/* n floats of device memory, filled with a fixed pattern in [-1, 1]. */
+static hp_status device_floats(hp_backend *be, size_t n, float **out, hp_err *err) {
+    float *host = malloc(n * sizeof *host), *buf = NULL;
+    if (!host) return hp_errf(err, HP_NOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) host[i] = (float)((int)(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    hp_status st = be->vt->alloc(be, n * sizeof *host, (void **)&buf, err);
+    if (st == HP_OK) st = be->vt->copy_in(be, buf, host, n * sizeof *host, err);
+    free(host);
+    if (st != HP_OK && buf) be->vt->free(be, buf);
+    *out = st == HP_OK ? buf : NULL;
+    return st;
+}
+
+/* The best wall time of `runs` runs of calls[0..n) (after one that warms up): the least
+ * disturbed run. (Rating by the process's CPU time over the threads, as the peak is,
+ * overstates a kernel when other processes keep a pool thread off its CPU and the caller runs
+ * its share.) */
+static hp_status best_time(hp_backend *be, const hp_kernel_call *const *calls, int n, int runs,
+                           double *best, hp_err *err) {
+    *best = INFINITY;
+    for (int r = 0; r <= runs; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < n; i++) HP_TRY(be->vt->launch(be, 0, calls[i], err));
+        HP_TRY(be->vt->synchronize(be, err));
+        if (r > 0) *best = fmin(*best, now_s() - t0);
+    }
+    return HP_OK;
+}
+
 /* ---- attention's efficiency ------------------------------------------------------------ */
 
 #define ATTN_H 8
@@ -244,19 +275,8 @@ static hp_status attn_efficiency(hp_backend *be, int64_t d, double peak, double 
     int64_t n = (int64_t)ATTN_H * ATTN_T * d, rows = (int64_t)ATTN_H * ATTN_T;
     hp_type qt = {.dtype = HP_F32, .rank = 4, .shape = {1, ATTN_H, ATTN_T, d}};
     hp_type lt = {.dtype = HP_F32, .rank = 3, .shape = {1, ATTN_H, ATTN_T}};
-    /* q k v out lse go gq gk gv, one allocation */
-    size_t bytes = (size_t)(8 * n + rows) * sizeof(float);
-    float *host = malloc(bytes), *buf = NULL;
-    if (!host) return hp_errf(err, HP_NOMEM, "out of memory");
-    for (size_t i = 0; i < bytes / sizeof(float); i++)
-        host[i] = (float)((int)(i * 2654435761u % 2001) - 1000) * 1e-3f;
-    hp_status st = be->vt->alloc(be, bytes, (void **)&buf, err);
-    if (st == HP_OK) st = be->vt->copy_in(be, buf, host, bytes, err);
-    free(host);
-    if (st != HP_OK) {
-        if (buf) be->vt->free(be, buf);
-        return st;
-    }
+    float *buf; /* q k v out go gq gk gv lse, one allocation */
+    HP_TRY(device_floats(be, (size_t)(8 * n + rows), &buf, err));
     float *q = buf, *k = q + n, *v = k + n, *o = v + n, *go = o + n, *gq = go + n, *gk = gq + n,
           *gv = gk + n, *lse = gv + n;
     hp_attr causal = {.key = HP_ATTR_CAUSAL, .kind = hp_attr_key_kind(HP_ATTR_CAUSAL), .i = 1};
@@ -286,17 +306,9 @@ static hp_status attn_efficiency(hp_backend *be, int64_t d, double peak, double 
                          .in_type = bin_t,
                          .out = bout,
                          .out_type = bout_t};
-    /* wall time, best of runs: the least disturbed one (rating by the process's CPU time
-     * over the threads, as the peak is, overstates it when other processes keep a pool
-     * thread off its CPU and the caller runs its share) */
-    double best = INFINITY;
-    for (int r = 0; r < 8 && st == HP_OK; r++) { /* the first warms up */
-        double t0 = now_s();
-        st = be->vt->launch(be, 0, &fc, err);
-        if (st == HP_OK) st = be->vt->launch(be, 0, &bc, err);
-        if (st == HP_OK) st = be->vt->synchronize(be, err);
-        if (r > 0) best = fmin(best, now_s() - t0);
-    }
+    const hp_kernel_call *calls[2] = {&fc, &bc};
+    double best;
+    hp_status st = best_time(be, calls, 2, 7, &best, err);
     be->vt->free(be, buf);
     if (st != HP_OK) return st;
     /* the pairs the causal mask leaves: T (T + 1) / 2 per head */
@@ -312,18 +324,9 @@ static hp_status attn_efficiency(hp_backend *be, int64_t d, double peak, double 
 /* The fraction of `peak` (measured on a large GEMM) an mm of [512, 512] x [512, 512] on the
  * cpu backend reaches, best of runs (wall time). */
 static hp_status gemm_efficiency(hp_backend *be, double peak, double *eff, hp_err *err) {
-    size_t n = (size_t)GEMM_N * GEMM_N, bytes = 3 * n * sizeof(float);
-    float *host = malloc(bytes), *buf = NULL;
-    if (!host) return hp_errf(err, HP_NOMEM, "out of memory");
-    for (size_t i = 0; i < 3 * n; i++)
-        host[i] = (float)((int)(i * 2654435761u % 2001) - 1000) * 1e-3f;
-    hp_status st = be->vt->alloc(be, bytes, (void **)&buf, err);
-    if (st == HP_OK) st = be->vt->copy_in(be, buf, host, bytes, err);
-    free(host);
-    if (st != HP_OK) {
-        if (buf) be->vt->free(be, buf);
-        return st;
-    }
+    size_t n = (size_t)GEMM_N * GEMM_N;
+    float *buf;
+    HP_TRY(device_floats(be, 3 * n, &buf, err));
     hp_type t = {.dtype = HP_F32, .rank = 2, .shape = {GEMM_N, GEMM_N}};
     hp_type in_t[2] = {t, t};
     const void *in[2] = {buf, buf + n};
@@ -331,13 +334,9 @@ static hp_status gemm_efficiency(hp_backend *be, double peak, double *eff, hp_er
     hp_node mm = {.op = HP_OP_MM, .n_in = 2, .n_out = 1, .out = &t};
     hp_kernel_call call = {
         .node = &mm, .n_in = 2, .n_out = 1, .in = in, .in_type = in_t, .out = out, .out_type = &t};
-    double best = INFINITY;                       /* wall time, best of runs, as attention's */
-    for (int r = 0; r < 12 && st == HP_OK; r++) { /* the first warms up */
-        double t0 = now_s();
-        st = be->vt->launch(be, 0, &call, err);
-        if (st == HP_OK) st = be->vt->synchronize(be, err);
-        if (r > 0) best = fmin(best, now_s() - t0);
-    }
+    const hp_kernel_call *calls[1] = {&call};
+    double best;
+    hp_status st = best_time(be, calls, 1, 11, &best, err);
     be->vt->free(be, buf);
     if (st != HP_OK) return st;
     /* at most the peak: a large GEMM on the same path sets it */
