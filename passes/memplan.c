@@ -94,10 +94,18 @@ typedef struct fnode {
     int32_t l, r; /* -1: none */
 } fnode;
 
+/* The deepest path the in-place updates below record (a treap of n blocks is 2 ln n deep
+ * expected: 18 at the 7,000 blocks of a 4096-layer step); deeper, they fall back to the
+ * recursive descents. */
+#define FPATH_MAX 128
+
 typedef struct freeset {
     fnode *n;
     int32_t root, free_list; /* free_list: unused nodes, chained through .l */
+    int32_t n_used;          /* nodes [0, n_used) handed out once; the rest untouched */
     uint32_t rng;
+    int32_t path[FPATH_MAX]; /* the last recorded descent, root first */
+    int depth;               /* its length; -1: too deep, not recorded */
 } freeset;
 
 static int64_t fmax_of(const freeset *f, int32_t t) {
@@ -159,7 +167,10 @@ static int32_t finsert_at(freeset *f, int32_t t, int32_t k) {
 
 static void finsert(freeset *f, int64_t off, int64_t size) {
     int32_t k = f->free_list;
-    f->free_list = f->n[k].l;
+    if (k >= 0)
+        f->free_list = f->n[k].l;
+    else
+        k = f->n_used++;
     f->rng = f->rng * 1664525u + 1013904223u;
     f->n[k] = (fnode){.off = off, .size = size, .max = size, .prio = f->rng, .l = -1, .r = -1};
     f->root = finsert_at(f, f->root, k);
@@ -200,10 +211,19 @@ static void freshape_at(freeset *f, int32_t t, int64_t off, int64_t new_off, int
     fupdate(f, t);
 }
 
-/* The lowest-offset block of at least `need` bytes, or -1. */
-static int32_t ffirst_fit(const freeset *f, int64_t need) {
+static void fpath_push(freeset *f, int32_t t) {
+    if (f->depth >= 0 && f->depth < FPATH_MAX)
+        f->path[f->depth++] = t;
+    else
+        f->depth = -1;
+}
+
+/* The lowest-offset block of at least `need` bytes, or -1; the descent is recorded. */
+static int32_t ffirst_fit(freeset *f, int64_t need) {
     int32_t t = f->root;
+    f->depth = 0;
     while (t >= 0 && f->n[t].max >= need) {
+        fpath_push(f, t);
         if (fmax_of(f, f->n[t].l) >= need)
             t = f->n[t].l;
         else if (f->n[t].size >= need)
@@ -214,7 +234,30 @@ static int32_t ffirst_fit(const freeset *f, int64_t need) {
     return -1;
 }
 
-/* The block with the largest offset below `off` (-1: none), and the one at or above it. */
+/* Recomputes the maxima of the recorded path from index i up to the root. */
+static void fpath_update(freeset *f, int i) {
+    for (; i >= 0; i--) fupdate(f, f->path[i]);
+}
+
+/* Removes the block at path index i (recorded): its parent takes the merge of its children. */
+static void fpath_remove(freeset *f, int i) {
+    int32_t t = f->path[i];
+    int32_t m = fmerge(f, f->n[t].l, f->n[t].r);
+    f->n[t].l = f->free_list;
+    f->free_list = t;
+    if (i == 0) {
+        f->root = m;
+        return;
+    }
+    int32_t up = f->path[i - 1];
+    if (f->n[up].l == t)
+        f->n[up].l = m;
+    else
+        f->n[up].r = m;
+    fpath_update(f, i - 1);
+}
+
+/* The block with the largest offset below `off` (-1: none). */
 static int32_t fbelow(const freeset *f, int64_t off) {
     int32_t t = f->root, best = -1;
     while (t >= 0) {
@@ -228,32 +271,40 @@ static int32_t fbelow(const freeset *f, int64_t off) {
     return best;
 }
 
-static int32_t fabove(const freeset *f, int64_t off) {
-    int32_t t = f->root, best = -1;
+/* Gives [off, off + size) back, merged with the free blocks it touches (the block below
+ * grows, or the one above moves down, in place: the order of the others stays). One descent
+ * towards `off` passes both neighbours (no free block lies inside the range): the block below
+ * is the last on it with a lower offset, the one above the last with a higher one, and the
+ * maxima are mended along the recorded path. */
+static void frelease(freeset *f, int64_t off, int64_t size) {
+    int32_t t = f->root, lo = -1, hi = -1;
+    int i_lo = -1, i_hi = -1;
+    f->depth = 0;
     while (t >= 0) {
-        if (f->n[t].off >= off) {
-            best = t;
-            t = f->n[t].l;
-        } else {
+        fpath_push(f, t);
+        if (f->n[t].off < off) {
+            lo = t, i_lo = f->depth - 1;
             t = f->n[t].r;
+        } else {
+            hi = t, i_hi = f->depth - 1;
+            t = f->n[t].l;
         }
     }
-    return best;
-}
-
-/* Gives [off, off + size) back, merged with the free blocks it touches (the block below
- * grows, or the one above moves down, in place: the order of the others stays). */
-static void frelease(freeset *f, int64_t off, int64_t size) {
-    int32_t lo = fbelow(f, off);
-    int32_t hi = fabove(f, off + size);
     bool join_lo = lo >= 0 && f->n[lo].off + f->n[lo].size == off;
     bool join_hi = hi >= 0 && f->n[hi].off == off + size;
     if (join_lo && join_hi) {
         int64_t lo_off = f->n[lo].off, total = f->n[lo].size + size + f->n[hi].size;
         fremove(f, f->n[hi].off);
         freshape_at(f, f->root, lo_off, lo_off, total);
+    } else if (join_lo && f->depth >= 0) {
+        f->n[lo].size += size;
+        fpath_update(f, i_lo);
     } else if (join_lo) {
         freshape_at(f, f->root, f->n[lo].off, f->n[lo].off, f->n[lo].size + size);
+    } else if (join_hi && f->depth >= 0) {
+        f->n[hi].off = off;
+        f->n[hi].size += size;
+        fpath_update(f, i_hi);
     } else if (join_hi) {
         freshape_at(f, f->root, f->n[hi].off, off, size + f->n[hi].size);
     } else {
@@ -276,10 +327,18 @@ static int64_t fallocate(freeset *f, int64_t need, int64_t *top) {
         return off;
     }
     int64_t off = f->n[t].off, size = f->n[t].size;
-    if (size > need)
-        freshape_at(f, f->root, off, off + need, size - need); /* the rest, at the same place */
-    else
-        fremove(f, off);
+    if (f->depth < 0) { /* too deep to have been recorded */
+        if (size > need)
+            freshape_at(f, f->root, off, off + need, size - need);
+        else
+            fremove(f, off);
+    } else if (size > need) { /* the rest, at the same place */
+        f->n[t].off = off + need;
+        f->n[t].size = size - need;
+        fpath_update(f, f->depth - 1);
+    } else {
+        fpath_remove(f, f->depth - 1);
+    }
     return off;
 }
 
@@ -348,8 +407,7 @@ hp_status hp__memplan(hp_program *p, hp_err *err) {
      * bytes back. Placement is address-ordered first fit over the free blocks. Two buffers
      * share bytes only if their live ranges [def, last] are disjoint. O(n log n). */
     if ((st = sort_lives(lv, n, p->n_instrs, nb, by_end, err)) != HP_OK) goto done;
-    freeset fs = {.n = nodes, .root = -1, .free_list = 0, .rng = 0x9e3779b9u};
-    for (int32_t i = 0; i < n + 1; i++) nodes[i].l = i + 1 < n + 1 ? i + 1 : -1;
+    freeset fs = {.n = nodes, .root = -1, .free_list = -1, .rng = 0x9e3779b9u};
     int64_t top = 0;
     int32_t e = 0;
     for (int32_t i = 0; i < n; i++) {
