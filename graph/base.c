@@ -245,10 +245,6 @@ void hp_arena_cache_end(void) {
     }
 }
 
-void hp_cache_give(void *p, size_t bytes) {
-    if (p && !pool_put(p, bytes)) free(p);
-}
-
 void *hp_cache_take(size_t bytes, size_t *got) {
     int i = bytes >= POOL_MIN ? pool_find(bytes, true) : -1;
     return i < 0 ? NULL : pool_take(i, got);

@@ -323,8 +323,7 @@ void hp_graph_free(hp_graph *g) {
     if (!g) return;
     hp_arena_fini(&g->arena);
     hp_arena_fini(&g->inputs);
-    /* a compile's next pass graph takes it (hp_graph_reserve) */
-    hp_cache_give(g->nodes, (size_t)g->cap_nodes * sizeof *g->nodes);
+    hp_free(g->nodes); /* kept in a compile for its next pass graph (hp_graph_reserve) */
     hp_free(g->outputs);
     hp_free(g);
 }

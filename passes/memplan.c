@@ -94,18 +94,13 @@ typedef struct fnode {
     int32_t l, r; /* -1: none */
 } fnode;
 
-/* The deepest path the in-place updates below record (a treap of n blocks is 2 ln n deep
- * expected: 18 at the 7,000 blocks of a 4096-layer step); deeper, they fall back to the
- * recursive descents. */
-#define FPATH_MAX 128
-
 typedef struct freeset {
     fnode *n;
     int32_t root, free_list; /* free_list: unused nodes, chained through .l */
     int32_t n_used;          /* nodes [0, n_used) handed out once; the rest untouched */
     uint32_t rng;
-    int32_t path[FPATH_MAX]; /* the last recorded descent, root first */
-    int depth;               /* its length; -1: too deep, not recorded */
+    int32_t *path; /* the last recorded descent, root first (room for every node) */
+    int depth;     /* its length */
 } freeset;
 
 static int64_t fmax_of(const freeset *f, int32_t t) {
@@ -211,19 +206,12 @@ static void freshape_at(freeset *f, int32_t t, int64_t off, int64_t new_off, int
     fupdate(f, t);
 }
 
-static void fpath_push(freeset *f, int32_t t) {
-    if (f->depth >= 0 && f->depth < FPATH_MAX)
-        f->path[f->depth++] = t;
-    else
-        f->depth = -1;
-}
-
 /* The lowest-offset block of at least `need` bytes, or -1; the descent is recorded. */
 static int32_t ffirst_fit(freeset *f, int64_t need) {
     int32_t t = f->root;
     f->depth = 0;
     while (t >= 0 && f->n[t].max >= need) {
-        fpath_push(f, t);
+        f->path[f->depth++] = t;
         if (fmax_of(f, f->n[t].l) >= need)
             t = f->n[t].l;
         else if (f->n[t].size >= need)
@@ -281,7 +269,7 @@ static void frelease(freeset *f, int64_t off, int64_t size) {
     int i_lo = -1, i_hi = -1;
     f->depth = 0;
     while (t >= 0) {
-        fpath_push(f, t);
+        f->path[f->depth++] = t;
         if (f->n[t].off < off) {
             lo = t, i_lo = f->depth - 1;
             t = f->n[t].r;
@@ -296,17 +284,13 @@ static void frelease(freeset *f, int64_t off, int64_t size) {
         int64_t lo_off = f->n[lo].off, total = f->n[lo].size + size + f->n[hi].size;
         fremove(f, f->n[hi].off);
         freshape_at(f, f->root, lo_off, lo_off, total);
-    } else if (join_lo && f->depth >= 0) {
+    } else if (join_lo) {
         f->n[lo].size += size;
         fpath_update(f, i_lo);
-    } else if (join_lo) {
-        freshape_at(f, f->root, f->n[lo].off, f->n[lo].off, f->n[lo].size + size);
-    } else if (join_hi && f->depth >= 0) {
+    } else if (join_hi) {
         f->n[hi].off = off;
         f->n[hi].size += size;
         fpath_update(f, i_hi);
-    } else if (join_hi) {
-        freshape_at(f, f->root, f->n[hi].off, off, size + f->n[hi].size);
     } else {
         finsert(f, off, size);
     }
@@ -327,12 +311,7 @@ static int64_t fallocate(freeset *f, int64_t need, int64_t *top) {
         return off;
     }
     int64_t off = f->n[t].off, size = f->n[t].size;
-    if (f->depth < 0) { /* too deep to have been recorded */
-        if (size > need)
-            freshape_at(f, f->root, off, off + need, size - need);
-        else
-            fremove(f, off);
-    } else if (size > need) { /* the rest, at the same place */
+    if (size > need) { /* the rest, at the same place */
         f->n[t].off = off + need;
         f->n[t].size = size - need;
         fpath_update(f, f->depth - 1);
@@ -349,8 +328,9 @@ hp_status hp__memplan(hp_program *p, hp_err *err) {
     live *lv = hp_malloc((size_t)(nb + 1) * sizeof *lv);
     live **by_end = hp_malloc((size_t)(nb + 1) * sizeof *by_end);
     fnode *nodes = hp_malloc((size_t)(nb + 2) * sizeof *nodes); /* free blocks <= buffers + 1 */
+    int32_t *path = hp_malloc((size_t)(nb + 2) * sizeof *path);
     hp_status st = HP_OK;
-    if (!def || !last || !lv || !by_end || !nodes) {
+    if (!def || !last || !lv || !by_end || !nodes || !path) {
         st = hp_errf(err, HP_NOMEM, "out of memory planning memory");
         goto done;
     }
@@ -407,7 +387,7 @@ hp_status hp__memplan(hp_program *p, hp_err *err) {
      * bytes back. Placement is address-ordered first fit over the free blocks. Two buffers
      * share bytes only if their live ranges [def, last] are disjoint. O(n log n). */
     if ((st = sort_lives(lv, n, p->n_instrs, nb, by_end, err)) != HP_OK) goto done;
-    freeset fs = {.n = nodes, .root = -1, .free_list = -1, .rng = 0x9e3779b9u};
+    freeset fs = {.n = nodes, .root = -1, .free_list = -1, .rng = 0x9e3779b9u, .path = path};
     int64_t top = 0;
     int32_t e = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -436,5 +416,6 @@ done:
     hp_free(lv);
     hp_free(by_end);
     hp_free(nodes);
+    hp_free(path);
     return st;
 }

@@ -114,12 +114,11 @@ void hp_arena_adopt(hp_arena *dst, hp_arena *src);
  * an arena may still be finished on another thread or after the end (its chunks are freed). */
 void hp_arena_cache_begin(void);
 void hp_arena_cache_end(void);
-/* Within the same begin/end, the thread also keeps up to 16 freed blocks of 1 MiB or more
- * (hp_free) for its next hp_malloc/hp_calloc of a size they fit within 1.5x, their pages
- * already faulted in. hp_cache_give(p, bytes) keeps p likewise (else frees it);
- * hp_cache_take(bytes, &got) hands over the smallest kept block of at least `bytes`, however
- * much larger (its size in *got), else NULL. The outermost end frees what is kept. */
-void hp_cache_give(void *p, size_t bytes);
+/* Within the same begin/end, the thread also keeps up to 16 blocks of 1 MiB or more that it
+ * frees (hp_free) for its next hp_malloc/hp_calloc of a size they fit within 1.5x, their
+ * pages already faulted in. hp_cache_take(bytes, &got) hands over the smallest kept block of
+ * at least `bytes`, however much larger (its size in *got), else NULL. The outermost end frees
+ * what is kept. */
 void *hp_cache_take(size_t bytes, size_t *got);
 
 /* ---- files ---------------------------------------------------------------------------------- */
