@@ -296,10 +296,15 @@ Test(slurm, world2_fsdp_job_succeeds_with_the_loss_falling) {
     snprintf(expect, sizeof expect, "hp-%s-0|1|", id);
     cr_expect(!strncmp(q, expect, strlen(expect)), "squeue: %s", q);
     free(q);
-    /* Each rank read its rank from SLURM_PROCID and logged to rank-R.log. */
+    /* Each rank read its rank from SLURM_PROCID and recorded its exit status. The job is
+     * SUCCEEDED on the ranks' done frames, so the wrapper may write the file a moment later. */
     char log[600];
     snprintf(log, sizeof log, "%s/state/jobs/%s/attempt-0/rank-1.exit", g_dir, id);
     char *ex = hp_th_slurp_or_empty(log);
+    for (double end = mono_s() + 30; !ex[0] && mono_s() < end; usleep(100000)) {
+        free(ex);
+        ex = hp_th_slurp_or_empty(log);
+    }
     cr_expect_eq(atoi(ex), 0, "rank 1's exit file: '%s'", ex);
     cr_expect(ex[0], "rank 1 recorded no exit status");
     free(ex);
