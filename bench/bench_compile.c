@@ -10,7 +10,10 @@
  * build's: the input and the last pass's output are verified still); the target is
  * the 405B pipeline under 1 s. A fourth row is the debugmodel at 4096 layers (hpctl new
  * --layers' maximum: ~430k nodes, the graph-size stress; the target is its whole pipeline
- * under 1 s too, which the memory plan's old O(n^2) placement missed by ~50x).
+ * under 1 s too, which the memory plan's old O(n^2) placement missed by ~50x). Each run
+ * compiles without the verifier first: run 1's is the process's first compile of that size,
+ * on pages fresh from the kernel (printed beside the best), later ones reuse the pages the
+ * process kept (graph/base.c), as a daemon compiling job after job does.
  * Usage: bench_compile [runs [row]]   (runs default 3; row: only the rows whose label contains
  * it, e.g. x4096 or 405B, for profiling one graph)
  */
@@ -40,6 +43,7 @@ typedef struct timing {
     double pass_nv[16];                /* the same without the verifier */
     double build, compile, unverified; /* seconds, best of the runs */
     double unverified_cpu;             /* CPU seconds of the best unverified compile's run */
+    double first;                      /* the first unverified compile: its pages fresh */
 } timing;
 
 /* layers > 0 overrides the flavor's layer count. */
@@ -47,7 +51,8 @@ static int measure(const char *spec_text, int layers, int runs, timing *t) {
     hp_job *job = hp_job_new();
     hp_err err = {0};
     if (!job) return -1;
-    *t = (timing){.build = 1e30, .compile = 1e30, .unverified = 1e30, .unverified_cpu = 1e30};
+    *t = (timing){
+        .build = 1e30, .compile = 1e30, .unverified = 1e30, .unverified_cpu = 1e30, .first = -1};
     for (int i = 0; i < 16; i++) t->pass[i] = t->pass_nv[i] = 1e30;
     static const char *const marks[] = {"layers.*", "tok_embeddings.*", "output.*", "norm.*"};
     if (hp_model_spec_parse(spec_text, &job->model, &err) != HP_OK) goto fail;
@@ -64,13 +69,14 @@ static int measure(const char *spec_text, int layers, int runs, timing *t) {
         if (hp_model_build_joint(&job->model, &job->graph, &err) != HP_OK) goto fail;
         double t1 = now_s();
         if (t1 - t0 < t->build) t->build = t1 - t0;
-        for (int verify = 1; verify >= 0; verify--) {
+        for (int verify = 0; verify <= 1; verify++) {
             setenv("HP_VERIFY_PASSES", verify ? "1" : "0", 1);
             hp_compiled *c = NULL;
             double t2 = now_s(), cpu2 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
             if (hp_compile(job, WORLD, &c, &err) != HP_OK) goto fail;
             double dt = now_s() - t2, cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - cpu2;
             if (!verify) {
+                if (t->first < 0) t->first = dt;
                 if (dt < t->unverified) t->unverified = dt;
                 if (cpu < t->unverified_cpu) t->unverified_cpu = cpu;
                 for (int i = 0; i < c->n_passes && i < 16; i++)
@@ -151,9 +157,9 @@ int main(int argc, char **argv) {
         printf("405B pipeline: %.1f ms (target < 1000 ms): %s\n", t[2].compile * 1e3,
                t[2].compile < 1.0 ? "met" : "MISSED");
     if (on[3])
-        printf("debugmodel x4096 pipeline: %.1f ms, %.1f ms without the verifier (%.1f ms CPU) "
-               "(target < 1000 ms): %s\n",
+        printf("debugmodel x4096 pipeline: %.1f ms, %.1f ms without the verifier (%.1f ms CPU; "
+               "the first, on fresh pages: %.1f ms) (target < 1000 ms): %s\n",
                t[3].compile * 1e3, t[3].unverified * 1e3, t[3].unverified_cpu * 1e3,
-               t[3].unverified < 1.0 ? "met" : "MISSED");
+               t[3].first * 1e3, t[3].unverified < 1.0 ? "met" : "MISSED");
     return 0;
 }

@@ -307,6 +307,19 @@ static void count(const hp_graph *g, hp_pass_report *r) {
     }
 }
 
+/* r's pass did not run or left g as it was: the previous report's counts are g's (no walk
+ * over every collective's types) */
+static void same_count(const hp_compiled *c, hp_pass_report *r, const hp_graph *g) {
+    const hp_pass_report *prev = c->n_passes >= 2 ? r - 1 : NULL;
+    if (!prev || prev->nodes_out != g->n_nodes) {
+        count(g, r);
+        return;
+    }
+    r->nodes_out = prev->nodes_out;
+    r->collectives = prev->collectives;
+    r->comm_bytes = prev->comm_bytes;
+}
+
 /* Does pass `e` run? Its default, unless the job's switches name it. */
 static bool pass_on(const hp__pass_entry *e, const hp_pass_ctx *ctx) {
     const hp_pass_config *c = &ctx->job->passes;
@@ -409,7 +422,7 @@ static hp_status run_passes(compile_state *s, hp_graph **g, bool *owned, hp_err 
         snprintf(r->name, sizeof r->name, "%s", e->name);
         r->nodes_in = (*g)->n_nodes;
         if (!pass_on(e, s->ctx)) {
-            count(*g, r);
+            same_count(c, r, *g);
             continue;
         }
         s->ctx->report = r;
@@ -431,7 +444,7 @@ static hp_status run_passes(compile_state *s, hp_graph **g, bool *owned, hp_err 
             return hp_errf(err, HP_INTERNAL, "%s: the pass returned no graph", e->name);
         r->ran = true;
         if (no_op) { /* the input, verified already, goes on */
-            count(*g, r);
+            same_count(c, r, *g);
             HP_TRY(dump_graph(&s->dump, i + 1, e->name, *g, err));
             continue;
         }
@@ -473,7 +486,9 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
             c->program->link_bandwidth[d] = md->link.bandwidth;
             c->program->link_latency[d] = md->link.latency;
         }
-    if (st == HP_OK) st = hp__program_verify(c->program, true, err);
+    /* like the passes' outputs: checked when verifying (debug builds, the tests); a worker
+     * verifies every program it is sent (hp_program_decode) */
+    if (st == HP_OK && s->verify) st = hp__program_verify(c->program, true, err);
     r->seconds = now_s() - t0;
     if (st != HP_OK) {
         hp_err_prefix(err, "lower");
@@ -561,8 +576,10 @@ fail:
 
 void hp_compiled_free(hp_compiled *c) {
     if (!c) return;
+    hp_arena_cache_begin(); /* its pages are kept for the next compile (graph/base.c) */
     hp_graph_free(c->graph);
     hp_program_free(c->program);
     hp_autoshard_free(c->autoshard);
     hp_free(c);
+    hp_arena_cache_end();
 }

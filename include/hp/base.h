@@ -110,15 +110,18 @@ void *hp_arena_take(hp_arena *a, size_t n); /* not cleared, 16-byte aligned: the
 void hp_arena_adopt(hp_arena *dst, hp_arena *src);
 /* Between begin and end (nestable, per thread) the arenas this thread finishes keep their
  * chunks for this thread's next arena allocations instead of freeing them; the outermost end
- * frees what is left. For a sequence of graphs each freed once the next is built (hp_compile);
- * an arena may still be finished on another thread or after the end (its chunks are freed). */
+ * keeps what is left for the next (below). For a sequence of graphs each freed once the next is
+ * built (hp_compile); an arena may still be finished on another thread or after the end (its chunks
+ * are freed). */
 void hp_arena_cache_begin(void);
 void hp_arena_cache_end(void);
-/* Within the same begin/end, the thread also keeps up to 16 blocks of 1 MiB or more that it
- * frees (hp_free) for its next hp_malloc/hp_calloc of a size they fit within 1.5x, their
- * pages already faulted in. hp_cache_take(bytes, &got) hands over the smallest kept block of
- * at least `bytes`, however much larger (its size in *got), else NULL. The outermost end frees
- * what is kept. */
+/* Within the same begin/end, the thread also keeps up to 128 blocks of 1 MiB or more that it
+ * frees (hp_free) for its next hp_malloc/hp_calloc/hp_realloc of a size they fit within 1.5x,
+ * their pages already faulted in. hp_cache_take(bytes, &got) hands over the smallest kept
+ * block of at least `bytes`, however much larger (its size in *got), else NULL. The outermost
+ * end moves what is kept to a process-wide reserve (up to 1 GiB, MADV_FREE) that the next
+ * outermost begin on any thread takes over, and that a large allocation outside a cache may
+ * take a block from. */
 void *hp_cache_take(size_t bytes, size_t *got);
 
 /* ---- files ---------------------------------------------------------------------------------- */
