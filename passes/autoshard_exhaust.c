@@ -33,8 +33,9 @@
  * elimination, that class last, the budget priced in by a Lagrange multiplier lambda >= 0:
  * cost + lambda * (bytes - high) is no more than the cost of any assignment within the high
  * end), against an upper bound that is a real assignment's cost (the exact minimum over each
- * class's few best-bounded strategies per byte count); a strategy bounded above it is in no
- * optimum and goes, with a relative slack of 1e-9 so that rounding keeps ties.
+ * class's few best-bounded strategies per byte count, or the solver's assignment priced here
+ * when cheaper); a strategy bounded above it is in no optimum and goes, with a relative slack
+ * of 1e-9 so that rounding keeps ties.
  *
  * Classes are eliminated smallest resulting table first, recomputed after each step.
  * HP_UNSUPPORTED when a table would exceed max_work entries (or F_MAX_ENTRIES, the memory
@@ -746,6 +747,30 @@ static hp_status lower_bounds(ve *w, double **lb, hp_err *err) {
     return st;
 }
 
+/* The cost of the solver's assignment (each deciding class's chosen strategy) priced by the
+ * sums this file minimizes, or +inf where it is not one to use: a class without a choice,
+ * a term that is infinite, or bytes outside the budget. A candidate for the upper bound only:
+ * the bound prunes just the strategies of no assignment cheaper than a real one, so the
+ * minimum stays exact whatever the solver chose (had it missed the optimum, the search would
+ * find a lower one; the check fails then). */
+static double incumbent(const ve *w) {
+    const hp_autoshard *a = w->a;
+    double cost = 0, bytes = 0;
+    for (int c = 0; c < a->n_cls; c++) {
+        const as_class *cl = &a->cls[c];
+        if (cl->leader >= 0) continue;
+        if (cl->chosen < 0 || cl->chosen >= cl->n_strat) return INFINITY;
+        cost += a->lunary[cl->strat0 + cl->chosen];
+        if (cl->param) bytes += cl->count * a->st[cl->strat0 + cl->chosen].mem_bytes;
+    }
+    for (int e = 0; e < a->n_ledges; e++) {
+        const as_edge *ed = &a->ledges[e];
+        cost += scost(ed, a->cls[ed->cu].chosen, a->cls[ed->cv].chosen);
+    }
+    if (w->budget && (bytes > w->hi || (w->exact_mem && bytes < w->lo))) return INFINITY;
+    return isfinite(cost) ? cost : INFINITY;
+}
+
 /* Bound pruning: with ub the cost of some assignment in the budget, a strategy whose lower
  * bound exceeds ub is in no optimum. ub: the exact minimum over each class's few strategies
  * of least lower bound (a real assignment's cost), widened until one meets the budget. */
@@ -786,6 +811,9 @@ static hp_status bound_prune(ve *w, hp_err *err) {
         ub = fmin(ub, v);
         if (w->trace) fprintf(stderr, "autoshard: exhaustive: few %d: upper bound %.12g\n", few, v);
     }
+    double inc = incumbent(w);
+    if (w->trace) fprintf(stderr, "autoshard: exhaustive: the ILP's assignment: %.12g\n", inc);
+    ub = fmin(ub, inc);
     double slack = 1e-9 * fabs(ub) + 1e-12; /* the bounds' rounding: keep, never drop, a tie */
     for (int c = 0; c < a->n_cls && st == HP_OK; c++) {
         w->nd[c] = 0;

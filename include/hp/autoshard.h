@@ -131,7 +131,8 @@ hp_status hp_autoshard_explain(const hp_autoshard *a, const char *what, char **t
 
 /* The minimum objective over every assignment of strategies to classes under the same cost
  * model and constraints, by exact dynamic programming without GLPK (passes/autoshard_exhaust.c,
- * docs/autoshard.md); for tests on small graphs. HP_UNSUPPORTED (a message naming the limit,
+ * docs/autoshard.md; the solver's own assignment, when `a` holds one, only bounds the search's
+ * pruning from above); for tests on small graphs. HP_UNSUPPORTED (a message naming the limit,
  * *best_s untouched) when a table would exceed max_work entries or the pairs combined would
  * exceed max_work: the bound on its time. HP_INVALID when no assignment is feasible. */
 hp_status hp_autoshard_exhaustive(const hp_autoshard *a, int64_t max_work, double *best_s,

@@ -220,6 +220,13 @@ Test(autoshard, ilp_objective_equals_exhaustive_search_on_a_2d_1_layer_llama) {
     expect_exhaustive(&LLAMA1, 2, DPTP, twotwo, 1);
 }
 
+/* And with a budget that binds (half the parameters' bytes): the Pareto search, pruned against
+ * the ILP's own assignment as the upper bound (priced by the search's sums), ~12 s. */
+Test(autoshard, ilp_objective_equals_exhaustive_search_on_a_2d_1_layer_llama_with_a_budget) {
+    int twotwo[] = {2, 2};
+    expect_exhaustive(&LLAMA1, 2, DPTP, twotwo, 0.5);
+}
+
 /* Past its limit the search stops with an error saying so, at once. */
 Test(autoshard, exhaustive_search_refuses_past_its_limit) {
     int twotwo[] = {2, 2};
