@@ -146,6 +146,37 @@ Test(graph, sharded_placeholder_rules) {
     hp_graph_free(g);
 }
 
+/* A graph of 300k nodes is checked in ranges on several threads: a node that breaks its rule is
+ * found wherever it lies, and with two broken the message is the first one's, as one thread
+ * would give it. */
+Test(graph, verify_a_large_graph_reports_its_first_bad_node) {
+    int64_t s[1] = {4};
+    hp_type t = f32(1, s), wrong = f32(1, (int64_t[]){5});
+    hp_attr data = hp_attr_int(HP_ATTR_KIND, HP_INPUT_DATA);
+    hp_graph *g = hp_graph_new();
+    cr_assert_eq(hp_graph_append(g, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, &data, 1, NULL), 0);
+    enum { N = 300000 };
+    for (int i = 1; i < N; i++) {
+        hp_value in = {i - 1, 0};
+        cr_assert_eq(hp_graph_append(g, HP_OP_NEG, &in, 1, &t, 1, NULL, 0, NULL), i);
+    }
+    hp_err e;
+    cr_assert_eq(hp_graph_verify(g, &e), HP_OK, "%s", e.msg);
+    g->nodes[290000].out[0] = wrong; /* in the last range */
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "node 290000 (neg): output 0 is declared f32[5]"), "%s", e.msg);
+    g->nodes[290000].out[0] = t;
+    hp_value far = {N + 5, 0};
+    g->nodes[200000].in[0] = far;    /* a dangling input, in a later range than ... */
+    g->nodes[100000].out[0] = wrong; /* ... this, reported first */
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "node 100000 (neg): output 0 is declared f32[5]"), "%s", e.msg);
+    g->nodes[100000].out[0] = t;
+    cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "node 200000 (neg): input 0 refers to node 300005"), "%s", e.msg);
+    hp_graph_free(g);
+}
+
 Test(graph, verify_whole_graph_rules) {
     int64_t s[1] = {4};
     hp_type t = f32(1, s);
