@@ -123,12 +123,17 @@ static void *huge_hint(void *p, size_t n) {
 #define POOL_MIN   ((size_t)1 << 20)
 #define POOL_SLOTS 128
 
+/* Large blocks kept for reuse: a thread's in a compile, and the process's between compiles. */
+typedef struct block_pool {
+    void *blk[POOL_SLOTS];
+    size_t bytes[POOL_SLOTS];
+    int n;
+} block_pool;
+
 static _Thread_local struct {
     int depth;
     hp_arena_chunk *spare;
-    void *blk[POOL_SLOTS];
-    size_t blk_bytes[POOL_SLOTS];
-    int n_blk;
+    block_pool blocks;
 } cache;
 
 /* Under ASan freed memory goes back to malloc, so that a use after free still shows. */
@@ -145,38 +150,43 @@ static _Thread_local struct {
 
 /* The kept block to hand out for `n` bytes: the smallest of at least n, and (unless any size
  * will do: slack) at most 1.5 n, so that what the caller keeps wastes little; -1 none. */
-static int pool_find(size_t n, bool slack) {
+static int pool_find(const block_pool *bp, size_t n, bool slack) {
     int best = -1;
-    for (int i = 0; i < cache.n_blk; i++) {
-        size_t b = cache.blk_bytes[i];
+    for (int i = 0; i < bp->n; i++) {
+        size_t b = bp->bytes[i];
         if (b < n || (!slack && b > n + n / 2)) continue;
-        if (best < 0 || b < cache.blk_bytes[best]) best = i;
+        if (best < 0 || b < bp->bytes[best]) best = i;
     }
     return best;
 }
 
-static void *pool_take(int i, size_t *got) {
-    void *p = cache.blk[i];
-    if (got) *got = cache.blk_bytes[i];
-    cache.n_blk--;
-    cache.blk[i] = cache.blk[cache.n_blk];
-    cache.blk_bytes[i] = cache.blk_bytes[cache.n_blk];
+static void *pool_take(block_pool *bp, int i, size_t *got) {
+    void *p = bp->blk[i];
+    if (got) *got = bp->bytes[i];
+    bp->n--;
+    bp->blk[i] = bp->blk[bp->n];
+    bp->bytes[i] = bp->bytes[bp->n];
     return p;
+}
+
+static void pool_add(block_pool *bp, void *p, size_t bytes) {
+    bp->blk[bp->n] = p;
+    bp->bytes[bp->n++] = bytes;
 }
 
 /* Keeps p (`bytes` usable) when a cache is open; a full pool drops its smallest block for a
  * larger one. False: the caller frees p. */
 static bool pool_put(void *p, size_t bytes) {
     if (cache.depth == 0 || bytes < POOL_MIN) return false;
-    if (cache.n_blk == POOL_SLOTS) {
+    block_pool *bp = &cache.blocks;
+    if (bp->n == POOL_SLOTS) {
         int small = 0;
-        for (int i = 1; i < cache.n_blk; i++)
-            if (cache.blk_bytes[i] < cache.blk_bytes[small]) small = i;
-        if (cache.blk_bytes[small] >= bytes) return false;
-        free(pool_take(small, NULL));
+        for (int i = 1; i < bp->n; i++)
+            if (bp->bytes[i] < bp->bytes[small]) small = i;
+        if (bp->bytes[small] >= bytes) return false;
+        free(pool_take(bp, small, NULL));
     }
-    cache.blk[cache.n_blk] = p;
-    cache.blk_bytes[cache.n_blk++] = bytes;
+    pool_add(bp, p, bytes);
     return true;
 }
 
@@ -185,10 +195,8 @@ static void *reserve_take(size_t n);
 /* A kept block for n bytes (n >= POOL_MIN): the thread's own in a compile, else the
  * process's (graph/base.c's reserve, below); NULL if none fits. */
 static void *kept_block(size_t n) {
-    if (cache.n_blk) {
-        int i = pool_find(n, false);
-        if (i >= 0) return pool_take(i, NULL);
-    }
+    int i = pool_find(&cache.blocks, n, false);
+    if (i >= 0) return pool_take(&cache.blocks, i, NULL);
     return cache.depth == 0 ? reserve_take(n) : NULL;
 }
 
@@ -258,12 +266,10 @@ void hp_arena_init(hp_arena *a) {
 static struct {
     pthread_mutex_t mu;
     hp_arena_chunk *spare;
-    void *blk[POOL_SLOTS];
-    size_t blk_bytes[POOL_SLOTS];
-    int n_blk;
-    size_t bytes;
+    block_pool blocks;
+    size_t bytes; /* of the blocks and chunks */
 } reserve = {.mu = PTHREAD_MUTEX_INITIALIZER};
-static atomic_int reserve_blocks; /* reserve.n_blk, readable without the lock */
+static atomic_int reserve_blocks; /* reserve.blocks.n, readable without the lock */
 
 /* Outside a compile a large hp_malloc may take a kept block too, so that a process that
  * compiled once (a standalone worker) reuses those pages instead of holding them idle. */
@@ -271,18 +277,12 @@ static void *reserve_take(size_t n) {
     if (!atomic_load_explicit(&reserve_blocks, memory_order_relaxed)) return NULL;
     void *p = NULL;
     pthread_mutex_lock(&reserve.mu);
-    int best = -1;
-    for (int i = 0; i < reserve.n_blk; i++) {
-        size_t b = reserve.blk_bytes[i];
-        if (b >= n && b <= n + n / 2 && (best < 0 || b < reserve.blk_bytes[best])) best = i;
-    }
-    if (best >= 0) {
-        p = reserve.blk[best];
-        reserve.bytes -= reserve.blk_bytes[best];
-        reserve.n_blk--;
-        reserve.blk[best] = reserve.blk[reserve.n_blk];
-        reserve.blk_bytes[best] = reserve.blk_bytes[reserve.n_blk];
-        atomic_store_explicit(&reserve_blocks, reserve.n_blk, memory_order_relaxed);
+    int i = pool_find(&reserve.blocks, n, false);
+    if (i >= 0) {
+        size_t got;
+        p = pool_take(&reserve.blocks, i, &got);
+        reserve.bytes -= got;
+        atomic_store_explicit(&reserve_blocks, reserve.blocks.n, memory_order_relaxed);
     }
     pthread_mutex_unlock(&reserve.mu);
     return p;
@@ -297,14 +297,10 @@ static void lazy_free(void *p, size_t n) {
 void hp_arena_cache_begin(void) {
     if (!ARENA_CACHE || cache.depth++ > 0) return;
     pthread_mutex_lock(&reserve.mu);
-    for (int i = 0; i < reserve.n_blk; i++) { /* the thread's pool is empty between compiles */
-        cache.blk[i] = reserve.blk[i];
-        cache.blk_bytes[i] = reserve.blk_bytes[i];
-    }
-    cache.n_blk = reserve.n_blk;
+    cache.blocks = reserve.blocks; /* the thread's pool is empty between compiles */
     cache.spare = reserve.spare;
     reserve.spare = NULL;
-    reserve.n_blk = 0;
+    reserve.blocks.n = 0;
     reserve.bytes = 0;
     atomic_store_explicit(&reserve_blocks, 0, memory_order_relaxed);
     pthread_mutex_unlock(&reserve.mu);
@@ -313,13 +309,12 @@ void hp_arena_cache_begin(void) {
 void hp_arena_cache_end(void) {
     if (cache.depth > 0 && --cache.depth > 0) return;
     pthread_mutex_lock(&reserve.mu);
-    while (cache.n_blk) {
-        size_t b = cache.blk_bytes[0];
-        void *p = pool_take(0, NULL);
-        if (reserve.n_blk < POOL_SLOTS && reserve.bytes + b <= RESERVE_MAX) {
+    while (cache.blocks.n) {
+        size_t b;
+        void *p = pool_take(&cache.blocks, 0, &b);
+        if (reserve.blocks.n < POOL_SLOTS && reserve.bytes + b <= RESERVE_MAX) {
             lazy_free(p, b);
-            reserve.blk[reserve.n_blk] = p;
-            reserve.blk_bytes[reserve.n_blk++] = b;
+            pool_add(&reserve.blocks, p, b);
             reserve.bytes += b;
         } else {
             free(p);
@@ -337,13 +332,13 @@ void hp_arena_cache_end(void) {
             free(c);
         }
     }
-    atomic_store_explicit(&reserve_blocks, reserve.n_blk, memory_order_relaxed);
+    atomic_store_explicit(&reserve_blocks, reserve.blocks.n, memory_order_relaxed);
     pthread_mutex_unlock(&reserve.mu);
 }
 
 void *hp_cache_take(size_t bytes, size_t *got) {
-    int i = bytes >= POOL_MIN ? pool_find(bytes, true) : -1;
-    return i < 0 ? NULL : pool_take(i, got);
+    int i = bytes >= POOL_MIN ? pool_find(&cache.blocks, bytes, true) : -1;
+    return i < 0 ? NULL : pool_take(&cache.blocks, i, got);
 }
 
 void hp_arena_fini(hp_arena *a) {

@@ -307,17 +307,16 @@ static void count(const hp_graph *g, hp_pass_report *r) {
     }
 }
 
-/* r's pass did not run or left g as it was: the previous report's counts are g's (no walk
- * over every collective's types) */
+/* r's pass did not run or left g as it was: the previous pass's report counted g already (no
+ * walk over every collective's types); the first pass counts it. */
 static void same_count(const hp_compiled *c, hp_pass_report *r, const hp_graph *g) {
-    const hp_pass_report *prev = c->n_passes >= 2 ? r - 1 : NULL;
-    if (!prev || prev->nodes_out != g->n_nodes) {
+    if (c->n_passes < 2) {
         count(g, r);
         return;
     }
-    r->nodes_out = prev->nodes_out;
-    r->collectives = prev->collectives;
-    r->comm_bytes = prev->comm_bytes;
+    r->nodes_out = r[-1].nodes_out;
+    r->collectives = r[-1].collectives;
+    r->comm_bytes = r[-1].comm_bytes;
 }
 
 /* Does pass `e` run? Its default, unless the job's switches name it. */
