@@ -253,6 +253,41 @@ static int add_tp_plan(const char *verb, const char *v, hp_job *job) {
     return HPCTL_OK;
 }
 
+/* Whether 'a' is one of new's flags that take a value (only to tell "missing value" from an
+ * unknown flag at the end of the line; the chain in new_flags is what parses them). */
+static bool takes_value(const char *a) {
+    static const char *const named[] = {"--param-dtype",
+                                        "--reduce-dtype",
+                                        "--model",
+                                        "--graph",
+                                        "-o",
+                                        "--output",
+                                        "--name",
+                                        "--data",
+                                        "--init-from",
+                                        "--fsdp",
+                                        "--device",
+                                        "--mesh",
+                                        "--mode",
+                                        "--param-memory-budget",
+                                        "--device-profile",
+                                        "--gpus-per-node",
+                                        "--place",
+                                        "--constrain",
+                                        "--tp-plan",
+                                        "--bucket-mb",
+                                        "--prefetch",
+                                        "--max-restarts",
+                                        "--profile-steps",
+                                        "--on-nonfinite",
+                                        "--decay"};
+    for (size_t k = 0; k < HP_ARRAY_LEN(named); k++)
+        if (!strcmp(a, named[k])) return true;
+    for (size_t k = 0; k < HP_ARRAY_LEN(num_flags); k++)
+        if (!strcmp(a, num_flags[k].flag)) return true;
+    return false;
+}
+
 static int new_flags(int argc, char **argv, hp_job *job, const char **model, const char **out) {
     const char *verb = "new";
     for (int i = 1; i < argc; i++) {
@@ -287,7 +322,16 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             job->plan.loss_parallel = true;
             continue;
         }
-        if (i + 1 >= argc) return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
+        if (a[0] != '-')
+            return hpctl_fail(HPCTL_USAGE, verb,
+                              "unexpected argument '%s' (flags take one value each; try hpctl new "
+                              "--help)",
+                              a);
+        if (i + 1 >= argc) {
+            if (!takes_value(a))
+                return hpctl_fail(HPCTL_USAGE, verb, "unknown flag '%s' (try hpctl new --help)", a);
+            return hpctl_fail(HPCTL_USAGE, verb, "%s: missing value", a);
+        }
         const char *v = argv[++i];
         int rc = HPCTL_OK;
         const struct num_flag *nf = NULL;

@@ -160,6 +160,9 @@ Test(hpctl, usage_errors_exit_2) {
     expect_error("new --model llama3:debugmodel --device tpu -o x.pb", 2,
                  "--device: device 'tpu' is unknown (expected cpu or cuda)");
     expect_error("new --model llama3:debugmodel --device", 2, "--device: missing value");
+    /* a flag that swallowed the next flag leaves a stray argument: named as one */
+    expect_error("new --model llama3:debugmodel --fsdp -o x.pb", 2, "unexpected argument 'x.pb'");
+    expect_error("new --model llama3:debugmodel --wat", 2, "unknown flag '--wat'");
     expect_error("inspect", 2, "which job file");
     expect_error("inspect a.pb --wat", 2, "unknown flag '--wat'");
 }
