@@ -321,6 +321,7 @@ hp_graph *hp_graph_new(void) {
 
 void hp_graph_free(hp_graph *g) {
     if (!g) return;
+    hp__intern_free(g);
     hp_arena_fini(&g->arena);
     hp_arena_fini(&g->inputs);
     hp_free(g->nodes); /* kept in a compile for its next pass graph (hp_graph_reserve) */
@@ -405,42 +406,37 @@ int hp_graph_append(hp_graph *g, hp_op op, const hp_value *in, int n_in, const h
         g->cap_nodes = cap;
     }
     hp_node n = {.op = op, .n_in = n_in, .n_out = n_out, .n_attrs = n_attrs};
-    /* one arena block per node: attributes, output types, then inputs (each 8-aligned) */
-    size_t a_bytes = (size_t)n_attrs * sizeof *attrs, o_bytes = (size_t)n_out * sizeof *out;
-    size_t i_bytes = (size_t)n_in * sizeof *in;
-    if (a_bytes + o_bytes + i_bytes) {
-        unsigned char *blk = hp_arena_take(&g->arena, a_bytes + o_bytes + i_bytes);
-        if (!blk) goto nomem;
-        if (n_attrs) memcpy(n.attrs = (hp_attr *)(void *)blk, attrs, a_bytes);
-        if (n_out) memcpy(n.out = (hp_type *)(void *)(blk + a_bytes), out, o_bytes);
-        if (n_in) memcpy(n.in = (hp_value *)(void *)(blk + a_bytes + o_bytes), in, i_bytes);
-    }
     if (n_attrs) {
+        hp_attr sorted[HP_ATTR_COUNT];
+        memcpy(sorted, attrs, (size_t)n_attrs * sizeof *attrs);
         for (int i = 0; i < n_attrs; i++) {
-            hp_attr *a = &n.attrs[i];
+            const hp_attr *a = &sorted[i];
             if ((unsigned)a->key >= HP_ATTR_COUNT) {
                 hp_errf(err, HP_INVALID, "node %d: attribute key %d out of range", g->n_nodes,
                         (int)a->key);
                 return -1;
             }
-            if (a->kind == HP_ATTR_KIND_STR) {
-                if (!a->s) {
-                    hp_errf(err, HP_INVALID, "node %d: attribute '%s' has no string", g->n_nodes,
-                            hp_attr_key_name(a->key));
-                    return -1;
-                }
-                if (!(a->s = hp_arena_strdup(&g->arena, a->s))) goto nomem;
-            }
-        }
-        sort_attrs(n.attrs, n_attrs);
-        for (int i = 1; i < n_attrs; i++) {
-            if (n.attrs[i].key == n.attrs[i - 1].key) {
-                hp_errf(err, HP_INVALID, "node %d: duplicate attribute '%s'", g->n_nodes,
-                        hp_attr_key_name(n.attrs[i].key));
+            if (a->kind == HP_ATTR_KIND_STR && !a->s) {
+                hp_errf(err, HP_INVALID, "node %d: attribute '%s' has no string", g->n_nodes,
+                        hp_attr_key_name(a->key));
                 return -1;
             }
         }
+        sort_attrs(sorted, n_attrs);
+        for (int i = 1; i < n_attrs; i++) {
+            if (sorted[i].key == sorted[i - 1].key) {
+                hp_errf(err, HP_INVALID, "node %d: duplicate attribute '%s'", g->n_nodes,
+                        hp_attr_key_name(sorted[i].key));
+                return -1;
+            }
+        }
+        /* an equal list appended before is shared (graph/intern.c), strings and all */
+        if (!(n.attrs = hp__intern_attrs(g, sorted, n_attrs))) goto nomem;
     }
+    if (n_out && !(n.out = hp__intern_types(g, out, n_out))) goto nomem;
+    /* inputs are the node's own: no other graph points at them (hp_graph_append_like gives
+     * a rewrite's nodes lists of their own), so they go with the graph */
+    if (n_in && !(n.in = hp_arena_memdup(&g->inputs, in, (size_t)n_in * sizeof *in))) goto nomem;
     g->nodes[g->n_nodes] = n;
     return g->n_nodes++;
 nomem:
@@ -752,15 +748,17 @@ hp_status hp_node_set_placements(hp_graph *g, int id, const hp_placement *pl, hp
                                id, k, g->mesh.name[i], n->out[k].rank);
         }
     }
-    size_t bytes = (size_t)(n->n_out * nd) * sizeof *pl;
-    hp_placement *copy = bytes ? hp_arena_memdup(&g->arena, pl, bytes) : NULL;
-    if (bytes && !copy) return hp_errf(err, HP_NOMEM, "out of memory for placements");
     /* normalise the fields a kind does not use, so equality and printing are canonical */
-    for (int i = 0; i < n->n_out * nd; i++) {
-        if (copy[i].kind != HP_PLACE_SHARD) copy[i].dim = 0;
-        if (copy[i].kind != HP_PLACE_PARTIAL) copy[i].reduce = HP_REDUCE_SUM;
+    hp_placement norm[HP_MAX_OUTS * HP_MESH_MAX_DIMS];
+    int n_pl = n->n_out * nd;
+    for (int i = 0; i < n_pl; i++) {
+        norm[i] = pl[i];
+        if (norm[i].kind != HP_PLACE_SHARD) norm[i].dim = 0;
+        if (norm[i].kind != HP_PLACE_PARTIAL) norm[i].reduce = HP_REDUCE_SUM;
     }
-    n->pl = copy;
+    n->pl = NULL;
+    if (n_pl && !(n->pl = hp__intern_placements(g, norm, n_pl)))
+        return hp_errf(err, HP_NOMEM, "out of memory for placements");
     return HP_OK;
 }
 

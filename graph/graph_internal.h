@@ -29,6 +29,14 @@ void hp__reduce_mask(const hp_node *n, int rank, bool mask[HP_MAX_RANK]);
 hp_status hp__check_node(const hp_graph *g, int id, const hp_node *n, hp_type *inferred,
                          hp_err *err);
 
+/* The graph's copy of an array of n output types, attributes (sorted and checked; their
+ * strings are copied too) or placements (normalised): an equal one it holds already, or a new
+ * copy in its arena (graph/intern.c). NULL for n == 0 or out of memory. */
+hp_type *hp__intern_types(hp_graph *g, const hp_type *t, int n);
+hp_attr *hp__intern_attrs(hp_graph *g, const hp_attr *a, int n);
+hp_placement *hp__intern_placements(hp_graph *g, const hp_placement *p, int n);
+void hp__intern_free(hp_graph *g);
+
 /* The ops' rules, declared from the op table (defined in shape_rules.c, grad_rules*.c and
  * shard_rules*.c). */
 #define HP_OP(e, name, n_in, n_out, req, opt, shape_fn, grad_fn, shard_fn, flags)                  \

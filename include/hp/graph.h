@@ -364,6 +364,10 @@ struct hp_graph {
      * its arena: the input lists of nodes appended with hp_graph_append_like (their chunks go
      * back to a compile's cache for the next graph). */
     hp_arena inputs;
+    /* One copy per distinct array of types, attributes or placements its nodes point at
+     * (graph/intern.c): node storage is never changed once appended, so equal arrays are
+     * shared. */
+    struct hp_intern *intern;
     hp_graph_mesh mesh;
     hp_node *nodes; /* [n_nodes], hp_malloc'd, may move on add */
     int n_nodes, cap_nodes;

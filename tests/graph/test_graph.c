@@ -162,16 +162,20 @@ Test(graph, verify_a_large_graph_reports_its_first_bad_node) {
     }
     hp_err e;
     cr_assert_eq(hp_graph_verify(g, &e), HP_OK, "%s", e.msg);
-    g->nodes[290000].out[0] = wrong; /* in the last range */
+    /* node storage is shared between equal nodes (graph/intern.c): a broken node gets a type
+     * of its own rather than a change to the shared one */
+    hp_type *shared = g->nodes[290000].out;
+    g->nodes[290000].out = &wrong; /* in the last range */
     cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
     cr_expect(strstr(e.msg, "node 290000 (neg): output 0 is declared f32[5]"), "%s", e.msg);
-    g->nodes[290000].out[0] = t;
+    g->nodes[290000].out = shared;
     hp_value far = {N + 5, 0};
-    g->nodes[200000].in[0] = far;    /* a dangling input, in a later range than ... */
-    g->nodes[100000].out[0] = wrong; /* ... this, reported first */
+    hp_value *own_in = g->nodes[200000].in; /* inputs are each node's own */
+    own_in[0] = far;                        /* a dangling input, in a later range than ... */
+    g->nodes[100000].out = &wrong;          /* ... this, reported first */
     cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
     cr_expect(strstr(e.msg, "node 100000 (neg): output 0 is declared f32[5]"), "%s", e.msg);
-    g->nodes[100000].out[0] = t;
+    g->nodes[100000].out = shared;
     cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
     cr_expect(strstr(e.msg, "node 200000 (neg): input 0 refers to node 300005"), "%s", e.msg);
     hp_graph_free(g);
@@ -219,12 +223,14 @@ Test(graph, verify_whole_graph_rules) {
     cr_assert_eq(hp_graph_verify(g, &e), HP_OK, "%s", e.msg);
 
     /* declared type differs from the shape rule */
-    g->nodes[2].out[0].shape[0] = 5;
+    hp_type *shared = g->nodes[2].out, own = shared[0]; /* (shared: graph/intern.c) */
+    own.shape[0] = 5;
+    g->nodes[2].out = &own;
     cr_assert_eq(hp_graph_verify(g, &e), HP_INVALID);
     cr_assert(strstr(e.msg, "node 2 (neg): output 0 is declared f32[5] but its shape rule gives "
                             "f32[4]"),
               "%s", e.msg);
-    g->nodes[2].out[0].shape[0] = 4;
+    g->nodes[2].out = shared;
 
     /* bad graph output */
     hp_graph_add_output(g, (hp_value){7, 0}, NULL);
@@ -260,6 +266,89 @@ Test(graph, clone_eq_and_queries) {
     c->nodes[5].attrs[0].ints.n = 1; /* sum over dim 0 now */
     cr_assert(!hp_graph_eq(g, c));
     hp_graph_free(c);
+    hp_graph_free(g);
+}
+
+/* Equal node storage is one copy per graph (graph/intern.c): nodes with equal output types,
+ * attributes (strings by content, floats bitwise) or placements point at the same array, and
+ * different ones never do; a clone holds copies of its own and still compares equal. */
+Test(graph, equal_node_storage_is_shared) {
+    int64_t s[2] = {3, 4};
+    hp_graph *g = hp_graph_new();
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x", f32(2, s), NULL);
+    hp_value a = hp_neg(g, x), b = hp_neg(g, a);
+    int64_t d0[1] = {0}, d1[1] = {1}, d1_again[1] = {1};
+    hp_value c = hp_sum(g, b, 1, d1, false), d = hp_sum(g, b, 1, d1_again, false);
+    hp_value e = hp_sum(g, b, 1, d0, false);
+    cr_assert(!hp_graph_failed(g), "%s", g->err.msg);
+    const hp_node *n = g->nodes;
+    cr_expect_eq(n[a.node].out, n[b.node].out, "equal types are one array");
+    cr_expect_eq(n[x.node].out, n[a.node].out, "whatever the op");
+    cr_expect_eq(n[c.node].attrs, n[d.node].attrs, "equal attributes are one array");
+    cr_expect_eq(n[c.node].out, n[d.node].out);
+    cr_expect_neq(n[c.node].attrs, n[e.node].attrs, "sum over dim 0 is not over dim 1");
+    cr_expect_neq(n[c.node].out, n[e.node].out, "f32[3] is not f32[4]");
+    cr_expect_eq(n[e.node].attrs[0].ints.v[0], 0);
+    cr_expect_eq(n[c.node].attrs[0].ints.v[0], 1);
+
+    /* floats bitwise: 0.0 and -0.0 are different attributes */
+    hp_value z1 = hp_add_scalar(g, x, 0.0), z2 = hp_add_scalar(g, x, 0.0);
+    hp_value z3 = hp_add_scalar(g, x, -0.0);
+    cr_assert(!hp_graph_failed(g), "%s", g->err.msg);
+    n = g->nodes;
+    cr_expect_eq(n[z1.node].attrs, n[z2.node].attrs);
+    cr_expect_neq(n[z1.node].attrs, n[z3.node].attrs);
+    cr_expect(signbit(n[z3.node].attrs[0].f));
+
+    /* inputs stay each node's own */
+    cr_expect_neq(n[c.node].in, n[d.node].in);
+
+    cr_assert_eq(hp_graph_add_output(g, c, NULL), HP_OK);
+    hp_err err;
+    cr_assert_eq(hp_graph_verify(g, &err), HP_OK, "%s", err.msg);
+    hp_graph *k = hp_graph_clone(g);
+    cr_assert(k && hp_graph_eq(g, k));
+    cr_expect_neq(k->nodes[c.node].attrs, g->nodes[c.node].attrs, "a clone has its own copies");
+    cr_expect_eq(k->nodes[c.node].attrs, k->nodes[d.node].attrs, "shared within the clone");
+    hp_graph_free(k);
+    hp_graph_free(g);
+
+    /* strings by content: two fqns spelled in different buffers share; another does not (a
+     * graph of its own: the verifier refuses a repeated fqn) */
+    hp_graph *sg = hp_graph_new();
+    char n1[] = "layers.0.w", n2[] = "layers.0.w";
+    hp_attr p1[2] = {hp_attr_int(HP_ATTR_KIND, HP_INPUT_BUFFER), hp_attr_str(HP_ATTR_FQN, n1)};
+    hp_attr p2[2] = {hp_attr_str(HP_ATTR_FQN, n2), hp_attr_int(HP_ATTR_KIND, HP_INPUT_BUFFER)};
+    hp_attr p3[2] = {hp_attr_int(HP_ATTR_KIND, HP_INPUT_BUFFER), hp_attr_str(HP_ATTR_FQN, "w2")};
+    hp_type t = f32(2, s);
+    int i1 = hp_graph_append(sg, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, p1, 2, NULL);
+    int i2 = hp_graph_append(sg, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, p2, 2, NULL);
+    int i3 = hp_graph_append(sg, HP_OP_PLACEHOLDER, NULL, 0, &t, 1, p3, 2, NULL);
+    cr_assert(i1 >= 0 && i2 >= 0 && i3 >= 0);
+    const hp_node *sn = sg->nodes;
+    cr_expect_eq(sn[i1].attrs, sn[i2].attrs, "sorted, equal by content");
+    cr_expect_neq(sn[i1].attrs, sn[i3].attrs);
+    n1[0] = 'X'; /* the graph holds its own copy of the string */
+    cr_expect_str_eq(sn[i1].attrs[1].s, "layers.0.w");
+    cr_expect_str_eq(sn[i3].attrs[1].s, "w2");
+    hp_graph_free(sg);
+
+    /* placements: equal (after normalising the fields a kind does not use) are one array */
+    g = hp_graph_new();
+    hp_graph_mesh m = {.ndim = 1, .name = {"dp"}, .size = {2}};
+    cr_assert_eq(hp_graph_set_mesh(g, &m, NULL), HP_OK);
+    hp_value w1 = hp_build_placeholder(g, HP_INPUT_BUFFER, "w1", f32(2, s), NULL);
+    hp_value w2 = hp_build_placeholder(g, HP_INPUT_BUFFER, "w2", f32(2, s), NULL);
+    hp_value w3 = hp_build_placeholder(g, HP_INPUT_BUFFER, "w3", f32(2, s), NULL);
+    hp_placement r1 = {HP_PLACE_REPLICATE, 1, HP_REDUCE_MAX}; /* unused fields: normalised */
+    cr_assert_eq(hp_node_set_placements(g, w1.node, &r1, NULL), HP_OK);
+    cr_assert_eq(hp_node_set_placements(g, w2.node, &HP_REPLICATE, NULL), HP_OK);
+    cr_assert_eq(hp_node_set_placements(g, w3.node, &HP_SHARD(1), NULL), HP_OK);
+    n = g->nodes;
+    cr_expect_eq(n[w1.node].pl, n[w2.node].pl);
+    cr_expect_neq(n[w1.node].pl, n[w3.node].pl);
+    cr_expect_eq(n[w1.node].pl[0].dim, 0);
+    cr_expect_eq(n[w3.node].pl[0].dim, 1);
     hp_graph_free(g);
 }
 
