@@ -12,11 +12,11 @@
  * Storage: every graph the compile made itself lends its storage to the next pass (see
  * passes_internal.h: the output's unchanged nodes point at its types and attributes) and its
  * arena moves into that output once the pass is done, so each rebuild writes only node
- * records, inputs and what the pass changed; the program's graph shares the compiled graph's
- * storage the same way. The job's own graph is never lent (it may be freed before the
- * result). A pass whose no_op check says it would change nothing (DCE with nothing dead) is
- * not run: its input goes on as it is.
- * Nothing here prints; warnings are collected in the result.
+ * records, inputs and what the pass changed (once per distinct array: graph/intern.c); the
+ * program's graph shares the compiled graph's storage the same way. The job's own graph is
+ * never lent (it may be freed before the result). A pass whose no_op check says it would change
+ * nothing (DCE with nothing dead) is not run: its input goes on as it is. Nothing here prints;
+ * warnings are collected in the result.
  */
 #include "passes/passes_internal.h"
 #include "hp/autoshard.h"
