@@ -233,7 +233,7 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         char where[96], gl[96], lo[96];
         param_placements(job, c->graph, ps->node, pl);
         placements_text(job, pl, where, sizeof where);
-        const hp_type *local = &prog->buffers[ps->buffer].type;
+        const hp_type *local = prog->buffers[ps->buffer].type;
         printf("  %-40s %-16s {%s} -> %-16s %10s\n", ps->fqn,
                hp_type_str(&ps->global, gl, sizeof gl), where, hp_type_str(local, lo, sizeof lo),
                HUMAN(hp_type_numel(local) * (int64_t)hp_dtype_size(local->dtype)));
@@ -321,7 +321,7 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
     json_t *params = json_array(), *by_dim = json_object();
     for (int i = 0; i < c->program->n_params; i++) {
         const hp_param_slot *ps = &c->program->params[i];
-        const hp_type *local = &c->program->buffers[ps->buffer].type;
+        const hp_type *local = c->program->buffers[ps->buffer].type;
         hp_placement pl[HP_MESH_MAX_DIMS];
         param_placements(job, c->graph, ps->node, pl);
         json_t *gshape = json_array(), *lshape = json_array(), *where = json_object();

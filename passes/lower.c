@@ -74,7 +74,7 @@ static int32_t add_buffer(lower_state *s, hp_mem_class mem, const hp_type *t, in
     hp_buffer *b = &p->buffers[p->n_buffers];
     memset(b, 0, sizeof *b);
     b->mem = mem;
-    b->type = *t;
+    b->type = t;
     b->bytes = hp_type_numel(t) * (int64_t)hp_dtype_size(t->dtype);
     b->alias_of = alias_of;
     b->value_node = node;
@@ -213,13 +213,12 @@ static hp_status place_grads(lower_state *s, hp_err *err) {
             p->params[i].grad = b;
             continue;
         }
-        /* by value: add_buffer may move p->buffers, where buf points */
-        hp_type bt = buf->type;
-        int id = hp_graph_append(g, HP_OP_CLONE, &v, 1, &bt, 1, NULL, 0, err);
+        int id = hp_graph_append(g, HP_OP_CLONE, &v, 1, buf->type, 1, NULL, 0, err);
         if (id < 0) return err ? err->status : HP_NOMEM;
         const hp_placement *pl = hp_value_placements(g, v); /* a placed graph: the same */
         if (pl) HP_TRY(hp_node_set_placements(g, id, pl, err));
-        int32_t gb = add_buffer(s, HP_MEM_GRAD, &bt, -1, id, 0, err);
+        /* the clone's own output type: a buffer's type lives in the graph */
+        int32_t gb = add_buffer(s, HP_MEM_GRAD, g->nodes[id].out, -1, id, 0, err);
         if (gb < 0) return err ? err->status : HP_NOMEM;
         HP_TRY(add_instr(s, id, 0, &b, 1, &gb, 1, err));
         p->params[i].grad = gb;

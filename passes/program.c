@@ -142,7 +142,7 @@ static hp_status verify_buffers(const hp_program *p, hp_err *err) {
         if (!t)
             return hp_errf(err, HP_INVALID, "buffer %d: holds value %d.%d, not in the graph", b,
                            buf->value_node, buf->value_out);
-        if (!hp_type_eq(t, &buf->type))
+        if (!buf->type || !hp_type_eq(t, buf->type))
             return hp_errf(err, HP_INVALID, "buffer %d: type differs from its graph value", b);
         if (buf->bytes != hp_type_numel(t) * (int64_t)hp_dtype_size(t->dtype))
             return hp_errf(err, HP_INVALID, "buffer %d: %lld bytes for its type", b,
@@ -201,7 +201,7 @@ static hp_status verify_instrs(const hp_program *p, hp_err *err) {
             HP_TRY(check_buffer(p, ins->in[k], "instruction", i, err));
             const hp_buffer *b = &p->buffers[ins->in[k]];
             const hp_type *want = hp_graph_type(g, n->in[k]);
-            hp_type got = b->type;
+            hp_type got = *b->type;
             unsigned bit = n->op == HP_OP_ADDMM ? (k == 1   ? HP_INSTR_TRANS_A
                                                    : k == 2 ? HP_INSTR_TRANS_B
                                                             : 0)
@@ -257,7 +257,7 @@ hp_status hp__program_verify(const hp_program *p, bool graph_verified, hp_err *e
         hp_err e = {0};
         if (hp_local_type(&ps->global, ps->pl, p->mesh.size, p->mesh.ndim, false, &local, &e) !=
                 HP_OK ||
-            !hp_type_eq(&local, &p->buffers[ps->buffer].type))
+            !hp_type_eq(&local, p->buffers[ps->buffer].type))
             return hp_errf(err, HP_INVALID,
                            "parameter %d ('%s'): its placements do not give its local type%s%s", i,
                            ps->fqn, e.msg[0] ? ": " : "", e.msg);

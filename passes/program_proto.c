@@ -103,7 +103,7 @@ hp_status hp_program_pack(const hp_program *p, uint8_t **data, size_t *len, hp_e
                 mp->index = mp->index * (int32_t)p->mesh.size[d] + (int32_t)p->coord[d];
                 mp->count *= (int32_t)p->mesh.size[d];
             }
-        mp->padded_dim0 = r ? p->buffers[ps->buffer].type.shape[0] * mp->count : 1;
+        mp->padded_dim0 = r ? p->buffers[ps->buffer].type->shape[0] * mp->count : 1;
         mp->n_box_offset = mp->n_box_length = (size_t)r;
         mp->box_offset = (int64_t *)ps->off;
         mp->box_length = (int64_t *)ps->len;
@@ -185,7 +185,7 @@ static hp_status fill(hp_program *p, const Hp__V1__Program *m, hp_err *err) {
         b->mem = (hp_mem_class)mb->memory_class;
         b->offset = mb->offset;
         b->bytes = mb->bytes;
-        b->type = *t;
+        b->type = t;
         b->alias_of = mb->alias_of - 1;
         b->value_node = mb->value_node;
         b->value_out = mb->value_output;

@@ -166,13 +166,13 @@ hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err 
         c->in_type = &e->types[kt];
         for (int k = 0; k < ins->n_in; k++) {
             e->in_ptrs[ki++] = hp_exec_ptr(e, ins->in[k]);
-            e->types[kt++] = p->buffers[ins->in[k]].type;
+            e->types[kt++] = *p->buffers[ins->in[k]].type;
         }
         c->out = &e->out_ptrs[ko];
         c->out_type = &e->types[kt];
         for (int k = 0; k < ins->n_out; k++) {
             e->out_ptrs[ko++] = hp_exec_ptr(e, ins->out[k]);
-            e->types[kt++] = p->buffers[ins->out[k]].type;
+            e->types[kt++] = *p->buffers[ins->out[k]].type;
         }
         if (c->node->op == HP_OP_NATIVE_DROPOUT && ins->n_in == 1) {
             if ((st = dropout_site(p, c->node, &c->in_type[0], &e->sites[i], err)) != HP_OK) {
@@ -228,8 +228,8 @@ double hp_exec_exposed_seconds(const hp_exec *e) {
 
 hp_status hp_exec_loss(const hp_exec *e, double *loss, hp_err *err) {
     const hp_buffer *buf = &e->p->buffers[e->p->loss];
-    if (buf->type.dtype != HP_F32)
-        return hp_errf(err, HP_UNSUPPORTED, "loss of dtype %s", hp_dtype_name(buf->type.dtype));
+    if (buf->type->dtype != HP_F32)
+        return hp_errf(err, HP_UNSUPPORTED, "loss of dtype %s", hp_dtype_name(buf->type->dtype));
     float v;
     HP_TRY(e->b->vt->copy_out(e->b, &v, hp_exec_ptr(e, e->p->loss), sizeof v, err));
     *loss = v;

@@ -34,7 +34,7 @@ float *hp__train_param(const trainer *t, int i) {
 }
 
 int64_t hp__train_numel(const trainer *t, int i) {
-    return hp_type_numel(&t->prog->buffers[t->prog->params[i].buffer].type);
+    return hp_type_numel(t->prog->buffers[t->prog->params[i].buffer].type);
 }
 
 /* ---- which part of a parameter a rank holds: its slot's box ------------------------------- */
@@ -78,7 +78,7 @@ hp_status hp__train_param_runs(const trainer *t, int i, int rank, hp__run_fn fn,
     const hp_param_slot *ps = &t->prog->params[i];
     int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
     HP_TRY(hp_program_box(t->prog, i, rank, off, len, err));
-    return hp__train_box_runs(&ps->global, off, len, &t->prog->buffers[ps->buffer].type, fn, ctx,
+    return hp__train_box_runs(&ps->global, off, len, t->prog->buffers[ps->buffer].type, fn, ctx,
                               err);
 }
 
@@ -106,7 +106,7 @@ static hp_status find_data(trainer *t, hp_err *err) {
     }
     if (t->tokens_buf < 0 || t->labels_buf < 0)
         return hp_errf(err, HP_UNSUPPORTED, "the graph needs data inputs 'tokens' and 'labels'");
-    const hp_type *tt = &p->buffers[t->tokens_buf].type, *lt = &p->buffers[t->labels_buf].type;
+    const hp_type *tt = p->buffers[t->tokens_buf].type, *lt = p->buffers[t->labels_buf].type;
     if (tt->dtype != HP_I64 || tt->rank != 2 || !hp_type_eq(tt, lt))
         return hp_errf(err, HP_UNSUPPORTED, "'tokens' and 'labels' must both be i64 [B, T]");
     t->batch = tt->shape[0];
@@ -200,7 +200,7 @@ static void on_instr(void *ctx, int32_t i, double start_s, double end_s) {
     if (comm && t->comm) return;
     int64_t bytes = -1;
     if (comm && ins->n_in > 0) {
-        const hp_type *ty = &t->prog->buffers[ins->in[0]].type;
+        const hp_type *ty = t->prog->buffers[ins->in[0]].type;
         bytes = hp_type_numel(ty) * (int64_t)hp_dtype_size(ty->dtype);
     }
     hp_trace_add(t->trace, comm ? HP_TRACE_COMM : HP_TRACE_COMPUTE, hp_op_get(n->op)->name, start_s,

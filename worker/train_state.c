@@ -216,7 +216,7 @@ hp_status hp__train_save_checkpoint(trainer *t, int64_t step, hp_err *err) {
         memcpy(s->shape, ps->global.shape, sizeof s->shape);
         /* each distinct piece is saved by its owner only: its box in the padded local
          * buffer (the buffer's type is the held shape) */
-        const hp_type *held = &t->prog->buffers[ps->buffer].type;
+        const hp_type *held = t->prog->buffers[ps->buffer].type;
         bool mine = hp__train_owned(t, i);
         for (int d = 0; d < s->rank; d++) {
             s->off[d] = ps->off[d];
@@ -275,7 +275,7 @@ void hp__train_resume_root(const char *dir, char *root, size_t len) {
 static hp_status read_box(trainer *t, hp_ckpt *c, int i, hp_ckpt_part kind, void *dev,
                           hp_err *err) {
     const hp_param_slot *ps = &t->prog->params[i];
-    const hp_type *held = &t->prog->buffers[ps->buffer].type;
+    const hp_type *held = t->prog->buffers[ps->buffer].type;
     size_t bytes = (size_t)hp__train_numel(t, i) * sizeof(float);
     void *host;
     HP_TRY(stage(t, dev, bytes, &host, err));
@@ -346,7 +346,7 @@ done:
  * every rank: it decides whether they gather. */
 static bool rank0_holds_all(trainer *t, int i) {
     const hp_param_slot *ps = &t->prog->params[i];
-    const hp_type *held = &t->prog->buffers[ps->buffer].type;
+    const hp_type *held = t->prog->buffers[ps->buffer].type;
     int64_t off[HP_MAX_RANK], len[HP_MAX_RANK];
     if (hp_program_box(t->prog, i, 0, off, len, NULL) != HP_OK) return false;
     for (int d = 0; d < ps->global.rank; d++)

@@ -39,7 +39,9 @@ typedef struct hp_buffer {
     hp_mem_class mem;
     int64_t offset; /* bytes into the class's arena (of alias_of's storage for an alias) */
     int64_t bytes;  /* numel * dtype size */
-    hp_type type;
+    /* its value's type: the output type in the program's graph (graph storage, which lives as
+     * long as the graph), never a copy */
+    const hp_type *type;
     int32_t alias_of;              /* -1: own storage; else the buffer whose storage this is */
     int32_t value_node, value_out; /* the graph value it holds */
 } hp_buffer;

@@ -105,7 +105,7 @@ Test(lower, llama_joint_graph) {
     for (int32_t b = 0; b < p->n_buffers; b++) {
         const hp_buffer *x = &p->buffers[b], *y = &q->buffers[b];
         cr_expect(x->mem == y->mem && x->offset == y->offset && x->bytes == y->bytes &&
-                      x->alias_of == y->alias_of && hp_type_eq(&x->type, &y->type) &&
+                      x->alias_of == y->alias_of && hp_type_eq(x->type, y->type) &&
                       x->value_node == y->value_node && x->value_out == y->value_out,
                   "buffer %d differs", b);
     }
