@@ -189,52 +189,40 @@ static intern_slot *find(hp_graph *g, int kind, const void *p, int n, uint32_t h
     }
 }
 
-static void keep(hp_graph *g, intern_slot *s, int kind, const void *p, int n, uint32_t hash) {
-    s->p = p;
-    s->hash = hash;
-    s->n = (uint16_t)n;
-    s->kind = (uint16_t)kind;
+/* The graph's copy of p[0..n) of the given kind: an equal one it holds, or a new one in its
+ * arena (an attribute list's strings copied too). */
+static void *intern(hp_graph *g, int kind, const void *p, int n, size_t size) {
+    if (n <= 0) return NULL;
+    uint32_t h = (uint32_t)(kind == K_TYPES   ? hash_types(p, n)
+                            : kind == K_ATTRS ? hash_attrs(p, n)
+                                              : hash_placements(p, n));
+    bool found;
+    intern_slot *s = find(g, kind, p, n, h, &found);
+    if (!s) return NULL;
+    if (found) return (void *)s->p;
+    void *copy = hp_arena_memdup(&g->arena, p, (size_t)n * size);
+    if (!copy) return NULL;
+    if (kind == K_ATTRS) {
+        hp_attr *a = copy;
+        for (int i = 0; i < n; i++)
+            if (a[i].kind == HP_ATTR_KIND_STR && !(a[i].s = hp_arena_strdup(&g->arena, a[i].s)))
+                return NULL;
+    }
+    *s = (intern_slot){.p = copy, .hash = h, .n = (uint16_t)n, .kind = (uint16_t)kind};
     g->intern->used++;
+    return copy;
 }
 
 hp_type *hp__intern_types(hp_graph *g, const hp_type *t, int n) {
-    if (n <= 0) return NULL;
-    uint32_t h = (uint32_t)hash_types(t, n);
-    bool found;
-    intern_slot *s = find(g, K_TYPES, t, n, h, &found);
-    if (!s) return NULL;
-    if (found) return (hp_type *)s->p;
-    hp_type *copy = hp_arena_memdup(&g->arena, t, (size_t)n * sizeof *t);
-    if (copy) keep(g, s, K_TYPES, copy, n, h);
-    return copy;
+    return intern(g, K_TYPES, t, n, sizeof *t);
 }
 
 hp_attr *hp__intern_attrs(hp_graph *g, const hp_attr *a, int n) {
-    if (n <= 0) return NULL;
-    uint32_t h = (uint32_t)hash_attrs(a, n);
-    bool found;
-    intern_slot *s = find(g, K_ATTRS, a, n, h, &found);
-    if (!s) return NULL;
-    if (found) return (hp_attr *)s->p;
-    hp_attr *copy = hp_arena_memdup(&g->arena, a, (size_t)n * sizeof *a);
-    if (!copy) return NULL;
-    for (int i = 0; i < n; i++)
-        if (copy[i].kind == HP_ATTR_KIND_STR && !(copy[i].s = hp_arena_strdup(&g->arena, a[i].s)))
-            return NULL;
-    keep(g, s, K_ATTRS, copy, n, h);
-    return copy;
+    return intern(g, K_ATTRS, a, n, sizeof *a);
 }
 
 hp_placement *hp__intern_placements(hp_graph *g, const hp_placement *p, int n) {
-    if (n <= 0) return NULL;
-    uint32_t h = (uint32_t)hash_placements(p, n);
-    bool found;
-    intern_slot *s = find(g, K_PLACEMENTS, p, n, h, &found);
-    if (!s) return NULL;
-    if (found) return (hp_placement *)s->p;
-    hp_placement *copy = hp_arena_memdup(&g->arena, p, (size_t)n * sizeof *p);
-    if (copy) keep(g, s, K_PLACEMENTS, copy, n, h);
-    return copy;
+    return intern(g, K_PLACEMENTS, p, n, sizeof *p);
 }
 
 void hp__intern_free(hp_graph *g) {
