@@ -106,6 +106,8 @@ static bool same_f64(double x, double y) { /* bitwise: -0 and NaN payloads kept 
     return !memcmp(&x, &y, sizeof x);
 }
 
+/* Stricter than hp_graph_eq's attribute test (graph.c), which takes any two NaNs, and an init's
+ * -0 and 0, as equal: right for comparing graphs, but a shared copy must keep every bit. */
 static bool attr_eq(const hp_attr *x, const hp_attr *y) {
     if (x->key != y->key || x->kind != y->kind) return false;
     switch (x->kind) {
