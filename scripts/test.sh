@@ -11,7 +11,7 @@ scripts/install-deps.sh
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== format check (clang-format)"
-files=$(git ls-files '*.c' '*.h' 2>/dev/null || find . -name '*.[ch]' -not -path './build*')
+files=$(git ls-files '*.c' '*.h' '*.cpp' 2>/dev/null || find . -name '*.[ch]' -not -path './build*')
 if [ -n "$files" ]; then
     clang-format --dry-run --Werror $files
 fi
@@ -44,8 +44,11 @@ elif [ -n "${OPENBLAS_CORETYPE:-}" ]; then
     echo "== OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE is set by this machine: core-type stage skipped"
 fi
 
-echo "== build (ASan + UBSan)"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=ON -DHP_WERROR=ON >/dev/null
+# The sanitizer build runs the cuda backend on cuemu (tests/cuemu: CUDA emulated on the CPU), so
+# its entries and kernels run under ASan + UBSan here, GPU or not.
+echo "== build (ASan + UBSan, cuda backend on cuemu)"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DHP_SANITIZE=ON -DHP_CUDA_EMU=ON -DHP_WERROR=ON \
+    >/dev/null
 cmake --build build-asan -j"$jobs"
 
 echo "== tests (ASan + UBSan)"

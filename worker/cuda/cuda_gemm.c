@@ -284,41 +284,45 @@ HP__CUDA_ENTRY(hp__cuda_mm) {
     return run(cu, s, p, c->in[ia], c->in[ia + 1], c->out[0], alpha, beta, err);
 }
 
-/* ---- the peak probe ------------------------------------------------------------------------- */
+/* ---- the peak probe ----------------------------------------------------------------------------
+ * Square bf16 GEMMs from PROBE_MIN_N, doubling until PROBE_REPS of them take at least
+ * PROBE_MIN_MS or n reaches PROBE_MAX_N (8192: a large GPU's tensor cores are busy only at
+ * that size), so that a slow device is not kept for minutes and a fast one is measured where
+ * it peaks. */
 
-#define PROBE_N    8192
-#define PROBE_REPS 5
+#define PROBE_MIN_N  1024
+#define PROBE_MAX_N  8192
+#define PROBE_REPS   5
+#define PROBE_MIN_MS 20.0f
 
-hp_status hp__cuda_gemm_probe(hp__cuda *cu, double *flops, hp_err *err) {
-    *flops = 0;
-    size_t bytes = (size_t)PROBE_N * PROBE_N * 2;
+/* PROBE_REPS products of n^3 after one warm-up: the milliseconds they took. */
+static hp_status probe_at(hp__cuda *cu, int n, float *ms, hp_err *err) {
+    size_t bytes = (size_t)n * n * 2;
     void *a = NULL, *b = NULL, *c = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     hp_status st = HP_OK;
     cudaStream_t s = cu->stream[HP_STREAM_COMPUTE];
+    plan p = {.node = NULL,
+              .in_dt = HP_BF16,
+              .out_dt = HP_BF16,
+              .batch = 1,
+              .m = n,
+              .n = n,
+              .k = n,
+              .align = 256};
+    bool made = false;
+    *ms = 0;
     if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
         cudaMalloc(&c, bytes) != cudaSuccess) {
-        st = hp_errf(err, HP_NOMEM, "cuda peak probe: no memory for three %dx%d bf16 matrices",
-                     PROBE_N, PROBE_N);
+        st = hp_errf(err, HP_NOMEM, "cuda peak probe: no memory for three %dx%d bf16 matrices", n,
+                     n);
         goto done;
     }
     cudaMemsetAsync(a, 0, bytes, s);
     cudaMemsetAsync(b, 0, bytes, s);
-    plan key = {.node = NULL,
-                .in_dt = HP_BF16,
-                .out_dt = HP_BF16,
-                .batch = 1,
-                .m = PROBE_N,
-                .n = PROBE_N,
-                .k = PROBE_N,
-                .align = 256};
-    plan p = key;
-    if ((st = plan_make(cu, &p, err)) != HP_OK) {
-        plan_fini(&p);
-        goto done;
-    }
+    if ((st = plan_make(cu, &p, err)) != HP_OK) goto done;
+    made = true;
     if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
-        plan_fini(&p);
         st = hp_errf(err, HP_INTERNAL, "cuda peak probe: cudaEventCreate failed");
         goto done;
     }
@@ -328,18 +332,27 @@ hp_status hp__cuda_gemm_probe(hp__cuda *cu, double *flops, hp_err *err) {
         st = run(cu, s, &p, a, b, c, 1.0f, 0.0f, err);
     cudaEventRecord(e1, s);
     cudaError_t ce = cudaEventSynchronize(e1);
-    float ms = 0;
-    if (st == HP_OK && ce == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess &&
-        ms > 0)
-        *flops = 2.0 * PROBE_N * (double)PROBE_N * PROBE_N * PROBE_REPS / (ms * 1e-3);
-    else if (st == HP_OK)
+    if (st == HP_OK && (ce != cudaSuccess || cudaEventElapsedTime(ms, e0, e1) != cudaSuccess))
         st = hp_errf(err, HP_INTERNAL, "cuda peak probe: no time measured");
-    plan_fini(&p);
 done:
+    if (made) plan_fini(&p);
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     cudaFree(a);
     cudaFree(b);
     cudaFree(c);
     return st;
+}
+
+hp_status hp__cuda_gemm_probe(hp__cuda *cu, double *flops, hp_err *err) {
+    *flops = 0;
+    for (int n = PROBE_MIN_N;; n *= 2) {
+        float ms = 0;
+        HP_TRY(probe_at(cu, n, &ms, err));
+        if (ms >= PROBE_MIN_MS || n >= PROBE_MAX_N) {
+            if (ms <= 0) return hp_errf(err, HP_INTERNAL, "cuda peak probe: no time measured");
+            *flops = 2.0 * n * (double)n * n * PROBE_REPS / (ms * 1e-3);
+            return HP_OK;
+        }
+    }
 }

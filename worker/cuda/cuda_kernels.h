@@ -171,7 +171,8 @@ typedef struct hp__cu_adamw {
 } hp__cu_adamw;
 int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p, const float *g, float *m,
                       float *v, int64_t n);
-/* partial[0..HP__CU_SUMSQ_BLOCKS) = sums of squares (double) of fixed slices of x[0..n). */
+/* partial[0..HP__CU_SUMSQ_BLOCKS) = sums of squares (double) of fixed slices of x[0..n) (a
+ * block per 4096 elements; the partials past the last block are zeros). */
 #define HP__CU_SUMSQ_BLOCKS 256
 int hp__cu_sumsq(cudaStream_t s, double *partial, const float *x, int64_t n);
 int hp__cu_scale(cudaStream_t s, float *x, int64_t n, float coef);

@@ -6,6 +6,7 @@
  * data movement take any dtype. */
 #include "worker/cuda/cuda_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #define LAUNCH(call, what) HP__CUDA_TRY((call), (what))

@@ -36,8 +36,18 @@ __global__ void sumsq_k(double *partial, const float *x, int64_t n) {
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+/* A block per 4096 elements, at most HP__CU_SUMSQ_BLOCKS; the partials past the last block are
+ * zeros (a fixed function of n: the same bits every step). */
 extern "C" int hp__cu_sumsq(cudaStream_t s, double *partial, const float *x, int64_t n) {
-    sumsq_k<<<HP__CU_SUMSQ_BLOCKS, HP__CU_THREADS, 0, s>>>(partial, x, n);
+    int64_t blocks = (n + 4095) / 4096;
+    if (blocks < 1) blocks = 1;
+    if (blocks > HP__CU_SUMSQ_BLOCKS) blocks = HP__CU_SUMSQ_BLOCKS;
+    if (blocks < HP__CU_SUMSQ_BLOCKS) {
+        cudaError_t e = cudaMemsetAsync(partial + blocks, 0,
+                                        (size_t)(HP__CU_SUMSQ_BLOCKS - blocks) * sizeof(double), s);
+        if (e != cudaSuccess) return (int)e;
+    }
+    sumsq_k<<<(unsigned)blocks, HP__CU_THREADS, 0, s>>>(partial, x, n);
     return HP__CU_LAUNCHED();
 }
 

@@ -1,0 +1,24 @@
+/* tests/cuemu/cuemu_internal.h — what cuemu's files share: the error state (a launch's
+ * configuration error is returned once by cudaGetLastError; a fault inside a kernel is sticky,
+ * returned by every later synchronizing call, as a device's), the device-memory map (every
+ * cudaMalloc'd range, so a copy's direction is checked against where its pointers live), and
+ * stream handles. */
+#ifndef HP_CUEMU_INTERNAL_H
+#define HP_CUEMU_INTERNAL_H
+
+#include "include/cuemu_device.h"
+
+#include <stddef.h>
+
+namespace hp_emu {
+
+void set_launch_error(cudaError_t e, const char *kernel, const char *why);
+void set_sticky_error(cudaError_t e, const char *kernel, const char *why);
+cudaError_t sticky_error();
+bool stream_ok(cudaStream_t s);
+/* Whether [p, p + bytes) lies inside one cudaMalloc'd allocation. */
+bool on_device(const void *p, size_t bytes);
+
+} // namespace hp_emu
+
+#endif

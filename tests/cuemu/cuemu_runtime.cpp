@@ -1,0 +1,405 @@
+/* tests/cuemu/cuemu_runtime.cpp — cuemu's CUDA runtime API (include/cuda_runtime_api.h): devices
+ * ($HP_CUEMU_DEVICES of them, default 1; 0 behaves as a machine without a GPU), memory
+ * (cudaMalloc is host memory of exactly the size asked, 256-byte aligned, so AddressSanitizer
+ * sees a kernel's out-of-bounds access; copies check that their device side is device memory
+ * and their host side is not), streams and events (work runs at enqueue; events hold host
+ * times) and errors. */
+#include "cuemu_internal.h"
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct CUstream_st {
+    unsigned flags;
+};
+struct CUevent_st {
+    unsigned flags;
+    bool recorded;
+    std::chrono::steady_clock::time_point t;
+};
+
+namespace hp_emu {
+namespace {
+
+std::mutex mu;
+std::map<uintptr_t, size_t> device_mem; /* start -> bytes */
+std::set<void *> host_mem;              /* cudaMallocHost */
+std::set<cudaStream_t> streams;
+cudaError_t sticky = cudaSuccess;
+thread_local cudaError_t last = cudaSuccess;
+int current_device = 0;
+
+int device_count() {
+    const char *e = getenv("HP_CUEMU_DEVICES");
+    if (!e || !*e) return 1;
+    char *end;
+    long n = strtol(e, &end, 10);
+    return *end || n < 0 || n > 16 ? 1 : (int)n;
+}
+
+cudaError_t ret(cudaError_t e) {
+    if (e != cudaSuccess) last = e;
+    return e;
+}
+
+cudaError_t sync_state() {
+    std::lock_guard<std::mutex> g(mu);
+    return sticky;
+}
+
+} // namespace
+
+void set_launch_error(cudaError_t e, const char *kernel, const char *why) {
+    fprintf(stderr, "cuemu: launch of %s refused: %s\n", kernel, why);
+    last = e;
+}
+
+void set_sticky_error(cudaError_t e, const char *kernel, const char *why) {
+    fprintf(stderr, "cuemu: kernel %s failed: %s\n", kernel, why);
+    std::lock_guard<std::mutex> g(mu);
+    if (sticky == cudaSuccess) sticky = e;
+    last = e;
+}
+
+cudaError_t sticky_error() {
+    return sync_state();
+}
+
+bool stream_ok(cudaStream_t s) {
+    std::lock_guard<std::mutex> g(mu);
+    return !s || streams.count(s);
+}
+
+bool on_device(const void *p, size_t bytes) {
+    std::lock_guard<std::mutex> g(mu);
+    uintptr_t a = (uintptr_t)p;
+    auto it = device_mem.upper_bound(a);
+    if (it == device_mem.begin()) return false;
+    --it;
+    return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+} // namespace hp_emu
+
+using namespace hp_emu;
+
+extern "C" {
+
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+#define N(x)                                                                                       \
+    case x:                                                                                        \
+        return #x;
+        N(cudaSuccess)
+        N(cudaErrorInvalidValue)
+        N(cudaErrorMemoryAllocation)
+        N(cudaErrorInitializationError)
+        N(cudaErrorInvalidConfiguration)
+        N(cudaErrorInvalidDevicePointer)
+        N(cudaErrorInvalidMemcpyDirection)
+        N(cudaErrorNoDevice)
+        N(cudaErrorInvalidDevice)
+        N(cudaErrorInvalidResourceHandle)
+        N(cudaErrorNotReady)
+        N(cudaErrorIllegalAddress)
+        N(cudaErrorLaunchOutOfResources)
+        N(cudaErrorLaunchFailure)
+        N(cudaErrorUnknown)
+#undef N
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess:
+        return "no error";
+    case cudaErrorInvalidValue:
+        return "invalid argument";
+    case cudaErrorMemoryAllocation:
+        return "out of memory";
+    case cudaErrorInvalidConfiguration:
+        return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer:
+        return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection:
+        return "invalid copy direction for memcpy";
+    case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+        return "invalid resource handle";
+    case cudaErrorNotReady:
+        return "device not ready";
+    case cudaErrorLaunchFailure:
+        return "unspecified launch failure";
+    default:
+        return "unknown error";
+    }
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t s = sync_state();
+    cudaError_t e = last;
+    last = cudaSuccess;
+    return s != cudaSuccess ? s : e;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+    cudaError_t s = sync_state();
+    return s != cudaSuccess ? s : last;
+}
+
+cudaError_t cudaGetDeviceCount(int *n) {
+    if (!n) return ret(cudaErrorInvalidValue);
+    *n = device_count();
+    return *n ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= device_count()) return ret(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+    if (!device) return ret(cudaErrorInvalidValue);
+    *device = current_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
+    if (!p) return ret(cudaErrorInvalidValue);
+    if (device < 0 || device >= device_count()) return ret(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "hp cuemu (CUDA emulated on the CPU)");
+    p->totalGlobalMem = (size_t)8 << 30;
+    p->sharedMemPerBlock = 48 << 10;
+    p->sharedMemPerBlockOptin = 227 << 10;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 0x7fffffff;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->multiProcessorCount = 1;
+    p->major = 9;
+    p->minor = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+    return ret(sync_state());
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    if (!p) return ret(cudaErrorInvalidValue);
+    *p = nullptr;
+    if (device_count() == 0) return ret(cudaErrorNoDevice);
+    if (bytes == 0) return cudaSuccess;
+    const char *cap = getenv("HP_CUEMU_MEMORY_BYTES"); /* to test out-of-memory paths */
+    if (cap && *cap && bytes > strtoull(cap, nullptr, 10)) return ret(cudaErrorMemoryAllocation);
+    void *q = nullptr;
+    if (posix_memalign(&q, 256, bytes) != 0) return ret(cudaErrorMemoryAllocation);
+    memset(q, 0xa5, bytes); /* fresh device memory holds no zeros to rely on */
+    std::lock_guard<std::mutex> g(mu);
+    device_mem[(uintptr_t)q] = bytes;
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        auto it = device_mem.find((uintptr_t)p);
+        if (it == device_mem.end()) {
+            last = cudaErrorInvalidDevicePointer;
+            return cudaErrorInvalidDevicePointer;
+        }
+        device_mem.erase(it);
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    if (!p) return ret(cudaErrorInvalidValue);
+    *p = nullptr;
+    void *q = nullptr;
+    if (posix_memalign(&q, 256, bytes ? bytes : 1) != 0) return ret(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> g(mu);
+    host_mem.insert(q);
+    *p = q;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p) {
+    if (!p) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        if (!host_mem.erase(p)) {
+            last = cudaErrorInvalidValue;
+            return cudaErrorInvalidValue;
+        }
+    }
+    free(p);
+    return cudaSuccess;
+}
+
+/* The device side of a copy must be device memory, its host side must not be. */
+static cudaError_t check_copy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind k) {
+    if (bytes == 0) return cudaSuccess;
+    if (!dst || !src) return cudaErrorInvalidValue;
+    bool dd = on_device(dst, bytes), sd = on_device(src, bytes);
+    switch (k) {
+    case cudaMemcpyHostToHost:
+        return dd || sd ? cudaErrorInvalidMemcpyDirection : cudaSuccess;
+    case cudaMemcpyHostToDevice:
+        return dd && !sd ? cudaSuccess : cudaErrorInvalidMemcpyDirection;
+    case cudaMemcpyDeviceToHost:
+        return sd && !dd ? cudaSuccess : cudaErrorInvalidMemcpyDirection;
+    case cudaMemcpyDeviceToDevice:
+        return dd && sd ? cudaSuccess : cudaErrorInvalidMemcpyDirection;
+    case cudaMemcpyDefault:
+        return cudaSuccess;
+    }
+    return cudaErrorInvalidMemcpyDirection;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind) {
+    cudaError_t e = sync_state();
+    if (e != cudaSuccess) return ret(e);
+    if ((e = check_copy(dst, src, bytes, kind)) != cudaSuccess) return ret(e);
+    if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t s) {
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind,
+                              cudaStream_t s) {
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (width > dpitch || width > spitch) return ret(cudaErrorInvalidValue);
+    if (width == 0 || height == 0) return cudaSuccess;
+    cudaError_t e = sync_state();
+    if (e != cudaSuccess) return ret(e);
+    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    bool dd = on_device(dst, dspan), sd = on_device(src, sspan);
+    bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyDeviceToDevice && dd && sd) ||
+              (kind == cudaMemcpyHostToDevice && dd && !sd) ||
+              (kind == cudaMemcpyDeviceToHost && sd && !dd) ||
+              (kind == cudaMemcpyHostToHost && !dd && !sd);
+    if (!ok) return ret(cudaErrorInvalidMemcpyDirection);
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int value, size_t bytes) {
+    cudaError_t e = sync_state();
+    if (e != cudaSuccess) return ret(e);
+    if (bytes == 0) return cudaSuccess;
+    if (!on_device(p, bytes)) return ret(cudaErrorInvalidValue);
+    memset(p, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    return cudaMemset(p, value, bytes);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    return cudaStreamCreateWithFlags(s, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    if (!s) return ret(cudaErrorInvalidValue);
+    if (device_count() == 0) return ret(cudaErrorNoDevice);
+    *s = new CUstream_st{flags};
+    std::lock_guard<std::mutex> g(mu);
+    streams.insert(*s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    {
+        std::lock_guard<std::mutex> g(mu);
+        if (!s || !streams.erase(s)) {
+            last = cudaErrorInvalidResourceHandle;
+            return cudaErrorInvalidResourceHandle;
+        }
+    }
+    delete s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    return ret(sync_state());
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    return cudaStreamSynchronize(s);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    (void)flags;
+    if (!stream_ok(s) || !e) return ret(cudaErrorInvalidResourceHandle);
+    return cudaSuccess; /* the event's work ran when it was enqueued */
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    return cudaEventCreateWithFlags(e, cudaEventDefault);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    if (!e) return ret(cudaErrorInvalidValue);
+    *e = new CUevent_st{flags, false, {}};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return ret(cudaErrorInvalidResourceHandle);
+    delete e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e || !stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    e->recorded = true;
+    e->t = std::chrono::steady_clock::now();
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) return ret(cudaErrorInvalidResourceHandle);
+    return ret(sync_state());
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    return cudaEventSynchronize(e);
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!ms) return ret(cudaErrorInvalidValue);
+    if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
+        return ret(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
+    *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
+    return cudaSuccess;
+}
+
+} /* extern "C" */
