@@ -14,9 +14,11 @@
 # Without a GPU it still builds and runs the tests (they skip), says "no GPU" and exits 0.
 #
 # usage: bench/gpu/check.sh            (from the repository root)
-# env:   BUILD=DIR  BUILD_TYPE=Release  HP_CUDA_ARCHS="90"  ONE_B_BATCH=2  ONE_B_STEPS=30  HP_CUDA_TF32=1
-#        (the ~1B run is f32 in this backend; TF32 GEMMs are on by default here, 0 turns them
-#        off; bf16 parameters arrive with the mixed-precision policy)
+# env:   BUILD=DIR  BUILD_TYPE=Release  HP_CUDA_ARCHS="90"  ONE_B_BATCH=2  ONE_B_STEPS=30
+#        ONE_B_DTYPE=bf16  HP_CUDA_TF32=1
+#        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
+#        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
+#        are on by default here and HP_CUDA_TF32=0 turns them off)
 # Exit status: 0 when every stage that could run passed, 1 otherwise.
 set -u
 cd "$(dirname "$0")/../.."
@@ -122,18 +124,24 @@ fi
 # ---- 4. the ~1B Llama, 30 steps ---------------------------------------------------------------
 B=${ONE_B_BATCH:-2}
 S=${ONE_B_STEPS:-30}
+DT=${ONE_B_DTYPE:-bf16}
+case $DT in
+    bf16) POLICY=(--param-dtype bf16 --reduce-dtype f32) ;;
+    f32) POLICY=() ;;
+    *) echo "ONE_B_DTYPE must be bf16 or f32, not '$DT'" >&2; exit 2 ;;
+esac
 SHAPE=(--dim 2048 --layers 16 --heads 16 --kv-heads 8 --ffn-hidden 8192 --vocab 128256
        --batch "$B" --seq 2048)
-say "~1B Llama, $S steps, batch $B x 2048"
+say "~1B Llama, $S steps, batch $B x 2048, $DT"
 G="$OUT/1b"
 HP_TPS=""
 if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$S" \
-        --log-interval 1 --name llama-1b -o "$OUT/1b.pb" >/dev/null &&
+        "${POLICY[@]}" --log-interval 1 --name llama-1b -o "$OUT/1b.pb" >/dev/null &&
     HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 "$BUILD/worker/hp-worker" --standalone \
         "$OUT/1b.pb" --out "$G" >"$OUT/1b.log" 2>&1; then
     read -r f l HP_TPS HP_MFU mem FPT TFL n < <(stats "$G/metrics.jsonl" 5)
-    row "$(printf '~1B hp        %.0f tokens/s, MFU %.1f%% (target 45%%), %.1f TFLOPS, peak %.1f GiB, loss %.3f -> %.3f (%d steps)' \
-        "$HP_TPS" "$HP_MFU" "$TFL" "$(python3 -c "print($mem / 2**30)")" "$f" "$l" "$n")"
+    row "$(printf '~1B hp %-6s %.0f tokens/s, MFU %.1f%% (target 45%%), %.1f TFLOPS, peak %.1f GiB, loss %.3f -> %.3f (%d steps)' \
+        "$DT" "$HP_TPS" "$HP_MFU" "$TFL" "$(python3 -c "print($mem / 2**30)")" "$f" "$l" "$n")"
 else
     fail "~1B hp        FAILED or over 300 s: $(tail -1 "$OUT/1b.log")"
     if [ -f "$G/metrics.jsonl" ]; then

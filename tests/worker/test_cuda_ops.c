@@ -298,23 +298,26 @@ Test(cuda_ops, matrix_products_on_cublaslt) {
     hp_backend_free(be);
 }
 
-Test(cuda_ops, nn_ops) {
-    hp_backend *be = cu_backend();
+/* The nn ops with every floating operand of type fp (bf16: staged through f32, as the cpu
+ * backend, within bf16 rounding of the f32 reference). */
+static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
     const hp_dtype its[] = {HP_I64, HP_I32};
     for (size_t d = 0; d < HP_ARRAY_LEN(its); d++) {
         hp_th h;
         hp_th_init(&h);
-        hp_value w = cc_rand_input(&h, TY(HP_F32, 100, 64), 1, -1, 1);
+        hp_value w = cc_rand_input(&h, TY(fp, 100, 64), 1, -1, 1);
         hp_value idx = cc_rand_input(&h, TY(its[d], 2000), 2, 0, 100);
         hp_value y = node1(&h, HP_OP_EMBEDDING, (hp_value[]){w, idx}, 2, NULL, 0);
-        cc_check(be, &h, y, 0, TOL_SIMPLE);
+        round_inputs(&h);
+        cc_check(be, &h, y, 0, tol_s);
         hp_th_fini(&h);
         hp_th_init(&h);
-        hp_value g = cc_rand_input(&h, TY(HP_F32, 2000, 64), 1, -1, 1);
+        hp_value g = cc_rand_input(&h, TY(fp, 2000, 64), 1, -1, 1);
         idx = cc_rand_input(&h, TY(its[d], 2000), 2, 0, 20); /* repeats */
         hp_attr a[2] = {hp_attr_int(HP_ATTR_NUM_WEIGHTS, 100), hp_attr_int(HP_ATTR_PADDING_IDX, 5)};
         y = node1(&h, HP_OP_EMBEDDING_DENSE_BACKWARD, (hp_value[]){g, idx}, 2, a, 2);
-        cc_check(be, &h, y, 0, TOL_REDUCE);
+        round_inputs(&h);
+        cc_check(be, &h, y, 0, tol_r);
         hp_th_fini(&h);
     }
     static const struct {
@@ -329,16 +332,17 @@ Test(cuda_ops, nn_ops) {
     const hp_op sm[] = {HP_OP_SOFTMAX, HP_OP_LOG_SOFTMAX};
     for (size_t i = 0; i < HP_ARRAY_LEN(sc); i++)
         for (int o = 0; o < 2; o++) {
-            hp_type t = hp_type_make(HP_F32, sc[i].rank, sc[i].s);
+            hp_type t = hp_type_make(fp, sc[i].rank, sc[i].s);
             hp_attr a = hp_attr_int(HP_ATTR_DIM, sc[i].dim);
-            one(be, sm[o], &t, 1, &a, 1, -20, 20, TOL_REDUCE);
+            one(be, sm[o], &t, 1, &a, 1, -20, 20, tol_r);
             hp_th h;
             hp_th_init(&h);
             hp_value g = cc_rand_input(&h, t, 3, -1, 1);
             hp_value y = cc_rand_input(&h, t, 4, o ? -8 : 0, o ? 0 : 1);
             hp_op bop = o ? HP_OP_LOG_SOFTMAX_BACKWARD : HP_OP_SOFTMAX_BACKWARD;
             hp_value v = node1(&h, bop, (hp_value[]){g, y}, 2, &a, 1);
-            cc_check(be, &h, v, 0, TOL_REDUCE);
+            round_inputs(&h);
+            cc_check(be, &h, v, 0, tol_r);
             hp_th_fini(&h);
         }
     for (int red = 0; red < 3; red++)
@@ -355,18 +359,20 @@ Test(cuda_ops, nn_ops) {
                             hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
             hp_th h;
             hp_th_init(&h);
-            hp_value lp = cc_rand_input(&h, TY(HP_F32, n, c), 1, -9, 0);
+            hp_value lp = cc_rand_input(&h, TY(fp, n, c), 1, -9, 0);
             hp_value t = cc_input(&h, TY(its[ig], n), tg);
             hp_value v = node1(&h, HP_OP_NLL_LOSS_FORWARD, (hp_value[]){lp, t}, 2, a, 2);
-            cc_check(be, &h, v, 0, TOL_SIMPLE);
+            round_inputs(&h);
+            cc_check(be, &h, v, 0, tol_s);
             hp_th_fini(&h);
             hp_th_init(&h);
-            hp_value g = cc_rand_input(&h, red ? TY0(HP_F32) : TY(HP_F32, n), 1, 0.5, 2);
-            lp = cc_rand_input(&h, TY(HP_F32, n, c), 2, -9, 0);
+            hp_value g = cc_rand_input(&h, red ? TY0(fp) : TY(fp, n), 1, 0.5, 2);
+            lp = cc_rand_input(&h, TY(fp, n, c), 2, -9, 0);
             t = cc_input(&h, TY(its[ig], n), tg);
-            hp_value tw = cc_input(&h, TY0(HP_F32), &count);
+            hp_value tw = cc_input(&h, TY0(fp), &count);
             v = node1(&h, HP_OP_NLL_LOSS_BACKWARD, (hp_value[]){g, lp, t, tw}, 4, a, 2);
-            cc_check(be, &h, v, 0, TOL_SIMPLE);
+            round_inputs(&h);
+            cc_check(be, &h, v, 0, tol_s);
             hp_th_fini(&h);
             free(tg);
         }
@@ -375,40 +381,52 @@ Test(cuda_ops, nn_ops) {
         int64_t s[3];
     } nc[] = {{3, {4, 6, 32}}, {2, {3, 256}}, {2, {300, 2048}}, {1, {7}}, {2, {129, 5}}};
     for (size_t i = 0; i < HP_ARRAY_LEN(nc); i++) {
-        hp_type t = hp_type_make(HP_F32, nc[i].rank, nc[i].s),
-                w = TY(HP_F32, nc[i].s[nc[i].rank - 1]);
+        hp_type t = hp_type_make(fp, nc[i].rank, nc[i].s), w = TY(fp, nc[i].s[nc[i].rank - 1]);
         hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
         hp_th h;
         hp_th_init(&h);
         hp_value x = cc_rand_input(&h, t, 1, -2, 2), wv = cc_rand_input(&h, w, 2, 0.5, 1.5);
         hp_value v = node1(&h, HP_OP_RMS_NORM, (hp_value[]){x, wv}, 2, &eps, 1);
-        cc_check(be, &h, v, 0, TOL_REDUCE);
+        round_inputs(&h);
+        cc_check(be, &h, v, 0, tol_r);
         hp_th_fini(&h);
         hp_th_init(&h);
         hp_type rt = t;
         rt.rank--;
+        rt.dtype = HP_F32; /* rstd is f32 whatever x is */
         hp_value gy = cc_rand_input(&h, t, 1, -1, 1);
         x = cc_rand_input(&h, t, 2, -2, 2);
         wv = cc_rand_input(&h, w, 3, 0.5, 1.5);
         hp_value r = cc_rand_input(&h, rt, 4, 0.5, 2);
         v = node1(&h, HP_OP_RMS_NORM_BACKWARD, (hp_value[]){gy, x, wv, r}, 4, NULL, 0);
-        cc_check(be, &h, v, 0, TOL_REDUCE);
+        round_inputs(&h);
+        cc_check(be, &h, v, 0, tol_r);
         hp_th_fini(&h);
     }
     for (int inv = 0; inv < 2; inv++) {
-        hp_type ts[] = {TY(HP_F32, 2, 9, 3, 8), TY(HP_F32, 1, 2048, 4, 128)};
+        hp_type ts[] = {TY(fp, 2, 9, 3, 8), TY(fp, 1, 2048, 4, 128)};
         for (size_t k = 0; k < HP_ARRAY_LEN(ts); k++) {
             hp_attr a[2] = {hp_attr_float(HP_ATTR_THETA, 500000),
                             hp_attr_int(HP_ATTR_INVERSE, inv)};
-            one(be, HP_OP_ROTARY_EMB, &ts[k], 1, a, 2, -2, 2, TOL_SIMPLE);
+            one(be, HP_OP_ROTARY_EMB, &ts[k], 1, a, 2, -2, 2, tol_s);
         }
     }
+}
+
+Test(cuda_ops, nn_ops) {
+    hp_backend *be = cu_backend();
+    nn_ops_in(be, HP_F32, TOL_SIMPLE, TOL_REDUCE);
+    hp_backend_free(be);
+}
+
+Test(cuda_ops, nn_ops_in_bf16) {
+    hp_backend *be = cu_backend();
+    nn_ops_in(be, HP_BF16, TOL_BF16, TOL_BF16);
     hp_backend_free(be);
 }
 
 /* Attention: causal and not, GQA, T != S, head dims of the debugmodel (16) and the ~1B (128). */
-Test(cuda_ops, attention_forward_and_backward) {
-    hp_backend *be = cu_backend();
+static void attention_in(hp_backend *be, hp_dtype fp, double tol) {
     static const struct {
         int64_t b, h, hkv, t, s, d, dv;
         int causal;
@@ -420,19 +438,31 @@ Test(cuda_ops, attention_forward_and_backward) {
     for (size_t i = 0; i < HP_ARRAY_LEN(ac); i++) {
         hp_th h;
         hp_th_init(&h);
-        hp_value go = cc_rand_input(&h, TY(HP_F32, ac[i].b, ac[i].h, ac[i].t, ac[i].dv), 1, -1, 1);
-        hp_value q = cc_rand_input(&h, TY(HP_F32, ac[i].b, ac[i].h, ac[i].t, ac[i].d), 2, -1, 1);
-        hp_value k = cc_rand_input(&h, TY(HP_F32, ac[i].b, ac[i].hkv, ac[i].s, ac[i].d), 3, -1, 1);
-        hp_value v = cc_rand_input(&h, TY(HP_F32, ac[i].b, ac[i].hkv, ac[i].s, ac[i].dv), 4, -1, 1);
+        hp_value go = cc_rand_input(&h, TY(fp, ac[i].b, ac[i].h, ac[i].t, ac[i].dv), 1, -1, 1);
+        hp_value q = cc_rand_input(&h, TY(fp, ac[i].b, ac[i].h, ac[i].t, ac[i].d), 2, -1, 1);
+        hp_value k = cc_rand_input(&h, TY(fp, ac[i].b, ac[i].hkv, ac[i].s, ac[i].d), 3, -1, 1);
+        hp_value v = cc_rand_input(&h, TY(fp, ac[i].b, ac[i].hkv, ac[i].s, ac[i].dv), 4, -1, 1);
         hp_attr a[2] = {hp_attr_float(HP_ATTR_SCALE, 1.0 / sqrt((double)ac[i].d)),
                         hp_attr_int(HP_ATTR_CAUSAL, ac[i].causal)};
         hp_value o = node1(&h, HP_OP_SDPA, (hp_value[]){q, k, v}, 3, a, 2);
-        cc_check(be, &h, o, 0, TOL_REDUCE);
+        round_inputs(&h);
+        cc_check(be, &h, o, 0, tol);
         hp_value gb =
             node1(&h, HP_OP_SDPA_BACKWARD, (hp_value[]){go, q, k, v, o, hp_out(o, 1)}, 6, a, 2);
-        cc_check(be, &h, gb, 0, TOL_REDUCE);
+        cc_check(be, &h, gb, 0, tol);
         hp_th_fini(&h);
     }
+}
+
+Test(cuda_ops, attention_forward_and_backward) {
+    hp_backend *be = cu_backend();
+    attention_in(be, HP_F32, TOL_REDUCE);
+    hp_backend_free(be);
+}
+
+Test(cuda_ops, attention_in_bf16) {
+    hp_backend *be = cu_backend();
+    attention_in(be, HP_BF16, TOL_BF16);
     hp_backend_free(be);
 }
 

@@ -442,6 +442,114 @@ static hp_status cuda_collective(hp_backend *b, int stream, const hp_kernel_call
     return st;
 }
 
+/* ---- bf16 operands of f32 kernels --------------------------------------------------------------
+ * Elementwise ops, casts, data movement and GEMMs take bf16 natively. The other kernels
+ * (embedding, softmax, nll_loss, rms_norm, rotary, attention, reductions) compute in f32 and run
+ * staged when an operand is bf16, as on the cpu backend: each bf16 input is widened into f32
+ * staging (exact), the entry runs on a copy of the call whose bf16 types read f32, and each bf16
+ * output is rounded to nearest even from its staging. So every op has a bf16 form that computes
+ * and accumulates in f32 and rounds once per stored element, as the reference evaluator does. */
+
+static bool staged_op(hp_op op) {
+    switch (op) {
+    case HP_OP_SUM:
+    case HP_OP_MEAN:
+    case HP_OP_AMAX:
+    case HP_OP_EMBEDDING:
+    case HP_OP_EMBEDDING_DENSE_BACKWARD:
+    case HP_OP_LOG_SOFTMAX:
+    case HP_OP_LOG_SOFTMAX_BACKWARD:
+    case HP_OP_SOFTMAX:
+    case HP_OP_SOFTMAX_BACKWARD:
+    case HP_OP_NLL_LOSS_FORWARD:
+    case HP_OP_NLL_LOSS_BACKWARD:
+    case HP_OP_RMS_NORM:
+    case HP_OP_RMS_NORM_BACKWARD:
+    case HP_OP_ROTARY_EMB:
+    case HP_OP_SDPA:
+    case HP_OP_SDPA_BACKWARD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+#define STAGE_ALIGN 256
+
+static size_t stage_bytes(const hp_type *t) {
+    size_t b = (size_t)hp_type_numel(t) * sizeof(float);
+    return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+}
+
+static hp_status launch_staged(hp__cuda *cu, int stream, hp__cuda_entry k, const hp_kernel_call *c,
+                               hp_err *err) {
+    enum { SMALL = 16 };
+    if (c->n_in > SMALL)
+        return hp_errf(err, HP_UNSUPPORTED, "%d inputs (bf16 staging takes at most %d)", c->n_in,
+                       SMALL);
+    size_t need = 0;
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in_type[i].dtype == HP_BF16) need += stage_bytes(&c->in_type[i]);
+    for (int i = 0; i < c->n_out; i++)
+        if (c->out_type[i].dtype == HP_BF16) need += stage_bytes(&c->out_type[i]);
+    cudaStream_t s = cu->stream[stream];
+    if (need > cu->stage_cap[stream]) {
+        if (cu->stage[stream]) { /* cudaFree waits for the kernels still using it */
+            cudaFree(cu->stage[stream]);
+            cu->live_bytes -= cu->stage_cap[stream];
+            cu->stage[stream] = NULL;
+            cu->stage_cap[stream] = 0;
+        }
+        size_t cap = need < ((size_t)1 << 20) ? (size_t)1 << 20 : need;
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, cap);
+        if (e != cudaSuccess) return hp__cuda_fail(err, (int)e, "cudaMalloc of bf16 staging");
+        cu->stage[stream] = p;
+        cu->stage_cap[stream] = cap;
+        note_alloc(cu, cap);
+    }
+    const void *in[SMALL];
+    void *out[HP_MAX_OUTS];
+    hp_type in_t[SMALL], out_t[HP_MAX_OUTS];
+    char *at = cu->stage[stream];
+    for (int i = 0; i < c->n_in; i++) {
+        in[i] = c->in[i];
+        in_t[i] = c->in_type[i];
+        if (in_t[i].dtype != HP_BF16) continue;
+        int64_t n = hp_type_numel(&in_t[i]);
+        if (n > 0)
+            HP__CUDA_TRY(hp__cu_cast(s, HP__CU_F32, at, HP__CU_BF16, c->in[i], n),
+                         "bf16 staging of an input");
+        in[i] = at;
+        in_t[i].dtype = HP_F32;
+        at += stage_bytes(&c->in_type[i]);
+    }
+    for (int i = 0; i < c->n_out; i++) {
+        out[i] = c->out[i];
+        out_t[i] = c->out_type[i];
+        if (out_t[i].dtype != HP_BF16) continue;
+        out[i] = at;
+        out_t[i].dtype = HP_F32;
+        at += stage_bytes(&c->out_type[i]);
+    }
+    hp_node node = *c->node;
+    node.out = out_t;
+    hp_kernel_call f = *c;
+    f.node = &node;
+    f.in = in;
+    f.in_type = in_t;
+    f.out = out;
+    f.out_type = out_t;
+    HP_TRY(k(cu, s, &f, err));
+    for (int i = 0; i < c->n_out; i++) {
+        int64_t n = hp_type_numel(&out_t[i]);
+        if (c->out_type[i].dtype == HP_BF16 && n > 0)
+            HP__CUDA_TRY(hp__cu_cast(s, HP__CU_BF16, c->out[i], HP__CU_F32, out[i], n),
+                         "bf16 rounding of an output");
+    }
+    return HP_OK;
+}
+
 static hp_status cuda_launch(hp_backend *b, int stream, const hp_kernel_call *c, hp_err *err) {
     if (stream < 0 || stream >= HP_STREAM_COUNT)
         return hp_errf(err, HP_INVALID, "cuda: stream %d does not exist", stream);
@@ -456,7 +564,11 @@ static hp_status cuda_launch(hp_backend *b, int stream, const hp_kernel_call *c,
                        dt);
     }
     hp__cuda *cu = as_cuda(b);
-    hp_status st = k(cu, cu->stream[stream], c, err);
+    bool staged = false;
+    for (int i = 0; staged_op(op) && i < c->n_in; i++) staged |= c->in_type[i].dtype == HP_BF16;
+    for (int i = 0; staged_op(op) && i < c->n_out; i++) staged |= c->out_type[i].dtype == HP_BF16;
+    hp_status st =
+        staged ? launch_staged(cu, stream, k, c, err) : k(cu, cu->stream[stream], c, err);
     if (st != HP_OK) hp_err_prefix(err, "cuda: %s", name);
     return st;
 }
@@ -656,7 +768,10 @@ static void cuda_destroy(hp_backend *b) {
     if (cu->lt) cublasLtDestroy(cu->lt);
     cudaFree(cu->workspace);
     cudaFree(cu->fault);
-    for (int s = 0; s < HP_STREAM_COUNT; s++) cudaFree(cu->scratch[s]);
+    for (int s = 0; s < HP_STREAM_COUNT; s++) {
+        cudaFree(cu->scratch[s]);
+        cudaFree(cu->stage[s]);
+    }
     hp_pool_free(cu->pool);
     cudaFree(cu->sumsq_dev);
     cudaFreeHost(cu->sumsq_host);

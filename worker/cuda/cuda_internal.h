@@ -39,6 +39,8 @@ typedef struct hp__cuda {
     void *scratch[HP_STREAM_COUNT]; /* device scratch per stream, grown on demand (cudaFree
                                        waits for the device) */
     size_t scratch_cap[HP_STREAM_COUNT];
+    void *stage[HP_STREAM_COUNT]; /* f32 staging of bf16 operands per stream (cuda_launch) */
+    size_t stage_cap[HP_STREAM_COUNT];
     hp_pool *pool;      /* host threads for fill_init's values */
     double *sumsq_host; /* pinned [HP__CU_SUMSQ_BLOCKS] */
     double *sumsq_dev;
