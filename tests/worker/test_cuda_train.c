@@ -77,24 +77,32 @@ Test(cuda_train, cuda_job_without_a_device_fails_at_setup_with_one_line) {
     teardown();
 }
 
-Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
-    CU_SKIP_WITHOUT_DEVICE();
-    setup();
+/* The small Llama 5 steps on cpu and on cuda with parameters in param_dtype: the losses of every
+ * step and the final weights agree within tol (relative and absolute). */
+static void cuda_vs_cpu(hp_dtype param_dtype, double loss_tol, double weight_tol) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/cpu", tmp);
     snprintf(b, sizeof b, "%s/cuda", tmp);
     hp_train_result res;
     hp_err e = {0};
     hp_job *cpu = job_of(small_spec(), 5, HP_DEVICE_CPU);
+    cpu->plan.param_dtype = param_dtype;
     hp_train_opts oc = {.out_dir = a, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(cpu, &oc, &res, &e), HP_OK, "cpu: %s", e.msg);
     hp_job *gpu = job_of(small_spec(), 5, HP_DEVICE_CUDA);
+    gpu->plan.param_dtype = param_dtype;
     hp_train_opts og = {.out_dir = b, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(gpu, &og, &res, &e), HP_OK, "cuda: %s", e.msg);
-    hp_th_expect_losses_close(a, b, 1e-4, 1e-4, "cuda vs cpu");
-    hp_th_expect_weights_close(a, b, 1e-4, 1e-4, "cuda vs cpu");
+    hp_th_expect_losses_close(a, b, loss_tol, loss_tol, "cuda vs cpu");
+    hp_th_expect_weights_close(a, b, weight_tol, weight_tol, "cuda vs cpu");
     hp_job_free(cpu);
     hp_job_free(gpu);
+}
+
+Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    cuda_vs_cpu(HP_F32, 1e-4, 1e-4);
     teardown();
 }
 
@@ -105,23 +113,7 @@ Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
 Test(cuda_train, small_llama_bf16_on_cuda_follows_cpu_bf16) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
-    char a[512], b[512];
-    snprintf(a, sizeof a, "%s/cpu", tmp);
-    snprintf(b, sizeof b, "%s/cuda", tmp);
-    hp_train_result res;
-    hp_err e = {0};
-    hp_job *cpu = job_of(small_spec(), 5, HP_DEVICE_CPU);
-    cpu->plan.param_dtype = HP_BF16;
-    hp_train_opts oc = {.out_dir = a, .threads = 2, .log = stderr};
-    cr_assert_eq(hp_train(cpu, &oc, &res, &e), HP_OK, "cpu: %s", e.msg);
-    hp_job *gpu = job_of(small_spec(), 5, HP_DEVICE_CUDA);
-    gpu->plan.param_dtype = HP_BF16;
-    hp_train_opts og = {.out_dir = b, .threads = 2, .log = stderr};
-    cr_assert_eq(hp_train(gpu, &og, &res, &e), HP_OK, "cuda: %s", e.msg);
-    hp_th_expect_losses_close(a, b, 1e-2, 1e-2, "cuda bf16 vs cpu bf16");
-    hp_th_expect_weights_close(a, b, 2e-2, 2e-2, "cuda bf16 vs cpu bf16");
-    hp_job_free(cpu);
-    hp_job_free(gpu);
+    cuda_vs_cpu(HP_BF16, 1e-2, 2e-2);
     teardown();
 }
 
