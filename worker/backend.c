@@ -70,3 +70,47 @@ hp_status hp_backend_available(hp_device_kind d, hp_err *err) {
 #endif
     return HP_OK;
 }
+
+/* ---- bf16 staging --------------------------------------------------------------------------- */
+
+static size_t stage_slice(const hp_type *t, size_t align) {
+    size_t b = (size_t)hp_type_numel(t) * sizeof(float);
+    return (b + align - 1) & ~(align - 1);
+}
+
+size_t hp_stage_bytes(const hp_kernel_call *c, size_t align) {
+    size_t need = 0;
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in_type[i].dtype == HP_BF16) need += stage_slice(&c->in_type[i], align);
+    for (int i = 0; i < c->n_out; i++)
+        if (c->out_type[i].dtype == HP_BF16) need += stage_slice(&c->out_type[i], align);
+    return need;
+}
+
+void hp_stage_view_make(const hp_kernel_call *c, void *stage, size_t align, hp_stage_view *v) {
+    char *at = stage;
+    for (int i = 0; i < c->n_in; i++) {
+        v->in[i] = c->in[i];
+        v->in_type[i] = c->in_type[i];
+        if (c->in_type[i].dtype != HP_BF16) continue;
+        v->in[i] = at;
+        v->in_type[i].dtype = HP_F32;
+        at += stage_slice(&c->in_type[i], align);
+    }
+    for (int i = 0; i < c->n_out; i++) {
+        v->out[i] = c->out[i];
+        v->out_type[i] = c->out_type[i];
+        if (c->out_type[i].dtype != HP_BF16) continue;
+        v->out[i] = at;
+        v->out_type[i].dtype = HP_F32;
+        at += stage_slice(&c->out_type[i], align);
+    }
+    v->node = *c->node;
+    v->node.out = v->out_type;
+    v->call = *c;
+    v->call.node = &v->node;
+    v->call.in = v->in;
+    v->call.in_type = v->in_type;
+    v->call.out = v->out;
+    v->call.out_type = v->out_type;
+}

@@ -180,6 +180,28 @@ hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_
  * refuse before any rank starts. */
 hp_status hp_backend_available(hp_device_kind d, hp_err *err);
 
+/* ---- bf16 staging (the cpu and cuda launches) -------------------------------------------------
+ * A kernel that computes in f32 runs a call with bf16 operands on its f32 view: each bf16 input
+ * and output gets a slice of the backend's staging (f32, each slice rounded up to `align`
+ * bytes) and reads f32 there; the backend widens those inputs into their slices before the
+ * kernel and rounds those outputs back from theirs after it. */
+
+/* The staging bytes the call's bf16 operands need. */
+size_t hp_stage_bytes(const hp_kernel_call *c, size_t align);
+
+/* The f32 view of c over `stage` (hp_stage_bytes(c, align) bytes): in / in_type [c->n_in],
+ * out / out_type [c->n_out] and node are the caller's storage, view the call to launch. An
+ * operand that is not bf16 is c's own. */
+typedef struct hp_stage_view {
+    const void **in;
+    hp_type *in_type;
+    void **out;
+    hp_type *out_type;
+    hp_node node;
+    hp_kernel_call call;
+} hp_stage_view;
+void hp_stage_view_make(const hp_kernel_call *c, void *stage, size_t align, hp_stage_view *v);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <map>
 #include <mutex>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string>

@@ -366,33 +366,23 @@ static bool moves_bf16(hp_op op) {
     }
 }
 
-static size_t stage_bytes(const hp_type *t) {
-    size_t b = (size_t)hp_type_numel(t) * sizeof(float);
-    return (b + ALIGN - 1) & ~(size_t)(ALIGN - 1);
-}
-
 static hp_status launch_staged(hp__cpu *cpu, hp__cpu_kernel k, const hp_kernel_call *c,
                                hp_err *err) {
     enum { SMALL = 16 };
     const void *in_s[SMALL];
     void *out_s[HP_MAX_OUTS];
     hp_type in_t[SMALL], out_t[HP_MAX_OUTS];
-    const void **in = in_s;
-    hp_type *it = in_t;
+    hp_stage_view v = {.in = in_s, .in_type = in_t, .out = out_s, .out_type = out_t};
     if (c->n_in > SMALL) {
-        in = hp_malloc((size_t)c->n_in * sizeof *in);
-        it = hp_malloc((size_t)c->n_in * sizeof *it);
-        if (!in || !it) {
-            hp_free(in);
-            hp_free(it);
+        v.in = hp_malloc((size_t)c->n_in * sizeof *v.in);
+        v.in_type = hp_malloc((size_t)c->n_in * sizeof *v.in_type);
+        if (!v.in || !v.in_type) {
+            hp_free(v.in);
+            hp_free(v.in_type);
             return hp_errf(err, HP_NOMEM, "out of memory staging %d bf16 inputs", c->n_in);
         }
     }
-    size_t need = 0;
-    for (int i = 0; i < c->n_in; i++)
-        if (c->in_type[i].dtype == HP_BF16) need += stage_bytes(&c->in_type[i]);
-    for (int i = 0; i < c->n_out; i++)
-        if (c->out_type[i].dtype == HP_BF16) need += stage_bytes(&c->out_type[i]);
+    size_t need = hp_stage_bytes(c, ALIGN);
     hp_status st = HP_OK;
     if (need > cpu->stage_cap) {
         void *p = aligned_calloc(need);
@@ -404,40 +394,19 @@ static hp_status launch_staged(hp__cpu *cpu, hp__cpu_kernel k, const hp_kernel_c
         cpu->stage = p;
         cpu->stage_cap = need;
     }
-    char *at = cpu->stage;
-    for (int i = 0; i < c->n_in; i++) {
-        in[i] = c->in[i];
-        it[i] = c->in_type[i];
-        if (it[i].dtype != HP_BF16) continue;
-        hp__cpu_cast(cpu, at, HP_F32, c->in[i], HP_BF16, hp_type_numel(&it[i]));
-        in[i] = at;
-        it[i].dtype = HP_F32;
-        at += stage_bytes(&c->in_type[i]);
-    }
-    for (int i = 0; i < c->n_out; i++) {
-        out_s[i] = c->out[i];
-        out_t[i] = c->out_type[i];
-        if (out_t[i].dtype != HP_BF16) continue;
-        out_s[i] = at;
-        out_t[i].dtype = HP_F32;
-        at += stage_bytes(&c->out_type[i]);
-    }
-    hp_node node = *c->node;
-    node.out = out_t;
-    hp_kernel_call f = *c;
-    f.node = &node;
-    f.in = in;
-    f.in_type = it;
-    f.out = out_s;
-    f.out_type = out_t;
-    st = k(cpu, &f, err);
+    hp_stage_view_make(c, cpu->stage, ALIGN, &v);
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in_type[i].dtype == HP_BF16)
+            hp__cpu_cast(cpu, (void *)v.in[i], HP_F32, c->in[i], HP_BF16,
+                         hp_type_numel(&c->in_type[i]));
+    st = k(cpu, &v.call, err);
     for (int i = 0; st == HP_OK && i < c->n_out; i++)
         if (c->out_type[i].dtype == HP_BF16)
-            hp__cpu_cast(cpu, c->out[i], HP_BF16, out_s[i], HP_F32, hp_type_numel(&out_t[i]));
+            hp__cpu_cast(cpu, c->out[i], HP_BF16, v.out[i], HP_F32, hp_type_numel(&out_t[i]));
 done:
-    if (in != in_s) {
-        hp_free(in);
-        hp_free(it);
+    if (v.in != in_s) {
+        hp_free(v.in);
+        hp_free(v.in_type);
     }
     return st;
 }

@@ -476,22 +476,13 @@ static bool staged_op(hp_op op) {
 
 #define STAGE_ALIGN 256
 
-static size_t stage_bytes(const hp_type *t) {
-    size_t b = (size_t)hp_type_numel(t) * sizeof(float);
-    return (b + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
-}
-
 static hp_status launch_staged(hp__cuda *cu, int stream, hp__cuda_entry k, const hp_kernel_call *c,
                                hp_err *err) {
     enum { SMALL = 16 };
     if (c->n_in > SMALL)
         return hp_errf(err, HP_UNSUPPORTED, "%d inputs (bf16 staging takes at most %d)", c->n_in,
                        SMALL);
-    size_t need = 0;
-    for (int i = 0; i < c->n_in; i++)
-        if (c->in_type[i].dtype == HP_BF16) need += stage_bytes(&c->in_type[i]);
-    for (int i = 0; i < c->n_out; i++)
-        if (c->out_type[i].dtype == HP_BF16) need += stage_bytes(&c->out_type[i]);
+    size_t need = hp_stage_bytes(c, STAGE_ALIGN);
     cudaStream_t s = cu->stream[stream];
     if (need > cu->stage_cap[stream]) {
         if (cu->stage[stream]) { /* cudaFree waits for the kernels still using it */
@@ -511,36 +502,15 @@ static hp_status launch_staged(hp__cuda *cu, int stream, hp__cuda_entry k, const
     const void *in[SMALL];
     void *out[HP_MAX_OUTS];
     hp_type in_t[SMALL], out_t[HP_MAX_OUTS];
-    char *at = cu->stage[stream];
+    hp_stage_view v = {.in = in, .in_type = in_t, .out = out, .out_type = out_t};
+    hp_stage_view_make(c, cu->stage[stream], STAGE_ALIGN, &v);
     for (int i = 0; i < c->n_in; i++) {
-        in[i] = c->in[i];
-        in_t[i] = c->in_type[i];
-        if (in_t[i].dtype != HP_BF16) continue;
-        int64_t n = hp_type_numel(&in_t[i]);
-        if (n > 0)
-            HP__CUDA_TRY(hp__cu_cast(s, HP__CU_F32, at, HP__CU_BF16, c->in[i], n),
+        int64_t n = hp_type_numel(&c->in_type[i]);
+        if (c->in_type[i].dtype == HP_BF16 && n > 0)
+            HP__CUDA_TRY(hp__cu_cast(s, HP__CU_F32, (void *)in[i], HP__CU_BF16, c->in[i], n),
                          "bf16 staging of an input");
-        in[i] = at;
-        in_t[i].dtype = HP_F32;
-        at += stage_bytes(&c->in_type[i]);
     }
-    for (int i = 0; i < c->n_out; i++) {
-        out[i] = c->out[i];
-        out_t[i] = c->out_type[i];
-        if (out_t[i].dtype != HP_BF16) continue;
-        out[i] = at;
-        out_t[i].dtype = HP_F32;
-        at += stage_bytes(&c->out_type[i]);
-    }
-    hp_node node = *c->node;
-    node.out = out_t;
-    hp_kernel_call f = *c;
-    f.node = &node;
-    f.in = in;
-    f.in_type = in_t;
-    f.out = out;
-    f.out_type = out_t;
-    HP_TRY(k(cu, s, &f, err));
+    HP_TRY(k(cu, s, &v.call, err));
     for (int i = 0; i < c->n_out; i++) {
         int64_t n = hp_type_numel(&out_t[i]);
         if (c->out_type[i].dtype == HP_BF16 && n > 0)
