@@ -319,6 +319,25 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
         round_inputs(&h);
         cc_check(be, &h, y, 0, tol_r);
         hp_th_fini(&h);
+        /* the vocab-parallel form (the TP plan's): 4 chunks of 5 rows at starts that overlap,
+         * leave gaps and hold indices past the vocabulary (those read zeros) */
+        hp_th_init(&h);
+        hp_value cw = cc_rand_input(&h, TY(fp, 20, 8), 1, -1, 1);
+        idx = cc_rand_input(&h, TY(its[d], 3, 7), 2, 0, 30);
+        hp_value base = cc_rand_input(&h, TY(its[d], 4), 3, 0, 25);
+        y = node1(&h, HP_OP_CHUNKED_EMBEDDING, (hp_value[]){cw, idx, base}, 3, NULL, 0);
+        round_inputs(&h);
+        cc_check(be, &h, y, 0, tol_s);
+        hp_th_fini(&h);
+        hp_th_init(&h);
+        g = cc_rand_input(&h, TY(fp, 3, 7, 8), 1, -1, 1);
+        idx = cc_rand_input(&h, TY(its[d], 3, 7), 2, 0, 30);
+        base = cc_rand_input(&h, TY(its[d], 4), 3, 0, 25);
+        hp_attr nw = hp_attr_int(HP_ATTR_NUM_WEIGHTS, 20);
+        y = node1(&h, HP_OP_CHUNKED_EMBEDDING_BACKWARD, (hp_value[]){g, idx, base}, 3, &nw, 1);
+        round_inputs(&h);
+        cc_check(be, &h, y, 0, tol_r);
+        hp_th_fini(&h);
     }
     static const struct {
         int rank;

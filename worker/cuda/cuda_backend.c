@@ -68,6 +68,8 @@ static const hp__cuda_entry entries[HP_OP_COUNT] = {
     [HP_OP_ADDMM] = hp__cuda_mm,
     [HP_OP_EMBEDDING] = hp__cuda_embedding,
     [HP_OP_EMBEDDING_DENSE_BACKWARD] = hp__cuda_embedding_backward,
+    [HP_OP_CHUNKED_EMBEDDING] = hp__cuda_chunked_embedding,
+    [HP_OP_CHUNKED_EMBEDDING_BACKWARD] = hp__cuda_chunked_embedding_backward,
     [HP_OP_LOG_SOFTMAX] = hp__cuda_softmax,
     [HP_OP_LOG_SOFTMAX_BACKWARD] = hp__cuda_softmax_backward,
     [HP_OP_SOFTMAX] = hp__cuda_softmax,
@@ -457,6 +459,8 @@ static bool staged_op(hp_op op) {
     case HP_OP_AMAX:
     case HP_OP_EMBEDDING:
     case HP_OP_EMBEDDING_DENSE_BACKWARD:
+    case HP_OP_CHUNKED_EMBEDDING:
+    case HP_OP_CHUNKED_EMBEDDING_BACKWARD:
     case HP_OP_LOG_SOFTMAX:
     case HP_OP_LOG_SOFTMAX_BACKWARD:
     case HP_OP_SOFTMAX:

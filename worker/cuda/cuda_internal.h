@@ -119,6 +119,8 @@ HP__CUDA_ENTRY(hp__cuda_cat);
 /* cuda_ops_nn.c */
 HP__CUDA_ENTRY(hp__cuda_embedding);
 HP__CUDA_ENTRY(hp__cuda_embedding_backward);
+HP__CUDA_ENTRY(hp__cuda_chunked_embedding);
+HP__CUDA_ENTRY(hp__cuda_chunked_embedding_backward);
 HP__CUDA_ENTRY(hp__cuda_softmax);
 HP__CUDA_ENTRY(hp__cuda_softmax_backward);
 HP__CUDA_ENTRY(hp__cuda_nll_loss);

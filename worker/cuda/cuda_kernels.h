@@ -111,6 +111,15 @@ int hp__cu_embedding(cudaStream_t s, float *y, const float *w, const void *idx, 
 /* gw [v, d] = Σ over positions with index r of g[i, :] (zeroed first; row `pad` stays 0). */
 int hp__cu_embedding_backward(cudaStream_t s, float *gw, const float *g, const void *idx, int is64,
                               int64_t n, int64_t v, int64_t d, int64_t pad, hp__cu_fault *fault);
+/* y[i, :] = Σ over chunks c with base[c] <= idx[i] < base[c] + rows of w[c·rows + idx[i] −
+ * base[c], :]: w holds k chunks of rows rows; idx and base i32 or i64 (idx64, base64). */
+int hp__cu_chunked_embedding(cudaStream_t s, float *y, const float *w, const void *idx, int idx64,
+                             const void *base, int base64, int64_t n, int64_t k, int64_t rows,
+                             int64_t d);
+/* gw [k · rows, d] = the sum, over positions, of g[i, :] into each row the forward read. */
+int hp__cu_chunked_embedding_backward(cudaStream_t s, float *gw, const float *g, const void *idx,
+                                      int idx64, const void *base, int base64, int64_t n, int64_t k,
+                                      int64_t rows, int64_t d);
 
 /* ---- k_softmax.cu --------------------------------------------------------------------------- */
 

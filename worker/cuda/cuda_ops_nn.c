@@ -1,5 +1,6 @@
 /* worker/cuda/cuda_ops_nn.c — the cuda backend's entries for the neural-network ops: embedding
- * (+ dense backward), (log_)softmax (+ backward), nll_loss (+ backward), fused RMSNorm
+ * (+ dense backward), the vocab-parallel chunked embedding (+ backward), (log_)softmax (+
+ * backward), nll_loss (+ backward), fused RMSNorm
  * (+ backward), rotary embedding, and the fused causal attention (+ backward). Each checks its
  * call as the cpu kernel does and enqueues the kernels of k_embedding.cu, k_softmax.cu,
  * k_nll.cu, k_rmsnorm.cu, k_rope.cu, k_attention.cu. f32 values; i32/i64 indices. Index and
@@ -41,6 +42,48 @@ HP__CUDA_ENTRY(hp__cuda_embedding_backward) {
                                      c->in_type[1].dtype == HP_I64, n, v, d,
                                      hp_node_int(c->node, HP_ATTR_PADDING_IDX, -1), cu->fault),
            "embedding backward kernel");
+    return HP_OK;
+}
+
+/* chunked_embedding(weight [V, D], idx [...], base [k]) -> [..., D] (graph/ops.def): weight holds
+ * k chunks of V / k rows, chunk c the indices from base[c]; an index no chunk holds reads
+ * zeros, so none is out of range. */
+HP__CUDA_ENTRY(hp__cuda_chunked_embedding) {
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 2, HP__CINTS, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    const hp_type *w = &c->in_type[0], *bt = &c->in_type[2];
+    if (w->rank != 2 || bt->rank != 1 || bt->shape[0] < 1 || w->shape[0] % bt->shape[0])
+        return hp_errf(err, HP_INVALID, "weight must be [V, D] and base [k], k dividing V");
+    int64_t n = hp_type_numel(&c->in_type[1]), k = bt->shape[0];
+    HP_TRY(hp__cuda_out_numel(c, 0, n * w->shape[1], err));
+    LAUNCH(hp__cu_chunked_embedding(s, c->out[0], c->in[0], c->in[1], c->in_type[1].dtype == HP_I64,
+                                    c->in[2], bt->dtype == HP_I64, n, k, w->shape[0] / k,
+                                    w->shape[1]),
+           "chunked embedding kernel");
+    return HP_OK;
+}
+
+/* chunked_embedding_backward(g [..., D], idx [...], base [k]){num_weights} -> [V, D]. */
+HP__CUDA_ENTRY(hp__cuda_chunked_embedding_backward) {
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 2, HP__CINTS, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    const hp_type *o = &c->out_type[0], *bt = &c->in_type[2];
+    if (o->rank != 2 || bt->rank != 1 || bt->shape[0] < 1 || o->shape[0] % bt->shape[0])
+        return hp_errf(err, HP_INVALID,
+                       "output must be [num_weights, D] and base [k], k dividing num_weights");
+    int64_t v = o->shape[0], d = o->shape[1], n = hp_type_numel(&c->in_type[1]);
+    int64_t k = bt->shape[0];
+    if (hp_type_numel(&c->in_type[0]) != n * d)
+        return hp_errf(err, HP_INVALID, "grad has %lld elements, expected %lld x %lld",
+                       (long long)hp_type_numel(&c->in_type[0]), (long long)n, (long long)d);
+    LAUNCH(hp__cu_chunked_embedding_backward(s, c->out[0], c->in[0], c->in[1],
+                                             c->in_type[1].dtype == HP_I64, c->in[2],
+                                             bt->dtype == HP_I64, n, k, v / k, d),
+           "chunked embedding backward kernel");
     return HP_OK;
 }
 

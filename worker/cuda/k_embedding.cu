@@ -47,3 +47,55 @@ extern "C" int hp__cu_embedding_backward(cudaStream_t s, float *gw, const float 
                                                                    fault);
     return HP__CU_LAUNCHED();
 }
+
+/* chunked_embedding: w holds k chunks of `rows` rows; chunk c covers the indices
+ * [base[c], base[c] + rows). A position sums the rows of the chunks holding its index, so an
+ * index no chunk holds reads zeros (the vocab-parallel embedding: the partial sums are reduced
+ * across ranks afterwards). */
+__global__ void chunked_embedding_k(float *y, const float *w, const void *idx, int idx64,
+                                    const void *base, int base64, int64_t n, int64_t k,
+                                    int64_t rows, int64_t d) {
+    HP__CU_FOR(i, n * d) {
+        int64_t p = i / d, x = i - p * d;
+        int64_t id = hp__index(idx, idx64, p);
+        float acc = 0.0f;
+        for (int64_t c = 0; c < k; c++) {
+            int64_t at = id - hp__index(base, base64, c);
+            if (at >= 0 && at < rows) acc += w[(c * rows + at) * d + x];
+        }
+        y[i] = acc;
+    }
+}
+
+extern "C" int hp__cu_chunked_embedding(cudaStream_t s, float *y, const float *w, const void *idx,
+                                        int idx64, const void *base, int base64, int64_t n,
+                                        int64_t k, int64_t rows, int64_t d) {
+    if (n * d == 0) return 0;
+    chunked_embedding_k<<<hp__cu_blocks(n * d), HP__CU_THREADS, 0, s>>>(y, w, idx, idx64, base,
+                                                                        base64, n, k, rows, d);
+    return HP__CU_LAUNCHED();
+}
+
+__global__ void chunked_embedding_bw_k(float *gw, const float *g, const void *idx, int idx64,
+                                       const void *base, int base64, int64_t n, int64_t k,
+                                       int64_t rows, int64_t d) {
+    HP__CU_FOR(i, n * d) {
+        int64_t p = i / d, x = i - p * d;
+        int64_t id = hp__index(idx, idx64, p);
+        for (int64_t c = 0; c < k; c++) {
+            int64_t at = id - hp__index(base, base64, c);
+            if (at >= 0 && at < rows) atomicAdd(&gw[(c * rows + at) * d + x], g[i]);
+        }
+    }
+}
+
+extern "C" int hp__cu_chunked_embedding_backward(cudaStream_t s, float *gw, const float *g,
+                                                 const void *idx, int idx64, const void *base,
+                                                 int base64, int64_t n, int64_t k, int64_t rows,
+                                                 int64_t d) {
+    cudaError_t e = cudaMemsetAsync(gw, 0, (size_t)(k * rows * d) * sizeof(float), s);
+    if (e != cudaSuccess || n * d == 0) return (int)e;
+    chunked_embedding_bw_k<<<hp__cu_blocks(n * d), HP__CU_THREADS, 0, s>>>(
+        gw, g, idx, idx64, base, base64, n, k, rows, d);
+    return HP__CU_LAUNCHED();
+}
