@@ -4,7 +4,8 @@
 #   1. builds hp (Release, kernels for sm_90 unless HP_CUDA_ARCHS says otherwise) in
 #      $BUILD (default build-gpu),
 #   2. runs every CUDA test (tests/worker/test_cuda_*.c: every op vs the reference evaluator,
-#      the backend's math, device faults, cuda vs cpu training, NCCL 1-rank collectives),
+#      the backend's math, device faults, cuda vs cpu training, NCCL collectives at world 1
+#      and, with 2+ GPUs, world 2, FSDP and dp x tp training on NCCL against world 1),
 #   3. trains the debugmodel 20 steps on one GPU (the loss must fall),
 #   4. trains a ~1B Llama (dim 2048, 16 layers, 16 heads, 8 kv heads, ffn 8192, vocab 128256,
 #      seq 2048) 30 steps: tokens/s, MFU (torchtitan's formula, worker/metrics.c) and peak

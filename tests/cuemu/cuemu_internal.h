@@ -18,6 +18,16 @@ cudaError_t sticky_error();
 bool stream_ok(cudaStream_t s);
 /* Whether [p, p + bytes) lies inside one cudaMalloc'd allocation. */
 bool on_device(const void *p, size_t bytes);
+/* Stream s (null: the legacy one) now waits behind a collective of communicator `by` that can
+ * never finish: queries say not ready, synchronizing on it (or on an event recorded on it
+ * after this, or on a stream that waits for such an event) fails with a message, as a device
+ * would wait forever. release_hangs(by) (ncclCommAbort) lets them run again. */
+/* The machine's ordinal of visible device `ordinal` (CUDA_VISIBLE_DEVICES maps them), -1 if
+ * there is none; the current device (cudaSetDevice). */
+int machine_device(int ordinal);
+int current();
+void stream_hang(cudaStream_t s, const void *by);
+void release_hangs(const void *by);
 
 } // namespace hp_emu
 

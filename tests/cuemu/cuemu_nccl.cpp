@@ -1,30 +1,59 @@
-/* tests/cuemu/cuemu_nccl.cpp — cuemu's NCCL (include/nccl.h): one-rank communicators. Every
- * collective moves its one rank's data (all-reduce, all-gather and reduce-scatter of one rank
- * are copies); a send to and a receive from rank 0 inside ncclGroupStart/End pair up in order
- * and copy at ncclGroupEnd. A communicator of more ranks, a peer other than 0, or a send
- * outside a group (it would wait forever) is ncclInvalidUsage, with the reason on stderr. */
+/* tests/cuemu/cuemu_nccl.cpp — cuemu's NCCL (include/nccl.h): communicators of any number of
+ * ranks, each rank a process (or thread) of this host, on hp's own shared-memory communicator
+ * (worker/comm/shm.c), which moves the data between them.
+ *
+ * A communicator is an hp shm communicator named after the unique id ("cuemu-nccl-<hex>");
+ * ncclCommInitRank joins it (blocking until every rank has, as NCCL's init does) and refuses
+ * two ranks on one device, as NCCL does ("Duplicate GPU detected"): devices are told apart by
+ * their machine ordinal, so CUDA_VISIBLE_DEVICES counts. ncclCommSplit is the shm split, with
+ * ncclCommSplit's color and key.
+ *
+ * Collectives run when they are enqueued, as all cuemu work does: they block the calling
+ * thread until every rank has made the same call. Reductions fold in rank order; bf16 and f16
+ * are widened to f32 and rounded once, 8- and 32-bit integers are widened to 64 bits. A group's
+ * sends and receives are emulated when they form an all-to-all (one send to and one receive
+ * from every rank, all of one size, which is what the cuda backend issues); any other pattern,
+ * and a send or receive outside a group, is ncclInvalidUsage with the reason on stderr.
+ *
+ * A peer that is gone (dead, or not arriving within $HP_CUEMU_NCCL_TIMEOUT_S, default 300 s)
+ * behaves as on a device: the enqueue succeeds, the communicator's async error becomes
+ * ncclRemoteError, and the stream is left stuck behind the collective (cuemu_internal.h:
+ * queries say not ready; a synchronizing call fails with a message where a device would wait
+ * forever) until ncclCommAbort. A later collective on the communicator returns its error. */
 #include "cuemu_internal.h"
+#include "include/cuda_bf16.h"
+#include "include/cuda_fp16.h"
 #include "include/nccl.h"
 
+#include "hp/comm.h"
+
 #include <random>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <vector>
 
 struct ncclComm {
     int magic;
-    bool aborted;
+    hp_comm *hc;
+    ncclResult_t async; /* ncclRemoteError once a collective could not finish */
 };
 
 namespace {
 
+constexpr int kMagic = 0x6e63;
+
 struct p2p {
-    const void *send;
-    void *recv;
+    ncclComm_t comm;
+    bool send;
+    int peer;
+    void *buf;
     size_t bytes;
+    cudaStream_t stream;
 };
 thread_local int group_depth;
-thread_local std::vector<p2p> sends, recvs;
+thread_local std::vector<p2p> pending;
 
 size_t type_size(ncclDataType_t t) {
     switch (t) {
@@ -46,25 +75,211 @@ size_t type_size(ncclDataType_t t) {
     return 0;
 }
 
+double timeout_s() {
+    const char *e = getenv("HP_CUEMU_NCCL_TIMEOUT_S");
+    double t = e && *e ? strtod(e, nullptr) : 0;
+    return t > 0 ? t : 300;
+}
+
 ncclResult_t usage(const char *why) {
     fprintf(stderr, "cuemu nccl: %s\n", why);
     return ncclInvalidUsage;
 }
 
-ncclResult_t check(ncclComm_t c, ncclDataType_t t, cudaStream_t s) {
-    if (!c || c->magic != 0x6e63) return ncclInvalidArgument;
-    if (c->aborted) return usage("collective on an aborted communicator");
-    if (!type_size(t) || !hp_emu::stream_ok(s)) return ncclInvalidArgument;
+ncclResult_t check(ncclComm_t c, cudaStream_t s) {
+    if (!c || c->magic != kMagic) return ncclInvalidArgument;
+    if (!hp_emu::stream_ok(s)) return ncclInvalidArgument;
     if (hp_emu::sticky_error() != cudaSuccess) return ncclUnhandledCudaError;
+    if (c->async != ncclSuccess) {
+        fprintf(stderr, "cuemu nccl: a collective on a communicator in error (%s)\n",
+                ncclGetErrorString(c->async));
+        return c->async;
+    }
     return ncclSuccess;
 }
 
-ncclResult_t copy(void *dst, const void *src, size_t bytes) {
-    if (!bytes || dst == src) return ncclSuccess;
-    if (!hp_emu::on_device(dst, bytes) || !hp_emu::on_device(src, bytes))
-        return usage("a collective's buffer is not device memory");
-    memmove(dst, src, bytes);
+bool on_device(const void *p, size_t bytes) {
+    return !bytes || hp_emu::on_device(p, bytes);
+}
+
+/* The end of an enqueued collective: a failure of the exchange (a peer is gone) leaves the
+ * communicator in error and the stream stuck behind it, as on a device. */
+ncclResult_t finish(ncclComm_t c, cudaStream_t s, const char *what, hp_status st, const hp_err &e) {
+    if (st == HP_OK) return ncclSuccess;
+    if (st != HP_IO) { /* refused before anything moved */
+        fprintf(stderr, "cuemu nccl: %s: %s\n", what, e.msg);
+        return st == HP_NOMEM ? ncclSystemError : ncclInvalidUsage;
+    }
+    fprintf(stderr, "cuemu nccl: %s cannot finish: %s\n", what, e.msg);
+    c->async = ncclRemoteError;
+    hp_emu::stream_hang(s, c);
     return ncclSuccess;
+}
+
+/* The hp comm type a reduction of t runs in, and whether t is widened into it. */
+bool reduce_type(ncclDataType_t t, hp_comm_dtype *dt, bool *widen) {
+    *widen = true;
+    switch (t) {
+    case ncclFloat32:
+        *widen = false;
+        *dt = HP_COMM_F32;
+        return true;
+    case ncclFloat64:
+        *widen = false;
+        *dt = HP_COMM_F64;
+        return true;
+    case ncclInt64:
+        *widen = false;
+        *dt = HP_COMM_I64;
+        return true;
+    case ncclFloat16:
+    case ncclBfloat16:
+        *dt = HP_COMM_F32;
+        return true;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclInt32:
+    case ncclUint32:
+        *dt = HP_COMM_I64;
+        return true;
+    case ncclUint64:
+        return false;
+    }
+    return false;
+}
+
+void widen(ncclDataType_t t, const void *src, void *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) switch (t) {
+        case ncclFloat16:
+            ((float *)dst)[i] = __half2float(((const __half *)src)[i]);
+            break;
+        case ncclBfloat16:
+            ((float *)dst)[i] = __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+            break;
+        case ncclInt8:
+            ((int64_t *)dst)[i] = ((const int8_t *)src)[i];
+            break;
+        case ncclUint8:
+            ((int64_t *)dst)[i] = ((const uint8_t *)src)[i];
+            break;
+        case ncclInt32:
+            ((int64_t *)dst)[i] = ((const int32_t *)src)[i];
+            break;
+        case ncclUint32:
+            ((int64_t *)dst)[i] = ((const uint32_t *)src)[i];
+            break;
+        default:
+            break;
+        }
+}
+
+void narrow(ncclDataType_t t, const void *src, void *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) switch (t) {
+        case ncclFloat16:
+            ((__half *)dst)[i] = __float2half_rn(((const float *)src)[i]);
+            break;
+        case ncclBfloat16:
+            ((__nv_bfloat16 *)dst)[i] = __float2bfloat16_rn(((const float *)src)[i]);
+            break;
+        case ncclInt8:
+        case ncclUint8:
+            ((uint8_t *)dst)[i] = (uint8_t)((const int64_t *)src)[i];
+            break;
+        case ncclInt32:
+        case ncclUint32:
+            ((uint32_t *)dst)[i] = (uint32_t)((const int64_t *)src)[i];
+            break;
+        default:
+            break;
+        }
+}
+
+/* A reduction's arguments, checked; *hop is hp's op. */
+ncclResult_t reduction(ncclComm_t c, ncclDataType_t t, ncclRedOp_t op, cudaStream_t s,
+                       hp_comm_dtype *dt, bool *wide, hp_reduce_op *hop) {
+    ncclResult_t r = check(c, s);
+    if (r != ncclSuccess) return r;
+    if (!type_size(t) || (unsigned)op > ncclAvg) return ncclInvalidArgument;
+    if (!reduce_type(t, dt, wide)) return usage("cuemu does not reduce ncclUint64");
+    if (op == ncclProd || op == ncclMin) return usage("cuemu reduces with sum, avg and max only");
+    *hop = op == ncclAvg ? HP_REDUCE_AVG : op == ncclMax ? HP_REDUCE_MAX : HP_REDUCE_SUM;
+    return ncclSuccess;
+}
+
+/* Runs reduce_scatter (scatter) or all_reduce of count output elements, widening t where it
+ * needs to; in_n is the input's element count. */
+ncclResult_t reduce(const void *send, void *recv, size_t count, size_t in_n, ncclDataType_t t,
+                    ncclRedOp_t op, ncclComm_t c, cudaStream_t s, bool scatter, const char *what) {
+    hp_comm_dtype dt;
+    bool wide;
+    hp_reduce_op hop;
+    ncclResult_t r = reduction(c, t, op, s, &dt, &wide, &hop);
+    if (r != ncclSuccess) return r;
+    size_t es = type_size(t);
+    if (!on_device(send, in_n * es) || !on_device(recv, count * es))
+        return usage("a collective's buffer is not device memory");
+    hp_err e = {};
+    hp_status st;
+    if (!wide) {
+        st = scatter ? c->hc->vt->reduce_scatter(c->hc, send, recv, (int64_t)count, dt, hop, &e)
+                     : c->hc->vt->all_reduce(c->hc, send, recv, (int64_t)count, dt, hop, &e);
+    } else {
+        size_t ws = dt == HP_COMM_F32 ? 4 : 8;
+        std::vector<char> in(in_n * ws), out(count * ws);
+        widen(t, send, in.data(), in_n);
+        st = scatter
+                 ? c->hc->vt->reduce_scatter(c->hc, in.data(), out.data(), (int64_t)count, dt, hop,
+                                             &e)
+                 : c->hc->vt->all_reduce(c->hc, in.data(), out.data(), (int64_t)count, dt, hop, &e);
+        if (st == HP_OK) narrow(t, out.data(), recv, count);
+    }
+    return finish(c, s, what, st, e);
+}
+
+/* A group's sends and receives on communicator c, run as one all-to-all. */
+ncclResult_t run_all_to_all(ncclComm_t c, const std::vector<p2p> &ops) {
+    int n = c->hc->world;
+    const char *shape = "cuemu emulates a group's sends and receives only as an all-to-all: one "
+                        "send to and one receive from every rank of the communicator, all of "
+                        "one size";
+    if (ops.size() != 2 * (size_t)n) return usage(shape);
+    std::vector<const p2p *> to(n), from(n);
+    size_t bytes = ops[0].bytes;
+    for (const p2p &o : ops) {
+        std::vector<const p2p *> &side = o.send ? to : from;
+        if (o.peer < 0 || o.peer >= n || side[o.peer] || o.bytes != bytes) return usage(shape);
+        side[o.peer] = &o;
+    }
+    std::vector<char> sbuf(bytes * n), rbuf(bytes * n);
+    for (int r = 0; r < n; r++)
+        if (bytes) memcpy(sbuf.data() + (size_t)r * bytes, to[r]->buf, bytes);
+    hp_err e = {};
+    hp_status st = c->hc->vt->all_to_all(c->hc, sbuf.data(), rbuf.data(), bytes, &e);
+    if (st == HP_OK)
+        for (int r = 0; r < n; r++)
+            if (bytes) memcpy(from[r]->buf, rbuf.data() + (size_t)r * bytes, bytes);
+    ncclResult_t res = finish(c, ops[0].stream, "a group's sends and receives", st, e);
+    for (const p2p &o : ops)
+        if (c->async != ncclSuccess) hp_emu::stream_hang(o.stream, c);
+    return res;
+}
+
+ncclResult_t post(bool send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
+                  cudaStream_t s) {
+    ncclResult_t r = check(c, s);
+    if (r != ncclSuccess) return r;
+    if (!type_size(t)) return ncclInvalidArgument;
+    if (peer < 0 || peer >= c->hc->world) return ncclInvalidArgument;
+    if (!group_depth)
+        return usage("cuemu emulates sends and receives only inside ncclGroupStart/End");
+    size_t bytes = count * type_size(t);
+    if (!on_device(buf, bytes)) return usage("a send's or receive's buffer is not device memory");
+    pending.push_back({c, send, peer, buf, bytes, s});
+    return ncclSuccess;
+}
+
+ncclComm_t wrap(hp_comm *hc) {
+    return new ncclComm{kMagic, hc, ncclSuccess};
 }
 
 } // namespace
@@ -84,7 +299,7 @@ const char *ncclGetErrorString(ncclResult_t r) {
     case ncclInvalidArgument:
         return "invalid argument (run with NCCL_DEBUG=WARN for details)";
     case ncclInvalidUsage:
-        return "invalid usage (cuemu emulates one-rank communicators only)";
+        return "invalid usage (run with NCCL_DEBUG=WARN for details)";
     case ncclRemoteError:
         return "remote process exited or there was a network error";
     case ncclInProgress:
@@ -95,93 +310,124 @@ const char *ncclGetErrorString(ncclResult_t r) {
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
     if (!id) return ncclInvalidArgument;
+    memset(id, 0, sizeof *id);
     std::random_device rd;
-    for (size_t i = 0; i < sizeof id->internal; i++) id->internal[i] = (char)rd();
+    for (size_t i = 0; i < 16; i++) id->internal[i] = (char)(rd() | (i == 0 ? 1 : 0));
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
-    (void)id;
     if (!comm) return ncclInvalidArgument;
     *comm = nullptr;
-    if (nranks != 1) return usage("a communicator of more than one rank");
-    if (rank != 0) return ncclInvalidArgument;
+    if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+    bool zero = true;
+    for (size_t i = 0; i < 16; i++) zero &= id.internal[i] == 0;
+    if (zero) return usage("ncclCommInitRank with an id ncclGetUniqueId did not make");
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         cudaGetLastError();
         return ncclUnhandledCudaError;
     }
-    *comm = new ncclComm{0x6e63, false};
+    char name[64] = "cuemu-nccl-";
+    for (size_t i = 0; i < 16; i++)
+        snprintf(name + 11 + 2 * i, 3, "%02x", (unsigned)(unsigned char)id.internal[i]);
+    hp_comm *hc = nullptr;
+    hp_err e = {};
+    if (hp_shm_comm_new(name, rank, nranks, timeout_s(), &hc, &e) != HP_OK) {
+        fprintf(stderr, "cuemu nccl: ncclCommInitRank (rank %d of %d): %s\n", rank, nranks, e.msg);
+        return ncclSystemError;
+    }
+    /* one rank per device, as NCCL requires */
+    int32_t mine = hp_emu::machine_device(hp_emu::current());
+    std::vector<int32_t> all(nranks);
+    if (hc->vt->all_gather(hc, &mine, all.data(), sizeof mine, &e) != HP_OK) {
+        fprintf(stderr, "cuemu nccl: ncclCommInitRank (rank %d of %d): %s\n", rank, nranks, e.msg);
+        hp_comm_free(hc);
+        return ncclSystemError;
+    }
+    for (int a = 0; a < nranks; a++)
+        for (int b = a + 1; b < nranks; b++)
+            if (all[a] == all[b]) {
+                fprintf(stderr,
+                        "cuemu nccl: Duplicate GPU detected: ranks %d and %d both use device %d "
+                        "of this machine\n",
+                        a, b, all[a]);
+                hp_comm_free(hc);
+                return ncclInvalidUsage;
+            }
+    *comm = wrap(hc);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out,
                            ncclConfig_t *config) {
-    (void)key, (void)config;
-    if (!comm || !out) return ncclInvalidArgument;
+    (void)config;
+    if (!out) return ncclInvalidArgument;
     *out = nullptr;
-    if (color == NCCL_SPLIT_NOCOLOR) return ncclSuccess;
-    if (color < 0) return ncclInvalidArgument;
-    *out = new ncclComm{0x6e63, false};
+    ncclResult_t r = check(comm, nullptr);
+    if (r != ncclSuccess) return r;
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR) return ncclInvalidArgument;
+    hp_comm *hc = nullptr;
+    hp_err e = {};
+    if (comm->hc->vt->split(comm->hc, color < 0 ? -1 : color, key, &hc, &e) != HP_OK) {
+        fprintf(stderr, "cuemu nccl: ncclCommSplit: %s\n", e.msg);
+        return ncclSystemError;
+    }
+    if (hc) *out = wrap(hc);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-    if (!comm) return ncclInvalidArgument;
+    if (!comm || comm->magic != kMagic) return ncclInvalidArgument;
+    hp_emu::release_hangs(comm);
+    hp_comm_free(comm->hc);
+    comm->magic = 0;
     delete comm;
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-    return ncclCommDestroy(comm);
+    return ncclCommDestroy(comm); /* the stuck work is dropped with the communicator */
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async) {
-    if (!comm || !async) return ncclInvalidArgument;
-    *async = ncclSuccess;
+    if (!comm || comm->magic != kMagic || !async) return ncclInvalidArgument;
+    *async = comm->async;
     return ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
-    ncclResult_t r = check(comm, type, s);
-    if (r != ncclSuccess) return r;
-    if ((unsigned)op > ncclAvg) return ncclInvalidArgument;
-    return copy(recv, send, count * type_size(type));
-}
-
-ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
-                           ncclComm_t comm, cudaStream_t s) {
-    ncclResult_t r = check(comm, type, s);
-    return r != ncclSuccess ? r : copy(recv, send, count * type_size(type));
+    return reduce(send, recv, count, count, type, op, comm, s, false, "ncclAllReduce");
 }
 
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t type,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
-    ncclResult_t r = check(comm, type, s);
+    size_t world = comm && comm->magic == kMagic ? (size_t)comm->hc->world : 1;
+    return reduce(send, recv, count, count * world, type, op, comm, s, true, "ncclReduceScatter");
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t type,
+                           ncclComm_t comm, cudaStream_t s) {
+    ncclResult_t r = check(comm, s);
     if (r != ncclSuccess) return r;
-    if ((unsigned)op > ncclAvg) return ncclInvalidArgument;
-    return copy(recv, send, count * type_size(type));
+    if (!type_size(type)) return ncclInvalidArgument;
+    size_t bytes = count * type_size(type);
+    if (!on_device(send, bytes) || !on_device(recv, bytes * (size_t)comm->hc->world))
+        return usage("a collective's buffer is not device memory");
+    hp_err e = {};
+    hp_status st = comm->hc->vt->all_gather(comm->hc, send, recv, bytes, &e);
+    return finish(comm, s, "ncclAllGather", st, e);
 }
 
 ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,
                       ncclComm_t comm, cudaStream_t s) {
-    ncclResult_t r = check(comm, type, s);
-    if (r != ncclSuccess) return r;
-    if (peer != 0) return usage("a send to a rank other than 0");
-    if (!group_depth) return usage("a send to oneself outside a group waits forever");
-    sends.push_back({send, nullptr, count * type_size(type)});
-    return ncclSuccess;
+    return post(true, (void *)send, count, type, peer, comm, s);
 }
 
 ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
                       cudaStream_t s) {
-    ncclResult_t r = check(comm, type, s);
-    if (r != ncclSuccess) return r;
-    if (peer != 0) return usage("a receive from a rank other than 0");
-    if (!group_depth) return usage("a receive from oneself outside a group waits forever");
-    recvs.push_back({nullptr, recv, count * type_size(type)});
-    return ncclSuccess;
+    return post(false, recv, count, type, peer, comm, s);
 }
 
 ncclResult_t ncclGroupStart(void) {
@@ -192,17 +438,17 @@ ncclResult_t ncclGroupStart(void) {
 ncclResult_t ncclGroupEnd(void) {
     if (group_depth == 0) return usage("ncclGroupEnd without ncclGroupStart");
     if (--group_depth > 0) return ncclSuccess;
+    std::vector<p2p> ops;
+    ops.swap(pending);
     ncclResult_t r = ncclSuccess;
-    if (sends.size() != recvs.size()) r = usage("a group's sends and receives do not pair up");
-    for (size_t i = 0; r == ncclSuccess && i < sends.size(); i++) {
-        if (sends[i].bytes != recvs[i].bytes) {
-            r = usage("a send and its receive differ in size");
-            break;
-        }
-        r = copy(recvs[i].recv, sends[i].send, sends[i].bytes);
+    /* each communicator's operations, in the order of their first one */
+    while (!ops.empty() && r == ncclSuccess) {
+        ncclComm_t c = ops[0].comm;
+        std::vector<p2p> mine, rest;
+        for (const p2p &o : ops) (o.comm == c ? mine : rest).push_back(o);
+        r = run_all_to_all(c, mine);
+        ops.swap(rest);
     }
-    sends.clear();
-    recvs.clear();
     return r;
 }
 

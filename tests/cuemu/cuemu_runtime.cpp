@@ -14,13 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* hung_by: the communicator whose collective this stream (or the work an event marks) waits
+ * behind and that can never finish (a peer is gone), until ncclCommAbort releases it. */
 struct CUstream_st {
     unsigned flags;
+    const void *hung_by;
 };
 struct CUevent_st {
     unsigned flags;
     bool recorded;
     std::chrono::steady_clock::time_point t;
+    const void *hung_by;
 };
 
 namespace hp_emu {
@@ -30,16 +34,50 @@ std::mutex mu;
 std::map<uintptr_t, size_t> device_mem; /* start -> bytes */
 std::set<void *> host_mem;              /* cudaMallocHost */
 std::set<cudaStream_t> streams;
+std::set<cudaEvent_t> events;
 cudaError_t sticky = cudaSuccess;
 thread_local cudaError_t last = cudaSuccess;
 int current_device = 0;
+const void *legacy_hung_by; /* the null stream's */
 
-int device_count() {
+int physical_count() {
     const char *e = getenv("HP_CUEMU_DEVICES");
     if (!e || !*e) return 1;
     char *end;
     long n = strtol(e, &end, 10);
     return *end || n < 0 || n > 16 ? 1 : (int)n;
+}
+
+/* The devices this process sees, as the driver reads CUDA_VISIBLE_DEVICES: a comma-separated
+ * list of ordinals of the machine's devices, ended by the first entry that is not one (or
+ * repeats one); unset, all of them. ids[i] is the machine's ordinal of visible device i. */
+int visible(int ids[16]) {
+    int phys = physical_count();
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v) {
+        for (int i = 0; i < phys; i++) ids[i] = i;
+        return phys;
+    }
+    int n = 0;
+    while (n < 16) {
+        while (*v == ' ') v++;
+        char *end;
+        long d = strtol(v, &end, 10);
+        if (end == v || d < 0 || d >= phys) break;
+        bool seen = false;
+        for (int i = 0; i < n; i++) seen |= ids[i] == d;
+        if (seen) break;
+        ids[n++] = (int)d;
+        while (*end == ' ') end++;
+        if (*end != ',') break;
+        v = end + 1;
+    }
+    return n;
+}
+
+int device_count() {
+    int ids[16];
+    return visible(ids);
 }
 
 cudaError_t ret(cudaError_t e) {
@@ -52,7 +90,53 @@ cudaError_t sync_state() {
     return sticky;
 }
 
+const void *&hung_of(cudaStream_t s) {
+    return s ? s->hung_by : legacy_hung_by;
+}
+
+bool any_hung() {
+    std::lock_guard<std::mutex> g(mu);
+    if (legacy_hung_by) return true;
+    for (cudaStream_t s : streams)
+        if (s->hung_by) return true;
+    return false;
+}
+
+/* A synchronizing call on work that can never finish: a device waits forever; cuemu says so
+ * and fails the call, so a test finds the wait instead of hanging. */
+cudaError_t would_hang(const char *call) {
+    fprintf(stderr,
+            "cuemu: %s waits on work queued behind a collective that cannot finish (a peer is "
+            "gone): a device would wait here forever\n",
+            call);
+    return ret(cudaErrorLaunchTimeout);
+}
+
 } // namespace
+
+int machine_device(int ordinal) {
+    int ids[16];
+    int n = visible(ids);
+    return ordinal >= 0 && ordinal < n ? ids[ordinal] : -1;
+}
+
+int current() {
+    return current_device;
+}
+
+void stream_hang(cudaStream_t s, const void *by) {
+    std::lock_guard<std::mutex> g(mu);
+    if (!s || streams.count(s)) hung_of(s) = by;
+}
+
+void release_hangs(const void *by) {
+    std::lock_guard<std::mutex> g(mu);
+    if (legacy_hung_by == by) legacy_hung_by = nullptr;
+    for (cudaStream_t s : streams)
+        if (s->hung_by == by) s->hung_by = nullptr;
+    for (cudaEvent_t e : events)
+        if (e->hung_by == by) e->hung_by = nullptr;
+}
 
 void set_launch_error(cudaError_t e, const char *kernel, const char *why) {
     fprintf(stderr, "cuemu: launch of %s refused: %s\n", kernel, why);
@@ -108,6 +192,7 @@ const char *cudaGetErrorName(cudaError_t e) {
         N(cudaErrorNotReady)
         N(cudaErrorIllegalAddress)
         N(cudaErrorLaunchOutOfResources)
+        N(cudaErrorLaunchTimeout)
         N(cudaErrorLaunchFailure)
         N(cudaErrorUnknown)
 #undef N
@@ -137,6 +222,8 @@ const char *cudaGetErrorString(cudaError_t e) {
         return "invalid resource handle";
     case cudaErrorNotReady:
         return "device not ready";
+    case cudaErrorLaunchTimeout:
+        return "the launch timed out and was terminated";
     case cudaErrorLaunchFailure:
         return "unspecified launch failure";
     default:
@@ -195,6 +282,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    if (any_hung()) return would_hang("cudaDeviceSynchronize");
     return ret(sync_state());
 }
 
@@ -226,6 +314,7 @@ cudaError_t cudaFree(void *p) {
         device_mem.erase(it);
     }
     free(p);
+    if (any_hung()) return would_hang("cudaFree (it synchronizes the device)");
     return cudaSuccess;
 }
 
@@ -328,7 +417,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     if (!s) return ret(cudaErrorInvalidValue);
     if (device_count() == 0) return ret(cudaErrorNoDevice);
-    *s = new CUstream_st{flags};
+    *s = new CUstream_st{flags, nullptr};
     std::lock_guard<std::mutex> g(mu);
     streams.insert(*s);
     return cudaSuccess;
@@ -346,19 +435,36 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 
+static bool stream_hung(cudaStream_t s) {
+    std::lock_guard<std::mutex> g(mu);
+    return hung_of(s) != nullptr;
+}
+
+static bool event_hung(cudaEvent_t e) {
+    std::lock_guard<std::mutex> g(mu);
+    return e->hung_by != nullptr;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (stream_hung(s)) return would_hang("cudaStreamSynchronize");
     return ret(sync_state());
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
-    return cudaStreamSynchronize(s);
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (stream_hung(s)) return cudaErrorNotReady; /* not an error: last is left as it is */
+    return ret(sync_state());
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     (void)flags;
     if (!stream_ok(s) || !e) return ret(cudaErrorInvalidResourceHandle);
-    return cudaSuccess; /* the event's work ran when it was enqueued */
+    /* the event's work ran when it was enqueued, unless it waits behind a stuck collective:
+     * then so does everything s runs after this */
+    std::lock_guard<std::mutex> g(mu);
+    if (e->hung_by && !hung_of(s)) hung_of(s) = e->hung_by;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
@@ -367,12 +473,18 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     if (!e) return ret(cudaErrorInvalidValue);
-    *e = new CUevent_st{flags, false, {}};
+    *e = new CUevent_st{flags, false, {}, nullptr};
+    std::lock_guard<std::mutex> g(mu);
+    events.insert(*e);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
+    {
+        std::lock_guard<std::mutex> g(mu);
+        events.erase(e);
+    }
     delete e;
     return cudaSuccess;
 }
@@ -381,16 +493,21 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e || !stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
     e->recorded = true;
     e->t = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> g(mu);
+    e->hung_by = hung_of(s);
     return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
+    if (event_hung(e)) return would_hang("cudaEventSynchronize");
     return ret(sync_state());
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
-    return cudaEventSynchronize(e);
+    if (!e) return ret(cudaErrorInvalidResourceHandle);
+    if (event_hung(e)) return cudaErrorNotReady;
+    return ret(sync_state());
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
@@ -398,6 +515,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
         return ret(cudaErrorInvalidResourceHandle);
     if (!a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
+    if (event_hung(a) || event_hung(b)) return cudaErrorNotReady;
     *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
     return cudaSuccess;
 }

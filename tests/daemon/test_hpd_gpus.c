@@ -5,7 +5,9 @@
  * there is none; /metrics shows hp_gpus and hp_gpus_used. Where this build has CUDA (hpd
  * accepts cuda jobs), a cuda job of 2 ranks starts its ranks (a stand-in --worker script that
  * records CUDA_VISIBLE_DEVICES) on GPUs 0 and 1, and a second one waits QUEUED until the first
- * has ended, then gets them. */
+ * has ended, then gets them; and, with real hp-worker ranks on NCCL (on cuemu where the build
+ * emulates CUDA, else where the machine has 2 GPUs), a cuda job whose rank is killed mid-run
+ * restarts from its checkpoint and succeeds. */
 #include "tests/util/cli_harness.h"
 #include "tests/util/hpd_harness.h"
 
@@ -16,6 +18,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,4 +293,89 @@ Test(hpd_gpus, cuda_ranks_get_their_gpus_and_the_next_job_waits_for_them) {
     release(b);
     cr_expect(wait_state(b, "FAILED", 60), "job %s did not end", b);
     free(a), free(b);
+}
+
+/* The pid of rank r of job id among this host's processes (its command line holds "--job ID
+ * --rank R", as the local launcher starts it), 0 if none. */
+static pid_t rank_pid(const char *id, int r) {
+    char rank[16];
+    snprintf(rank, sizeof rank, "%d", r);
+    DIR *d = opendir("/proc");
+    pid_t found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        char p[300], buf[4096];
+        snprintf(p, sizeof p, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(p, "r");
+        if (!f) continue;
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        bool job = false, rk = false;
+        for (size_t i = 0; i < n; i += strlen(buf + i) + 1) {
+            const char *next = i + strlen(buf + i) + 1 < n ? buf + i + strlen(buf + i) + 1 : "";
+            job |= !strcmp(buf + i, "--job") && !strcmp(next, id);
+            rk |= !strcmp(buf + i, "--rank") && !strcmp(next, rank);
+        }
+        if (job && rk) found = (pid_t)atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static json_t *status_json(const char *id) {
+    run r = hpctl("status %s --json", id);
+    cr_assert_eq(r.code, 0, "status: %s", r.err);
+    json_error_t e;
+    json_t *j = json_loads(r.out, 0, &e);
+    cr_assert(j, "not JSON: %s", r.out);
+    hp_th_run_free(&r);
+    return j;
+}
+
+/* NCCL surfaces the dead peer as an error on the survivor (not a hang), so the job's ranks all
+ * end and hpd's restart path runs as on the cpu: attempt 1 resumes from the last checkpoint. */
+Test(hpd_gpus, a_cuda_job_whose_rank_is_killed_restarts_and_succeeds, .timeout = 600) {
+    if (hp_device_built(HP_DEVICE_CUDA, NULL) != HP_OK)
+        cr_skip_test("this build has no CUDA: hpd refuses cuda jobs before they are scheduled");
+#ifdef HP_CUDA_EMU
+    if (getenv("HP_CUEMU_DEVICES") && !strcmp(getenv("HP_CUEMU_DEVICES"), "0"))
+        cr_skip_test("no CUDA device (HP_CUEMU_DEVICES=0)");
+    setenv("HP_CUEMU_DEVICES", "2", 1); /* hpd's ranks inherit it: a GPU each */
+#else
+    if (dev_nvidia_count() < 2) cr_skip_test("needs 2 GPUs; this host has %d", dev_nvidia_count());
+#endif
+    char worker[400];
+    snprintf(worker, sizeof worker, "%s/worker/hp-worker", hp_th_binary_dir());
+    const char *args[] = {"--http", "off", "--slots", "8", "--gpus", "2", "--worker", worker, NULL};
+    start_hpd(args);
+    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+                  "--ffn-hidden 96 --vocab 256 --batch 4 --seq 32 --steps 80 --device cuda "
+                  "--mesh dp=2 --fsdp 'layers.*' --checkpoint-interval 5 --max-restarts 1 "
+                  "-o %s/job.pb",
+                  g_dir);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    hp_th_run_free(&r);
+    char *id = hp_th_hpctl_submit(g_dir, "job.pb");
+    /* kill rank 1 once the job has trained past its first checkpoint */
+    pid_t victim = 0;
+    for (int i = 0; i < 1200 && !victim; i++) {
+        json_t *j = status_json(id);
+        json_int_t step = json_integer_value(json_object_get(j, "step"));
+        const char *st = json_string_value(json_object_get(j, "state"));
+        bool running = st && !strcmp(st, "RUNNING") && step >= 8;
+        bool over = st && (!strcmp(st, "SUCCEEDED") || !strcmp(st, "FAILED"));
+        json_decref(j);
+        cr_assert(!over, "job %s ended before a rank could be killed: %s", id, hpd_log(id));
+        if (running) victim = rank_pid(id, 1);
+        if (!victim) usleep(100000);
+    }
+    cr_assert(victim > 0, "job %s's rank 1 never ran past step 8: %s", id, hpd_log(id));
+    cr_assert_eq(kill(victim, SIGKILL), 0);
+    cr_expect(wait_state(id, "SUCCEEDED", 240), "job %s did not succeed after the restart: %s", id,
+              hpd_log(id));
+    json_t *j = status_json(id);
+    cr_expect_eq(json_integer_value(json_object_get(j, "restarts")), 1, "restarts");
+    cr_expect_eq(json_integer_value(json_object_get(j, "step")), 80, "last step");
+    json_decref(j);
+    free(id);
 }

@@ -1,9 +1,13 @@
 /* tests/worker/test_cuda_train.c — whole training runs on the cuda backend: a small Llama
  * (the debugmodel's layout, reduced) trained on cuda equals the same run on the cpu backend
  * within 1e-4 (losses of every step, final weights), and the debugmodel trains 20 steps on one
- * GPU with the loss falling. A cuda job on a machine without a device fails at setup with one
- * line (runs everywhere). GPU runs skip cleanly without a device (cuda_check.h). */
+ * GPU with the loss falling. With the real binaries, on NCCL: FSDP at world 2 and the Llama TP
+ * plan on a dp=2 x tp=2 mesh (one NCCL communicator per mesh dim) equal world 1 within 1e-4,
+ * and two ranks on one GPU fail with NCCL's refusal. A cuda job on a machine without a device
+ * fails at setup with one line (runs everywhere). GPU runs skip cleanly without a device, or
+ * without a GPU a rank (cuda_check.h); on cuemu every rank gets an emulated device. */
 #include "cuda_check.h"
+#include "tests/util/cli_harness.h"
 
 #include "hp/device.h"
 #include "hp/job.h"
@@ -138,5 +142,85 @@ Test(cuda_train, debugmodel_20_steps_loss_falls) {
     cr_expect_lt(res.last_loss, res.first_loss - 1.0, "loss %.4f -> %.4f", res.first_loss,
                  res.last_loss);
     hp_job_free(job);
+    teardown();
+}
+
+/* ---- several ranks, through hpctl and hp-worker -----------------------------------------------
+ */
+
+#define MESH_MODEL                                                                                 \
+    "--model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn-hidden 96 "        \
+    "--vocab 256 --batch 4 --seq 32 --steps 6 --log-interval 1 --lr 5e-4 --device cuda "
+
+/* How many GPUs there are for the runs below; on cuemu, makes it `want` emulated ones. */
+static int cuda_devices(int want) {
+#ifdef HP_CUDA_EMU
+    char n[8];
+    snprintf(n, sizeof n, "%d", want);
+    setenv("HP_CUEMU_DEVICES", n, 1);
+#else
+    (void)want;
+#endif
+    return hp_cuda_device_count(NULL, 0);
+}
+
+/* Trains `plan` (hpctl new flags) standalone on `devices` GPUs into tmp/out-NAME: its exit. */
+static hp_th_run train_mesh(const char *name, const char *plan, int devices) {
+    hp_th_run r =
+        hp_th_run_bin(tmp, "client/hpctl", "new " MESH_MODEL "%s -o %s/%s.pb", plan, tmp, name);
+    cr_assert_eq(r.code, 0, "hpctl new %s: %s", plan, r.err);
+    hp_th_run_free(&r);
+    cuda_devices(devices);
+    return hp_th_run_bin_timeout(tmp, 300, "worker/hp-worker",
+                                 "--standalone %s/%s.pb --threads 1 --out %s/out-%s", tmp, name,
+                                 tmp, name);
+}
+
+static void expect_trains(const char *name, const char *plan, int devices) {
+    hp_th_run r = train_mesh(name, plan, devices);
+    cr_assert_eq(r.code, 0, "%s: exit %d: %s", name, r.code, r.err);
+    hp_th_run_free(&r);
+}
+
+Test(cuda_train, fsdp_world_2_and_a_dp2_tp2_mesh_on_nccl_equal_world_1) {
+    CU_SKIP_WITHOUT_DEVICE();
+    int have = cuda_devices(4);
+    if (have < 2) cr_skip_test("needs 2 GPUs, one a rank; this machine has %d", have);
+    setup();
+    const char *fsdp = "--fsdp 'layers.*' --fsdp 'tok_embeddings.*' --fsdp 'output.*' "
+                       "--fsdp 'norm.*' ";
+    char plan[512], a[512], b[512];
+    snprintf(plan, sizeof plan, "%s--mesh dp=1", fsdp);
+    expect_trains("w1", plan, 1);
+    snprintf(plan, sizeof plan, "%s--mesh dp=2", fsdp);
+    expect_trains("w2", plan, 2);
+    snprintf(a, sizeof a, "%s/out-w1", tmp);
+    snprintf(b, sizeof b, "%s/out-w2", tmp);
+    hp_th_expect_losses_close(a, b, 1e-4, 1e-4, "cuda FSDP world 2");
+    hp_th_expect_weights_close(a, b, 1e-4, 1e-4, "cuda FSDP world 2");
+    if (have >= 4) { /* dp and tp communicators split from the world's */
+        expect_trains("w4", "--fsdp 'layers.*' --mesh dp=2,tp=2 --tp-plan llama --loss-parallel",
+                      4);
+        snprintf(b, sizeof b, "%s/out-w4", tmp);
+        hp_th_expect_losses_close(a, b, 1e-4, 1e-4, "cuda dp=2 x tp=2");
+        hp_th_expect_weights_close(a, b, 1e-4, 1e-4, "cuda dp=2 x tp=2");
+    } else {
+        fprintf(stderr, "cuda_train: dp=2 x tp=2 not run: %d GPUs\n", have);
+    }
+    teardown();
+}
+
+/* NCCL refuses a communicator with two ranks on one device: the run fails at setup with its
+ * reason, rather than training two ranks on one GPU. */
+Test(cuda_train, two_ranks_on_one_gpu_fail_at_setup) {
+    CU_SKIP_WITHOUT_DEVICE();
+    if (cuda_devices(1) != 1) cr_skip_test("the machine has more than one GPU");
+    setup();
+    hp_th_run r = train_mesh("dup", "--fsdp 'layers.*' --mesh dp=2", 1);
+    cr_expect_neq(r.code, 0, "two ranks trained on one GPU");
+    cr_expect(strstr(r.err, "ncclCommInitRank") &&
+                  strstr(r.err, "each rank needs a GPU of its own"),
+              "%s", r.err);
+    hp_th_run_free(&r);
     teardown();
 }

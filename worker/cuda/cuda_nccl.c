@@ -12,9 +12,10 @@
  *
  * A dead or hung peer: collectives only enqueue, so nothing blocks until synchronize, which
  * polls the comm stream and ncclCommGetAsyncError of every communicator up to a deadline;
- * an async error or the deadline aborts every communicator (ncclCommAbort) and is HP_IO.
- * After that every collective fails with the same error (the trainer's restart path takes
- * over). Busy time: a pair of timing events around each collective, summed at synchronize.
+ * an async error or the deadline aborts every communicator (ncclCommAbort) and is HP_IO, as
+ * is an enqueue NCCL refuses (a communicator already in error). After that every collective fails
+ * with the same error (the trainer's restart path takes over). Busy time: a pair of timing events
+ * around each collective, summed at synchronize.
  */
 #define _GNU_SOURCE /* nanosleep */
 #include "worker/cuda/cuda_internal.h"
@@ -49,11 +50,19 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-#define NCCL_TRY(call, what)                                                                       \
+static hp_status fail(hp__cuda_nccl *q, hp_err *err);
+
+/* An enqueue NCCL refused (a communicator in error after a peer died, or a bad argument):
+ * what is queued on the comm stream may never finish, and ncclCommDestroy would wait for it,
+ * so the communicators are aborted and the failure is sticky, as at synchronize. */
+#define NCCL_ENQUEUE(call, what)                                                                   \
     do {                                                                                           \
         ncclResult_t nc__r = (call);                                                               \
-        if (nc__r != ncclSuccess)                                                                  \
-            return hp_errf(err, HP_IO, "nccl: %s: %s", (what), ncclGetErrorString(nc__r));         \
+        if (nc__r != ncclSuccess) {                                                                \
+            hp_errf(&q->err, HP_IO, "nccl: %s on '%s': %s; communicators aborted", (what),         \
+                    g->name, ncclGetErrorString(nc__r));                                           \
+            return fail(q, err);                                                                   \
+        }                                                                                          \
     } while (0)
 
 static void abort_all(hp__cuda_nccl *q) {
@@ -229,20 +238,20 @@ hp_status hp__cuda_nccl_collective(hp__cuda *cu, const hp_kernel_call *c, hp_err
         if (out_n != in_n * g->world)
             return hp_errf(err, HP_INVALID, "output has %lld elements, not %d x %lld",
                            (long long)out_n, g->world, (long long)in_n);
-        NCCL_TRY(ncclAllGather(c->in[0], c->out[0], (size_t)in_n * es, ncclUint8, g->comm, s),
-                 "ncclAllGather");
+        NCCL_ENQUEUE(ncclAllGather(c->in[0], c->out[0], (size_t)in_n * es, ncclUint8, g->comm, s),
+                     "ncclAllGather");
         break;
     case HP_OP_REDUCE_SCATTER:
         if (in_n != out_n * g->world)
             return hp_errf(err, HP_INVALID, "input has %lld elements, not %d x %lld",
                            (long long)in_n, g->world, (long long)out_n);
-        NCCL_TRY(ncclReduceScatter(c->in[0], c->out[0], (size_t)out_n, nt, op, g->comm, s),
-                 "ncclReduceScatter");
+        NCCL_ENQUEUE(ncclReduceScatter(c->in[0], c->out[0], (size_t)out_n, nt, op, g->comm, s),
+                     "ncclReduceScatter");
         break;
     case HP_OP_ALL_REDUCE:
         if (in_n != out_n) return hp_errf(err, HP_INVALID, "input and output sizes differ");
-        NCCL_TRY(ncclAllReduce(c->in[0], c->out[0], (size_t)out_n, nt, op, g->comm, s),
-                 "ncclAllReduce");
+        NCCL_ENQUEUE(ncclAllReduce(c->in[0], c->out[0], (size_t)out_n, nt, op, g->comm, s),
+                     "ncclAllReduce");
         break;
     case HP_OP_ALL_TO_ALL: {
         if (in_n != out_n || in_n % g->world)
@@ -256,15 +265,16 @@ hp_status hp__cuda_nccl_collective(hp__cuda *cu, const hp_kernel_call *c, hp_err
             HP_TRY(hp__cuda_copy(s, tmp, c->in[0], (size_t)in_n * es, err));
             src = tmp;
         }
-        NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
-        for (int r = 0; r < g->world; r++) {
-            NCCL_TRY(ncclSend(src + (size_t)r * chunk, chunk, ncclUint8, r, g->comm, s),
-                     "ncclSend");
-            NCCL_TRY(
-                ncclRecv((char *)c->out[0] + (size_t)r * chunk, chunk, ncclUint8, r, g->comm, s),
-                "ncclRecv");
+        NCCL_ENQUEUE(ncclGroupStart(), "ncclGroupStart");
+        ncclResult_t pr = ncclSuccess; /* the group is ended whatever happens inside it */
+        for (int r = 0; r < g->world && pr == ncclSuccess; r++) {
+            pr = ncclSend(src + (size_t)r * chunk, chunk, ncclUint8, r, g->comm, s);
+            if (pr == ncclSuccess)
+                pr = ncclRecv((char *)c->out[0] + (size_t)r * chunk, chunk, ncclUint8, r, g->comm,
+                              s);
         }
-        NCCL_TRY(ncclGroupEnd(), "ncclGroupEnd");
+        ncclResult_t er = ncclGroupEnd();
+        NCCL_ENQUEUE(pr != ncclSuccess ? pr : er, "ncclSend/ncclRecv (all-to-all)");
         break;
     }
     case HP_OP_LOCAL_CHUNK: { /* the rank's own chunk along dim: a strided copy, no exchange */

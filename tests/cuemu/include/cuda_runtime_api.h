@@ -27,6 +27,7 @@ typedef enum cudaError {
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchOutOfResources = 701,
+    cudaErrorLaunchTimeout = 702,
     cudaErrorLaunchFailure = 719,
     cudaErrorUnknown = 999,
 } cudaError_t;

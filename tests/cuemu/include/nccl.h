@@ -1,6 +1,6 @@
-/* tests/cuemu/include/nccl.h — the NCCL subset the cuda backend uses, as cuemu emulates it:
- * communicators of one rank (every collective is a copy; a send to and receive from oneself
- * inside a group pair up). A communicator of more ranks is refused with ncclInvalidUsage. */
+/* tests/cuemu/include/nccl.h — the NCCL subset the cuda backend uses, as cuemu emulates it
+ * (cuemu_nccl.cpp): communicators of any number of ranks on this host, whose collectives run
+ * over hp's shared-memory communicator. */
 #ifndef HP_CUEMU_NCCL_H
 #define HP_CUEMU_NCCL_H
 
