@@ -249,29 +249,35 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         (m && n && !hp_emu::on_device(D, span(Dd, ed))) ||
         (m && n && be != 0 && !hp_emu::on_device(C, span(Cd, esize(Cd->type)))))
         return CUBLAS_STATUS_INVALID_VALUE;
-    std::vector<float> a, b, prod((size_t)(m * n));
-    for (int32_t bi = 0; bi < Ad->batch; bi++) {
-        widen(Ad, A, bi, round, a);
-        widen(Bd, B, bi, round, b);
-        if (m && n) {
-            if (k)
-                cblas_sgemm(CblasColMajor, d->ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
-                            d->tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, (int)m, (int)n,
-                            (int)k, 1.0f, a.data(), (int)Ad->rows, b.data(), (int)Bd->rows, 0.0f,
-                            prod.data(), (int)m);
-            else
-                std::fill(prod.begin(), prod.end(), 0.0f);
-        }
-        const char *cp = (const char *)C + (size_t)(bi * Cd->stride) * esize(Cd->type);
-        char *dp = (char *)D + (size_t)(bi * Dd->stride) * ed;
-        for (uint64_t col = 0; col < n; col++)
-            for (uint64_t r = 0; r < m; r++) {
-                size_t at = (size_t)(col * (uint64_t)Dd->ld + r);
-                float v = al * prod[(size_t)(col * m + r)];
-                if (be != 0) v += be * load(Cd->type, cp, at);
-                store(Dd->type, dp, at, v);
+    /* the work, in stream order, on copies of the descriptors (they may be destroyed once
+     * the call returns, as cuBLASLt allows) */
+    cublasLtMatmulDescOpaque_t dc = *d;
+    cublasLtMatrixLayoutOpaque_t ac = *Ad, bc = *Bd, cc = *Cd, dcl = *Dd;
+    hp_emu::submit(stream, [=]() {
+        std::vector<float> a, b, prod((size_t)(m * n));
+        for (int32_t bi = 0; bi < ac.batch; bi++) {
+            widen(&ac, A, bi, round, a);
+            widen(&bc, B, bi, round, b);
+            if (m && n) {
+                if (k)
+                    cblas_sgemm(CblasColMajor, dc.ta == CUBLAS_OP_T ? CblasTrans : CblasNoTrans,
+                                dc.tb == CUBLAS_OP_T ? CblasTrans : CblasNoTrans, (int)m, (int)n,
+                                (int)k, 1.0f, a.data(), (int)ac.rows, b.data(), (int)bc.rows, 0.0f,
+                                prod.data(), (int)m);
+                else
+                    std::fill(prod.begin(), prod.end(), 0.0f);
             }
-    }
+            const char *cp = (const char *)C + (size_t)(bi * cc.stride) * esize(cc.type);
+            char *dp = (char *)D + (size_t)(bi * dcl.stride) * ed;
+            for (uint64_t col = 0; col < n; col++)
+                for (uint64_t r = 0; r < m; r++) {
+                    size_t at = (size_t)(col * (uint64_t)dcl.ld + r);
+                    float v = al * prod[(size_t)(col * m + r)];
+                    if (be != 0) v += be * load(cc.type, cp, at);
+                    store(dcl.type, dp, at, v);
+                }
+        }
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

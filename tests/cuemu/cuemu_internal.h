@@ -9,6 +9,7 @@
 #include "include/cuemu_device.h"
 
 #include <stddef.h>
+#include <functional>
 
 namespace hp_emu {
 
@@ -22,6 +23,13 @@ bool on_device(const void *p, size_t bytes);
  * never finish: queries say not ready, synchronizing on it (or on an event recorded on it
  * after this, or on a stream that waits for such an event) fails with a message, as a device
  * would wait forever. release_hangs(by) (ncclCommAbort) lets them run again. */
+/* Runs fn as stream s's next work: now, unless s lags (it carries collectives: make_lagging),
+ * then when the program makes it run (cuemu_runtime.cpp). drain(s) runs what s has queued:
+ * false if it is stuck. drain_all() runs every stream's. */
+void submit(cudaStream_t s, std::function<void()> fn);
+void make_lagging(cudaStream_t s);
+bool drain(cudaStream_t s);
+void drain_all();
 /* The machine's ordinal of visible device `ordinal` (CUDA_VISIBLE_DEVICES maps them), -1 if
  * there is none; the current device (cudaSetDevice). */
 int machine_device(int ordinal);

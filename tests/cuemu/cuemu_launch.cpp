@@ -264,7 +264,8 @@ void run_block(runner &r, const char *name, bool reverse_first) {
 
 } // namespace
 
-static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
+static bool launch_ok(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s);
+static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem,
                           const std::function<void()> &body);
 
 void syncthreads() {
@@ -316,24 +317,29 @@ struct profile {
 } prof;
 } // namespace
 
+/* The configuration is checked at the launch (cudaGetLastError reports it); the blocks run in
+ * stream order (cuemu_runtime.cpp's submit). */
 void launch(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
             const std::function<void()> &body) {
-    auto t0 = std::chrono::steady_clock::now();
-    launch_blocks(name, g, b, smem, s, body);
-    if (prof.on) {
-        double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard<std::mutex> lk(prof.mu);
-        auto &e = prof.by_kernel[name];
-        e.first++;
-        e.second += sec;
-    }
+    if (!launch_ok(name, g, b, smem, s)) return;
+    submit(s, [name, g, b, smem, body]() {
+        auto t0 = std::chrono::steady_clock::now();
+        launch_blocks(name, g, b, smem, body);
+        if (prof.on) {
+            double sec =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            std::lock_guard<std::mutex> lk(prof.mu);
+            auto &e = prof.by_kernel[name];
+            e.first++;
+            e.second += sec;
+        }
+    });
 }
 
-static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
-                          const std::function<void()> &body) {
+static bool launch_ok(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s) {
     if (!stream_ok(s)) {
         set_launch_error(cudaErrorInvalidResourceHandle, name, "unknown stream");
-        return;
+        return false;
     }
     unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
     if (g.x == 0 || g.y == 0 || g.z == 0 || threads == 0 || threads > MAX_THREADS || b.x > 1024 ||
@@ -342,15 +348,21 @@ static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem, cudaStr
         snprintf(why, sizeof why, "grid (%u, %u, %u), block (%u, %u, %u)", g.x, g.y, g.z, b.x, b.y,
                  b.z);
         set_launch_error(cudaErrorInvalidConfiguration, name, why);
-        return;
+        return false;
     }
     if (smem > MAX_DYN_SMEM) {
         char why[96];
         snprintf(why, sizeof why, "%zu bytes of dynamic shared memory (at most %zu)", smem,
                  MAX_DYN_SMEM);
         set_launch_error(cudaErrorInvalidConfiguration, name, why);
-        return;
+        return false;
     }
+    return true;
+}
+
+static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem,
+                          const std::function<void()> &body) {
+    unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
     if (sticky_error() != cudaSuccess) return; /* a faulted context runs nothing */
     runner &r = get();
     r.n = (int)threads;

@@ -8,18 +8,21 @@
  * their machine ordinal, so CUDA_VISIBLE_DEVICES counts. ncclCommSplit is the shm split, with
  * ncclCommSplit's color and key.
  *
- * Collectives run when they are enqueued, as all cuemu work does: they block the calling
- * thread until every rank has made the same call. Reductions fold in rank order; bf16 and f16
- * are widened to f32 and rounded once, 8- and 32-bit integers are widened to 64 bits. A group's
- * sends and receives are emulated when they form an all-to-all (one send to and one receive
- * from every rank, all of one size, which is what the cuda backend issues); any other pattern,
- * and a send or receive outside a group, is ncclInvalidUsage with the reason on stderr.
+ * A collective is checked when it is enqueued and runs in its stream's order; the stream lags
+ * from its first collective on (cuemu_runtime.cpp), so a missing event wait shows. Running, a
+ * collective blocks the thread that made its stream run until every rank's runs too. Reductions
+ * fold in rank order; bf16 and f16 are widened to f32 and rounded once, 8- and 32-bit integers are
+ * widened to 64 bits. A group's sends and receives are emulated when they form an all-to-all (one
+ * send to and one receive from every rank, all of one size, which is what the cuda backend issues);
+ * any other pattern, and a send or receive outside a group, is ncclInvalidUsage with the reason on
+ * stderr.
  *
  * A peer that is gone (dead, or not arriving within $HP_CUEMU_NCCL_TIMEOUT_S, default 300 s)
- * behaves as on a device: the enqueue succeeds, the communicator's async error becomes
- * ncclRemoteError, and the stream is left stuck behind the collective (cuemu_internal.h:
- * queries say not ready; a synchronizing call fails with a message where a device would wait
- * forever) until ncclCommAbort. A later collective on the communicator returns its error. */
+ * behaves as on a device: the communicator's async error becomes ncclRemoteError, and the
+ * stream is left stuck behind the collective (cuemu_internal.h: queries say not ready; a
+ * synchronizing call fails with a message where a device would wait forever) until
+ * ncclCommAbort, which drops the stuck work. A later collective on the communicator returns
+ * its error. */
 #include "cuemu_internal.h"
 #include "include/cuda_bf16.h"
 #include "include/cuda_fp16.h"
@@ -38,6 +41,7 @@ struct ncclComm {
     int magic;
     hp_comm *hc;
     ncclResult_t async; /* ncclRemoteError once a collective could not finish */
+    bool dead;          /* destroyed: its queued work is dropped (the struct is kept for it) */
 };
 
 namespace {
@@ -102,18 +106,29 @@ bool on_device(const void *p, size_t bytes) {
     return !bytes || hp_emu::on_device(p, bytes);
 }
 
-/* The end of an enqueued collective: a failure of the exchange (a peer is gone) leaves the
- * communicator in error and the stream stuck behind it, as on a device. */
-ncclResult_t finish(ncclComm_t c, cudaStream_t s, const char *what, hp_status st, const hp_err &e) {
-    if (st == HP_OK) return ncclSuccess;
-    if (st != HP_IO) { /* refused before anything moved */
-        fprintf(stderr, "cuemu nccl: %s: %s\n", what, e.msg);
-        return st == HP_NOMEM ? ncclSystemError : ncclInvalidUsage;
+/* Destroyed communicators, kept until exit: queued work may still name them. */
+struct graveyard {
+    std::vector<ncclComm_t> comms;
+    ~graveyard() {
+        for (ncclComm_t c : comms) delete c;
     }
+} dead_comms;
+
+/* The end of a collective's exchange, run in stream order: a failure (a peer is gone) leaves
+ * the communicator in error and the stream stuck behind it, as on a device. */
+void finish(ncclComm_t c, cudaStream_t s, const char *what, hp_status st, const hp_err &e) {
+    if (st == HP_OK) return;
     fprintf(stderr, "cuemu nccl: %s cannot finish: %s\n", what, e.msg);
-    c->async = ncclRemoteError;
+    c->async = st == HP_IO ? ncclRemoteError : ncclInternalError;
     hp_emu::stream_hang(s, c);
-    return ncclSuccess;
+}
+
+/* Queues a collective's exchange on s, which lags from now on (cuemu_runtime.cpp). */
+void enqueue(ncclComm_t c, cudaStream_t s, std::function<void()> exchange) {
+    hp_emu::make_lagging(s);
+    hp_emu::submit(s, [c, exchange]() {
+        if (!c->dead && c->async == ncclSuccess) exchange();
+    });
 }
 
 /* The hp comm type a reduction of t runs in, and whether t is widened into it. */
@@ -218,22 +233,25 @@ ncclResult_t reduce(const void *send, void *recv, size_t count, size_t in_n, ncc
     size_t es = type_size(t);
     if (!on_device(send, in_n * es) || !on_device(recv, count * es))
         return usage("a collective's buffer is not device memory");
-    hp_err e = {};
-    hp_status st;
-    if (!wide) {
-        st = scatter ? c->hc->vt->reduce_scatter(c->hc, send, recv, (int64_t)count, dt, hop, &e)
-                     : c->hc->vt->all_reduce(c->hc, send, recv, (int64_t)count, dt, hop, &e);
-    } else {
-        size_t ws = dt == HP_COMM_F32 ? 4 : 8;
-        std::vector<char> in(in_n * ws), out(count * ws);
-        widen(t, send, in.data(), in_n);
-        st = scatter
-                 ? c->hc->vt->reduce_scatter(c->hc, in.data(), out.data(), (int64_t)count, dt, hop,
-                                             &e)
-                 : c->hc->vt->all_reduce(c->hc, in.data(), out.data(), (int64_t)count, dt, hop, &e);
-        if (st == HP_OK) narrow(t, out.data(), recv, count);
-    }
-    return finish(c, s, what, st, e);
+    enqueue(c, s, [=]() {
+        hp_err e = {};
+        hp_status st;
+        if (!wide) {
+            st = scatter ? c->hc->vt->reduce_scatter(c->hc, send, recv, (int64_t)count, dt, hop, &e)
+                         : c->hc->vt->all_reduce(c->hc, send, recv, (int64_t)count, dt, hop, &e);
+        } else {
+            size_t ws = dt == HP_COMM_F32 ? 4 : 8;
+            std::vector<char> in(in_n * ws), out(count * ws);
+            widen(t, send, in.data(), in_n);
+            st = scatter ? c->hc->vt->reduce_scatter(c->hc, in.data(), out.data(), (int64_t)count,
+                                                     dt, hop, &e)
+                         : c->hc->vt->all_reduce(c->hc, in.data(), out.data(), (int64_t)count, dt,
+                                                 hop, &e);
+            if (st == HP_OK) narrow(t, out.data(), recv, count);
+        }
+        finish(c, s, what, st, e);
+    });
+    return ncclSuccess;
 }
 
 /* A group's sends and receives on communicator c, run as one all-to-all. */
@@ -250,18 +268,24 @@ ncclResult_t run_all_to_all(ncclComm_t c, const std::vector<p2p> &ops) {
         if (o.peer < 0 || o.peer >= n || side[o.peer] || o.bytes != bytes) return usage(shape);
         side[o.peer] = &o;
     }
-    std::vector<char> sbuf(bytes * n), rbuf(bytes * n);
-    for (int r = 0; r < n; r++)
-        if (bytes) memcpy(sbuf.data() + (size_t)r * bytes, to[r]->buf, bytes);
-    hp_err e = {};
-    hp_status st = c->hc->vt->all_to_all(c->hc, sbuf.data(), rbuf.data(), bytes, &e);
-    if (st == HP_OK)
-        for (int r = 0; r < n; r++)
-            if (bytes) memcpy(from[r]->buf, rbuf.data() + (size_t)r * bytes, bytes);
-    ncclResult_t res = finish(c, ops[0].stream, "a group's sends and receives", st, e);
+    cudaStream_t s = ops[0].stream;
     for (const p2p &o : ops)
-        if (c->async != ncclSuccess) hp_emu::stream_hang(o.stream, c);
-    return res;
+        if (o.stream != s) return usage("a group's sends and receives on different streams");
+    std::vector<const void *> src(n);
+    std::vector<void *> dst(n);
+    for (int r = 0; r < n; r++) src[r] = to[r]->buf, dst[r] = from[r]->buf;
+    enqueue(c, s, [=]() {
+        std::vector<char> sbuf(bytes * n), rbuf(bytes * n);
+        for (int r = 0; r < n; r++)
+            if (bytes) memcpy(sbuf.data() + (size_t)r * bytes, src[r], bytes);
+        hp_err e = {};
+        hp_status st = c->hc->vt->all_to_all(c->hc, sbuf.data(), rbuf.data(), bytes, &e);
+        if (st == HP_OK)
+            for (int r = 0; r < n; r++)
+                if (bytes) memcpy(dst[r], rbuf.data() + (size_t)r * bytes, bytes);
+        finish(c, s, "a group's sends and receives", st, e);
+    });
+    return ncclSuccess;
 }
 
 ncclResult_t post(bool send, void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t c,
@@ -279,7 +303,17 @@ ncclResult_t post(bool send, void *buf, size_t count, ncclDataType_t t, int peer
 }
 
 ncclComm_t wrap(hp_comm *hc) {
-    return new ncclComm{kMagic, hc, ncclSuccess};
+    return new ncclComm{kMagic, hc, ncclSuccess, false};
+}
+
+/* Frees c's hp communicator; the struct stays (queued work may name it), marked dead. */
+void bury(ncclComm_t c) {
+    c->dead = true;
+    hp_emu::release_hangs(c);
+    hp_comm_free(c->hc);
+    c->hc = nullptr;
+    c->magic = 0;
+    dead_comms.comms.push_back(c);
 }
 
 } // namespace
@@ -379,15 +413,15 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *out,
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm || comm->magic != kMagic) return ncclInvalidArgument;
-    hp_emu::release_hangs(comm);
-    hp_comm_free(comm->hc);
-    comm->magic = 0;
-    delete comm;
+    hp_emu::drain_all(); /* its queued collectives complete first */
+    bury(comm);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-    return ncclCommDestroy(comm); /* the stuck work is dropped with the communicator */
+    if (!comm || comm->magic != kMagic) return ncclInvalidArgument;
+    bury(comm); /* its queued work, and what is stuck behind it, is dropped */
+    return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async) {
@@ -415,9 +449,12 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataT
     size_t bytes = count * type_size(type);
     if (!on_device(send, bytes) || !on_device(recv, bytes * (size_t)comm->hc->world))
         return usage("a collective's buffer is not device memory");
-    hp_err e = {};
-    hp_status st = comm->hc->vt->all_gather(comm->hc, send, recv, bytes, &e);
-    return finish(comm, s, "ncclAllGather", st, e);
+    enqueue(comm, s, [=]() {
+        hp_err e = {};
+        hp_status st = comm->hc->vt->all_gather(comm->hc, send, recv, bytes, &e);
+        finish(comm, s, "ncclAllGather", st, e);
+    });
+    return ncclSuccess;
 }
 
 ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int peer,

@@ -2,29 +2,47 @@
  * ($HP_CUEMU_DEVICES of them, default 1; 0 behaves as a machine without a GPU), memory
  * (cudaMalloc is host memory of exactly the size asked, 256-byte aligned, so AddressSanitizer
  * sees a kernel's out-of-bounds access; copies check that their device side is device memory
- * and their host side is not), streams and events (work runs at enqueue; events hold host
- * times) and errors. */
+ * and their host side is not), streams and events (work runs at enqueue, except on a stream
+ * that carries collectives, which lags: see CUstream_st; events hold host times) and errors. */
 #include "cuemu_internal.h"
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
+#include <vector>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* hung_by: the communicator whose collective this stream (or the work an event marks) waits
+/* A stream runs its work at enqueue until it carries a collective; from then on it lags: its
+ * work queues (items, in order) and runs as late as the program lets it: when the host waits
+ * for it, or another stream waits for one of its events. A missing event wait between it and
+ * another stream then reads data the collective has not written yet, or lets the collective
+ * read data already overwritten, and the results show it.
+ *
+ * hung_by: the communicator whose collective this stream (or the work an event marks) waits
  * behind and that can never finish (a peer is gone), until ncclCommAbort releases it. */
+struct emu_item {
+    std::function<void()> fn;
+    cudaStream_t wait_on; /* a wait: wait_on must first have run wait_seq items */
+    uint64_t wait_seq;
+};
 struct CUstream_st {
     unsigned flags;
     const void *hung_by;
+    bool lagging;
+    std::deque<emu_item> q;
+    uint64_t enq, done; /* items queued and run since the stream began to lag */
 };
 struct CUevent_st {
     unsigned flags;
     bool recorded;
     std::chrono::steady_clock::time_point t;
     const void *hung_by;
+    cudaStream_t rs; /* its latest record, if queued on a lagging stream: rs's item rseq */
+    uint64_t rseq;
 };
 
 namespace hp_emu {
@@ -39,6 +57,17 @@ cudaError_t sticky = cudaSuccess;
 thread_local cudaError_t last = cudaSuccess;
 int current_device = 0;
 const void *legacy_hung_by; /* the null stream's */
+std::recursive_mutex qmu;   /* the lagging streams' queues; held while their work runs */
+/* Destroyed streams (waits may still name them) and events destroyed with a record still
+ * queued: kept until exit. */
+struct graveyard {
+    std::vector<cudaStream_t> streams;
+    std::vector<cudaEvent_t> events;
+    ~graveyard() {
+        for (cudaStream_t s : streams) delete s;
+        for (cudaEvent_t e : events) delete e;
+    }
+} dead;
 
 int physical_count() {
     const char *e = getenv("HP_CUEMU_DEVICES");
@@ -102,6 +131,47 @@ bool any_hung() {
     return false;
 }
 
+bool hung_locked(cudaStream_t s) {
+    std::lock_guard<std::mutex> g(mu);
+    return hung_of(s) != nullptr;
+}
+
+/* Runs s's queued items until it has run `upto` of them, stopping at a stuck one (or a wait on
+ * a stuck stream, which makes s stuck too). True when s got there. */
+bool run_to(cudaStream_t s, uint64_t upto) {
+    if (!s) return true;
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    while (s->done < upto && !s->q.empty() && !hung_locked(s)) {
+        emu_item &it = s->q.front();
+        if (it.wait_on && !run_to(it.wait_on, it.wait_seq)) {
+            std::lock_guard<std::mutex> g2(mu);
+            if (!s->hung_by) s->hung_by = it.wait_on->hung_by;
+            break;
+        }
+        std::function<void()> fn = std::move(it.fn);
+        s->q.pop_front();
+        s->done++;
+        if (fn) fn();
+    }
+    return s->done >= upto;
+}
+
+bool run_all(cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    return run_to(s, s ? s->enq : 0);
+}
+
+/* Whether e's latest record has run (running its stream up to it). */
+bool event_reached(cudaEvent_t e) {
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    return !e->rs || run_to(e->rs, e->rseq);
+}
+
+std::vector<cudaStream_t> all_streams() {
+    std::lock_guard<std::mutex> g(mu);
+    return std::vector<cudaStream_t>(streams.begin(), streams.end());
+}
+
 /* A synchronizing call on work that can never finish: a device waits forever; cuemu says so
  * and fails the call, so a test finds the wait instead of hanging. */
 cudaError_t would_hang(const char *call) {
@@ -124,16 +194,47 @@ int current() {
     return current_device;
 }
 
+void submit(cudaStream_t s, std::function<void()> fn) {
+    if (s) {
+        std::lock_guard<std::recursive_mutex> g(qmu);
+        if (s->lagging) {
+            s->q.push_back({std::move(fn), nullptr, 0});
+            s->enq++;
+            return;
+        }
+    }
+    fn();
+}
+
+void make_lagging(cudaStream_t s) {
+    if (!s) return;
+    std::lock_guard<std::recursive_mutex> g(qmu);
+    s->lagging = true;
+}
+
+bool drain(cudaStream_t s) {
+    return run_all(s) && !hung_locked(s);
+}
+
+void drain_all() {
+    for (cudaStream_t s : all_streams()) run_all(s);
+}
+
 void stream_hang(cudaStream_t s, const void *by) {
     std::lock_guard<std::mutex> g(mu);
     if (!s || streams.count(s)) hung_of(s) = by;
 }
 
 void release_hangs(const void *by) {
+    std::lock_guard<std::recursive_mutex> gq(qmu);
     std::lock_guard<std::mutex> g(mu);
     if (legacy_hung_by == by) legacy_hung_by = nullptr;
     for (cudaStream_t s : streams)
-        if (s->hung_by == by) s->hung_by = nullptr;
+        if (s->hung_by == by) { /* the work stuck behind it is dropped with the communicator */
+            s->hung_by = nullptr;
+            s->q.clear();
+            s->done = s->enq;
+        }
     for (cudaEvent_t e : events)
         if (e->hung_by == by) e->hung_by = nullptr;
 }
@@ -282,6 +383,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+    drain_all();
     if (any_hung()) return would_hang("cudaDeviceSynchronize");
     return ret(sync_state());
 }
@@ -304,6 +406,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 
 cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
+    drain_all(); /* it synchronizes the device: no queued work still uses p */
     {
         std::lock_guard<std::mutex> g(mu);
         auto it = device_mem.find((uintptr_t)p);
@@ -370,10 +473,22 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     return cudaSuccess;
 }
 
+/* A device-to-device copy runs in stream order; one with host memory on either side is done
+ * when the call returns, after the stream's earlier work (as with pageable host memory). */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
                             cudaStream_t s) {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    return cudaMemcpy(dst, src, bytes, kind);
+    cudaError_t e = sync_state();
+    if (e != cudaSuccess) return ret(e);
+    if ((e = check_copy(dst, src, bytes, kind)) != cudaSuccess) return ret(e);
+    if (bytes == 0) return cudaSuccess;
+    if (on_device(dst, bytes) && on_device(src, bytes)) {
+        submit(s, [=]() { memmove(dst, src, bytes); });
+        return cudaSuccess;
+    }
+    if (!drain(s)) return would_hang("cudaMemcpyAsync with host memory");
+    memmove(dst, src, bytes);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -391,8 +506,16 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
               (kind == cudaMemcpyDeviceToHost && sd && !dd) ||
               (kind == cudaMemcpyHostToHost && !dd && !sd);
     if (!ok) return ret(cudaErrorInvalidMemcpyDirection);
-    for (size_t r = 0; r < height; r++)
-        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    auto copy = [=]() {
+        for (size_t r = 0; r < height; r++)
+            memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    };
+    if (dd && sd) {
+        submit(s, copy);
+        return cudaSuccess;
+    }
+    if (!drain(s)) return would_hang("cudaMemcpy2DAsync with host memory");
+    copy();
     return cudaSuccess;
 }
 
@@ -407,7 +530,12 @@ cudaError_t cudaMemset(void *p, int value, size_t bytes) {
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    return cudaMemset(p, value, bytes);
+    cudaError_t e = sync_state();
+    if (e != cudaSuccess) return ret(e);
+    if (bytes == 0) return cudaSuccess;
+    if (!on_device(p, bytes)) return ret(cudaErrorInvalidValue);
+    submit(s, [=]() { memset(p, value, bytes); });
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
@@ -417,7 +545,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s) {
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     if (!s) return ret(cudaErrorInvalidValue);
     if (device_count() == 0) return ret(cudaErrorNoDevice);
-    *s = new CUstream_st{flags, nullptr};
+    *s = new CUstream_st{flags, nullptr, false, {}, 0, 0};
     std::lock_guard<std::mutex> g(mu);
     streams.insert(*s);
     return cudaSuccess;
@@ -426,18 +554,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     {
         std::lock_guard<std::mutex> g(mu);
-        if (!s || !streams.erase(s)) {
+        if (!s || !streams.count(s)) {
             last = cudaErrorInvalidResourceHandle;
             return cudaErrorInvalidResourceHandle;
         }
     }
-    delete s;
-    return cudaSuccess;
-}
-
-static bool stream_hung(cudaStream_t s) {
+    run_all(s); /* its work completes, as on a device */
     std::lock_guard<std::mutex> g(mu);
-    return hung_of(s) != nullptr;
+    streams.erase(s);
+    dead.streams.push_back(s);
+    return cudaSuccess;
 }
 
 static bool event_hung(cudaEvent_t e) {
@@ -447,13 +573,13 @@ static bool event_hung(cudaEvent_t e) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    if (stream_hung(s)) return would_hang("cudaStreamSynchronize");
+    if (!drain(s)) return would_hang("cudaStreamSynchronize");
     return ret(sync_state());
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    if (stream_hung(s)) return cudaErrorNotReady; /* not an error: last is left as it is */
+    if (!drain(s)) return cudaErrorNotReady; /* not an error: last is left as it is */
     return ret(sync_state());
 }
 
@@ -462,6 +588,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
     if (!stream_ok(s) || !e) return ret(cudaErrorInvalidResourceHandle);
     /* the event's work ran when it was enqueued, unless it waits behind a stuck collective:
      * then so does everything s runs after this */
+    std::lock_guard<std::recursive_mutex> gq(qmu);
+    if (e->rs && e->rs != s && e->rs->done < e->rseq) {
+        if (s && s->lagging) { /* s waits there when it gets to it */
+            s->q.push_back({nullptr, e->rs, e->rseq});
+            s->enq++;
+        } else if (!run_to(e->rs, e->rseq)) {
+            std::lock_guard<std::mutex> g(mu);
+            if (!hung_of(s)) hung_of(s) = e->rs->hung_by;
+        }
+    }
     std::lock_guard<std::mutex> g(mu);
     if (e->hung_by && !hung_of(s)) hung_of(s) = e->hung_by;
     return cudaSuccess;
@@ -473,7 +609,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *e) {
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
     if (!e) return ret(cudaErrorInvalidValue);
-    *e = new CUevent_st{flags, false, {}, nullptr};
+    *e = new CUevent_st{flags, false, {}, nullptr, nullptr, 0};
     std::lock_guard<std::mutex> g(mu);
     events.insert(*e);
     return cudaSuccess;
@@ -481,17 +617,28 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
-    {
-        std::lock_guard<std::mutex> g(mu);
-        events.erase(e);
-    }
-    delete e;
+    bool queued = !event_reached(e); /* a record stuck in a queue: keep e for it */
+    std::lock_guard<std::mutex> g(mu);
+    events.erase(e);
+    if (queued)
+        dead.events.push_back(e);
+    else
+        delete e;
     return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!e || !stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
     e->recorded = true;
+    std::lock_guard<std::recursive_mutex> gq(qmu);
+    if (s && s->lagging) { /* the time is taken when the stream gets there */
+        s->q.push_back({[e]() { e->t = std::chrono::steady_clock::now(); }, nullptr, 0});
+        e->rs = s;
+        e->rseq = ++s->enq;
+        e->hung_by = nullptr;
+        return cudaSuccess;
+    }
+    e->rs = nullptr;
     e->t = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> g(mu);
     e->hung_by = hung_of(s);
@@ -500,13 +647,13 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
-    if (event_hung(e)) return would_hang("cudaEventSynchronize");
+    if (!event_reached(e) || event_hung(e)) return would_hang("cudaEventSynchronize");
     return ret(sync_state());
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t e) {
     if (!e) return ret(cudaErrorInvalidResourceHandle);
-    if (event_hung(e)) return cudaErrorNotReady;
+    if (!event_reached(e) || event_hung(e)) return cudaErrorNotReady;
     return ret(sync_state());
 }
 
@@ -515,7 +662,8 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming))
         return ret(cudaErrorInvalidResourceHandle);
     if (!a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
-    if (event_hung(a) || event_hung(b)) return cudaErrorNotReady;
+    if (!event_reached(a) || !event_reached(b) || event_hung(a) || event_hung(b))
+        return cudaErrorNotReady;
     *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
     return cudaSuccess;
 }
