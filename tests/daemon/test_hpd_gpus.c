@@ -184,15 +184,21 @@ Test(hpd_gpus, a_bad_gpus_value_or_gpus_with_another_launcher_stops_the_start) {
 }
 
 /* ---- where hpd accepts cuda jobs (a CUDA build) ------------------------------------------ */
-static char *state_of(const char *id) {
+/* `hpctl status ID --json`, parsed. */
+static json_t *status_json(const char *id) {
     run r = hpctl("status %s --json", id);
     cr_assert_eq(r.code, 0, "status: %s", r.err);
     json_error_t e;
     json_t *j = json_loads(r.out, 0, &e);
     cr_assert(j, "not JSON: %s", r.out);
+    hp_th_run_free(&r);
+    return j;
+}
+
+static char *state_of(const char *id) {
+    json_t *j = status_json(id);
     char *s = strdup(json_string_value(json_object_get(j, "state")));
     json_decref(j);
-    hp_th_run_free(&r);
     return s;
 }
 
@@ -320,16 +326,6 @@ static pid_t rank_pid(const char *id, int r) {
     }
     if (d) closedir(d);
     return found;
-}
-
-static json_t *status_json(const char *id) {
-    run r = hpctl("status %s --json", id);
-    cr_assert_eq(r.code, 0, "status: %s", r.err);
-    json_error_t e;
-    json_t *j = json_loads(r.out, 0, &e);
-    cr_assert(j, "not JSON: %s", r.out);
-    hp_th_run_free(&r);
-    return j;
 }
 
 /* NCCL surfaces the dead peer as an error on the survivor (not a hang), so the job's ranks all
