@@ -234,21 +234,19 @@ ncclResult_t reduce(const void *send, void *recv, size_t count, size_t in_n, ncc
     if (!on_device(send, in_n * es) || !on_device(recv, count * es))
         return usage("a collective's buffer is not device memory");
     enqueue(c, s, [=]() {
-        hp_err e = {};
-        hp_status st;
-        if (!wide) {
-            st = scatter ? c->hc->vt->reduce_scatter(c->hc, send, recv, (int64_t)count, dt, hop, &e)
-                         : c->hc->vt->all_reduce(c->hc, send, recv, (int64_t)count, dt, hop, &e);
-        } else {
+        const void *x = send; /* what the exchange reads and writes: widened copies if wide */
+        void *y = recv;
+        std::vector<char> in, out;
+        if (wide) {
             size_t ws = dt == HP_COMM_F32 ? 4 : 8;
-            std::vector<char> in(in_n * ws), out(count * ws);
+            in.resize(in_n * ws), out.resize(count * ws);
             widen(t, send, in.data(), in_n);
-            st = scatter ? c->hc->vt->reduce_scatter(c->hc, in.data(), out.data(), (int64_t)count,
-                                                     dt, hop, &e)
-                         : c->hc->vt->all_reduce(c->hc, in.data(), out.data(), (int64_t)count, dt,
-                                                 hop, &e);
-            if (st == HP_OK) narrow(t, out.data(), recv, count);
+            x = in.data(), y = out.data();
         }
+        hp_err e = {};
+        hp_status st = scatter ? c->hc->vt->reduce_scatter(c->hc, x, y, (int64_t)count, dt, hop, &e)
+                               : c->hc->vt->all_reduce(c->hc, x, y, (int64_t)count, dt, hop, &e);
+        if (st == HP_OK && wide) narrow(t, y, recv, count);
         finish(c, s, what, st, e);
     });
     return ncclSuccess;
