@@ -640,7 +640,7 @@ static hp_status open_index(hp_ckpt *c, const char *sdir, hp_err *err) {
         goto out;
     }
     c->world = (int)world;
-    hp_ckpt_scalars sc;
+    hp_ckpt_scalars sc = {0};
     if ((s = parse_scalars(path, scalars, &sc, err)) != HP_OK) goto out;
     if (!json_is_object(tensors)) {
         s = hp_errf(err, HP_PARSE, "%s: 'tensors' is not an object", path);

@@ -241,7 +241,7 @@ static void norm_blocks(void *ctx, int64_t begin, int64_t end, int thread) {
 }
 
 hp_status hp_grad_sumsq(const hp_fspan *grads, int n, hp_pool *pool, double *sumsq, hp_err *err) {
-    int64_t total;
+    int64_t total = 0;
     HP_TRY(check_spans("grad norm", grads, n, &total, err));
     if (!sumsq) return hp_errf(err, HP_INVALID, "grad norm: sumsq is NULL");
     double block_sums[NORM_ROUND];
@@ -283,7 +283,7 @@ static void scale_chunk(void *ctx, int64_t begin, int64_t end, int thread) {
 }
 
 hp_status hp_grad_scale(const hp_fspan *grads, int n, float coef, hp_pool *pool, hp_err *err) {
-    int64_t total;
+    int64_t total = 0;
     HP_TRY(check_spans("grad scale", grads, n, &total, err));
     if (coef == 1.0f) return HP_OK;
     scale_ctx c = {grads, n, coef};

@@ -275,7 +275,7 @@ static hp_status attn_efficiency(hp_backend *be, int64_t d, double peak, double 
     int64_t n = (int64_t)ATTN_H * ATTN_T * d, rows = (int64_t)ATTN_H * ATTN_T;
     hp_type qt = {.dtype = HP_F32, .rank = 4, .shape = {1, ATTN_H, ATTN_T, d}};
     hp_type lt = {.dtype = HP_F32, .rank = 3, .shape = {1, ATTN_H, ATTN_T}};
-    float *buf; /* q k v out go gq gk gv lse, one allocation */
+    float *buf = NULL; /* q k v out go gq gk gv lse, one allocation */
     HP_TRY(device_floats(be, (size_t)(8 * n + rows), &buf, err));
     float *q = buf, *k = q + n, *v = k + n, *o = v + n, *go = o + n, *gq = go + n, *gk = gq + n,
           *gv = gk + n, *lse = gv + n;
@@ -325,7 +325,7 @@ static hp_status attn_efficiency(hp_backend *be, int64_t d, double peak, double 
  * cpu backend reaches, best of runs (wall time). */
 static hp_status gemm_efficiency(hp_backend *be, double peak, double *eff, hp_err *err) {
     size_t n = (size_t)GEMM_N * GEMM_N;
-    float *buf;
+    float *buf = NULL;
     HP_TRY(device_floats(be, 3 * n, &buf, err));
     hp_type t = {.dtype = HP_F32, .rank = 2, .shape = {GEMM_N, GEMM_N}};
     hp_type in_t[2] = {t, t};

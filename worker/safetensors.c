@@ -340,7 +340,7 @@ hp_status hp_st_parse(const void *buf, size_t len, const char *what, hp_st_file 
                       hp_err *err) {
     *out = NULL;
     hp__json_init();
-    hp_st_file *f;
+    hp_st_file *f = NULL;
     HP_TRY(file_new(what ? what : "safetensors", &f, err));
     hp_status s = parse_header(f, buf, len, err);
     if (s != HP_OK) {
@@ -372,7 +372,7 @@ hp_status hp_st_open(const char *path, hp_st_file **out, hp_err *err) {
     int e = errno;
     close(fd);
     if (map == MAP_FAILED) return hp_errf(err, HP_IO, "%s: mmap: %s", path, strerror(e));
-    hp_st_file *f;
+    hp_st_file *f = NULL;
     hp_status s = file_new(path, &f, err);
     if (s != HP_OK) {
         munmap(map, len);

@@ -35,7 +35,7 @@ static int check_all_to_all(hp_comm *c, int rank, size_t bytes, int in_place, ui
                             hp_sh_out *o) {
     int world = c->world;
     size_t total = bytes * (size_t)world;
-    uint8_t *send = malloc(total + 1), *recv = malloc(total + 1);
+    uint8_t *send = calloc(total + 1, 1), *recv = calloc(total + 1, 1);
     for (size_t b = 0; b < total; b++) send[b] = hp_sh_gbyte(rank, b, salt);
     memset(recv, 0xa5, total);
     uint8_t *out = in_place ? send : recv;
