@@ -12,6 +12,9 @@
  *                 _to_copy to the same dtype, t(t(x)), transposes that cancel, full slices
  *                 (and their slice_backward), reductions that reduce nothing, cat of one
  *                 input, mul_scalar by 1, pow by 1.
+ *   products      t(mm(a, b)) whose mm has no other use becomes mm(t(b), t(a)): the transpose
+ *                 of a weight gradient's product (autodiff's t(mm(t(x), g))) is then no copy,
+ *                 since lowering folds transposed operands into the product (mm(t(g), x)).
  *   CSE           nodes with the same op, inputs (after the above) and attributes are one node
  *                 (hash-consing); never placeholders, collectives or wait_tensor, whose
  *                 identity matters.
@@ -392,6 +395,61 @@ static hp_status emit(hp__rewrite *rw, cse_table *t, int old, cand *c, hp_err *e
     return HP_OK;
 }
 
+/* Emits a node the input graph does not have (simplified and CSE'd like the others); *v is its
+ * first output, or what it folded into. */
+static hp_status emit_new(hp__rewrite *rw, cse_table *t, cand *c, hp_value *v, hp_err *err) {
+    if (simplify(c, rw->out, v)) return HP_OK;
+    cse_slot *slot = cse_ok(c->op) ? cse_find(t, rw->out, c) : NULL;
+    if (slot && slot->id >= 0) {
+        *v = (hp_value){slot->id, 0};
+        return HP_OK;
+    }
+    int id =
+        hp__rewrite_append(rw, c->op, c->in, c->n_in, c->out, c->n_out, c->attrs, c->n_attrs, err);
+    if (id < 0) return err ? err->status : HP_NOMEM;
+    if (slot) slot->id = id;
+    *v = (hp_value){id, 0};
+    return HP_OK;
+}
+
+/* Old node i is a swap of a rank-2 value that is an mm's product no other node (or output) uses. */
+static bool is_product_transpose(const hp_graph *g, int i, const int32_t *uses) {
+    const hp_node *n = &g->nodes[i];
+    if (!is_perm_op(n->op) || n->n_in != 1 || n->out[0].rank != 2) return false;
+    const hp_node *m = &g->nodes[n->in[0].node];
+    if (m->op != HP_OP_MM || m->n_out != 1 || uses[n->in[0].node] != 1) return false;
+    int p[HP_MAX_RANK];
+    perm_of(n->op, hp_node_attr(n, HP_ATTR_DIM0), hp_node_attr(n, HP_ATTR_DIM1),
+            hp_node_attr(n, HP_ATTR_PERM), 2, p);
+    return p[0] == 1 && p[1] == 0;
+}
+
+/* t(mm(a, b)) -> mm(t(b), t(a)) for old node i (is_product_transpose). */
+static hp_status emit_transposed_product(hp__rewrite *rw, cse_table *t, int i, hp_err *err) {
+    const hp_graph *g = rw->in;
+    const hp_node *n = &g->nodes[i], *m = &g->nodes[n->in[0].node];
+    hp_value ab[2], tt[2];
+    hp_type ty[2];
+    for (int k = 0; k < 2; k++) {
+        ab[k] = hp__rewrite_get(rw, m->in[k]);
+        if (!hp_value_ok(ab[k]))
+            return hp_errf(err, HP_INTERNAL, "node %d: input %d has no rewritten value",
+                           n->in[0].node, k);
+        ty[k] = *hp_graph_type(rw->out, ab[k]);
+        ty[k].shape[0] = ty[k].shape[1];
+        ty[k].shape[1] = hp_graph_type(rw->out, ab[k])->shape[0];
+        cand c = {.op = HP_OP_T, .n_in = 1, .n_out = 1, .in = &ab[k], .out = &ty[k]};
+        HP_TRY(emit_new(rw, t, &c, &tt[k], err));
+    }
+    hp_value in[2] = {tt[1], tt[0]}, v;
+    cand c = {
+        .op = HP_OP_MM, .n_in = 2, .n_out = 1, .n_attrs = m->n_attrs, .in = in, .out = n->out};
+    if (m->n_attrs) memcpy(c.attrs, m->attrs, (size_t)m->n_attrs * sizeof *m->attrs);
+    HP_TRY(emit_new(rw, t, &c, &v, err));
+    hp__rewrite_set(rw, (hp_value){i, 0}, v);
+    return HP_OK;
+}
+
 hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     (void)ctx;
     *out = NULL;
@@ -402,19 +460,27 @@ hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **
     while (cap < 2 * (uint64_t)in->n_nodes) cap *= 2;
     cse_table t = {.slot = hp_malloc(cap * sizeof *t.slot), .mask = cap - 1};
     hp_value *ins = hp_malloc((size_t)max_in * sizeof *ins);
+    int32_t *uses = hp_calloc((size_t)in->n_nodes + 1, sizeof *uses);
     hp__rewrite rw;
     hp_err e = {0};
     hp_status st = HP_NOMEM;
-    if (!t.slot || !ins) {
+    if (!t.slot || !ins || !uses) {
         st = hp_errf(&e, HP_NOMEM, "out of memory in canonicalize");
         goto done;
     }
     memset(t.slot, 0xff, cap * sizeof *t.slot);
+    for (int i = 0; i < in->n_nodes; i++)
+        for (int k = 0; k < in->nodes[i].n_in; k++) uses[in->nodes[i].in[k].node]++;
+    for (int i = 0; i < in->n_outputs; i++) uses[in->outputs[i].node]++;
     if ((st = hp__rewrite_start(&rw, in, &e)) != HP_OK) goto done;
     for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
         const hp_node *n = &in->nodes[i];
         if (n->op == HP_OP_PLACEHOLDER) {
             if (hp__rewrite_copy(&rw, i, &e) < 0) st = e.status;
+            continue;
+        }
+        if (is_product_transpose(in, i, uses)) {
+            st = emit_transposed_product(&rw, &t, i, &e);
             continue;
         }
         cand c = {.op = n->op,
@@ -441,6 +507,7 @@ hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **
 done:
     hp_free(t.slot);
     hp_free(ins);
+    hp_free(uses);
     if (st != HP_OK && err) *err = e;
     return st;
 }

@@ -24,16 +24,24 @@ static int mark_live(const hp_graph *in, bool *live) {
     return dead;
 }
 
+/* The live nodes, with their placements and the graph's mesh (a placed graph stays placed). */
 static hp_status sweep(const hp_graph *in, const bool *live, hp_graph **out, hp_err *err) {
     hp__rewrite rw;
     hp_err e = {0};
     HP_TRY(hp__rewrite_start(&rw, in, err));
-    for (int i = 0; i < in->n_nodes; i++) {
-        if (live[i] && hp__rewrite_copy(&rw, i, &e) < 0) {
-            if (err) *err = e;
-            hp__rewrite_abort(&rw);
-            return e.status;
-        }
+    hp_status st = in->mesh.ndim > 0 ? hp_graph_set_mesh(rw.out, &in->mesh, &e) : HP_OK;
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
+        if (!live[i]) continue;
+        int id = hp__rewrite_copy(&rw, i, &e);
+        if (id < 0)
+            st = e.status;
+        else if (in->nodes[i].pl)
+            st = hp_node_set_placements(rw.out, id, in->nodes[i].pl, &e);
+    }
+    if (st != HP_OK) {
+        if (err) *err = e;
+        hp__rewrite_abort(&rw);
+        return st;
     }
     return hp__rewrite_finish(&rw, out, err);
 }

@@ -67,8 +67,18 @@ static hp_value cast_to(mp *m, hp_value x, hp_dtype dt, hp_err *err) {
         return HP_NO_VALUE;
     }
     if (hp_value_ok(*slot)) return *slot;
-    hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, dt);
-    hp_value c = hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
+    const hp_node *xn = &m->rw.out->nodes[x.node];
+    hp_value c;
+    if (xn->op == HP_OP_T && xn->n_in == 1) {
+        /* the cast of a matrix transpose is the transpose of its input's cast: one cast shared
+         * with the input's other readers, and lowering folds the transpose into a product */
+        hp_value src = xn->in[0], inner = cast_to(m, src, dt, err);
+        if (!hp_value_ok(inner)) return HP_NO_VALUE;
+        c = hp__rewrite_build(&m->rw, HP_OP_T, &inner, 1, NULL, 0, err);
+    } else {
+        hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, dt);
+        c = hp__rewrite_build(&m->rw, HP_OP_TO_COPY, &x, 1, &a, 1, err);
+    }
     /* on a placed graph the cast is placed as its input (elementwise: Partial stays Partial) */
     const hp_placement *pl = hp_value_ok(c) ? hp_value_placements(m->rw.out, x) : NULL;
     if (pl && hp_node_set_placements(m->rw.out, c.node, pl, err) != HP_OK) return HP_NO_VALUE;
@@ -215,8 +225,11 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
         else
             hp__rewrite_set(&m.rw, o, v);
     }
+    hp_graph *mid = NULL;
     if (st == HP_OK) {
-        st = hp__rewrite_finish(&m.rw, out, err);
+        st = hp__rewrite_finish(&m.rw, &mid, err);
+        /* a transpose whose every reader took its cast (cast_to) is left unread */
+        if (st == HP_OK) st = hp__dce_take(mid, out, err);
     } else {
         hp__rewrite_abort(&m.rw);
     }

@@ -854,6 +854,32 @@ Test(pipeline, mixed_precision_bf16_gathers_f32_reductions) {
     hp_job_free(bf);
 }
 
+/* No matrix transpose costs a copy: autodiff's weight gradients t(mm(t(x), g)) become
+ * mm(t(g), x) (canonicalize), the cast of a transposed f32 operand under the bf16 policy is the
+ * transpose of the shared cast (the output layer's logits gradient), and lowering folds every
+ * rank-2 transpose into the product that reads it. */
+Test(pipeline, matrix_transposes_are_folded_into_products) {
+    for (int bf = 0; bf < 2; bf++) {
+        hp_job *job = make_job(&TINY, 1, false);
+        if (bf) job->plan.param_dtype = HP_BF16;
+        hp_compiled *c = compile_ok(job, 1);
+        const hp_program *p = c->program;
+        int casts_of_logits_grad = 0;
+        for (int32_t i = 0; i < p->n_instrs; i++) {
+            const hp_node *n = &p->graph->nodes[p->instrs[i].node];
+            cr_expect(n->op != HP_OP_T, "%s: instruction %d copies a transpose (node %d)",
+                      bf ? "bf16" : "f32", i, p->instrs[i].node);
+            const hp_node *src = n->n_in ? &p->graph->nodes[n->in[0].node] : NULL;
+            if (n->op == HP_OP_TO_COPY && src && src->op == HP_OP_LOG_SOFTMAX_BACKWARD)
+                casts_of_logits_grad++;
+        }
+        cr_expect_eq(casts_of_logits_grad, bf ? 1 : 0);
+        cr_expect_gt(p->stats.n_folded_transposes, 0);
+        hp_compiled_free(c);
+        hp_job_free(job);
+    }
+}
+
 /* World 1 and DDP compile with the policy too; the f32 policy is no pass at all (switched on,
  * it is the identity); switching the pass off under a bf16 policy is refused, never ignored. */
 Test(pipeline, mixed_precision_world_1_ddp_and_switches) {
