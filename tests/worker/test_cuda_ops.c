@@ -210,6 +210,13 @@ Test(cuda_ops, reductions_and_data_movement) {
     one(be, HP_OP_TRANSPOSE, &t3, 1, tr, 2, -1, 1, 0);
     hp_type t2 = TY(HP_F32, 130, 70);
     one(be, HP_OP_T, &t2, 1, NULL, 0, -1, 1, 0);
+    /* rows that stay contiguous (attention's [B,T,H,D] <-> [B,H,T,D]) move 16 bytes a thread; a
+     * batched swap of the last two dims goes through shared-memory tiles */
+    hp_type t5 = TY(HP_BF16, 2, 37, 4, 64);
+    one(be, HP_OP_PERMUTE, &t5, 1, &perm, 1, -1, 1, 0);
+    hp_attr tr2[2] = {hp_attr_int(HP_ATTR_DIM0, 1), hp_attr_int(HP_ATTR_DIM1, 2)};
+    hp_type t6 = TY(HP_F32, 3, 33, 65);
+    one(be, HP_OP_TRANSPOSE, &t6, 1, tr2, 2, -1, 1, 0);
     hp_attr vs = hp_attr_ints(HP_ATTR_SHAPE, 2, (int64_t[]){70, -1});
     one(be, HP_OP_VIEW, &t2, 1, &vs, 1, -1, 1, 0);
     one(be, HP_OP_RESHAPE, &t2, 1, &vs, 1, -1, 1, 0);
@@ -482,6 +489,70 @@ Test(cuda_ops, attention_forward_and_backward) {
 Test(cuda_ops, attention_in_bf16) {
     hp_backend *be = cu_backend();
     attention_in(be, HP_BF16, TOL_BF16);
+    hp_backend_free(be);
+}
+
+/* Runs node v and checks every output element within tol (as cc_check) and the whole within
+ * rel in relative norm, ||got - ref|| / ||ref||. */
+static void check_rel(hp_backend *be, hp_th *h, hp_value v, double tol, double rel) {
+    cc_result r;
+    hp_tensor ref[HP_MAX_OUTS];
+    hp_err e = {0};
+    const char *name = hp_op_get(h->g->nodes[v.node].op)->name;
+    cr_assert_eq(cc_run(be, h, v.node, 0, &r, ref, &e), HP_OK, "%s: %s", name, e.msg);
+    for (int k = 0; k < r.n_out; k++) {
+        int64_t n = hp_type_numel(&r.type[k]);
+        double *got = malloc((size_t)(n > 0 ? n : 1) * sizeof *got), e2 = 0, r2 = 0;
+        for (int64_t i = 0; i < n; i++) {
+            got[i] = cc_unpack1(r.out[k], i, r.type[k].dtype);
+            e2 += (got[i] - ref[k].data[i]) * (got[i] - ref[k].data[i]);
+            r2 += ref[k].data[i] * ref[k].data[i];
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s output %d", name, k);
+        hp_th_expect_close(got, ref[k].data, n, tol, what);
+        cr_assert(e2 <= rel * rel * r2, "%s: relative error %.3g over %g", what, sqrt(e2 / r2),
+                  rel);
+        free(got);
+        hp_tensor_free(&ref[k]);
+    }
+    cc_result_free(&r);
+}
+
+/* The tensor-core attention (bf16, head dims 64 and 128) over several key tiles: rows and keys
+ * past a tile's end, GQA, T != S, and scores of a wide range (the online softmax rescales). */
+Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
+    hp_backend *be = cu_backend();
+    static const struct {
+        int64_t b, h, hkv, t, s, d;
+        int causal;
+        double range;
+    } ac[] = {
+        {1, 4, 1, 200, 200, 64, 1, 3},
+        {1, 2, 2, 130, 190, 128, 0, 3},
+        {2, 4, 2, 150, 150, 128, 1, 1},
+        {1, 2, 1, 64, 64, 64, 1, 4},
+    };
+    for (size_t i = 0; i < HP_ARRAY_LEN(ac); i++) {
+        hp_th h;
+        hp_th_init(&h);
+        double x = ac[i].range;
+        hp_value go = cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].h, ac[i].t, ac[i].d), 11, -1, 1);
+        hp_value q = cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].h, ac[i].t, ac[i].d), 12, -x, x);
+        hp_value k =
+            cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].hkv, ac[i].s, ac[i].d), 13, -x, x);
+        hp_value v =
+            cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].hkv, ac[i].s, ac[i].d), 14, -1, 1);
+        hp_attr a[2] = {hp_attr_float(HP_ATTR_SCALE, 1.0 / sqrt((double)ac[i].d)),
+                        hp_attr_int(HP_ATTR_CAUSAL, ac[i].causal)};
+        hp_value o = node1(&h, HP_OP_SDPA, (hp_value[]){q, k, v}, 3, a, 2);
+        round_inputs(&h);
+        check_rel(be, &h, o, TOL_BF16, 1e-2);
+        hp_value gb =
+            node1(&h, HP_OP_SDPA_BACKWARD, (hp_value[]){go, q, k, v, o, hp_out(o, 1)}, 6, a, 2);
+        check_rel(be, &h, gb, TOL_BF16, 1e-2);
+        hp_th_fini(&h);
+    }
     hp_backend_free(be);
 }
 

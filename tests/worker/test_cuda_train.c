@@ -83,17 +83,18 @@ Test(cuda_train, cuda_job_without_a_device_fails_at_setup_with_one_line) {
 
 /* The small Llama 5 steps on cpu and on cuda with parameters in param_dtype: the losses of every
  * step and the final weights agree within tol (relative and absolute). */
-static void cuda_vs_cpu(hp_dtype param_dtype, double loss_tol, double weight_tol) {
+static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, double loss_tol,
+                        double weight_tol) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/cpu", tmp);
     snprintf(b, sizeof b, "%s/cuda", tmp);
     hp_train_result res;
     hp_err e = {0};
-    hp_job *cpu = job_of(small_spec(), 5, HP_DEVICE_CPU);
+    hp_job *cpu = job_of(spec, 5, HP_DEVICE_CPU);
     cpu->plan.param_dtype = param_dtype;
     hp_train_opts oc = {.out_dir = a, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(cpu, &oc, &res, &e), HP_OK, "cpu: %s", e.msg);
-    hp_job *gpu = job_of(small_spec(), 5, HP_DEVICE_CUDA);
+    hp_job *gpu = job_of(spec, 5, HP_DEVICE_CUDA);
     gpu->plan.param_dtype = param_dtype;
     hp_train_opts og = {.out_dir = b, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(gpu, &og, &res, &e), HP_OK, "cuda: %s", e.msg);
@@ -106,7 +107,7 @@ static void cuda_vs_cpu(hp_dtype param_dtype, double loss_tol, double weight_tol
 Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
-    cuda_vs_cpu(HP_F32, 1e-4, 1e-4);
+    cuda_vs_cpu(small_spec(), HP_F32, 1e-4, 1e-4);
     teardown();
 }
 
@@ -117,7 +118,18 @@ Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
 Test(cuda_train, small_llama_bf16_on_cuda_follows_cpu_bf16) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
-    cuda_vs_cpu(HP_BF16, 1e-2, 2e-2);
+    cuda_vs_cpu(small_spec(), HP_BF16, 1e-2, 2e-2);
+    teardown();
+}
+
+/* The same with head dim 64, where attention runs on the tensor-core kernels (k_flash.cu), which
+ * also round the softmax probabilities to bf16 before P·V, as FlashAttention does. */
+Test(cuda_train, small_llama_bf16_flash_attention_follows_cpu_bf16) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    hp_model_spec s = small_spec();
+    s.dim = 128, s.n_heads = 2, s.n_kv_heads = 1;
+    cuda_vs_cpu(s, HP_BF16, 1e-2, 2e-2);
     teardown();
 }
 

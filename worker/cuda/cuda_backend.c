@@ -340,6 +340,7 @@ static hp_status sync_all(hp__cuda *cu, hp_err *err) {
     if (cu->nccl) HP_TRY(hp__cuda_nccl_sync(cu, err));
     for (int s = 0; s < HP_STREAM_COUNT; s++)
         HP__CUDA_TRY(cudaStreamSynchronize(cu->stream[s]), "cuda: synchronize");
+    hp__cuda_prof_collect(cu);
     return check_fault(cu, err);
 }
 
@@ -428,7 +429,9 @@ static hp_status cuda_collective(hp_backend *b, int stream, const hp_kernel_call
                            "cuda: %s with group_size %lld needs a communicator, and this backend "
                            "has none (only group_size 1 runs, as a copy)",
                            name, (long long)gs);
+        int rec = hp__cuda_prof_begin(cu, stream);
         hp_status st = hp__cuda_nccl_collective(cu, c, err);
+        if (st == HP_OK) hp__cuda_prof_end(cu, rec, stream, (int)c->node->op);
         if (st != HP_OK) hp_err_prefix(err, "cuda: %s", name);
         return st;
     }
@@ -508,19 +511,25 @@ static hp_status launch_staged(hp__cuda *cu, int stream, hp__cuda_entry k, const
     hp_type in_t[SMALL], out_t[HP_MAX_OUTS];
     hp_stage_view v = {.in = in, .in_type = in_t, .out = out, .out_type = out_t};
     hp_stage_view_make(c, cu->stage[stream], STAGE_ALIGN, &v);
+    int rec = hp__cuda_prof_begin(cu, stream);
     for (int i = 0; i < c->n_in; i++) {
         int64_t n = hp_type_numel(&c->in_type[i]);
         if (c->in_type[i].dtype == HP_BF16 && n > 0)
             HP__CUDA_TRY(hp__cu_cast(s, HP__CU_F32, (void *)in[i], HP__CU_BF16, c->in[i], n),
                          "bf16 staging of an input");
     }
+    hp__cuda_prof_end(cu, rec, stream, HP__PROF_STAGE);
+    rec = hp__cuda_prof_begin(cu, stream);
     HP_TRY(k(cu, s, &v.call, err));
+    hp__cuda_prof_end(cu, rec, stream, (int)c->node->op);
+    rec = hp__cuda_prof_begin(cu, stream);
     for (int i = 0; i < c->n_out; i++) {
         int64_t n = hp_type_numel(&out_t[i]);
         if (c->out_type[i].dtype == HP_BF16 && n > 0)
             HP__CUDA_TRY(hp__cu_cast(s, HP__CU_BF16, c->out[i], HP__CU_F32, out[i], n),
                          "bf16 rounding of an output");
     }
+    hp__cuda_prof_end(cu, rec, stream, HP__PROF_STAGE);
     return HP_OK;
 }
 
@@ -538,11 +547,19 @@ static hp_status cuda_launch(hp_backend *b, int stream, const hp_kernel_call *c,
                        dt);
     }
     hp__cuda *cu = as_cuda(b);
-    bool staged = false;
-    for (int i = 0; staged_op(op) && i < c->n_in; i++) staged |= c->in_type[i].dtype == HP_BF16;
-    for (int i = 0; staged_op(op) && i < c->n_out; i++) staged |= c->out_type[i].dtype == HP_BF16;
-    hp_status st =
-        staged ? launch_staged(cu, stream, k, c, err) : k(cu, cu->stream[stream], c, err);
+    bool staged = false, native = hp__cuda_native_bf16(cu, c);
+    for (int i = 0; !native && staged_op(op) && i < c->n_in; i++)
+        staged |= c->in_type[i].dtype == HP_BF16;
+    for (int i = 0; !native && staged_op(op) && i < c->n_out; i++)
+        staged |= c->out_type[i].dtype == HP_BF16;
+    hp_status st;
+    if (staged) {
+        st = launch_staged(cu, stream, k, c, err);
+    } else {
+        int rec = hp__cuda_prof_begin(cu, stream);
+        st = k(cu, cu->stream[stream], c, err);
+        if (st == HP_OK) hp__cuda_prof_end(cu, rec, stream, (int)op);
+    }
     if (st != HP_OK) hp_err_prefix(err, "cuda: %s", name);
     return st;
 }
@@ -629,12 +646,14 @@ static hp_status cuda_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr
         .neg_step = (float)(-(lr / bc1)),
     };
     hp__cuda *cu = as_cuda(b);
+    int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
     for (int i = 0; i < n_params; i++) {
         const hp_adamw_param *q = &params[i];
         HP__CUDA_TRY(hp__cu_adamw_step(cu->stream[HP_STREAM_COMPUTE], &k, q->param, q->grad,
                                        q->exp_avg, q->exp_avg_sq, q->numel),
                      "cuda: adamw");
     }
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_ADAMW);
     return HP_OK;
 }
 
@@ -652,24 +671,54 @@ static hp_status check_spans(const char *what, const hp_fspan *x, int n, hp_err 
     return HP_OK;
 }
 
+/* Room for the partials of n spans (grown, never shrunk). */
+static hp_status sumsq_room(hp__cuda *cu, int n, hp_err *err) {
+    if (n <= cu->sumsq_cap) return HP_OK;
+    int cap = cu->sumsq_cap * 2 > n ? cu->sumsq_cap * 2 : n;
+    size_t bytes = (size_t)cap * HP__CU_SUMSQ_BLOCKS * sizeof(double);
+    double *dev = NULL, *host = NULL;
+    HP__CUDA_TRY(cudaMalloc((void **)&dev, bytes), "cuda: grad sumsq partials");
+    if (cudaMallocHost((void **)&host, bytes) != cudaSuccess) {
+        cudaFree(dev);
+        return hp__cuda_fail(err, (int)cudaErrorMemoryAllocation, "cuda: grad sumsq partials");
+    }
+    cudaFree(cu->sumsq_dev); /* waits for the device */
+    cudaFreeHost(cu->sumsq_host);
+    cu->live_bytes -= (size_t)cu->sumsq_cap * HP__CU_SUMSQ_BLOCKS * sizeof(double);
+    note_alloc(cu, bytes);
+    cu->sumsq_dev = dev;
+    cu->sumsq_host = host;
+    cu->sumsq_cap = cap;
+    return HP_OK;
+}
+
 static hp_status cuda_sum_squares(hp_backend *b, const hp_fspan *x, int n, double *sumsq,
                                   hp_err *err) {
     if (!sumsq) return hp_errf(err, HP_INVALID, "grad sumsq: sumsq is NULL");
     HP_TRY(check_spans("grad sumsq", x, n, err));
     hp__cuda *cu = as_cuda(b);
+    HP_TRY(sumsq_room(cu, n, err));
     cudaStream_t s = cu->stream[HP_STREAM_COMPUTE];
-    double total = 0;
-    /* span by span (the partials of each are combined in a fixed order on the host) */
+    int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
+    /* every span's fixed partials, then one copy and one wait; combined on the host in order
+     * (span by span, block by block): the norm does not depend on timing */
+    int used = 0;
     for (int i = 0; i < n; i++) {
         if (x[i].n == 0) continue;
-        HP__CUDA_TRY(hp__cu_sumsq(s, cu->sumsq_dev, x[i].data, x[i].n), "cuda: grad sumsq");
-        HP__CUDA_TRY(cudaMemcpyAsync(cu->sumsq_host, cu->sumsq_dev,
-                                     HP__CU_SUMSQ_BLOCKS * sizeof(double), cudaMemcpyDeviceToHost,
-                                     s),
-                     "cuda: grad sumsq");
-        HP__CUDA_TRY(cudaStreamSynchronize(s), "cuda: grad sumsq");
-        for (int k = 0; k < HP__CU_SUMSQ_BLOCKS; k++) total += cu->sumsq_host[k];
+        HP__CUDA_TRY(
+            hp__cu_sumsq(s, cu->sumsq_dev + (size_t)used * HP__CU_SUMSQ_BLOCKS, x[i].data, x[i].n),
+            "cuda: grad sumsq");
+        used++;
     }
+    size_t nd = (size_t)used * HP__CU_SUMSQ_BLOCKS;
+    if (used > 0)
+        HP__CUDA_TRY(cudaMemcpyAsync(cu->sumsq_host, cu->sumsq_dev, nd * sizeof(double),
+                                     cudaMemcpyDeviceToHost, s),
+                     "cuda: grad sumsq");
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SUMSQ);
+    HP__CUDA_TRY(cudaStreamSynchronize(s), "cuda: grad sumsq");
+    double total = 0;
+    for (size_t k = 0; k < nd; k++) total += cu->sumsq_host[k];
     *sumsq = total;
     return HP_OK;
 }
@@ -677,9 +726,11 @@ static hp_status cuda_sum_squares(hp_backend *b, const hp_fspan *x, int n, doubl
 static hp_status cuda_scale(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err) {
     HP_TRY(check_spans("grad scale", x, n, err));
     hp__cuda *cu = as_cuda(b);
+    int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
     for (int i = 0; i < n; i++)
         HP__CUDA_TRY(hp__cu_scale(cu->stream[HP_STREAM_COMPUTE], x[i].data, x[i].n, coef),
                      "cuda: grad scale");
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SCALE);
     return HP_OK;
 }
 
@@ -737,6 +788,8 @@ static void cuda_destroy(hp_backend *b) {
     hp__cuda *cu = as_cuda(b);
     for (int s = 0; s < HP_STREAM_COUNT; s++)
         if (cu->stream[s]) cudaStreamSynchronize(cu->stream[s]);
+    hp__cuda_prof_collect(cu);
+    hp__cuda_prof_free(cu);
     hp__cuda_nccl_free(cu);
     hp__cuda_gemm_free(cu);
     if (cu->lt) cublasLtDestroy(cu->lt);
@@ -805,10 +858,15 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
     const char *tf = getenv("HP_CUDA_TF32");
     if (tf && *tf && strcmp(tf, "0") && strcmp(tf, "1"))
         return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_TF32 must be 0 or 1, not '%s'", tf);
+    const char *pf = getenv("HP_CUDA_PROFILE");
+    if (pf && *pf && strcmp(pf, "0") && strcmp(pf, "1"))
+        return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_PROFILE must be 0 or 1, not '%s'",
+                       pf);
     hp__cuda *cu = hp_calloc(1, sizeof *cu);
     if (!cu) return hp_errf(err, HP_NOMEM, "cuda backend: out of memory");
     cu->tf32 = tf && !strcmp(tf, "1");
     cu->base.vt = &cuda_vtable;
+    hp__cuda_prof_init(cu);
     cu->device = device;
     hp_status st = HP_OK;
 #define STEP(call, what)                                                                           \
@@ -828,10 +886,6 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
     note_alloc(cu, HP__CUDA_WORKSPACE);
     STEP(cudaMalloc((void **)&cu->fault, sizeof *cu->fault), "device cuda: fault word");
     STEP(cudaMemset(cu->fault, 0, sizeof *cu->fault), "device cuda: fault word");
-    STEP(cudaMalloc((void **)&cu->sumsq_dev, HP__CU_SUMSQ_BLOCKS * sizeof(double)),
-         "device cuda: sumsq partials");
-    STEP(cudaMallocHost((void **)&cu->sumsq_host, HP__CU_SUMSQ_BLOCKS * sizeof(double)),
-         "device cuda: sumsq partials");
 #undef STEP
     cublasStatus_t bs = cublasLtCreate(&cu->lt);
     if (bs != CUBLAS_STATUS_SUCCESS) {

@@ -21,6 +21,7 @@
 
 typedef struct hp__cuda_gemm_cache hp__cuda_gemm_cache; /* cuda_gemm.c */
 typedef struct hp__cuda_nccl hp__cuda_nccl;             /* cuda_nccl.c */
+typedef struct hp__cuda_prof hp__cuda_prof;             /* cuda_profile.c */
 
 typedef struct hp__cuda_alloc {
     void *p;
@@ -42,8 +43,9 @@ typedef struct hp__cuda {
     void *stage[HP_STREAM_COUNT]; /* f32 staging of bf16 operands per stream (cuda_launch) */
     size_t stage_cap[HP_STREAM_COUNT];
     hp_pool *pool;      /* host threads for fill_init's values */
-    double *sumsq_host; /* pinned [HP__CU_SUMSQ_BLOCKS] */
+    double *sumsq_host; /* pinned [sumsq_cap · HP__CU_SUMSQ_BLOCKS]: the partials of each span */
     double *sumsq_dev;
+    int sumsq_cap;          /* spans the two hold */
     hp__cuda_alloc *allocs; /* live allocations of alloc (for the live byte count) */
     int n_allocs, cap_allocs;
     uint64_t live_bytes, peak_bytes; /* of alloc (and scratch, workspace) */
@@ -51,6 +53,7 @@ typedef struct hp__cuda {
     bool peak_done;
     hp__cuda_nccl *nccl; /* NULL: no communicator (group_size 1 only) */
     bool tf32;           /* $HP_CUDA_TF32=1: f32 GEMMs on TF32 tensor cores */
+    hp__cuda_prof *prof; /* $HP_CUDA_PROFILE=1: device time per op (NULL: off) */
 } hp__cuda;
 
 #define HP__CUDA_WORKSPACE ((size_t)32 << 20)
@@ -130,6 +133,12 @@ HP__CUDA_ENTRY(hp__cuda_rms_norm_backward);
 HP__CUDA_ENTRY(hp__cuda_rotary);
 HP__CUDA_ENTRY(hp__cuda_sdpa);
 HP__CUDA_ENTRY(hp__cuda_sdpa_backward);
+/* sdpa / its backward with bf16 operands that k_flash.cu's tensor-core kernels take as they are
+ * (head dims 64, 128; aligned; a device of compute capability 8 or later): launched without f32
+ * staging. */
+bool hp__cuda_sdpa_native(const hp__cuda *cu, const hp_kernel_call *c);
+/* Any call whose bf16 operands the kernels take as they are (RMSNorm, rotary, the above). */
+bool hp__cuda_native_bf16(const hp__cuda *cu, const hp_kernel_call *c);
 
 /* cuda_gemm.c: descriptors and the algorithm cached per (node, types). */
 HP__CUDA_ENTRY(hp__cuda_mm);
@@ -137,6 +146,22 @@ hp_status hp__cuda_gemm_new(hp__cuda *cu, hp_err *err);
 void hp__cuda_gemm_free(hp__cuda *cu);
 /* A bf16 cuBLASLt GEMM of n^3 timed with events on the compute stream: FLOP/s. */
 hp_status hp__cuda_gemm_probe(hp__cuda *cu, double *flops, hp_err *err);
+
+/* cuda_profile.c: $HP_CUDA_PROFILE=1. A record brackets work on a stream with timing events;
+ * slots are op codes, then the training loop's math and the staging casts. begin returns -1
+ * (and end then does nothing) when profiling is off or an event cannot be had. */
+enum {
+    HP__PROF_ADAMW = HP_OP_COUNT,
+    HP__PROF_SUMSQ,
+    HP__PROF_SCALE,
+    HP__PROF_STAGE,
+    HP__PROF_SLOTS
+};
+void hp__cuda_prof_init(hp__cuda *cu);
+int hp__cuda_prof_begin(hp__cuda *cu, int stream);
+void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot);
+void hp__cuda_prof_collect(hp__cuda *cu); /* after the streams synchronized */
+void hp__cuda_prof_free(hp__cuda *cu);    /* prints the table to stderr */
 
 /* cuda_nccl.c */
 hp_status hp__cuda_nccl_collective(hp__cuda *cu, const hp_kernel_call *c, hp_err *err);

@@ -142,16 +142,22 @@ int hp__cu_nll_backward(cudaStream_t s, float *gx, const float *g, const void *t
 
 /* ---- k_rmsnorm.cu --------------------------------------------------------------------------- */
 
-int hp__cu_rms_norm(cudaStream_t s, float *y, float *rstd, const float *x, const float *w,
+/* x, w, y (gy, gx, gw) of one dtype, f32 or bf16; rstd f32. The backward's scratch holds
+ * hp__cu_rms_norm_backward_scratch(rows, d) bytes. */
+int hp__cu_rms_norm(cudaStream_t s, int dtype, void *y, float *rstd, const void *x, const void *w,
                     int64_t rows, int64_t d, double eps);
-int hp__cu_rms_norm_backward(cudaStream_t s, float *gx, float *gw, const float *gy, const float *x,
-                             const float *w, const float *rstd, int64_t rows, int64_t d);
+size_t hp__cu_rms_norm_backward_scratch(int64_t rows, int64_t d);
+int hp__cu_rms_norm_backward(cudaStream_t s, int dtype, void *gx, void *gw, const void *gy,
+                             const void *x, const void *w, const float *rstd, int64_t rows,
+                             int64_t d, double *scratch);
 
 /* ---- k_rope.cu ------------------------------------------------------------------------------ */
 
-/* x, y [B, T, H, D]: pair i of position t rotated by t·theta^(−2i/D) (sign −1: inverse). */
-int hp__cu_rotary(cudaStream_t s, float *y, const float *x, int64_t b, int64_t t, int64_t h,
-                  int64_t d, double theta, float sign);
+/* x, y [B, T, H, D] of one dtype, f32 or bf16: pair i of position t rotated by
+ * t·theta^(−2i/D) (sign −1: inverse). table: scratch of hp__cu_rotary_scratch(t, d) bytes. */
+size_t hp__cu_rotary_scratch(int64_t t, int64_t d);
+int hp__cu_rotary(cudaStream_t s, int dtype, void *y, const void *x, int64_t b, int64_t t,
+                  int64_t h, int64_t d, double theta, float sign, float *table);
 
 /* ---- k_attention.cu ------------------------------------------------------------------------- */
 
@@ -171,6 +177,19 @@ int hp__cu_attention(cudaStream_t s, const hp__cu_attn *a, float *out, float *ls
 int hp__cu_attention_backward(cudaStream_t s, const hp__cu_attn *a, float *gq, float *gk, float *gv,
                               const float *gout, const float *q, const float *k, const float *v,
                               const float *out, const float *lse, float *delta);
+
+/* ---- k_flash.cu ---------------------------------------------------------------------------- */
+
+/* The tensor-core attention for bf16 q, k, v, out (lse f32): 1 when it takes these shapes
+ * (head dims 64 or 128, d == dv). */
+int hp__cu_flash_ok(const hp__cu_attn *a);
+/* As hp__cu_attention, bf16 operands (s ≥ 1, every pointer 16-byte aligned). */
+int hp__cu_flash(cudaStream_t s, const hp__cu_attn *a, void *out, float *lse, const void *q,
+                 const void *k, const void *v);
+/* As hp__cu_attention_backward, bf16 operands; gq, gk, gv are written whole. */
+int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void *gq, void *gk, void *gv,
+                          const void *gout, const void *q, const void *k, const void *v,
+                          const void *out, const float *lse, float *delta);
 
 /* ---- k_optim.cu ----------------------------------------------------------------------------- */
 

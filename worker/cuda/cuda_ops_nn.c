@@ -181,22 +181,38 @@ HP__CUDA_ENTRY(hp__cuda_nll_loss_backward) {
 
 /* ---- RMSNorm, rotary ------------------------------------------------------------------------ */
 
+/* The storage type T (f32 or bf16) of operand `first` that the listed inputs and outputs share
+ * (rstd and other f32 operands are checked by the caller). */
+static hp_status one_float_type(const hp_kernel_call *c, const int *ins, int n_ins, const int *outs,
+                                int n_outs, int *cu_dt, hp_err *err) {
+    hp_dtype t = c->in_type[ins[0]].dtype;
+    unsigned m = t == HP_BF16 ? HP__CM(HP_BF16) : HP__CF32;
+    for (int i = 0; i < n_ins; i++) HP_TRY(hp__cuda_dtype(c, 0, ins[i], m, err));
+    for (int i = 0; i < n_outs; i++) HP_TRY(hp__cuda_dtype(c, 1, outs[i], m, err));
+    *cu_dt = t == HP_BF16 ? HP__CU_BF16 : HP__CU_F32;
+    return HP_OK;
+}
+
 HP__CUDA_ENTRY(hp__cuda_rms_norm) {
-    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    int dt;
+    HP_TRY(one_float_type(c, (int[]){0, 1}, 2, (int[]){0}, 1, &dt, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
     const hp_type *t = &c->in_type[0];
     if (t->rank < 1 || c->in_type[1].rank != 1 || c->in_type[1].shape[0] != t->shape[t->rank - 1])
         return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
     HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
     int64_t d = t->shape[t->rank - 1], rows = hp_type_numel(&c->out_type[1]);
     HP_TRY(hp__cuda_out_numel(c, 1, d > 0 ? hp_type_numel(t) / d : rows, err));
-    LAUNCH(hp__cu_rms_norm(s, c->out[0], c->out[1], c->in[0], c->in[1], rows, d,
+    LAUNCH(hp__cu_rms_norm(s, dt, c->out[0], c->out[1], c->in[0], c->in[1], rows, d,
                            hp_node_float(c->node, HP_ATTR_EPS, 1e-6)),
            "rms_norm kernel");
     return HP_OK;
 }
 
 HP__CUDA_ENTRY(hp__cuda_rms_norm_backward) {
-    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    int dt;
+    HP_TRY(one_float_type(c, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2, &dt, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 3, HP__CF32, err));
     const hp_type *t = &c->in_type[1];
     if (t->rank < 1 || c->in_type[2].rank != 1 || c->in_type[2].shape[0] != t->shape[t->rank - 1])
         return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
@@ -207,29 +223,67 @@ HP__CUDA_ENTRY(hp__cuda_rms_norm_backward) {
     if (d > 0 && rows != hp_type_numel(t) / d)
         return hp_errf(err, HP_INVALID, "rstd has %lld rows, the input %lld", (long long)rows,
                        (long long)(hp_type_numel(t) / d));
-    LAUNCH(hp__cu_rms_norm_backward(s, c->out[0], c->out[1], c->in[0], c->in[1], c->in[2], c->in[3],
-                                    rows, d),
+    double *part = NULL;
+    size_t sb = hp__cu_rms_norm_backward_scratch(rows, d);
+    if (sb > 0 && !(part = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, sb, err)))
+        return err ? err->status : HP_NOMEM;
+    LAUNCH(hp__cu_rms_norm_backward(s, dt, c->out[0], c->out[1], c->in[0], c->in[1], c->in[2],
+                                    c->in[3], rows, d, part),
            "rms_norm backward kernel");
     return HP_OK;
 }
 
 HP__CUDA_ENTRY(hp__cuda_rotary) {
-    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    int dt;
+    HP_TRY(one_float_type(c, (int[]){0}, 1, (int[]){0}, 1, &dt, err));
     HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
     const hp_type *t = &c->in_type[0];
     if (t->rank != 4 || t->shape[3] % 2)
         return hp_errf(err, HP_INVALID, "input must be [B, T, H, D] with D even");
     float sign = hp_node_int(c->node, HP_ATTR_INVERSE, 0) ? -1.0f : 1.0f;
-    LAUNCH(hp__cu_rotary(s, c->out[0], c->in[0], t->shape[0], t->shape[1], t->shape[2], t->shape[3],
-                         hp_node_float(c->node, HP_ATTR_THETA, 10000.0), sign),
+    float *table = NULL;
+    size_t tb = hp__cu_rotary_scratch(t->shape[1], t->shape[3]);
+    if (tb > 0 && !(table = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, tb, err)))
+        return err ? err->status : HP_NOMEM;
+    LAUNCH(hp__cu_rotary(s, dt, c->out[0], c->in[0], t->shape[0], t->shape[1], t->shape[2],
+                         t->shape[3], hp_node_float(c->node, HP_ATTR_THETA, 10000.0), sign, table),
            "rotary kernel");
     return HP_OK;
 }
 
+/* bf16 operands the kernels take as they are (cuda_backend.c launches these without staging):
+ * RMSNorm and rotary with every float operand bf16 but rstd (f32), and the tensor-core
+ * attention (hp__cuda_sdpa_native). */
+bool hp__cuda_native_bf16(const hp__cuda *cu, const hp_kernel_call *c) {
+    static const struct {
+        hp_op op;
+        int n_in, n_out;
+        unsigned f32_in, f32_out; /* bit k: operand k is f32; every other one bf16 */
+    } pat[] = {
+        {HP_OP_RMS_NORM, 2, 2, 0, 2},
+        {HP_OP_RMS_NORM_BACKWARD, 4, 2, 8, 0},
+        {HP_OP_ROTARY_EMB, 1, 1, 0, 0},
+    };
+    hp_op op = c->node->op;
+    if (op == HP_OP_SDPA || op == HP_OP_SDPA_BACKWARD) return hp__cuda_sdpa_native(cu, c);
+    for (size_t i = 0; i < sizeof pat / sizeof pat[0]; i++) {
+        if (pat[i].op != op) continue;
+        if (c->n_in != pat[i].n_in || c->n_out != pat[i].n_out) return false;
+        for (int k = 0; k < c->n_in; k++)
+            if (c->in_type[k].dtype != ((pat[i].f32_in >> k) & 1 ? HP_F32 : HP_BF16)) return false;
+        for (int k = 0; k < c->n_out; k++)
+            if (c->out_type[k].dtype != ((pat[i].f32_out >> k) & 1 ? HP_F32 : HP_BF16))
+                return false;
+        return true;
+    }
+    return false;
+}
+
 /* ---- attention ------------------------------------------------------------------------------ */
 
-static hp_status attn_check(const hp_kernel_call *c, int iq, hp__cu_attn *a, hp_err *err) {
-    for (int k = iq; k < iq + 3; k++) HP_TRY(hp__cuda_dtype(c, 0, k, HP__CF32, err));
+static hp_status attn_check(const hp_kernel_call *c, int iq, unsigned dt, hp__cu_attn *a,
+                            hp_err *err) {
+    for (int k = iq; k < iq + 3; k++) HP_TRY(hp__cuda_dtype(c, 0, k, dt, err));
     const hp_type *q = &c->in_type[iq], *k = &c->in_type[iq + 1], *v = &c->in_type[iq + 2];
     bool ok = q->rank == 4 && k->rank == 4 && v->rank == 4;
     ok = ok && k->shape[0] == q->shape[0] && v->shape[0] == q->shape[0];
@@ -262,9 +316,46 @@ static hp_status attn_check(const hp_kernel_call *c, int iq, hp__cu_attn *a, hp_
     return HP_OK;
 }
 
+static bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15) == 0;
+}
+
+bool hp__cuda_sdpa_native(const hp__cuda *cu, const hp_kernel_call *c) {
+    hp_op op = c->node->op;
+    if (cu->prop.major < 8) return false; /* bf16 mma.sync and ldmatrix: sm_80 on */
+    bool bw = op == HP_OP_SDPA_BACKWARD;
+    if ((op != HP_OP_SDPA && !bw) || c->n_in != (bw ? 6 : 3) || c->n_out != (bw ? 3 : 2))
+        return false;
+    hp__cu_attn a;
+    if (attn_check(c, bw ? 1 : 0, HP__CM(HP_BF16), &a, NULL) != HP_OK || !hp__cu_flash_ok(&a) ||
+        a.t < 1 || a.s < 1)
+        return false;
+    int n_bf = bw ? 5 : 3; /* inputs in bf16: (gout,) q, k, v(, out); then lse in f32 */
+    for (int k = 0; k < n_bf; k++)
+        if (c->in_type[k].dtype != HP_BF16 || !aligned16(c->in[k])) return false;
+    if (bw && (c->in_type[5].dtype != HP_F32 || hp_type_numel(&c->in_type[5]) != a.b * a.h * a.t ||
+               hp_type_numel(&c->in_type[0]) != a.b * a.h * a.t * a.dv ||
+               hp_type_numel(&c->in_type[4]) != a.b * a.h * a.t * a.dv))
+        return false;
+    for (int k = 0; k < c->n_out; k++) {
+        bool lse = !bw && k == 1; /* f32, read and written a float at a time */
+        if (c->out_type[k].dtype != (lse ? HP_F32 : HP_BF16) || (!lse && !aligned16(c->out[k])))
+            return false;
+    }
+    return true;
+}
+
 HP__CUDA_ENTRY(hp__cuda_sdpa) {
     hp__cu_attn a;
-    HP_TRY(attn_check(c, 0, &a, err));
+    if (hp__cuda_sdpa_native(cu, c)) {
+        HP_TRY(attn_check(c, 0, HP__CM(HP_BF16), &a, err));
+        HP_TRY(hp__cuda_out_numel(c, 0, a.b * a.h * a.t * a.dv, err));
+        HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.h * a.t, err));
+        LAUNCH(hp__cu_flash(s, &a, c->out[0], c->out[1], c->in[0], c->in[1], c->in[2]),
+               "flash attention kernel");
+        return HP_OK;
+    }
+    HP_TRY(attn_check(c, 0, HP__CF32, &a, err));
     HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
     HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
     HP_TRY(hp__cuda_out_numel(c, 0, a.b * a.h * a.t * a.dv, err));
@@ -282,7 +373,20 @@ HP__CUDA_ENTRY(hp__cuda_sdpa) {
 
 HP__CUDA_ENTRY(hp__cuda_sdpa_backward) {
     hp__cu_attn a;
-    HP_TRY(attn_check(c, 1, &a, err));
+    if (hp__cuda_sdpa_native(cu, c)) {
+        HP_TRY(attn_check(c, 1, HP__CM(HP_BF16), &a, err));
+        int64_t rows = a.b * a.h * a.t;
+        HP_TRY(hp__cuda_out_numel(c, 0, rows * a.d, err));
+        HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.hkv * a.s * a.d, err));
+        HP_TRY(hp__cuda_out_numel(c, 2, a.b * a.hkv * a.s * a.dv, err));
+        float *delta = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, (size_t)rows * sizeof(float), err);
+        if (!delta) return err ? err->status : HP_NOMEM;
+        LAUNCH(hp__cu_flash_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
+                                     c->in[2], c->in[3], c->in[4], c->in[5], delta),
+               "flash attention backward kernel");
+        return HP_OK;
+    }
+    HP_TRY(attn_check(c, 1, HP__CF32, &a, err));
     for (int k = 0; k < 3; k++) HP_TRY(hp__cuda_dtype(c, 1, k, HP__CF32, err));
     HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
     HP_TRY(hp__cuda_dtype(c, 0, 4, HP__CF32, err));

@@ -10,8 +10,17 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #define HP__CU_THREADS 256
+
+/* Loops over register arrays must be unrolled (a run-time index puts the array in local memory);
+ * cuemu's C++ compiler does without. */
+#ifdef HP_CUDA_EMU
+#define HP__UNROLL
+#else
+#define HP__UNROLL _Pragma("unroll")
+#endif
 
 /* Blocks for n elements, one per thread, at most 65535·8 blocks (loops stride the rest). */
 static inline unsigned hp__cu_blocks(int64_t n) {
@@ -47,6 +56,65 @@ __device__ __forceinline__ void hp__st<__nv_bfloat16>(__nv_bfloat16 *p, int64_t 
 }
 template <> __device__ __forceinline__ void hp__st<__half>(__half *p, int64_t i, float v) {
     p[i] = __float2half_rn(v);
+}
+
+/* Eight consecutive elements at p (16-byte aligned for bf16, 32 for f32) as f32, and back:
+ * one or two 16-byte accesses. */
+template <typename T> __device__ __forceinline__ void hp__ld8(const T *p, float f[8]);
+template <> __device__ __forceinline__ void hp__ld8<float>(const float *p, float f[8]) {
+#ifdef HP_CUDA_EMU
+    memcpy(f, p, 8 * sizeof(float));
+#else
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+#endif
+}
+template <>
+__device__ __forceinline__ void hp__ld8<__nv_bfloat16>(const __nv_bfloat16 *p, float f[8]) {
+    uint32_t u[4];
+#ifdef HP_CUDA_EMU
+    memcpy(u, (const void *)p, sizeof u);
+#else
+    uint4 v = *(const uint4 *)p;
+    u[0] = v.x, u[1] = v.y, u[2] = v.z, u[3] = v.w;
+#endif
+    HP__UNROLL
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}
+template <typename T> __device__ __forceinline__ void hp__st8(T *p, const float f[8]);
+template <> __device__ __forceinline__ void hp__st8<float>(float *p, const float f[8]) {
+#ifdef HP_CUDA_EMU
+    memcpy(p, f, 8 * sizeof(float));
+#else
+    ((float4 *)p)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
+#endif
+}
+__device__ __forceinline__ uint32_t hp__bf16_bits(float f) {
+#ifdef HP_CUDA_EMU
+    return __float2bfloat16_rn(f).__x;
+#else
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
+}
+template <>
+__device__ __forceinline__ void hp__st8<__nv_bfloat16>(__nv_bfloat16 *p, const float f[8]) {
+    uint32_t u[4];
+    HP__UNROLL
+    for (int i = 0; i < 4; i++)
+        u[i] = hp__bf16_bits(f[2 * i]) | (hp__bf16_bits(f[2 * i + 1]) << 16);
+#ifdef HP_CUDA_EMU
+    memcpy((void *)p, u, sizeof u);
+#else
+    *(uint4 *)p = make_uint4(u[0], u[1], u[2], u[3]);
+#endif
+}
+/* Whether pointers may take hp__ld8 / hp__st8 (every group of 8 at a multiple of 8). */
+static inline bool hp__vec8_ok(const void *a, const void *b, const void *c) {
+    return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
 /* Offset of operand k at linear index i of the walk (row-major over shape). */

@@ -37,6 +37,35 @@ __global__ void binary_k(int op, T *y, const T *a, const T *b, hp__cu_walk w, in
     }
 }
 
+/* Same-shape contiguous operands, 8 elements a thread (hp__ld8), the tail one by one. */
+template <typename T> __global__ void binary8_k(int op, T *y, const T *a, const T *b, int64_t n) {
+    int64_t n8 = n / 8;
+    HP__CU_FOR(i, n8) {
+        float x0[8], x1[8], r[8];
+        hp__ld8(a + 8 * i, x0);
+        hp__ld8(b + 8 * i, x1);
+        HP__UNROLL
+        for (int j = 0; j < 8; j++) r[j] = binary_op(op, x0[j], x1[j]);
+        hp__st8(y + 8 * i, r);
+    }
+    HP__CU_FOR(i, n - 8 * n8) {
+        int64_t k = 8 * n8 + i;
+        hp__st(y, k, binary_op(op, hp__ld(a, k), hp__ld(b, k)));
+    }
+}
+
+/* Whether every operand of the walk is laid out as the output: contiguous, no broadcast. */
+static bool walk_is_flat(const hp__cu_walk *w, int n_ops) {
+    for (int k = 0; k < n_ops; k++) {
+        int64_t st = 1;
+        for (int d = w->rank - 1; d >= 0; d--) {
+            if (w->shape[d] != 1 && w->st[k][d] != st) return false;
+            st *= w->shape[d];
+        }
+    }
+    return true;
+}
+
 template <typename T>
 __global__ void compare_k(int op, uint8_t *y, const T *a, const T *b, hp__cu_walk w, int64_t n) {
     HP__CU_FOR(i, n) {
@@ -58,6 +87,17 @@ extern "C" int hp__cu_binary(cudaStream_t s, int op, int dtype, void *y, const v
     if (n == 0) return 0;
     unsigned g = hp__cu_blocks(n);
     bool cmp = op == HP__CU_EQ || op == HP__CU_LT;
+    if (!cmp && (dtype == HP__CU_F32 || dtype == HP__CU_BF16) && walk_is_flat(w, 3) &&
+        hp__vec8_ok(y, a, b)) {
+        unsigned g8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
+        if (dtype == HP__CU_BF16)
+            binary8_k<__nv_bfloat16><<<g8, HP__CU_THREADS, 0, s>>>(
+                op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, n);
+        else
+            binary8_k<float><<<g8, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)a,
+                                                           (const float *)b, n);
+        return HP__CU_LAUNCHED();
+    }
     switch (dtype) {
     case HP__CU_F32:
         if (cmp)
@@ -177,10 +217,34 @@ template <typename T> __global__ void unary_k(int op, T *y, const T *x, double p
     HP__CU_FOR(i, n) hp__st(y, i, unary_op(op, hp__ld(x, i), p));
 }
 
+template <typename T> __global__ void unary8_k(int op, T *y, const T *x, double p, int64_t n) {
+    int64_t n8 = n / 8;
+    HP__CU_FOR(i, n8) {
+        float v[8];
+        hp__ld8(x + 8 * i, v);
+        HP__UNROLL
+        for (int j = 0; j < 8; j++) v[j] = unary_op(op, v[j], p);
+        hp__st8(y + 8 * i, v);
+    }
+    HP__CU_FOR(i, n - 8 * n8) {
+        int64_t k = 8 * n8 + i;
+        hp__st(y, k, unary_op(op, hp__ld(x, k), p));
+    }
+}
+
 extern "C" int hp__cu_unary(cudaStream_t s, int op, int dtype, void *y, const void *x, double p,
                             int64_t n) {
     if (n == 0) return 0;
     unsigned g = hp__cu_blocks(n);
+    if (hp__vec8_ok(y, x, x)) {
+        unsigned g8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
+        if (dtype == HP__CU_BF16)
+            unary8_k<__nv_bfloat16><<<g8, HP__CU_THREADS, 0, s>>>(op, (__nv_bfloat16 *)y,
+                                                                  (const __nv_bfloat16 *)x, p, n);
+        else
+            unary8_k<float><<<g8, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)x, p, n);
+        return HP__CU_LAUNCHED();
+    }
     if (dtype == HP__CU_BF16)
         unary_k<__nv_bfloat16>
             <<<g, HP__CU_THREADS, 0, s>>>(op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, p, n);
@@ -222,10 +286,38 @@ __global__ void pair_k(int op, T *y, const T *g, const T *sv, double p, int64_t 
     HP__CU_FOR(i, n) hp__st(y, i, pair_op(op, hp__ld(g, i), hp__ld(sv, i), p));
 }
 
+template <typename T>
+__global__ void pair8_k(int op, T *y, const T *g, const T *sv, double p, int64_t n) {
+    int64_t n8 = n / 8;
+    HP__CU_FOR(i, n8) {
+        float a[8], b[8];
+        hp__ld8(g + 8 * i, a);
+        hp__ld8(sv + 8 * i, b);
+        HP__UNROLL
+        for (int j = 0; j < 8; j++) a[j] = pair_op(op, a[j], b[j], p);
+        hp__st8(y + 8 * i, a);
+    }
+    HP__CU_FOR(i, n - 8 * n8) {
+        int64_t k = 8 * n8 + i;
+        hp__st(y, k, pair_op(op, hp__ld(g, k), hp__ld(sv, k), p));
+    }
+}
+
 extern "C" int hp__cu_backward_pair(cudaStream_t s, int op, int dtype, void *y, const void *g,
                                     const void *saved, double p, int64_t n) {
     if (n == 0) return 0;
     unsigned b = hp__cu_blocks(n);
+    if (hp__vec8_ok(y, g, saved)) {
+        unsigned b8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
+        if (dtype == HP__CU_BF16)
+            pair8_k<__nv_bfloat16>
+                <<<b8, HP__CU_THREADS, 0, s>>>(op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)g,
+                                               (const __nv_bfloat16 *)saved, p, n);
+        else
+            pair8_k<float><<<b8, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)g,
+                                                         (const float *)saved, p, n);
+        return HP__CU_LAUNCHED();
+    }
     if (dtype == HP__CU_BF16)
         pair_k<__nv_bfloat16><<<b, HP__CU_THREADS, 0, s>>>(
             op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)g, (const __nv_bfloat16 *)saved, p, n);
@@ -309,8 +401,30 @@ __global__ void cast_k(int to, void *y, int from, const void *x, int64_t n) {
     }
 }
 
+/* f32 <-> bf16, 8 elements a thread: the mixed-precision casts of every parameter and gradient. */
+template <typename To, typename From> __global__ void cast8_k(To *y, const From *x, int64_t n) {
+    int64_t n8 = n / 8;
+    HP__CU_FOR(i, n8) {
+        float v[8];
+        hp__ld8(x + 8 * i, v);
+        hp__st8(y + 8 * i, v);
+    }
+    HP__CU_FOR(i, n - 8 * n8) hp__st(y, 8 * n8 + i, hp__ld(x, 8 * n8 + i));
+}
+
 extern "C" int hp__cu_cast(cudaStream_t s, int to, void *y, int from, const void *x, int64_t n) {
     if (n == 0) return 0;
+    if (hp__vec8_ok(y, x, x) &&
+        ((to == HP__CU_BF16 && from == HP__CU_F32) || (to == HP__CU_F32 && from == HP__CU_BF16))) {
+        unsigned g8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
+        if (to == HP__CU_BF16)
+            cast8_k<__nv_bfloat16, float>
+                <<<g8, HP__CU_THREADS, 0, s>>>((__nv_bfloat16 *)y, (const float *)x, n);
+        else
+            cast8_k<float, __nv_bfloat16>
+                <<<g8, HP__CU_THREADS, 0, s>>>((float *)y, (const __nv_bfloat16 *)x, n);
+        return HP__CU_LAUNCHED();
+    }
     cast_k<<<hp__cu_blocks(n), HP__CU_THREADS, 0, s>>>(to, y, from, x, n);
     return HP__CU_LAUNCHED();
 }

@@ -1,0 +1,152 @@
+/* worker/cuda/cuda_profile.c — $HP_CUDA_PROFILE=1: device time per op, for finding where a
+ * step's time goes on a GPU (host timestamps of asynchronous launches say nothing).
+ *
+ * Each launch (and the training loop's adamw / sum of squares / scale, and the bf16 staging
+ * casts) is bracketed by two timing events on its stream; at each synchronize the pairs are
+ * read and added to a per-op total. At the backend's end one table goes to stderr: op, calls,
+ * total device ms, mean µs and share, sorted by total. The events cost a few µs of host time
+ * per launch, so a profiled run's tokens/s is not the figure to report.
+ */
+#include "worker/cuda/cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct prof_pair {
+    cudaEvent_t a, b;
+    int slot;
+} prof_pair;
+
+struct hp__cuda_prof {
+    prof_pair *pairs; /* events of this sync window: [0, used) recorded */
+    int used, cap;
+    double ms[HP__PROF_SLOTS];
+    int64_t calls[HP__PROF_SLOTS];
+    int64_t syncs;
+};
+
+static const char *slot_name(int slot) {
+    switch (slot) {
+    case HP__PROF_ADAMW:
+        return "adamw";
+    case HP__PROF_SUMSQ:
+        return "grad_sumsq";
+    case HP__PROF_SCALE:
+        return "grad_scale";
+    case HP__PROF_STAGE:
+        return "bf16_staging";
+    default:
+        return slot >= 0 && slot < HP_OP_COUNT ? hp_op_get((hp_op)slot)->name : "?";
+    }
+}
+
+void hp__cuda_prof_init(hp__cuda *cu) {
+    const char *v = getenv("HP_CUDA_PROFILE");
+    if (!v || strcmp(v, "1") != 0) return;
+    cu->prof = hp_calloc(1, sizeof *cu->prof);
+}
+
+int hp__cuda_prof_begin(hp__cuda *cu, int stream) {
+    hp__cuda_prof *p = cu->prof;
+    if (!p || stream < 0 || stream >= HP_STREAM_COUNT) return -1;
+    if (p->used == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 1024;
+        prof_pair *np = hp_realloc(p->pairs, (size_t)cap * sizeof *np);
+        if (!np) return -1;
+        for (int i = p->cap; i < cap; i++) {
+            np[i].a = np[i].b = NULL;
+            if (cudaEventCreate(&np[i].a) != cudaSuccess ||
+                cudaEventCreate(&np[i].b) != cudaSuccess) {
+                cudaGetLastError();
+                p->pairs = np;
+                p->cap = i; /* the pairs made so far */
+                if (np[i].a) cudaEventDestroy(np[i].a);
+                return -1;
+            }
+        }
+        p->pairs = np;
+        p->cap = cap;
+    }
+    prof_pair *q = &p->pairs[p->used];
+    if (cudaEventRecord(q->a, cu->stream[stream]) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    q->slot = -1;
+    return p->used++;
+}
+
+void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot) {
+    hp__cuda_prof *p = cu->prof;
+    if (!p || rec < 0 || rec >= p->used || slot < 0 || slot >= HP__PROF_SLOTS) return;
+    if (cudaEventRecord(p->pairs[rec].b, cu->stream[stream]) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    p->pairs[rec].slot = slot;
+}
+
+void hp__cuda_prof_collect(hp__cuda *cu) {
+    hp__cuda_prof *p = cu->prof;
+    if (!p) return;
+    for (int i = 0; i < p->used; i++) {
+        float ms = 0;
+        if (p->pairs[i].slot < 0) continue; /* the launch failed: no end event */
+        if (cudaEventElapsedTime(&ms, p->pairs[i].a, p->pairs[i].b) != cudaSuccess) {
+            cudaGetLastError();
+            continue;
+        }
+        p->ms[p->pairs[i].slot] += ms;
+        p->calls[p->pairs[i].slot]++;
+    }
+    p->used = 0;
+    p->syncs++;
+}
+
+typedef struct row {
+    int slot;
+    double ms;
+} row;
+
+static int by_ms_desc(const void *x, const void *y) {
+    double a = ((const row *)x)->ms, b = ((const row *)y)->ms;
+    return (a < b) - (a > b);
+}
+
+void hp__cuda_prof_report(hp__cuda *cu, FILE *f) {
+    hp__cuda_prof *p = cu->prof;
+    if (!p) return;
+    row rows[HP__PROF_SLOTS];
+    int n = 0;
+    double total = 0;
+    for (int s = 0; s < HP__PROF_SLOTS; s++)
+        if (p->calls[s] > 0) {
+            rows[n++] = (row){s, p->ms[s]};
+            total += p->ms[s];
+        }
+    qsort(rows, (size_t)n, sizeof *rows, by_ms_desc);
+    fprintf(f, "cuda profile (HP_CUDA_PROFILE=1): device time per op over %lld synchronizes\n",
+            (long long)p->syncs);
+    fprintf(f, "  %-44s %9s %12s %10s %7s\n", "op", "calls", "total ms", "mean us", "share");
+    for (int i = 0; i < n; i++) {
+        int s = rows[i].slot;
+        fprintf(f, "  %-44s %9lld %12.3f %10.1f %6.1f%%\n", slot_name(s), (long long)p->calls[s],
+                p->ms[s], 1e3 * p->ms[s] / (double)p->calls[s],
+                total > 0 ? 100 * p->ms[s] / total : 0.0);
+    }
+    fprintf(f, "  %-44s %9s %12.3f\n", "all", "", total);
+}
+
+void hp__cuda_prof_free(hp__cuda *cu) {
+    hp__cuda_prof *p = cu->prof;
+    if (!p) return;
+    hp__cuda_prof_report(cu, stderr);
+    for (int i = 0; i < p->cap; i++) {
+        cudaEventDestroy(p->pairs[i].a);
+        cudaEventDestroy(p->pairs[i].b);
+    }
+    hp_free(p->pairs);
+    hp_free(p);
+    cu->prof = NULL;
+}
