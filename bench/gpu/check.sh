@@ -16,19 +16,27 @@
 #
 # usage: bench/gpu/check.sh            (from the repository root)
 # env:   BUILD=DIR  BUILD_TYPE=Release  HP_CUDA_ARCHS="90"  ONE_B_BATCH=2  ONE_B_STEPS=30
-#        ONE_B_DTYPE=bf16  HP_CUDA_TF32=1
+#        ONE_B_DTYPE=bf16  HP_CUDA_TF32=1  TORCH_STEPS=30  ONE_B_PROFILE=0
+#        HP_GPU_BUNDLE=hp-gpu.tar.xz   (a tarball of bench/gpu/bundle.sh: its binaries are run
+#                                       instead of a build, for a GPU machine without hp's
+#                                       build dependencies)
+#        HP_GPU_LOGS=DIR               (where the logs go; default a new /tmp/hp-gpu-check-*)
+#        ONE_B_PROFILE=1 runs the ~1B model a few more steps (PROFILE_STEPS, default 6) with
+#        HP_CUDA_PROFILE=1 and prints the device time per op.
+#        TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
 #        are on by default here and HP_CUDA_TF32=0 turns them off)
 # Exit status: 0 when every stage that could run passed, 1 otherwise.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 BUILD=${BUILD:-$ROOT/build-gpu}
 ARCHS=${HP_CUDA_ARCHS:-90}
 BUILD_TYPE=${BUILD_TYPE:-Release}
 JOBS=$(nproc 2>/dev/null || echo 4)
-OUT=$(mktemp -d /tmp/hp-gpu-check-XXXXXX)
+OUT=${HP_GPU_LOGS:-$(mktemp -d /tmp/hp-gpu-check-XXXXXX)}
+mkdir -p "$OUT"
 START=$(date +%s)
 declare -a SUMMARY
 FAILED=0
@@ -42,12 +50,52 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 if [ "$GPU" = yes ]; then
     NGPU=$(nvidia-smi -L | grep -c '^GPU')
     GPUNAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-    row "device        $NGPU x $GPUNAME"
+    DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+    row "device        $NGPU x $GPUNAME, driver $DRIVER"
 else
     row "device        no GPU (nvidia-smi finds none): the GPU stages below are skipped"
 fi
 
+# The CUDA libraries a bundle leaves to the target (libcudart, libcublasLt, libnccl): where the
+# loader does not find them, the toolkit's folders and those of Python's nvidia-* wheels.
+cuda_lib_path() {
+    local bin=$1 lib dir cands
+    cands=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda-*/lib64 /usr/local/cuda-*/lib
+           /usr/lib/x86_64-linux-gnu)
+    for dir in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        cands+=("$dir"/nvidia/*/lib)
+    done
+    for lib in $(ldd "$bin" | awk '/not found/{print $1}'); do
+        for dir in "${cands[@]}"; do
+            if [ -e "$dir/$lib" ]; then
+                export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+                break
+            fi
+        done
+    done
+    ldd "$bin" | awk '/not found/{print $1}'
+}
+
 # ---- 1. build ---------------------------------------------------------------------------------
+if [ -n "${HP_GPU_BUNDLE:-}" ]; then
+    say "bundle $HP_GPU_BUNDLE"
+    rm -rf "$OUT/bundle" && mkdir -p "$OUT/bundle"
+    if ! tar -C "$OUT/bundle" -xJf "$HP_GPU_BUNDLE"; then
+        fail "bundle        FAILED: cannot unpack $HP_GPU_BUNDLE"
+        printf '%s\n' "${SUMMARY[@]}"
+        exit 1
+    fi
+    BUILD=$OUT/bundle/hp
+    export LD_LIBRARY_PATH="$BUILD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export HP_BINARY_DIR=$BUILD HP_SOURCE_DIR=$ROOT
+    missing=$(cuda_lib_path "$BUILD/worker/hp-worker"; cuda_lib_path "$BUILD/tests/test_cuda_ops")
+    if [ -n "$missing" ]; then
+        fail "bundle        FAILED: libraries not found here: $(echo "$missing" | tr '\n' ' ')"
+        printf '%s\n' "${SUMMARY[@]}"
+        exit 1
+    fi
+    row "bundle        ok: $(ldd "$BUILD/worker/hp-worker" | awk '/libcublasLt|libnccl/{print $3}' | tr '\n' ' ')"
+else
 say "build ($BUILD, sm $ARCHS)"
 if cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" -DHP_WERROR=ON -DHP_CUDA_ARCHS="$ARCHS" \
         >"$OUT/cmake.log" 2>&1 &&
@@ -64,17 +112,20 @@ else
     printf '%s\n' "${SUMMARY[@]}"
     exit 1
 fi
+fi
 
 # ---- 2. the CUDA tests ------------------------------------------------------------------------
 for t in test_cuda_backend test_cuda_ops test_cuda_train test_cuda_nccl; do
     say "$t"
     log="$OUT/$t.log"
+    t0=$(date +%s)
     timeout 300 "$BUILD/tests/$t" --jobs 1 --verbose=1 >"$log" 2>&1
     rc=$?
+    dt=$(($(date +%s) - t0))
     synth=$(grep 'Synthesis' "$log" | tail -1 | sed 's/.*Synthesis: //')
     skips=$(grep -c '^\[SKIP\]' "$log")
     if [ $rc -eq 0 ]; then
-        row "$(printf '%-13s ok: %s, %s skipped' "$t" "$synth" "$skips")"
+        row "$(printf '%-13s ok: %s, %s skipped (%d s)' "$t" "$synth" "$skips" "$dt")"
     else
         fail "$(printf '%-13s FAILED (exit %s): %s — %s' "$t" "$rc" "$synth" "$log")"
         grep -E '^\[(FAIL|----)\]' "$log" | head -20
@@ -112,7 +163,7 @@ if "$BUILD/client/hpctl" new --model llama3:debugmodel --device cuda --steps 20 
         --log-interval 1 -o "$OUT/debug.pb" >/dev/null &&
     timeout 180 "$BUILD/worker/hp-worker" --standalone "$OUT/debug.pb" --out "$D" \
         >"$OUT/debug.log" 2>&1; then
-    read -r f l tps mfu mem _ _ n < <(stats "$D/metrics.jsonl" 3)
+    read -r f l tps _ _ _ _ n < <(stats "$D/metrics.jsonl" 3)
     if python3 -c "import sys; sys.exit(0 if $l < $f - 0.5 else 1)"; then
         row "$(printf 'debugmodel    ok: loss %.3f -> %.3f in %d steps, %.0f tokens/s' "$f" "$l" "$n" "$tps")"
     else
@@ -151,13 +202,32 @@ else
     fi
 fi
 
+# ---- 4b. where the ~1B step's device time goes (ONE_B_PROFILE=1) -----------------------------
+if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
+    PS=${PROFILE_STEPS:-6}
+    say "~1B profile, $PS steps, HP_CUDA_PROFILE=1"
+    if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$PS" \
+            "${POLICY[@]}" --log-interval 1 --name llama-1b-profile -o "$OUT/1b-prof.pb" >/dev/null &&
+        HP_CUDA_PROFILE=1 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 "$BUILD/worker/hp-worker" \
+            --standalone "$OUT/1b-prof.pb" --out "$OUT/1b-prof" >"$OUT/1b-profile.log" 2>&1; then
+        sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | head -32
+        top=$(sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | sed -n '3,6p' |
+              awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $NF}')
+        row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
+    else
+        fail "~1B profile   FAILED: $(tail -1 "$OUT/1b-profile.log")"
+    fi
+fi
+
 # ---- 5. PyTorch eager and torch.compile -------------------------------------------------------
-if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+if [ "${TORCH_PEER:-1}" = 0 ]; then
+    row "~1B torch     skipped: TORCH_PEER=0"
+elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     for mode in eager compile; do
         say "PyTorch $mode"
         if timeout 240 python3 bench/gpu/torch_llama.py --mode $mode --dim 2048 --layers 16 \
                 --heads 16 --kv-heads 8 --ffn 8192 --vocab 128256 --batch "$B" --seq 2048 \
-                --steps "$S" >"$OUT/torch-$mode.json" 2>"$OUT/torch-$mode.log"; then
+                --steps "${TORCH_STEPS:-$S}" >"$OUT/torch-$mode.json" 2>"$OUT/torch-$mode.log"; then
             r=$(python3 - "$OUT/torch-$mode.json" "${HP_TPS:-0}" "${FPT:-0}" "${HP_MFU:-0}" "${TFL:-0}" <<'PY'
 import json, sys
 j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
