@@ -128,10 +128,14 @@ uint32_t hp_dropout_threshold(double p) {
     return t >= 4294967295.0 ? UINT32_MAX : (uint32_t)t;
 }
 
+uint64_t hp_dropout_stream(const hp_dropout_site *s) {
+    return s->stream + s->step * DROPOUT_STEP_MUL;
+}
+
 void hp_dropout_keep(const hp_dropout_site *s, uint32_t threshold, int64_t first, int64_t count,
                      uint8_t *keep) {
     if (count <= 0) return;
-    uint64_t stream = s->stream + s->step * DROPOUT_STEP_MUL;
+    uint64_t stream = hp_dropout_stream(s);
     int r = s->rank;
     if (r == 0) { /* a scalar: global element 0 */
         uint32_t w[4];

@@ -68,6 +68,8 @@ typedef struct hp_dropout_site {
     int64_t local[HP_RNG_MAX_RANK], off[HP_RNG_MAX_RANK], global[HP_RNG_MAX_RANK];
 } hp_dropout_site;
 
+/* The stream a site's mask draws from: s->stream + s->step * 0x9E3779B97F4A7C15 (mod 2^64). */
+uint64_t hp_dropout_stream(const hp_dropout_site *s);
 /* round(p * 2^32), clamped to 2^32 - 1; p in [0, 1). */
 uint32_t hp_dropout_threshold(double p);
 /* keep[i - first] = 0 (dropped) or 1 for the local flat elements i in [first, first + count)

@@ -11,6 +11,7 @@
 
 #include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
+#include "tests/worker/cuda_check.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -389,6 +390,40 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
     cr_assert_eq(hp_th_read_losses(b, without, STEPS + 1), STEPS);
     cr_expect(fabs(with[0] - without[0]) > 1e-3, "dropout changed nothing: %.7f vs %.7f", with[0],
               without[0]);
+}
+
+/* The exported GPT-2 on the cuda backend (cuemu in CI, a GPU where there is one): LayerNorm,
+ * GELU-tanh, learned positions (arange), dropout at p = 0.1 (the device draws hp/rng.h's masks)
+ * and the fused attention; and, with --no-fuse-attention, make_fx's own attention (tril,
+ * bitwise_not, masked fill, softmax, bmm). 10 steps give the cpu run's losses and weights
+ * within 1e-4. */
+Test(hp_export, gpt_trains_on_cuda_as_on_cpu) {
+    CU_SKIP_WITHOUT_DEVICE();
+    write_tokens();
+    char args[1024], out[320], a[320], b[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    const char *jobs[][2] = {{"cpu", ""},
+                             {"cuda", "--device cuda"},
+                             {"cuda-unfused", "--device cuda --no-fuse-attention"}};
+    for (size_t i = 0; i < HP_ARRAY_LEN(jobs); i++) {
+        snprintf(args, sizeof args, "export '%s' torch --as %s --dropout 0.1 --steps %d %s", dir,
+                 jobs[i][0], STEPS, jobs[i][1]);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "export (%s) failed:\n%s", jobs[i][0], hp_th_slurp_or_empty(out));
+        char job[64];
+        snprintf(job, sizeof job, "job-%s.pb", jobs[i][0]);
+        train_hp(job, jobs[i][0], 1);
+    }
+    cr_expect_gt(count_in("job-cuda-unfused.hpir", " = tril("), 0);
+    cr_expect_gt(count_in("job-cuda-unfused.hpir", " = bitwise_not("), 0);
+    snprintf(a, sizeof a, "%s/cpu", dir);
+    for (size_t i = 1; i < HP_ARRAY_LEN(jobs); i++) {
+        snprintf(b, sizeof b, "%s/%s", dir, jobs[i][0]);
+        cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(a, b, 0, 1e-4, jobs[i][0]);
+        hp_th_expect_weights_close(a, b, 1e-6, 1e-4, jobs[i][0]);
+    }
 }
 
 Test(hp_export, unsupported_op_lists_every_one_and_writes_nothing) {

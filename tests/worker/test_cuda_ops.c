@@ -556,23 +556,104 @@ Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
     hp_backend_free(be);
 }
 
-/* An op without a cuda kernel: HP_UNSUPPORTED naming the op and its dtype, nothing launched. */
+/* The ops of exported PyTorch models (GPT-2 style) that the Llama graphs do not use: LayerNorm
+ * and its backward, tril, bitwise_not, arange, native_dropout and its backward (whose mask is
+ * the reference evaluator's: hp/rng.h's Philox draw), in f32 and bf16. */
+static void exported_ops_in(hp_backend *be, hp_dtype fp, double tol) {
+    static const struct {
+        int rank;
+        int64_t s[3];
+    } ln[] = {{3, {4, 6, 32}}, {2, {3, 256}}, {2, {300, 64}}, {1, {7}}, {2, {129, 5}}};
+    for (size_t i = 0; i < HP_ARRAY_LEN(ln); i++) {
+        hp_type t = hp_type_make(fp, ln[i].rank, ln[i].s), w = TY(fp, ln[i].s[ln[i].rank - 1]);
+        hp_type st = t;
+        st.shape[st.rank - 1] = 1;
+        st.dtype = HP_F32; /* the saved statistics stay f32 under bf16 */
+        hp_attr eps = hp_attr_float(HP_ATTR_EPS, 1e-5);
+        hp_th h;
+        hp_th_init(&h);
+        hp_value x = cc_rand_input(&h, t, 1, -2, 3), wv = cc_rand_input(&h, w, 2, 0.5, 1.5);
+        hp_value b = cc_rand_input(&h, w, 3, -1, 1);
+        hp_value v = node1(&h, HP_OP_LAYER_NORM, (hp_value[]){x, wv, b}, 3, &eps, 1);
+        round_inputs(&h);
+        cc_check(be, &h, v, 0, tol);
+        hp_th_fini(&h);
+        hp_th_init(&h);
+        hp_value gy = cc_rand_input(&h, t, 1, -1, 1);
+        x = cc_rand_input(&h, t, 2, -2, 2);
+        hp_value mu = cc_rand_input(&h, st, 3, -0.5, 0.5), r = cc_rand_input(&h, st, 4, 0.5, 2);
+        wv = cc_rand_input(&h, w, 5, 0.5, 1.5);
+        v = node1(&h, HP_OP_LAYER_NORM_BACKWARD, (hp_value[]){gy, x, mu, r, wv}, 5, NULL, 0);
+        round_inputs(&h);
+        cc_check(be, &h, v, 0, tol);
+        hp_th_fini(&h);
+    }
+    const hp_dtype tdt[] = {fp, HP_I64, HP_BOOL};
+    const int64_t diags[] = {0, -2, 3, 9};
+    for (size_t d = 0; d < HP_ARRAY_LEN(tdt); d++)
+        for (size_t k = 0; k < HP_ARRAY_LEN(diags); k++) {
+            hp_type ts[] = {TY(tdt[d], 5, 5), TY(tdt[d], 3, 4, 7), TY(tdt[d], 2, 0, 3)};
+            for (size_t i = 0; i < HP_ARRAY_LEN(ts); i++) {
+                hp_attr a = hp_attr_int(HP_ATTR_DIAGONAL, diags[k]);
+                one(be, HP_OP_TRIL, &ts[i], 1, &a, 1, -5, 5, 0);
+            }
+        }
+    hp_type nt[] = {TY(HP_BOOL, 3, 70000), TY(HP_I32, 5), TY(HP_I64, 2, 3), TY0(HP_BOOL)};
+    for (size_t i = 0; i < HP_ARRAY_LEN(nt); i++)
+        one(be, HP_OP_BITWISE_NOT, &nt[i], 1, NULL, 0, -9, 9, 0);
+    const hp_dtype adt[] = {HP_I64, HP_I32, HP_F32};
+    const int64_t ar[][3] = {{0, 16, 1}, {-3, 40000, 7}, {5, 2, 1}};
+    for (size_t d = 0; d < HP_ARRAY_LEN(adt); d++)
+        for (size_t k = 0; k < HP_ARRAY_LEN(ar); k++) {
+            hp_th h;
+            hp_th_init(&h);
+            hp_attr a[4] = {hp_attr_int(HP_ATTR_START, ar[k][0]),
+                            hp_attr_int(HP_ATTR_END, ar[k][1]), hp_attr_int(HP_ATTR_STEP, ar[k][2]),
+                            hp_attr_dtype(HP_ATTR_DTYPE, adt[d])};
+            cc_check(be, &h, node1(&h, HP_OP_ARANGE, NULL, 0, a, 4), 0, 0);
+            hp_th_fini(&h);
+        }
+    const double ps[] = {0, 0.1, 0.5};
+    for (size_t i = 0; i < HP_ARRAY_LEN(ps); i++) {
+        hp_type ts[] = {TY(fp, 3, 70001), TY(fp, 2, 3, 5), TY0(fp), TY(fp, 0, 4)};
+        for (size_t k = 0; k < HP_ARRAY_LEN(ts); k++) {
+            hp_attr a[2] = {hp_attr_float(HP_ATTR_P, ps[i]), hp_attr_str(HP_ATTR_FQN, "d")};
+            one(be, HP_OP_NATIVE_DROPOUT, &ts[k], 1, a, 2, -2, 2, tol);
+            hp_type in[2] = {ts[k], ts[k]};
+            in[1].dtype = HP_BOOL;
+            hp_attr sc = hp_attr_float(HP_ATTR_SCALE, 1.0 / (1.0 - ps[i]));
+            one(be, HP_OP_NATIVE_DROPOUT_BACKWARD, in, 2, &sc, 1, -2, 2, tol);
+        }
+    }
+}
+
+Test(cuda_ops, exported_model_ops) {
+    hp_backend *be = cu_backend();
+    exported_ops_in(be, HP_F32, TOL_REDUCE);
+    hp_backend_free(be);
+}
+
+Test(cuda_ops, exported_model_ops_in_bf16) {
+    hp_backend *be = cu_backend();
+    exported_ops_in(be, HP_BF16, TOL_BF16);
+    hp_backend_free(be);
+}
+
+/* A node no kernel runs: HP_UNSUPPORTED naming the op and its dtype, nothing launched. */
 Test(cuda_ops, an_op_without_a_kernel_is_unsupported_naming_it) {
     hp_backend *be = cu_backend();
     hp_th h;
     hp_th_init(&h);
     hp_value x = cc_rand_input(&h, TY(HP_F32, 4, 4), 1, -1, 1);
-    hp_attr a = hp_attr_int(HP_ATTR_DIAGONAL, 0);
-    hp_value v = node1(&h, HP_OP_TRIL, &x, 1, &a, 1);
     cc_result r;
     hp_err e = {0};
-    cr_assert_eq(cc_run(be, &h, v.node, 0, &r, NULL, &e), HP_UNSUPPORTED);
-    cr_assert(strstr(e.msg, "cuda: tril (f32) has no kernel"), "%s", e.msg);
+    cr_assert_eq(cc_run(be, &h, x.node, 0, &r, NULL, &e), HP_UNSUPPORTED);
+    cr_assert(strstr(e.msg, "cuda: placeholder (f32) has no kernel"), "%s", e.msg);
     hp_th_fini(&h);
     /* a dtype a kernel does not take */
     hp_th_init(&h);
     hp_value i = cc_rand_input(&h, TY(HP_I64, 4), 1, -9, 9);
-    v = node1(&h, HP_OP_ADD, (hp_value[]){i, i}, 2, NULL, 0);
+    hp_value v = node1(&h, HP_OP_ADD, (hp_value[]){i, i}, 2, NULL, 0);
     cr_assert_eq(cc_run(be, &h, v.node, 0, &r, NULL, &e), HP_UNSUPPORTED);
     cr_assert(strstr(e.msg, "cuda: add: dtype i64 of input 0 is not supported"), "%s", e.msg);
     hp_th_fini(&h);

@@ -82,6 +82,13 @@ static const hp__cuda_entry entries[HP_OP_COUNT] = {
     [HP_OP_SDPA] = hp__cuda_sdpa,
     [HP_OP_SDPA_BACKWARD] = hp__cuda_sdpa_backward,
     [HP_OP_WAIT_TENSOR] = hp__cuda_copy_op,
+    [HP_OP_LAYER_NORM] = hp__cuda_layer_norm,
+    [HP_OP_LAYER_NORM_BACKWARD] = hp__cuda_layer_norm_backward,
+    [HP_OP_TRIL] = hp__cuda_tril,
+    [HP_OP_BITWISE_NOT] = hp__cuda_bitwise_not,
+    [HP_OP_ARANGE] = hp__cuda_arange,
+    [HP_OP_NATIVE_DROPOUT] = hp__cuda_dropout,
+    [HP_OP_NATIVE_DROPOUT_BACKWARD] = hp__cuda_dropout_backward,
 };
 
 /* ---- errors --------------------------------------------------------------------------------- */
@@ -448,8 +455,10 @@ static hp_status cuda_collective(hp_backend *b, int stream, const hp_kernel_call
 }
 
 /* ---- bf16 operands of f32 kernels --------------------------------------------------------------
- * Elementwise ops, casts, data movement and GEMMs take bf16 natively. The other kernels
- * (embedding, softmax, nll_loss, rms_norm, rotary, attention, reductions) compute in f32 and run
+ * Elementwise ops, casts, data movement, tril and GEMMs take bf16 natively, and so do RMSNorm,
+ * rotary and the tensor-core attention when their operands fit (hp__cuda_native_bf16). The other
+ * kernels (embedding, softmax, nll_loss, layer_norm, dropout, arange, reductions, attention of
+ * other shapes) compute in f32 and run
  * staged when an operand is bf16, as on the cpu backend: each bf16 input is widened into f32
  * staging (exact), the entry runs on a copy of the call whose bf16 types read f32, and each bf16
  * output is rounded to nearest even from its staging. So every op has a bf16 form that computes
@@ -475,6 +484,11 @@ static bool staged_op(hp_op op) {
     case HP_OP_ROTARY_EMB:
     case HP_OP_SDPA:
     case HP_OP_SDPA_BACKWARD:
+    case HP_OP_LAYER_NORM:
+    case HP_OP_LAYER_NORM_BACKWARD:
+    case HP_OP_NATIVE_DROPOUT:
+    case HP_OP_NATIVE_DROPOUT_BACKWARD:
+    case HP_OP_ARANGE:
         return true;
     default:
         return false;

@@ -140,6 +140,16 @@ bool hp__cuda_sdpa_native(const hp__cuda *cu, const hp_kernel_call *c);
 /* Any call whose bf16 operands the kernels take as they are (RMSNorm, rotary, the above). */
 bool hp__cuda_native_bf16(const hp__cuda *cu, const hp_kernel_call *c);
 
+HP__CUDA_ENTRY(hp__cuda_layer_norm);
+HP__CUDA_ENTRY(hp__cuda_layer_norm_backward);
+
+/* cuda_ops_mask.c */
+HP__CUDA_ENTRY(hp__cuda_tril);
+HP__CUDA_ENTRY(hp__cuda_bitwise_not);
+HP__CUDA_ENTRY(hp__cuda_arange);
+HP__CUDA_ENTRY(hp__cuda_dropout);
+HP__CUDA_ENTRY(hp__cuda_dropout_backward);
+
 /* cuda_gemm.c: descriptors and the algorithm cached per (node, types). */
 HP__CUDA_ENTRY(hp__cuda_mm);
 hp_status hp__cuda_gemm_new(hp__cuda *cu, hp_err *err);

@@ -178,6 +178,41 @@ int hp__cu_attention_backward(cudaStream_t s, const hp__cu_attn *a, float *gq, f
                               const float *gout, const float *q, const float *k, const float *v,
                               const float *out, const float *lse, float *delta);
 
+/* ---- k_layernorm.cu ------------------------------------------------------------------------ */
+
+/* native_layer_norm over the last dim (f32): mean, rstd [rows]. The backward's scratch holds
+ * hp__cu_layer_norm_backward_scratch(rows, d) bytes. */
+int hp__cu_layer_norm(cudaStream_t s, float *y, float *mean, float *rstd, const float *x,
+                      const float *w, const float *b, int64_t rows, int64_t d, double eps);
+size_t hp__cu_layer_norm_backward_scratch(int64_t rows, int64_t d);
+int hp__cu_layer_norm_backward(cudaStream_t s, float *gx, float *gw, float *gb, const float *gy,
+                               const float *x, const float *mean, const float *rstd, const float *w,
+                               int64_t rows, int64_t d, double *scratch);
+
+/* ---- k_mask.cu ------------------------------------------------------------------------------ */
+
+/* tril over `total` elements of [..., m, n] matrices: (i, j) kept where j − i <= diag. */
+int hp__cu_tril(cudaStream_t s, size_t esize, void *y, const void *x, int64_t m, int64_t n,
+                int64_t diag, int64_t total);
+/* !x (bool) or ~x (i32, i64). */
+int hp__cu_bitwise_not(cudaStream_t s, int dtype, void *y, const void *x, int64_t n);
+/* element i = start + i·step, as i32, i64 or f32. */
+int hp__cu_arange(cudaStream_t s, int dtype, void *y, int64_t start, int64_t step, int64_t n);
+
+/* One dropout draw (hp/rng.h): stream is hp_rng_stream_id(fqn) moved by the step; local
+ * element idx[] of this rank's piece is global element off[d] + idx[d] of shape global[]. */
+typedef struct hp__cu_dropout_draw {
+    uint64_t seed, stream;
+    uint32_t threshold;
+    float scale;
+    int rank;
+    int64_t local[HP__CU_MAX_RANK], off[HP__CU_MAX_RANK], global[HP__CU_MAX_RANK];
+} hp__cu_dropout_draw;
+int hp__cu_dropout(cudaStream_t s, const hp__cu_dropout_draw *d, float *y, uint8_t *mask,
+                   const float *x, int64_t n);
+int hp__cu_dropout_backward(cudaStream_t s, float *gx, const float *g, const uint8_t *mask,
+                            float scale, int64_t n);
+
 /* ---- k_flash.cu ---------------------------------------------------------------------------- */
 
 /* The tensor-core attention for bf16 q, k, v, out (lse f32): 1 when it takes these shapes

@@ -251,6 +251,55 @@ HP__CUDA_ENTRY(hp__cuda_rotary) {
     return HP_OK;
 }
 
+/* ---- LayerNorm (exported models) ------------------------------------------------------------ */
+
+static hp_status ln_weight(const hp_kernel_call *c, int x, int w, hp_err *err) {
+    const hp_type *t = &c->in_type[x];
+    if (t->rank < 1 || c->in_type[w].rank != 1 || c->in_type[w].shape[0] != t->shape[t->rank - 1])
+        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
+    return HP_OK;
+}
+
+/* native_layer_norm(x [..., D], w [D], b [D]){eps} -> (y, mean, rstd [..., 1]). */
+HP__CUDA_ENTRY(hp__cuda_layer_norm) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    HP_TRY(ln_weight(c, 0, 1, err));
+    HP_TRY(hp__cuda_same_shape(c, 1, 2, 0, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
+    const hp_type *t = &c->in_type[0];
+    int64_t d = t->shape[t->rank - 1], rows = hp_type_numel(&c->out_type[1]);
+    HP_TRY(hp__cuda_out_numel(c, 1, d > 0 ? hp_type_numel(t) / d : rows, err));
+    HP_TRY(hp__cuda_out_numel(c, 2, rows, err));
+    LAUNCH(hp__cu_layer_norm(s, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1], c->in[2], rows,
+                             d, hp_node_float(c->node, HP_ATTR_EPS, 1e-5)),
+           "layer_norm kernel");
+    return HP_OK;
+}
+
+/* (gy, x, mean, rstd, w) -> (gx, gw, gb). */
+HP__CUDA_ENTRY(hp__cuda_layer_norm_backward) {
+    HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
+    HP_TRY(ln_weight(c, 1, 4, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 1, 0, err));
+    HP_TRY(hp__cuda_same_shape(c, 1, 0, 1, err));
+    HP_TRY(hp__cuda_same_shape(c, 2, 3, 0, err));
+    HP_TRY(hp__cuda_same_shape(c, 4, 1, 1, err));
+    HP_TRY(hp__cuda_same_shape(c, 4, 2, 1, err));
+    const hp_type *t = &c->in_type[1];
+    int64_t d = t->shape[t->rank - 1], rows = hp_type_numel(&c->in_type[2]);
+    if (d > 0 && rows != hp_type_numel(t) / d)
+        return hp_errf(err, HP_INVALID, "rstd has %lld rows, the input %lld", (long long)rows,
+                       (long long)(hp_type_numel(t) / d));
+    double *part = NULL;
+    size_t sb = hp__cu_layer_norm_backward_scratch(rows, d);
+    if (sb > 0 && !(part = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, sb, err)))
+        return err ? err->status : HP_NOMEM;
+    LAUNCH(hp__cu_layer_norm_backward(s, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
+                                      c->in[2], c->in[3], c->in[4], rows, d, part),
+           "layer_norm backward kernel");
+    return HP_OK;
+}
+
 /* bf16 operands the kernels take as they are (cuda_backend.c launches these without staging):
  * RMSNorm and rotary with every float operand bf16 but rstd (f32), and the tensor-core
  * attention (hp__cuda_sdpa_native). */

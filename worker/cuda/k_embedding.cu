@@ -95,7 +95,7 @@ extern "C" int hp__cu_chunked_embedding_backward(cudaStream_t s, float *gw, cons
                                                  int64_t d) {
     cudaError_t e = cudaMemsetAsync(gw, 0, (size_t)(k * rows * d) * sizeof(float), s);
     if (e != cudaSuccess || n * d == 0) return (int)e;
-    chunked_embedding_bw_k<<<hp__cu_blocks(n * d), HP__CU_THREADS, 0, s>>>(
-        gw, g, idx, idx64, base, base64, n, k, rows, d);
+    chunked_embedding_bw_k<<<hp__cu_blocks(n * d), HP__CU_THREADS, 0, s>>>(gw, g, idx, idx64, base,
+                                                                           base64, n, k, rows, d);
     return HP__CU_LAUNCHED();
 }
