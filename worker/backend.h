@@ -113,10 +113,11 @@ typedef struct hp_backend_vtable {
      * they name, whose contracts they share; the backend picks the threads (results never
      * depend on them). Compute-stream work, ordered after what was launched before. */
 
-    /* hp_adamw_step: every hp_adamw_param's param, grad, exp_avg and exp_avg_sq is a device
-     * pointer. */
-    hp_status (*adamw)(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
-                       const hp_adamw_param *params, int n_params, hp_err *err);
+    /* hp_adamw_step_scaled: every hp_adamw_param's param, grad, exp_avg and exp_avg_sq is a
+     * device pointer; the gradients are read times grad_scale (clipping's coefficient, 1:
+     * none), so the trainer makes no separate pass to scale them. */
+    hp_status (*adamw)(hp_backend *b, const hp_adamw_config *cfg, double lr, float grad_scale,
+                       int64_t step, const hp_adamw_param *params, int n_params, hp_err *err);
     /* hp_grad_sumsq over device spans: the local part of a global norm, into host *sumsq. */
     hp_status (*sum_squares)(hp_backend *b, const hp_fspan *x, int n, double *sumsq, hp_err *err);
     /* hp_grad_scale: every element of the device spans times coef. */

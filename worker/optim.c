@@ -65,13 +65,14 @@ typedef struct adamw_k {
     float bc2_sqrt; /* sqrt(1 - beta2^step) */
     float eps;      /* eps */
     float neg_step; /* -lr / (1 - beta1^step) */
+    float g_scale;  /* each gradient is read times this (clipping; 1: as is) */
 } adamw_k;
 
 static void adamw_scalar(const adamw_k *k, float *p, const float *g, float *m, float *v,
                          int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float pi = p[i] * k->decay;
-        float gi = g[i];
+        float gi = g[i] * k->g_scale;
         float mi = fmaf(gi, k->omb1, m[i] * k->b1);
         float vi = fmaf(k->omb2 * gi, gi, v[i] * k->b2);
         float den = sqrtf(vi) / k->bc2_sqrt + k->eps;
@@ -87,11 +88,12 @@ adamw_avx2(const adamw_k *k, float *p, const float *g, float *m, float *v, int64
     const __m256 decay = _mm256_set1_ps(k->decay), b1 = _mm256_set1_ps(k->b1),
                  omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2),
                  omb2 = _mm256_set1_ps(k->omb2), bc2 = _mm256_set1_ps(k->bc2_sqrt),
-                 eps = _mm256_set1_ps(k->eps), step = _mm256_set1_ps(k->neg_step);
+                 eps = _mm256_set1_ps(k->eps), step = _mm256_set1_ps(k->neg_step),
+                 gs = _mm256_set1_ps(k->g_scale);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
-        __m256 gi = _mm256_loadu_ps(g + i);
+        __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), gs);
         __m256 mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(_mm256_loadu_ps(m + i), b1));
         __m256 vi =
             _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi, _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
@@ -145,7 +147,16 @@ static hp_status check_config(const hp_adamw_config *cfg, hp_err *err) {
 
 hp_status hp_adamw_step(const hp_adamw_config *cfg, double lr, int64_t step,
                         const hp_adamw_param *params, int n_params, hp_pool *pool, hp_err *err) {
+    return hp_adamw_step_scaled(cfg, lr, 1.0f, step, params, n_params, pool, err);
+}
+
+hp_status hp_adamw_step_scaled(const hp_adamw_config *cfg, double lr, float grad_scale,
+                               int64_t step, const hp_adamw_param *params, int n_params,
+                               hp_pool *pool, hp_err *err) {
     HP_TRY(check_config(cfg, err));
+    if (!(grad_scale > 0 && isfinite(grad_scale)))
+        return hp_errf(err, HP_INVALID, "adamw: grad_scale %g must be finite and > 0",
+                       (double)grad_scale);
     if (!(lr >= 0 && isfinite(lr)))
         return hp_errf(err, HP_INVALID, "adamw: lr %g must be finite and >= 0", lr);
     if (step < 1) return hp_errf(err, HP_INVALID, "adamw: step %lld must be >= 1", (long long)step);
@@ -175,6 +186,7 @@ hp_status hp_adamw_step(const hp_adamw_config *cfg, double lr, int64_t step,
         .bc2_sqrt = (float)sqrt(bc2),
         .eps = (float)cfg->eps,
         .neg_step = (float)(-(lr / bc1)),
+        .g_scale = grad_scale,
     };
     adamw_ctx c = {&k, params, n_params, hp__simd_avx2()};
     hp_pool_parallel_for(pool, total, ELEM_GRAIN, adamw_chunk, &c);

@@ -55,6 +55,12 @@ typedef struct hp_adamw_param {
  * not errors: they propagate as in torch. */
 hp_status hp_adamw_step(const hp_adamw_config *cfg, double lr, int64_t step,
                         const hp_adamw_param *params, int n_params, hp_pool *pool, hp_err *err);
+/* The same step on gradients read times grad_scale (gradient clipping's coefficient, > 0 and
+ * finite; 1: as read): the bits of hp_grad_scale(grads, grad_scale) then hp_adamw_step, with
+ * one pass over the gradients fewer, and the gradients left as they were. */
+hp_status hp_adamw_step_scaled(const hp_adamw_config *cfg, double lr, float grad_scale,
+                               int64_t step, const hp_adamw_param *params, int n_params,
+                               hp_pool *pool, hp_err *err);
 
 /* ---- gradient norm and clipping ------------------------------------------------------------ */
 

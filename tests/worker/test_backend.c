@@ -64,14 +64,14 @@ Test(backend, math_entries_match_optim) {
     cr_assert_eq(hp_grad_scale(&host, 1, 0.5f, NULL, NULL), HP_OK);
     hp_adamw_config cfg = hp_adamw_defaults();
     hp_adamw_param dp = {p, g, m, v, N}, hq = {hp_, hg, hm, hv, N};
-    cr_assert_eq(b->vt->adamw(b, &cfg, 1e-3, 1, &dp, 1, NULL), HP_OK);
+    cr_assert_eq(b->vt->adamw(b, &cfg, 1e-3, 1.0f, 1, &dp, 1, NULL), HP_OK);
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, &hq, 1, NULL, NULL), HP_OK);
     float *back = malloc(N * sizeof(float));
     cr_assert_eq(b->vt->copy_out(b, back, p, N * sizeof(float), NULL), HP_OK);
     cr_assert_eq(memcmp(back, hp_, N * sizeof(float)), 0, "adamw differs from hp_adamw_step");
     /* errors are the functions' errors */
     hp_err e = {0};
-    cr_assert_eq(b->vt->adamw(b, &cfg, -1, 1, &dp, 1, &e), HP_INVALID);
+    cr_assert_eq(b->vt->adamw(b, &cfg, -1, 1.0f, 1, &dp, 1, &e), HP_INVALID);
     cr_assert(strstr(e.msg, "lr"), "%s", e.msg);
     cr_assert_eq(b->vt->fill_init(b, p, &init, 7, "", 0, 1, &e), HP_INVALID);
     cr_assert_eq(b->vt->memory_peak(b, NULL, &e), HP_INVALID);

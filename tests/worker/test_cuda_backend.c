@@ -129,13 +129,32 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
     for (int step = 1; step <= 3; step++) {
         hp_adamw_param hq = {p, g, m, v, N}, dq = {dp, dg, dm, dv, N};
         cr_assert_eq(hp_adamw_step(&cfg, 1e-3, step, &hq, 1, NULL, &e), HP_OK, "%s", e.msg);
-        cr_assert_eq(vt->adamw(b, &cfg, 1e-3, step, &dq, 1, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 1.0f, step, &dq, 1, &e), HP_OK, "%s", e.msg);
     }
     cr_assert_eq(vt->copy_out(b, back, dp, N * 4, &e), HP_OK, "%s", e.msg);
     for (int i = 0; i < N; i++)
         cr_assert(fabsf(back[i] - p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(p[i])), "adamw at %d: %g %g",
                   i, back[i], p[i]);
-    cr_assert_eq(vt->adamw(b, &cfg, -1, 1, NULL, 0, &e), HP_INVALID);
+    cr_assert_eq(vt->adamw(b, &cfg, -1, 1.0f, 1, NULL, 0, &e), HP_INVALID);
+    cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 0.0f, 1, NULL, 0, &e), HP_INVALID);
+    /* clipping folded in: the host's scale-then-step bits */
+    {
+        hp_adamw_param hq = {p, g, m, v, N}, dq = {dp, dg, dm, dv, N};
+        hp_fspan hs1 = {g, N};
+        float *g0 = malloc(N * 4);
+        memcpy(g0, g, N * 4);
+        cr_assert_eq(hp_grad_scale(&hs1, 1, 0.25f, NULL, &e), HP_OK);
+        cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 4, &hq, 1, NULL, &e), HP_OK, "%s", e.msg);
+        memcpy(g, g0, N * 4);
+        cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 0.25f, 4, &dq, 1, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(vt->copy_out(b, back, dp, N * 4, &e), HP_OK, "%s", e.msg);
+        for (int i = 0; i < N; i++)
+            cr_assert(fabsf(back[i] - p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(p[i])),
+                      "scaled adamw at %d: %g %g", i, back[i], p[i]);
+        cr_assert_eq(vt->copy_out(b, back, dg, N * 4, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(memcmp(back, g, N * 4), 0, "the device gradients changed");
+        free(g0);
+    }
 
     hp_fspan hs[2] = {{g, N}, {p, 1000}}, ds[2] = {{dg, N}, {dp, 1000}};
     double want = 0, got = 0;

@@ -390,6 +390,47 @@ Test(optim, decay_names) {
     cr_assert(strstr(e.msg, "'exp'"), "%s", e.msg);
 }
 
+/* Clipping folded into the step: hp_adamw_step_scaled(c) is, bit for bit, hp_grad_scale(c) then
+ * hp_adamw_step (the scalar and AVX2 paths, over a pool), and leaves the gradients as they were. */
+Test(optim, scaled_step_equals_scale_then_step) {
+    enum { N = 70001 };
+    float *p[2], *g[2], *m[2], *v[2];
+    for (int k = 0; k < 2; k++) {
+        p[k] = malloc(N * 4), g[k] = malloc(N * 4), m[k] = calloc(N, 4), v[k] = calloc(N, 4);
+        for (int i = 0; i < N; i++) {
+            p[k][i] = sinf((float)i * 0.01f);
+            g[k][i] = cosf((float)i * 0.37f) * 3.0f;
+        }
+    }
+    hp_pool *pool = NULL;
+    hp_err e;
+    cr_assert_eq(hp_pool_new(3, &pool, &e), HP_OK, "%s", e.msg);
+    hp_adamw_config cfg = hp_adamw_defaults();
+    const float coefs[] = {0.3f, 1.0f, 0.0123f};
+    for (int step = 1; step <= 3; step++) {
+        hp_adamw_param a = {p[0], g[0], m[0], v[0], N}, b = {p[1], g[1], m[1], v[1], N};
+        hp_fspan sa = {g[0], N};
+        float c = coefs[step - 1];
+        cr_assert_eq(hp_grad_scale(&sa, 1, c, pool, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(hp_adamw_step(&cfg, 1e-3, step, &a, 1, pool, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(hp_adamw_step_scaled(&cfg, 1e-3, c, step, &b, 1, pool, &e), HP_OK, "%s",
+                     e.msg);
+        for (int i = 0; i < N; i++) g[0][i] = cosf((float)i * 0.37f) * 3.0f; /* unscale */
+    }
+    cr_assert_eq(memcmp(p[0], p[1], N * 4), 0, "params differ");
+    cr_assert_eq(memcmp(m[0], m[1], N * 4), 0, "exp_avg differs");
+    cr_assert_eq(memcmp(v[0], v[1], N * 4), 0, "exp_avg_sq differs");
+    cr_assert_eq(memcmp(g[0], g[1], N * 4), 0, "the gradients changed");
+    hp_adamw_param b = {p[1], g[1], m[1], v[1], N};
+    const float bad[] = {0.0f, -1.0f, NAN, INFINITY};
+    for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
+        cr_assert_eq(hp_adamw_step_scaled(&cfg, 1e-3, bad[i], 4, &b, 1, pool, &e), HP_INVALID);
+        cr_assert(strstr(e.msg, "grad_scale"), "%s", e.msg);
+    }
+    hp_pool_free(pool);
+    for (int k = 0; k < 2; k++) free(p[k]), free(g[k]), free(m[k]), free(v[k]);
+}
+
 /* ---- bad input --------------------------------------------------------------------------------
  */
 

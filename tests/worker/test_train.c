@@ -396,10 +396,10 @@ static void o_destroy(hp_backend *b) {
     hp_backend_free(IN(b));
     free(b);
 }
-static hp_status o_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
-                         const hp_adamw_param *p, int n, hp_err *err) {
+static hp_status o_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, float gs,
+                         int64_t step, const hp_adamw_param *p, int n, hp_err *err) {
     ((opaque *)b)->adamw_calls++;
-    return IN(b)->vt->adamw(IN(b), cfg, lr, step, p, n, err);
+    return IN(b)->vt->adamw(IN(b), cfg, lr, gs, step, p, n, err);
 }
 static hp_status o_sumsq(hp_backend *b, const hp_fspan *x, int n, double *out, hp_err *err) {
     opaque *o = (opaque *)b;

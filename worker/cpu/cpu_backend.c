@@ -490,9 +490,9 @@ static void cpu_set_comm_trace(hp_backend *b, hp_comm_trace_fn fn, void *ctx) {
 
 /* ---- the training loop's math: hp/optim.h and hp/param_init.h on the pool ------------------ */
 
-static hp_status cpu_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
-                           const hp_adamw_param *params, int n_params, hp_err *err) {
-    return hp_adamw_step(cfg, lr, step, params, n_params, as_cpu(b)->pool, err);
+static hp_status cpu_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, float grad_scale,
+                           int64_t step, const hp_adamw_param *params, int n_params, hp_err *err) {
+    return hp_adamw_step_scaled(cfg, lr, grad_scale, step, params, n_params, as_cpu(b)->pool, err);
 }
 
 static hp_status cpu_sum_squares(hp_backend *b, const hp_fspan *x, int n, double *sumsq,

@@ -631,10 +631,10 @@ static hp_status cuda_synchronize(hp_backend *b, hp_err *err) {
 
 /* ---- the training loop's math --------------------------------------------------------------- */
 
-static hp_status cuda_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, int64_t step,
-                            const hp_adamw_param *params, int n_params, hp_err *err) {
-    /* the same checks and scalars as hp_adamw_step: run it on an empty list to check them */
-    HP_TRY(hp_adamw_step(cfg, lr, step, NULL, 0, NULL, err));
+static hp_status cuda_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr, float grad_scale,
+                            int64_t step, const hp_adamw_param *params, int n_params, hp_err *err) {
+    /* the same checks and scalars as hp_adamw_step_scaled: run it on an empty list to check */
+    HP_TRY(hp_adamw_step_scaled(cfg, lr, grad_scale, step, NULL, 0, NULL, err));
     if (n_params < 0 || (n_params > 0 && !params))
         return hp_errf(err, HP_INVALID, "adamw: bad tensor list (%d tensors)", n_params);
     for (int i = 0; i < n_params; i++) {
@@ -658,6 +658,7 @@ static hp_status cuda_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr
         .bc2_sqrt = (float)sqrt(bc2),
         .eps = (float)cfg->eps,
         .neg_step = (float)(-(lr / bc1)),
+        .g_scale = grad_scale,
     };
     hp__cuda *cu = as_cuda(b);
     int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);

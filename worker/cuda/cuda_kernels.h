@@ -231,6 +231,7 @@ int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void *gq, void *
 /* The per-step scalars of hp_adamw_step (worker/optim.c), rounded there. */
 typedef struct hp__cu_adamw {
     float decay, b1, omb1, b2, omb2, bc2_sqrt, eps, neg_step;
+    float g_scale; /* each gradient is read times this (clipping; 1: as is) */
 } hp__cu_adamw;
 int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p, const float *g, float *m,
                       float *v, int64_t n);

@@ -9,7 +9,7 @@
 __global__ void adamw_k(hp__cu_adamw k, float *p, const float *g, float *m, float *v, int64_t n) {
     HP__CU_FOR(i, n) {
         float pi = p[i] * k.decay;
-        float gi = g[i];
+        float gi = __fmul_rn(g[i], k.g_scale);
         float mi = fmaf(gi, k.omb1, m[i] * k.b1);
         float vi = fmaf(k.omb2 * gi, gi, v[i] * k.b2);
         float den = __fadd_rn(__fdiv_rn(sqrtf(vi), k.bc2_sqrt), k.eps);
