@@ -214,6 +214,25 @@ if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
         top=$(sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | sed -n '3,6p' |
               awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $NF}')
         row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
+        # attention's rate: causal forward 2·B·H·T²·D FLOPs a call, backward 2.5 times that
+        # (FlashAttention's accounting), over the device time the profile gives the op
+        attn=$(python3 - "$OUT/1b-profile.log" "$B" <<'PY'
+import sys
+b = int(sys.argv[2]); h, t, d = 16, 2048, 128
+fwd = 2.0 * b * h * t * t * d
+rate = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 5 and f[0] in ("_scaled_dot_product_flash_attention",
+                                "_scaled_dot_product_flash_attention_backward"):
+        calls, ms = int(f[1]), float(f[2])
+        flops = fwd * (2.5 if f[0].endswith("backward") else 1.0)
+        rate[f[0].endswith("backward")] = calls * flops / (ms / 1e3) / 1e12 if ms > 0 else 0
+if rate:
+    print("forward %.1f TFLOP/s, backward %.1f TFLOP/s" % (rate.get(False, 0), rate.get(True, 0)))
+PY
+)
+        [ -n "$attn" ] && row "~1B attention $attn (causal FLOPs over the profiled device time)"
     else
         fail "~1B profile   FAILED: $(tail -1 "$OUT/1b-profile.log")"
     fi
