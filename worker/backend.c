@@ -73,6 +73,34 @@ hp_status hp_backend_available(hp_device_kind d, hp_err *err) {
 
 /* ---- bf16 staging --------------------------------------------------------------------------- */
 
+hp_status hp_dropout_site_of(const hp_kernel_call *c, hp_dropout_site *s, double *p_out,
+                             hp_err *err) {
+    const hp_type *t = &c->in_type[0];
+    const hp_attr *f = hp_node_attr(c->node, HP_ATTR_FQN);
+    *s = (hp_dropout_site){.stream = hp_rng_stream_id(f && f->s ? f->s : ""), .rank = t->rank};
+    if (c->site) {
+        s->seed = c->site->seed;
+        s->step = c->site->step;
+        if (c->site->rank != t->rank)
+            return hp_errf(err, HP_INVALID, "the dropout site has %d dims, the input %d",
+                           c->site->rank, t->rank);
+    }
+    for (int d = 0; d < t->rank; d++) {
+        s->local[d] = t->shape[d];
+        s->off[d] = c->site ? c->site->off[d] : 0;
+        s->global[d] = c->site ? c->site->global[d] : t->shape[d];
+        if (s->off[d] < 0 || s->off[d] + s->local[d] > s->global[d])
+            return hp_errf(err, HP_INVALID,
+                           "dim %d: the piece [%lld, %lld) is outside the whole tensor's %lld", d,
+                           (long long)s->off[d], (long long)(s->off[d] + s->local[d]),
+                           (long long)s->global[d]);
+    }
+    double p = hp_node_float(c->node, HP_ATTR_P, 0.0);
+    if (!(p >= 0 && p < 1)) return hp_errf(err, HP_INVALID, "p %g is not in [0, 1)", p);
+    *p_out = p;
+    return HP_OK;
+}
+
 static size_t stage_slice(const hp_type *t, size_t align) {
     size_t b = (size_t)hp_type_numel(t) * sizeof(float);
     return (b + align - 1) & ~(align - 1);

@@ -181,6 +181,13 @@ hp_status hp_backend_new(hp_device_kind device, const hp_backend_opts *opts, hp_
  * refuse before any rank starts. */
 hp_status hp_backend_available(hp_device_kind d, hp_err *err);
 
+/* The draw of a native_dropout call (node's fqn and p, the call's site, its input's shape):
+ * seed, step and where this rank's piece sits, checked (the site's rank is the input's, the
+ * piece inside the whole tensor, p in [0, 1)); *p_out is p. The cpu and cuda kernels draw the
+ * same mask from it (hp_dropout_keep). */
+hp_status hp_dropout_site_of(const hp_kernel_call *c, hp_dropout_site *s, double *p_out,
+                             hp_err *err);
+
 /* ---- bf16 staging (the cpu and cuda launches) -------------------------------------------------
  * A kernel that computes in f32 runs a call with bf16 operands on its f32 view: each bf16 input
  * and output gets a slice of the backend's staging (f32, each slice rounded up to `align`

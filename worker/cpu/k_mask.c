@@ -122,26 +122,9 @@ HP__CPU_KERNEL(hp__cpu_dropout) {
     HP_TRY(hp__cpu_same_shape(c, 0, 0, 1, err));
     HP_TRY(hp__cpu_out_numel(c, 1, hp_type_numel(&c->in_type[0]), err));
     const hp_type *t = &c->in_type[0];
-    const hp_attr *f = hp_node_attr(c->node, HP_ATTR_FQN);
-    hp_dropout_site s = {.stream = hp_rng_stream_id(f && f->s ? f->s : ""), .rank = t->rank};
-    if (c->site) {
-        s.seed = c->site->seed;
-        s.step = c->site->step;
-        if (c->site->rank != t->rank)
-            return hp_errf(err, HP_INVALID, "the dropout site has %d dims, the input %d",
-                           c->site->rank, t->rank);
-    }
-    for (int d = 0; d < t->rank; d++) {
-        s.local[d] = t->shape[d];
-        s.off[d] = c->site ? c->site->off[d] : 0;
-        s.global[d] = c->site ? c->site->global[d] : t->shape[d];
-        if (s.off[d] < 0 || s.off[d] + s.local[d] > s.global[d])
-            return hp_errf(err, HP_INVALID,
-                           "dim %d: the piece [%lld, %lld) is outside the whole tensor's %lld", d,
-                           (long long)s.off[d], (long long)(s.off[d] + s.local[d]),
-                           (long long)s.global[d]);
-    }
-    double p = hp_node_float(c->node, HP_ATTR_P, 0.0);
+    hp_dropout_site s;
+    double p;
+    HP_TRY(hp_dropout_site_of(c, &s, &p, err));
     mask_job j = {.x = c->in[0],
                   .y = c->out[0],
                   .keep = c->out[1],

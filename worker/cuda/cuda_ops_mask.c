@@ -52,31 +52,18 @@ HP__CUDA_ENTRY(hp__cuda_dropout) {
     HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
     HP_TRY(hp__cuda_out_numel(c, 1, hp_type_numel(&c->in_type[0]), err));
     const hp_type *t = &c->in_type[0];
-    const hp_attr *f = hp_node_attr(c->node, HP_ATTR_FQN);
-    hp_dropout_site site = {.stream = hp_rng_stream_id(f && f->s ? f->s : ""), .rank = t->rank};
-    if (c->site) {
-        site.seed = c->site->seed;
-        site.step = c->site->step;
-        if (c->site->rank != t->rank)
-            return hp_errf(err, HP_INVALID, "the dropout site has %d dims, the input %d",
-                           c->site->rank, t->rank);
-    }
-    double p = hp_node_float(c->node, HP_ATTR_P, 0.0);
-    if (!(p >= 0 && p < 1)) return hp_errf(err, HP_INVALID, "p %g is not in [0, 1)", p);
+    hp_dropout_site site;
+    double p;
+    HP_TRY(hp_dropout_site_of(c, &site, &p, err));
     hp__cu_dropout_draw d = {.seed = site.seed,
                              .stream = hp_dropout_stream(&site),
                              .threshold = hp_dropout_threshold(p),
                              .scale = (float)(1.0 / (1.0 - p)),
                              .rank = t->rank};
     for (int k = 0; k < t->rank; k++) {
-        d.local[k] = t->shape[k];
-        d.off[k] = c->site ? c->site->off[k] : 0;
-        d.global[k] = c->site ? c->site->global[k] : t->shape[k];
-        if (d.off[k] < 0 || d.off[k] + d.local[k] > d.global[k])
-            return hp_errf(err, HP_INVALID,
-                           "dim %d: the piece [%lld, %lld) is outside the whole tensor's %lld", k,
-                           (long long)d.off[k], (long long)(d.off[k] + d.local[k]),
-                           (long long)d.global[k]);
+        d.local[k] = site.local[k];
+        d.off[k] = site.off[k];
+        d.global[k] = site.global[k];
     }
     LAUNCH(hp__cu_dropout(s, &d, c->out[0], c->out[1], c->in[0], hp_type_numel(t)),
            "dropout kernel");

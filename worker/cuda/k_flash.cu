@@ -79,6 +79,28 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* Two 16x8 f32 C tiles side by side (k 0-7 in lo, 8-15 in hi) as the bf16 A fragment of the
+ * 16x16 they make. */
+__device__ __forceinline__ void a_of_c(uint32_t a[4], const float lo[4], const float hi[4]) {
+    a[0] = hp__pack_bf16(lo[0], lo[1]);
+    a[1] = hp__pack_bf16(lo[2], lo[3]);
+    a[2] = hp__pack_bf16(hi[0], hi[1]);
+    a[3] = hp__pack_bf16(hi[2], hi[3]);
+}
+
+/* acc [16 x D] += A [16 x 16] · rows k0 .. k0 + 15 of a tile s stored [k][D] (row stride LD). */
+template <int D, int LD>
+__device__ __forceinline__ void mma_rows(float acc[][4], const uint32_t a[4],
+                                         const __nv_bfloat16 *s, int k0) {
+    HP__UNROLL
+    for (int n = 0; n < D / 16; n++) {
+        uint32_t bf[4];
+        hp__ldsm_x4_t(bf, bt_addr<LD>(s, k0, n * 16));
+        hp__mma_bf16(acc[2 * n], a, bf[0], bf[1]);
+        hp__mma_bf16(acc[2 * n + 1], a, bf[2], bf[3]);
+    }
+}
+
 /* Two bf16 at p (4-byte aligned). */
 __device__ __forceinline__ void store_pair(__nv_bfloat16 *p, float lo, float hi) {
     uint32_t v = hp__pack_bf16(lo, hi);
@@ -178,18 +200,10 @@ __global__ void __launch_bounds__(NT)
             o[n][3] *= corr[1];
         }
         HP__UNROLL
-        for (int kc = 0; kc < 4; kc++) {
-            uint32_t pa[4] = {hp__pack_bf16(sc[2 * kc][0], sc[2 * kc][1]),
-                              hp__pack_bf16(sc[2 * kc][2], sc[2 * kc][3]),
-                              hp__pack_bf16(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                              hp__pack_bf16(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
-            HP__UNROLL
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t bf[4];
-                hp__ldsm_x4_t(bf, bt_addr<LD>(vs, kc * 16, dp * 16));
-                hp__mma_bf16(o[2 * dp], pa, bf[0], bf[1]);
-                hp__mma_bf16(o[2 * dp + 1], pa, bf[2], bf[3]);
-            }
+        for (int kc = 0; kc < 4; kc++) { /* O += P·V, P in bf16 */
+            uint32_t pa[4];
+            a_of_c(pa, sc[2 * kc], sc[2 * kc + 1]);
+            mma_rows<D, LD>(o, pa, vs, kc * 16);
         }
         __syncthreads();
     }
@@ -290,21 +304,11 @@ __global__ void __launch_bounds__(NT)
                     dpt[n][e] = p * (dpt[n][e] - dl_s[col]);
                 }
             }
-            uint32_t pa[4] = {hp__pack_bf16(st[0][0], st[0][1]), hp__pack_bf16(st[0][2], st[0][3]),
-                              hp__pack_bf16(st[1][0], st[1][1]), hp__pack_bf16(st[1][2], st[1][3])};
-            uint32_t sa[4] = {
-                hp__pack_bf16(dpt[0][0], dpt[0][1]), hp__pack_bf16(dpt[0][2], dpt[0][3]),
-                hp__pack_bf16(dpt[1][0], dpt[1][1]), hp__pack_bf16(dpt[1][2], dpt[1][3])};
-            HP__UNROLL
-            for (int dp = 0; dp < D / 16; dp++) {
-                uint32_t bf[4];
-                hp__ldsm_x4_t(bf, bt_addr<LD>(dos, 0, dp * 16));
-                hp__mma_bf16(dv[2 * dp], pa, bf[0], bf[1]);
-                hp__mma_bf16(dv[2 * dp + 1], pa, bf[2], bf[3]);
-                hp__ldsm_x4_t(bf, bt_addr<LD>(qs, 0, dp * 16));
-                hp__mma_bf16(dk[2 * dp], sa, bf[0], bf[1]);
-                hp__mma_bf16(dk[2 * dp + 1], sa, bf[2], bf[3]);
-            }
+            uint32_t pa[4], sa[4];
+            a_of_c(pa, st[0], st[1]);
+            a_of_c(sa, dpt[0], dpt[1]);
+            mma_rows<D, LD>(dv, pa, dos, 0); /* dV += Pᵀ·dO */
+            mma_rows<D, LD>(dk, sa, qs, 0);  /* dK += dSᵀ·Q */
         }
     }
     HP__UNROLL
@@ -394,18 +398,10 @@ __global__ void __launch_bounds__(NT)
             }
         }
         HP__UNROLL
-        for (int kc = 0; kc < 2; kc++) {
-            uint32_t sa[4] = {hp__pack_bf16(sc[2 * kc][0], sc[2 * kc][1]),
-                              hp__pack_bf16(sc[2 * kc][2], sc[2 * kc][3]),
-                              hp__pack_bf16(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                              hp__pack_bf16(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
-            HP__UNROLL
-            for (int d2 = 0; d2 < D / 16; d2++) {
-                uint32_t bf[4];
-                hp__ldsm_x4_t(bf, bt_addr<LD>(ks, kc * 16, d2 * 16));
-                hp__mma_bf16(dq[2 * d2], sa, bf[0], bf[1]);
-                hp__mma_bf16(dq[2 * d2 + 1], sa, bf[2], bf[3]);
-            }
+        for (int kc = 0; kc < 2; kc++) { /* dQ += dS·K */
+            uint32_t sa[4];
+            a_of_c(sa, sc[2 * kc], sc[2 * kc + 1]);
+            mma_rows<D, LD>(dq, sa, ks, kc * 16);
         }
     }
     HP__UNROLL
