@@ -65,17 +65,19 @@ __global__ void ln_bw_k(float *gx, const float *gy, const float *x, const float 
 /* part[blk][0][k] = Σ gy·x̂, part[blk][1][k] = Σ gy over the block's rows, in row order. */
 __global__ void ln_part_k(double *part, const float *gy, const float *x, const float *mean,
                           const float *rstd, int64_t rows, int64_t d) {
-    int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = blockIdx.y;
+    int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= d) return;
-    int64_t r1 = (blk + 1) * LN_BLOCK < rows ? (blk + 1) * LN_BLOCK : rows;
-    double gw = 0, gb = 0;
-    for (int64_t r = blk * LN_BLOCK; r < r1; r++) {
-        double xh = (double)__fmul_rn(__fadd_rn(x[r * d + k], -mean[r]), rstd[r]);
-        gw += (double)gy[r * d + k] * xh;
-        gb += (double)gy[r * d + k];
+    for (int64_t blk = blockIdx.y; blk * LN_BLOCK < rows; blk += gridDim.y) {
+        int64_t r1 = (blk + 1) * LN_BLOCK < rows ? (blk + 1) * LN_BLOCK : rows;
+        double gw = 0, gb = 0;
+        for (int64_t r = blk * LN_BLOCK; r < r1; r++) {
+            double xh = (double)__fmul_rn(__fadd_rn(x[r * d + k], -mean[r]), rstd[r]);
+            gw += (double)gy[r * d + k] * xh;
+            gb += (double)gy[r * d + k];
+        }
+        part[blk * 2 * d + k] = gw;
+        part[blk * 2 * d + d + k] = gb;
     }
-    part[blk * 2 * d + k] = gw;
-    part[blk * 2 * d + d + k] = gb;
 }
 
 __global__ void ln_sum_k(float *gw, float *gb, const double *part, int64_t blocks, int64_t d) {
@@ -99,12 +101,13 @@ extern "C" int hp__cu_layer_norm_backward(cudaStream_t s, float *gx, float *gw, 
                                           const float *rstd, const float *w, int64_t rows,
                                           int64_t d, double *scratch) {
     int64_t blocks = (rows + LN_BLOCK - 1) / LN_BLOCK;
-    if (rows > 0x7fffffff || blocks > 65535) return (int)cudaErrorInvalidConfiguration;
+    if (rows > 0x7fffffff) return (int)cudaErrorInvalidConfiguration;
     if (rows > 0 && d > 0)
         ln_bw_k<<<(unsigned)rows, HP__CU_THREADS, 0, s>>>(gx, gy, x, mean, rstd, w, d);
     if (d == 0) return HP__CU_LAUNCHED();
     if (blocks > 0) {
-        dim3 g((unsigned)((d + HP__CU_THREADS - 1) / HP__CU_THREADS), (unsigned)blocks);
+        dim3 g((unsigned)((d + HP__CU_THREADS - 1) / HP__CU_THREADS),
+               (unsigned)(blocks < 65535 ? blocks : 65535));
         ln_part_k<<<g, HP__CU_THREADS, 0, s>>>(scratch, gy, x, mean, rstd, rows, d);
     }
     ln_sum_k<<<hp__cu_blocks(d), HP__CU_THREADS, 0, s>>>(gw, gb, scratch, blocks, d);

@@ -59,13 +59,15 @@ __global__ void rms_bw_k(T *gx, const T *gy, const T *x, const T *w, const float
 template <typename T>
 __global__ void rms_gw_part_k(double *part, const T *gy, const T *x, const float *rstd,
                               int64_t rows, int64_t d) {
-    int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, c = blockIdx.y;
+    int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= d) return;
-    int64_t r1 = (c + 1) * GW_ROWS < rows ? (c + 1) * GW_ROWS : rows;
-    double acc = 0;
-    for (int64_t r = c * GW_ROWS; r < r1; r++)
-        acc += (double)(hp__ld(gy, r * d + k) * hp__ld(x, r * d + k)) * rstd[r];
-    part[c * d + k] = acc;
+    for (int64_t c = blockIdx.y; c * GW_ROWS < rows; c += gridDim.y) {
+        int64_t r1 = (c + 1) * GW_ROWS < rows ? (c + 1) * GW_ROWS : rows;
+        double acc = 0;
+        for (int64_t r = c * GW_ROWS; r < r1; r++)
+            acc += (double)(hp__ld(gy, r * d + k) * hp__ld(x, r * d + k)) * rstd[r];
+        part[c * d + k] = acc;
+    }
 }
 
 template <typename T>
@@ -88,7 +90,8 @@ static void rms_backward(cudaStream_t s, T *gx, T *gw, const T *gy, const T *x, 
     if (d == 0) return;
     int64_t chunks = (rows + GW_ROWS - 1) / GW_ROWS;
     if (chunks > 0) {
-        dim3 g((unsigned)((d + HP__CU_THREADS - 1) / HP__CU_THREADS), (unsigned)chunks);
+        dim3 g((unsigned)((d + HP__CU_THREADS - 1) / HP__CU_THREADS),
+               (unsigned)(chunks < 65535 ? chunks : 65535));
         rms_gw_part_k<T><<<g, HP__CU_THREADS, 0, s>>>(part, gy, x, rstd, rows, d);
     }
     rms_gw_sum_k<T><<<hp__cu_blocks(d), HP__CU_THREADS, 0, s>>>(gw, part, chunks, d);
@@ -98,8 +101,7 @@ extern "C" int hp__cu_rms_norm_backward(cudaStream_t s, int dtype, void *gx, voi
                                         const void *gy, const void *x, const void *w,
                                         const float *rstd, int64_t rows, int64_t d,
                                         double *scratch) {
-    if (rows > 0x7fffffff || (rows + GW_ROWS - 1) / GW_ROWS > 65535 ||
-        (d + HP__CU_THREADS - 1) / HP__CU_THREADS > 0x7fffffff)
+    if (rows > 0x7fffffff || (d + HP__CU_THREADS - 1) / HP__CU_THREADS > 0x7fffffff)
         return (int)cudaErrorInvalidConfiguration;
     if (dtype == HP__CU_BF16) {
         typedef __nv_bfloat16 B;
