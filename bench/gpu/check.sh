@@ -22,7 +22,8 @@
 #                                       build dependencies)
 #        HP_GPU_LOGS=DIR               (where the logs go; default a new /tmp/hp-gpu-check-*)
 #        ONE_B_PROFILE=1 runs the ~1B model a few more steps (PROFILE_STEPS, default 6) with
-#        HP_CUDA_PROFILE=1 and prints the device time per op.
+#        HP_CUDA_PROFILE=1 and prints the device time per op, attention's TFLOP/s from it, and
+#        PyTorch's fused attention on the same shapes (bench/gpu/torch_attention.py) beside it.
 #        TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
@@ -216,11 +217,11 @@ if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
         row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
         # attention's rate: causal forward 2·B·H·T²·D FLOPs a call, backward 2.5 times that
         # (FlashAttention's accounting), over the device time the profile gives the op
-        attn=$(python3 - "$OUT/1b-profile.log" "$B" <<'PY'
+        read -r HP_AF HP_AB < <(python3 - "$OUT/1b-profile.log" "$B" <<'PY'
 import sys
 b = int(sys.argv[2]); h, t, d = 16, 2048, 128
 fwd = 2.0 * b * h * t * t * d
-rate = {}
+rate = {False: 0.0, True: 0.0}
 for line in open(sys.argv[1]):
     f = line.split()
     if len(f) >= 5 and f[0] in ("_scaled_dot_product_flash_attention",
@@ -228,13 +229,34 @@ for line in open(sys.argv[1]):
         calls, ms = int(f[1]), float(f[2])
         flops = fwd * (2.5 if f[0].endswith("backward") else 1.0)
         rate[f[0].endswith("backward")] = calls * flops / (ms / 1e3) / 1e12 if ms > 0 else 0
-if rate:
-    print("forward %.1f TFLOP/s, backward %.1f TFLOP/s" % (rate.get(False, 0), rate.get(True, 0)))
+print("%.1f %.1f" % (rate[False], rate[True]))
 PY
 )
-        [ -n "$attn" ] && row "~1B attention $attn (causal FLOPs over the profiled device time)"
+        row "$(printf '~1B attention hp: forward %s TFLOP/s, backward %s (the profiled device time)' \
+            "${HP_AF:-?}" "${HP_AB:-?}")"
     else
         fail "~1B profile   FAILED: $(tail -1 "$OUT/1b-profile.log")"
+    fi
+fi
+
+# ---- 4c. PyTorch's fused attention on the same shapes: the kernel-level peer ----------------
+if [ "${ONE_B_PROFILE:-0}" = 1 ] && [ "${TORCH_PEER:-1}" != 0 ] &&
+    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    say "PyTorch attention (F.scaled_dot_product_attention)"
+    if timeout 120 python3 bench/gpu/torch_attention.py --batch "$B" >"$OUT/torch-attn.json" \
+            2>"$OUT/torch-attn.log"; then
+        r=$(python3 - "$OUT/torch-attn.json" "${HP_AF:-0}" "${HP_AB:-0}" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+hf, hb = float(sys.argv[2]), float(sys.argv[3])
+print("forward %.1f TFLOP/s, backward %.1f; hp / torch = %.2fx forward, %.2fx backward" % (
+    j["forward_tflops"], j["backward_tflops"], hf / j["forward_tflops"],
+    hb / j["backward_tflops"]))
+PY
+)
+        row "~1B attention torch: $r"
+    else
+        row "~1B attention torch did not run: $(tail -1 "$OUT/torch-attn.log")"
     fi
 fi
 
