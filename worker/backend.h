@@ -120,7 +120,8 @@ typedef struct hp_backend_vtable {
                        int64_t step, const hp_adamw_param *params, int n_params, hp_err *err);
     /* hp_grad_sumsq over device spans: the local part of a global norm, into host *sumsq. */
     hp_status (*sum_squares)(hp_backend *b, const hp_fspan *x, int n, double *sumsq, hp_err *err);
-    /* hp_grad_scale: every element of the device spans times coef. */
+    /* hp_grad_scale: every element of the device spans times coef (the trainer clips through
+     * adamw's grad_scale instead; this serves callers that scale gradients on their own). */
     hp_status (*scale)(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err);
     /* hp_param_init_fill: elements [first, first + count) of parameter fqn's init into the
      * device buffer dst[0..count). */

@@ -181,8 +181,8 @@ HP__CUDA_ENTRY(hp__cuda_nll_loss_backward) {
 
 /* ---- RMSNorm, rotary ------------------------------------------------------------------------ */
 
-/* The storage type T (f32 or bf16) of operand `first` that the listed inputs and outputs share
- * (rstd and other f32 operands are checked by the caller). */
+/* The storage type (f32 or bf16) of the first listed input, which every listed input and output
+ * must share (rstd and other f32 operands are checked by the caller). */
 static hp_status one_float_type(const hp_kernel_call *c, const int *ins, int n_ins, const int *outs,
                                 int n_outs, int *cu_dt, hp_err *err) {
     hp_dtype t = c->in_type[ins[0]].dtype;
@@ -193,13 +193,20 @@ static hp_status one_float_type(const hp_kernel_call *c, const int *ins, int n_i
     return HP_OK;
 }
 
+/* Input x's weight w is [D] for x [..., D] (RMSNorm, LayerNorm). */
+static hp_status norm_weight(const hp_kernel_call *c, int x, int w, hp_err *err) {
+    const hp_type *t = &c->in_type[x];
+    if (t->rank < 1 || c->in_type[w].rank != 1 || c->in_type[w].shape[0] != t->shape[t->rank - 1])
+        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
+    return HP_OK;
+}
+
 HP__CUDA_ENTRY(hp__cuda_rms_norm) {
     int dt;
     HP_TRY(one_float_type(c, (int[]){0, 1}, 2, (int[]){0}, 1, &dt, err));
     HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
+    HP_TRY(norm_weight(c, 0, 1, err));
     const hp_type *t = &c->in_type[0];
-    if (t->rank < 1 || c->in_type[1].rank != 1 || c->in_type[1].shape[0] != t->shape[t->rank - 1])
-        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
     HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
     int64_t d = t->shape[t->rank - 1], rows = hp_type_numel(&c->out_type[1]);
     HP_TRY(hp__cuda_out_numel(c, 1, d > 0 ? hp_type_numel(t) / d : rows, err));
@@ -213,9 +220,8 @@ HP__CUDA_ENTRY(hp__cuda_rms_norm_backward) {
     int dt;
     HP_TRY(one_float_type(c, (int[]){0, 1, 2}, 3, (int[]){0, 1}, 2, &dt, err));
     HP_TRY(hp__cuda_dtype(c, 0, 3, HP__CF32, err));
+    HP_TRY(norm_weight(c, 1, 2, err));
     const hp_type *t = &c->in_type[1];
-    if (t->rank < 1 || c->in_type[2].rank != 1 || c->in_type[2].shape[0] != t->shape[t->rank - 1])
-        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
     HP_TRY(hp__cuda_same_shape(c, 0, 1, 0, err));
     HP_TRY(hp__cuda_same_shape(c, 1, 0, 1, err));
     HP_TRY(hp__cuda_same_shape(c, 2, 1, 1, err));
@@ -253,17 +259,10 @@ HP__CUDA_ENTRY(hp__cuda_rotary) {
 
 /* ---- LayerNorm (exported models) ------------------------------------------------------------ */
 
-static hp_status ln_weight(const hp_kernel_call *c, int x, int w, hp_err *err) {
-    const hp_type *t = &c->in_type[x];
-    if (t->rank < 1 || c->in_type[w].rank != 1 || c->in_type[w].shape[0] != t->shape[t->rank - 1])
-        return hp_errf(err, HP_INVALID, "weight must be [D] for input [..., D]");
-    return HP_OK;
-}
-
 /* native_layer_norm(x [..., D], w [D], b [D]){eps} -> (y, mean, rstd [..., 1]). */
 HP__CUDA_ENTRY(hp__cuda_layer_norm) {
     HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
-    HP_TRY(ln_weight(c, 0, 1, err));
+    HP_TRY(norm_weight(c, 0, 1, err));
     HP_TRY(hp__cuda_same_shape(c, 1, 2, 0, err));
     HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
     const hp_type *t = &c->in_type[0];
@@ -279,7 +278,7 @@ HP__CUDA_ENTRY(hp__cuda_layer_norm) {
 /* (gy, x, mean, rstd, w) -> (gx, gw, gb). */
 HP__CUDA_ENTRY(hp__cuda_layer_norm_backward) {
     HP_TRY(hp__cuda_dtypes_all(c, HP__CF32, err));
-    HP_TRY(ln_weight(c, 1, 4, err));
+    HP_TRY(norm_weight(c, 1, 4, err));
     HP_TRY(hp__cuda_same_shape(c, 0, 1, 0, err));
     HP_TRY(hp__cuda_same_shape(c, 1, 0, 1, err));
     HP_TRY(hp__cuda_same_shape(c, 2, 3, 0, err));
@@ -394,21 +393,23 @@ bool hp__cuda_sdpa_native(const hp__cuda *cu, const hp_kernel_call *c) {
     return true;
 }
 
+/* The launch stages bf16 attention operands to f32 unless hp__cuda_sdpa_native takes them as
+ * they are: bf16 here means the tensor-core kernels (k_flash.cu), f32 k_attention.cu's. The
+ * checks are the same for both; logsumexp is f32 either way. */
 HP__CUDA_ENTRY(hp__cuda_sdpa) {
     hp__cu_attn a;
-    if (hp__cuda_sdpa_native(cu, c)) {
-        HP_TRY(attn_check(c, 0, HP__CM(HP_BF16), &a, err));
-        HP_TRY(hp__cuda_out_numel(c, 0, a.b * a.h * a.t * a.dv, err));
-        HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.h * a.t, err));
+    bool bf = c->in_type[0].dtype == HP_BF16;
+    unsigned dt = bf ? HP__CM(HP_BF16) : HP__CF32;
+    HP_TRY(attn_check(c, 0, dt, &a, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, dt, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
+    HP_TRY(hp__cuda_out_numel(c, 0, a.b * a.h * a.t * a.dv, err));
+    HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.h * a.t, err));
+    if (bf) {
         LAUNCH(hp__cu_flash(s, &a, c->out[0], c->out[1], c->in[0], c->in[1], c->in[2]),
                "flash attention kernel");
         return HP_OK;
     }
-    HP_TRY(attn_check(c, 0, HP__CF32, &a, err));
-    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
-    HP_TRY(hp__cuda_dtype(c, 1, 1, HP__CF32, err));
-    HP_TRY(hp__cuda_out_numel(c, 0, a.b * a.h * a.t * a.dv, err));
-    HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.h * a.t, err));
     if (a.s == 0) { /* no keys: zeros, and lse -inf (as the empty sum) */
         HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)(a.b * a.h * a.t * a.dv) * 4, s),
                      "cudaMemsetAsync");
@@ -422,23 +423,12 @@ HP__CUDA_ENTRY(hp__cuda_sdpa) {
 
 HP__CUDA_ENTRY(hp__cuda_sdpa_backward) {
     hp__cu_attn a;
-    if (hp__cuda_sdpa_native(cu, c)) {
-        HP_TRY(attn_check(c, 1, HP__CM(HP_BF16), &a, err));
-        int64_t rows = a.b * a.h * a.t;
-        HP_TRY(hp__cuda_out_numel(c, 0, rows * a.d, err));
-        HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.hkv * a.s * a.d, err));
-        HP_TRY(hp__cuda_out_numel(c, 2, a.b * a.hkv * a.s * a.dv, err));
-        float *delta = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, (size_t)rows * sizeof(float), err);
-        if (!delta) return err ? err->status : HP_NOMEM;
-        LAUNCH(hp__cu_flash_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
-                                     c->in[2], c->in[3], c->in[4], c->in[5], delta),
-               "flash attention backward kernel");
-        return HP_OK;
-    }
-    HP_TRY(attn_check(c, 1, HP__CF32, &a, err));
-    for (int k = 0; k < 3; k++) HP_TRY(hp__cuda_dtype(c, 1, k, HP__CF32, err));
-    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
-    HP_TRY(hp__cuda_dtype(c, 0, 4, HP__CF32, err));
+    bool bf = c->in_type[1].dtype == HP_BF16;
+    unsigned dt = bf ? HP__CM(HP_BF16) : HP__CF32;
+    HP_TRY(attn_check(c, 1, dt, &a, err));
+    for (int k = 0; k < 3; k++) HP_TRY(hp__cuda_dtype(c, 1, k, dt, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, dt, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 4, dt, err));
     HP_TRY(hp__cuda_dtype(c, 0, 5, HP__CF32, err));
     int64_t rows = a.b * a.h * a.t;
     if (hp_type_numel(&c->in_type[0]) != rows * a.dv ||
@@ -447,18 +437,25 @@ HP__CUDA_ENTRY(hp__cuda_sdpa_backward) {
     HP_TRY(hp__cuda_out_numel(c, 0, rows * a.d, err));
     HP_TRY(hp__cuda_out_numel(c, 1, a.b * a.hkv * a.s * a.d, err));
     HP_TRY(hp__cuda_out_numel(c, 2, a.b * a.hkv * a.s * a.dv, err));
-    HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)(rows * a.d) * 4, s), "cudaMemsetAsync");
-    if (rows == 0 || a.s == 0) {
-        HP__CUDA_TRY(cudaMemsetAsync(c->out[1], 0, (size_t)(a.b * a.hkv * a.s * a.d) * 4, s),
-                     "cudaMemsetAsync");
-        HP__CUDA_TRY(cudaMemsetAsync(c->out[2], 0, (size_t)(a.b * a.hkv * a.s * a.dv) * 4, s),
-                     "cudaMemsetAsync");
-        return HP_OK;
+    if (!bf) {
+        HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)(rows * a.d) * 4, s), "cudaMemsetAsync");
+        if (rows == 0 || a.s == 0) {
+            HP__CUDA_TRY(cudaMemsetAsync(c->out[1], 0, (size_t)(a.b * a.hkv * a.s * a.d) * 4, s),
+                         "cudaMemsetAsync");
+            HP__CUDA_TRY(cudaMemsetAsync(c->out[2], 0, (size_t)(a.b * a.hkv * a.s * a.dv) * 4, s),
+                         "cudaMemsetAsync");
+            return HP_OK;
+        }
     }
     float *delta = hp__cuda_scratch(cu, HP_STREAM_COMPUTE, (size_t)rows * sizeof(float), err);
     if (!delta) return err ? err->status : HP_NOMEM;
-    LAUNCH(hp__cu_attention_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
+    if (bf) /* gq, gk and gv written whole */
+        LAUNCH(hp__cu_flash_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
                                      c->in[2], c->in[3], c->in[4], c->in[5], delta),
-           "attention backward kernel");
+               "flash attention backward kernel");
+    else
+        LAUNCH(hp__cu_attention_backward(s, &a, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
+                                         c->in[2], c->in[3], c->in[4], c->in[5], delta),
+               "attention backward kernel");
     return HP_OK;
 }

@@ -37,22 +37,50 @@ __global__ void binary_k(int op, T *y, const T *a, const T *b, hp__cu_walk w, in
     }
 }
 
-/* Same-shape contiguous operands, 8 elements a thread (hp__ld8), the tail one by one. */
-template <typename T> __global__ void binary8_k(int op, T *y, const T *a, const T *b, int64_t n) {
+/* y = f(a, b) over n same-shape contiguous elements (b NULL: f(a, a) reading a once), 8 a
+ * thread (hp__ld8 / hp__st8: every pointer 16-byte aligned), the tail one by one; f takes and
+ * gives f32. The 16-byte form of binary, unary and backward-pair ops. */
+template <typename T, typename F>
+__global__ void map8_k(F f, T *y, const T *a, const T *b, int64_t n) {
     int64_t n8 = n / 8;
     HP__CU_FOR(i, n8) {
-        float x0[8], x1[8], r[8];
+        float x0[8], x1[8];
         hp__ld8(a + 8 * i, x0);
-        hp__ld8(b + 8 * i, x1);
+        if (b) hp__ld8(b + 8 * i, x1);
         HP__UNROLL
-        for (int j = 0; j < 8; j++) r[j] = binary_op(op, x0[j], x1[j]);
-        hp__st8(y + 8 * i, r);
+        for (int j = 0; j < 8; j++) x0[j] = f(x0[j], b ? x1[j] : x0[j]);
+        hp__st8(y + 8 * i, x0);
     }
     HP__CU_FOR(i, n - 8 * n8) {
         int64_t k = 8 * n8 + i;
-        hp__st(y, k, binary_op(op, hp__ld(a, k), hp__ld(b, k)));
+        float x = hp__ld(a, k);
+        hp__st(y, k, f(x, b ? hp__ld(b, k) : x));
     }
 }
+
+/* map8_k on f32 or bf16 storage; false (nothing launched) when the dtype or the pointers do not
+ * allow it. */
+template <typename F>
+static bool launch_map8(cudaStream_t s, int dtype, F f, void *y, const void *a, const void *b,
+                        int64_t n) {
+    if (!hp__vec8_ok(y, a, b ? b : a) || (dtype != HP__CU_F32 && dtype != HP__CU_BF16))
+        return false;
+    unsigned g = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
+    if (dtype == HP__CU_BF16)
+        map8_k<__nv_bfloat16, F><<<g, HP__CU_THREADS, 0, s>>>(
+            f, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, n);
+    else
+        map8_k<float, F>
+            <<<g, HP__CU_THREADS, 0, s>>>(f, (float *)y, (const float *)a, (const float *)b, n);
+    return true;
+}
+
+struct binary_f {
+    int op;
+    __device__ float operator()(float x, float y) const {
+        return binary_op(op, x, y);
+    }
+};
 
 /* Whether every operand of the walk is laid out as the output: contiguous, no broadcast. */
 static bool walk_is_flat(const hp__cu_walk *w, int n_ops) {
@@ -87,17 +115,8 @@ extern "C" int hp__cu_binary(cudaStream_t s, int op, int dtype, void *y, const v
     if (n == 0) return 0;
     unsigned g = hp__cu_blocks(n);
     bool cmp = op == HP__CU_EQ || op == HP__CU_LT;
-    if (!cmp && (dtype == HP__CU_F32 || dtype == HP__CU_BF16) && walk_is_flat(w, 3) &&
-        hp__vec8_ok(y, a, b)) {
-        unsigned g8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
-        if (dtype == HP__CU_BF16)
-            binary8_k<__nv_bfloat16><<<g8, HP__CU_THREADS, 0, s>>>(
-                op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)a, (const __nv_bfloat16 *)b, n);
-        else
-            binary8_k<float><<<g8, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)a,
-                                                           (const float *)b, n);
+    if (!cmp && walk_is_flat(w, 3) && launch_map8(s, dtype, binary_f{op}, y, a, b, n))
         return HP__CU_LAUNCHED();
-    }
     switch (dtype) {
     case HP__CU_F32:
         if (cmp)
@@ -217,34 +236,19 @@ template <typename T> __global__ void unary_k(int op, T *y, const T *x, double p
     HP__CU_FOR(i, n) hp__st(y, i, unary_op(op, hp__ld(x, i), p));
 }
 
-template <typename T> __global__ void unary8_k(int op, T *y, const T *x, double p, int64_t n) {
-    int64_t n8 = n / 8;
-    HP__CU_FOR(i, n8) {
-        float v[8];
-        hp__ld8(x + 8 * i, v);
-        HP__UNROLL
-        for (int j = 0; j < 8; j++) v[j] = unary_op(op, v[j], p);
-        hp__st8(y + 8 * i, v);
+struct unary_f {
+    int op;
+    double p;
+    __device__ float operator()(float x, float) const {
+        return unary_op(op, x, p);
     }
-    HP__CU_FOR(i, n - 8 * n8) {
-        int64_t k = 8 * n8 + i;
-        hp__st(y, k, unary_op(op, hp__ld(x, k), p));
-    }
-}
+};
 
 extern "C" int hp__cu_unary(cudaStream_t s, int op, int dtype, void *y, const void *x, double p,
                             int64_t n) {
     if (n == 0) return 0;
     unsigned g = hp__cu_blocks(n);
-    if (hp__vec8_ok(y, x, x)) {
-        unsigned g8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
-        if (dtype == HP__CU_BF16)
-            unary8_k<__nv_bfloat16><<<g8, HP__CU_THREADS, 0, s>>>(op, (__nv_bfloat16 *)y,
-                                                                  (const __nv_bfloat16 *)x, p, n);
-        else
-            unary8_k<float><<<g8, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)x, p, n);
-        return HP__CU_LAUNCHED();
-    }
+    if (launch_map8(s, dtype, unary_f{op, p}, y, x, NULL, n)) return HP__CU_LAUNCHED();
     if (dtype == HP__CU_BF16)
         unary_k<__nv_bfloat16>
             <<<g, HP__CU_THREADS, 0, s>>>(op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, p, n);
@@ -286,38 +290,19 @@ __global__ void pair_k(int op, T *y, const T *g, const T *sv, double p, int64_t 
     HP__CU_FOR(i, n) hp__st(y, i, pair_op(op, hp__ld(g, i), hp__ld(sv, i), p));
 }
 
-template <typename T>
-__global__ void pair8_k(int op, T *y, const T *g, const T *sv, double p, int64_t n) {
-    int64_t n8 = n / 8;
-    HP__CU_FOR(i, n8) {
-        float a[8], b[8];
-        hp__ld8(g + 8 * i, a);
-        hp__ld8(sv + 8 * i, b);
-        HP__UNROLL
-        for (int j = 0; j < 8; j++) a[j] = pair_op(op, a[j], b[j], p);
-        hp__st8(y + 8 * i, a);
+struct pair_f {
+    int op;
+    double p;
+    __device__ float operator()(float g, float saved) const {
+        return pair_op(op, g, saved, p);
     }
-    HP__CU_FOR(i, n - 8 * n8) {
-        int64_t k = 8 * n8 + i;
-        hp__st(y, k, pair_op(op, hp__ld(g, k), hp__ld(sv, k), p));
-    }
-}
+};
 
 extern "C" int hp__cu_backward_pair(cudaStream_t s, int op, int dtype, void *y, const void *g,
                                     const void *saved, double p, int64_t n) {
     if (n == 0) return 0;
     unsigned b = hp__cu_blocks(n);
-    if (hp__vec8_ok(y, g, saved)) {
-        unsigned b8 = hp__cu_blocks(n / 8 > 0 ? n / 8 : 1);
-        if (dtype == HP__CU_BF16)
-            pair8_k<__nv_bfloat16>
-                <<<b8, HP__CU_THREADS, 0, s>>>(op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)g,
-                                               (const __nv_bfloat16 *)saved, p, n);
-        else
-            pair8_k<float><<<b8, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)g,
-                                                         (const float *)saved, p, n);
-        return HP__CU_LAUNCHED();
-    }
+    if (launch_map8(s, dtype, pair_f{op, p}, y, g, saved, n)) return HP__CU_LAUNCHED();
     if (dtype == HP__CU_BF16)
         pair_k<__nv_bfloat16><<<b, HP__CU_THREADS, 0, s>>>(
             op, (__nv_bfloat16 *)y, (const __nv_bfloat16 *)g, (const __nv_bfloat16 *)saved, p, n);
