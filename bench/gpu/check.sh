@@ -183,9 +183,11 @@ case $DT in
     f32) POLICY=() ;;
     *) echo "ONE_B_DTYPE must be bf16 or f32, not '$DT'" >&2; exit 2 ;;
 esac
-SHAPE=(--dim 2048 --layers 16 --heads 16 --kv-heads 8 --ffn-hidden 8192 --vocab 128256
-       --batch "$B" --seq 2048)
-say "~1B Llama, $S steps, batch $B x 2048, $DT"
+# the ~1B model's shape, for hp, for its attention's rate and for the PyTorch peers
+DIM=2048 LAYERS=16 HEADS=16 KV_HEADS=8 FFN=8192 VOCAB=128256 SEQ=2048
+SHAPE=(--dim "$DIM" --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV_HEADS" --ffn-hidden "$FFN"
+       --vocab "$VOCAB" --batch "$B" --seq "$SEQ")
+say "~1B Llama, $S steps, batch $B x $SEQ, $DT"
 G="$OUT/1b"
 HP_TPS=""
 if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$S" \
@@ -217,9 +219,10 @@ if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
         row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
         # attention's rate: causal forward 2·B·H·T²·D FLOPs a call, backward 2.5 times that
         # (FlashAttention's accounting), over the device time the profile gives the op
-        read -r HP_AF HP_AB < <(python3 - "$OUT/1b-profile.log" "$B" <<'PY'
+        read -r HP_AF HP_AB < <(python3 - "$OUT/1b-profile.log" "$B" "$HEADS" "$SEQ" \
+            "$((DIM / HEADS))" <<'PY'
 import sys
-b = int(sys.argv[2]); h, t, d = 16, 2048, 128
+b, h, t, d = (int(x) for x in sys.argv[2:6])
 fwd = 2.0 * b * h * t * t * d
 rate = {False: 0.0, True: 0.0}
 for line in open(sys.argv[1]):
@@ -243,8 +246,9 @@ fi
 if [ "${ONE_B_PROFILE:-0}" = 1 ] && [ "${TORCH_PEER:-1}" != 0 ] &&
     python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     say "PyTorch attention (F.scaled_dot_product_attention)"
-    if timeout 120 python3 bench/gpu/torch_attention.py --batch "$B" >"$OUT/torch-attn.json" \
-            2>"$OUT/torch-attn.log"; then
+    if timeout 120 python3 bench/gpu/torch_attention.py --batch "$B" --heads "$HEADS" \
+            --kv-heads "$KV_HEADS" --seq "$SEQ" --dim "$((DIM / HEADS))" \
+            >"$OUT/torch-attn.json" 2>"$OUT/torch-attn.log"; then
         r=$(python3 - "$OUT/torch-attn.json" "${HP_AF:-0}" "${HP_AB:-0}" <<'PY'
 import json, sys
 j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
@@ -266,8 +270,9 @@ if [ "${TORCH_PEER:-1}" = 0 ]; then
 elif python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     for mode in eager compile; do
         say "PyTorch $mode"
-        if timeout 240 python3 bench/gpu/torch_llama.py --mode $mode --dim 2048 --layers 16 \
-                --heads 16 --kv-heads 8 --ffn 8192 --vocab 128256 --batch "$B" --seq 2048 \
+        if timeout 240 python3 bench/gpu/torch_llama.py --mode $mode --dim "$DIM" \
+                --layers "$LAYERS" --heads "$HEADS" --kv-heads "$KV_HEADS" --ffn "$FFN" \
+                --vocab "$VOCAB" --batch "$B" --seq "$SEQ" \
                 --steps "${TORCH_STEPS:-$S}" >"$OUT/torch-$mode.json" 2>"$OUT/torch-$mode.log"; then
             r=$(python3 - "$OUT/torch-$mode.json" "${HP_TPS:-0}" "${FPT:-0}" "${HP_MFU:-0}" "${TFL:-0}" <<'PY'
 import json, sys

@@ -14,6 +14,8 @@ import argparse
 import json
 import sys
 
+import torch_peer
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -21,15 +23,10 @@ def main():
                  ("repeat", 20)):
         ap.add_argument("--" + k, type=int, default=v)
     a = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as e:  # noqa: BLE001 - any import failure means no peer
-        print(json.dumps({"error": "torch: %s" % e}))
+    peer = torch_peer.cuda_torch()
+    if peer is None:
         return 3
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "torch %s has no CUDA" % torch.__version__}))
-        return 3
+    torch, F = peer
     dev, bf = torch.device("cuda"), torch.bfloat16
     b, h, hk, t, d = a.batch, a.heads, a.kv_heads, a.seq, a.dim
     q = torch.randn(b, h, t, d, device=dev, dtype=bf, requires_grad=True)

@@ -15,6 +15,8 @@ import math
 import sys
 import time
 
+import torch_peer
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -23,19 +25,10 @@ def main():
         ap.add_argument("--" + k, type=int, required=True)
     ap.add_argument("--warmup", type=int, default=5)
     a = ap.parse_args()
-    try:
-        import torch
-        import torch.nn.functional as F
-    except Exception as e:  # noqa: BLE001 - any import failure means no peer
-        print(json.dumps({"error": "torch: %s" % e}))
+    peer = torch_peer.cuda_torch()
+    if peer is None:
         return 3
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "torch %s has no CUDA" % torch.__version__}))
-        return 3
-    if not hasattr(F, "scaled_dot_product_attention"):
-        print(json.dumps({"error": "torch %s has no scaled_dot_product_attention" %
-                          torch.__version__}))
-        return 3
+    torch, F = peer
     dev = torch.device("cuda")
     torch.manual_seed(0)
     D, H, K, Dh = a.dim, a.heads, a.kv_heads, a.dim // a.heads
