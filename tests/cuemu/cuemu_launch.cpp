@@ -2,7 +2,8 @@
  * fibers (ucontext) on the calling host thread, scheduled until each finishes or waits at a
  * barrier; __syncthreads releases when every live thread of the block waits, a warp exchange
  * when every live lane of the warp does. Launch configurations are checked against the limits
- * of a compute-capability 9.0 device (1024 threads, 48 KiB of dynamic shared memory). */
+ * of a compute-capability 9.0 device (1024 threads, 48 KiB of dynamic shared memory, up to
+ * 227 KiB for a kernel whose limit cudaFuncSetAttribute raised). */
 #include "cuemu_internal.h"
 
 #include <chrono>
@@ -38,6 +39,11 @@ enum { READY, AT_BLOCK, AT_WARP, DONE };
 constexpr size_t STACK = 256 << 10;
 constexpr int MAX_THREADS = 1024;
 constexpr size_t MAX_DYN_SMEM = 48 << 10;
+constexpr size_t MAX_DYN_SMEM_OPTIN = 227 << 10; /* cudaDeviceProp.sharedMemPerBlockOptin */
+
+/* cudaFuncAttributeMaxDynamicSharedMemorySize per kernel (the function's address) */
+std::mutex attr_mu;
+std::map<const void *, size_t> smem_limit;
 
 /* ---- context switches ------------------------------------------------------------------------
  * x86-64: a switch saves the callee-saved registers, MXCSR and the x87 control word on the
@@ -264,7 +270,8 @@ void run_block(runner &r, const char *name, bool reverse_first) {
 
 } // namespace
 
-static bool launch_ok(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s);
+static bool launch_ok(const char *name, const void *kernel, dim3 g, dim3 b, size_t smem,
+                      cudaStream_t s);
 static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem,
                           const std::function<void()> &body);
 
@@ -319,9 +326,9 @@ struct profile {
 
 /* The configuration is checked at the launch (cudaGetLastError reports it); the blocks run in
  * stream order (cuemu_runtime.cpp's submit). */
-void launch(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
+void launch(const char *name, const void *kernel, dim3 g, dim3 b, size_t smem, cudaStream_t s,
             const std::function<void()> &body) {
-    if (!launch_ok(name, g, b, smem, s)) return;
+    if (!launch_ok(name, kernel, g, b, smem, s)) return;
     submit(s, [name, g, b, smem, body]() {
         auto t0 = std::chrono::steady_clock::now();
         launch_blocks(name, g, b, smem, body);
@@ -336,7 +343,8 @@ void launch(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
     });
 }
 
-static bool launch_ok(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s) {
+static bool launch_ok(const char *name, const void *kernel, dim3 g, dim3 b, size_t smem,
+                      cudaStream_t s) {
     if (!stream_ok(s)) {
         set_launch_error(cudaErrorInvalidResourceHandle, name, "unknown stream");
         return false;
@@ -350,10 +358,18 @@ static bool launch_ok(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_
         set_launch_error(cudaErrorInvalidConfiguration, name, why);
         return false;
     }
-    if (smem > MAX_DYN_SMEM) {
-        char why[96];
-        snprintf(why, sizeof why, "%zu bytes of dynamic shared memory (at most %zu)", smem,
-                 MAX_DYN_SMEM);
+    size_t limit = MAX_DYN_SMEM;
+    {
+        std::lock_guard<std::mutex> lk(attr_mu);
+        auto it = smem_limit.find(kernel);
+        if (it != smem_limit.end() && it->second > limit) limit = it->second;
+    }
+    if (smem > limit) {
+        char why[160];
+        snprintf(why, sizeof why,
+                 "%zu bytes of dynamic shared memory (at most %zu; cudaFuncSetAttribute "
+                 "raises it to %zu)",
+                 smem, limit, MAX_DYN_SMEM_OPTIN);
         set_launch_error(cudaErrorInvalidConfiguration, name, why);
         return false;
     }
@@ -391,3 +407,12 @@ static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem,
 }
 
 } // namespace hp_emu
+
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value) {
+    if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+        (size_t)value > hp_emu::MAX_DYN_SMEM_OPTIN)
+        return cudaErrorInvalidValue;
+    std::lock_guard<std::mutex> lk(hp_emu::attr_mu);
+    hp_emu::smem_limit[func] = (size_t)value;
+    return cudaSuccess;
+}

@@ -397,7 +397,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     if (cap && *cap && bytes > strtoull(cap, nullptr, 10)) return ret(cudaErrorMemoryAllocation);
     void *q = nullptr;
     if (posix_memalign(&q, 256, bytes) != 0) return ret(cudaErrorMemoryAllocation);
-    memset(q, 0xa5, bytes); /* fresh device memory holds no zeros to rely on */
+    memset(q, 0xff, bytes); /* fresh device memory holds no values to rely on: NaN in f32, bf16 */
     std::lock_guard<std::mutex> g(mu);
     device_mem[(uintptr_t)q] = bytes;
     *p = q;

@@ -49,6 +49,10 @@ enum cudaMemcpyKind {
 #define cudaEventBlockingSync  0x01
 #define cudaEventDisableTiming 0x02
 
+enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
 struct cudaDeviceProp {
     char name[256];
     size_t totalGlobalMem;
@@ -102,7 +106,16 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 
+/* A kernel's dynamic shared memory beyond 48 KiB, up to sharedMemPerBlockOptin: a launch that
+ * asks more than 48 KiB without it fails, as on the device. */
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value);
+
 #ifdef __cplusplus
+}
+/* The runtime's C++ form, for a kernel named as itself. */
+template <class T>
+inline cudaError_t cudaFuncSetAttribute(T *entry, enum cudaFuncAttribute attr, int value) {
+    return cudaFuncSetAttribute((const void *)entry, attr, value);
 }
 #endif
 #endif

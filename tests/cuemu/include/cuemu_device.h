@@ -63,7 +63,7 @@ void syncwarp();
 /* Lane deposits v; once every live lane of its warp has, returns lane src's deposit. */
 uint64_t warp_exchange(uint64_t v, int src);
 void *dyn_smem();
-void launch(const char *name, dim3 g, dim3 b, size_t smem, cudaStream_t s,
+void launch(const char *name, const void *kernel, dim3 g, dim3 b, size_t smem, cudaStream_t s,
             const std::function<void()> &body);
 
 struct launcher {
@@ -74,7 +74,7 @@ struct launcher {
     launcher(const char *n, dim3 g_, dim3 b_, size_t sm = 0, cudaStream_t st = nullptr)
         : name(n), g(g_), b(b_), smem(sm), s(st) {}
     template <class K, class... A> void run(K kernel, A... args) {
-        launch(name, g, b, smem, s, [=]() { kernel(args...); });
+        launch(name, (const void *)kernel, g, b, smem, s, [=]() { kernel(args...); });
     }
 };
 
