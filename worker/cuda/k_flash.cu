@@ -8,6 +8,10 @@
  * tiles of 64 keys in shared memory (rows padded by 16 bytes: ldmatrix without bank
  * conflicts); S = Q·Kᵀ in registers, the online softmax in the log2 domain, P rounded to bf16
  * and fed back as the A operand of P·V. lse = ln Σ exp(scale·s), f32.
+ * Every kernel double-buffers its streamed tiles: the next tile's cp.async copies are in flight
+ * while the tensor cores work on this one (k_mma.cuh; two stages, one commit group a tile).
+ * Causal query blocks run longest first (the grid's first blocks take the last queries), so
+ * the last wave is of short blocks.
  * Backward, deterministic (every output element is summed by one thread in a fixed order, no
  * atomics), with delta = rowsum(dO ∘ O):
  *   dK, dV: a block per (batch, kv head, 64 keys), each warp 16 keys, walking the group's query
@@ -28,27 +32,32 @@
 #define LOG2E 1.4426950408889634f
 #define LN2   0.6931471805599453f
 
-/* 16 bytes from global to shared memory (both 16-byte aligned), or zeros. */
-__device__ __forceinline__ void copy16(__nv_bfloat16 *dst, const __nv_bfloat16 *src) {
-#ifdef HP_CUDA_EMU
-    if (src)
-        memcpy(dst, src, 16);
-    else
-        memset(dst, 0, 16);
-#else
-    *(uint4 *)dst = src ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
-#endif
-}
+#define BQ 64 /* queries per forward and dQ block; keys per forward tile and dK/dV block */
+#define QT 16 /* queries per dK/dV tile */
+#define KT 32 /* keys per dQ tile */
 
-/* Rows [r0, r0 + R) of a row-major [n][D] matrix into s[R][D + PAD]; rows past n are zeros. */
+/* Rows [r0, r0 + R) of a row-major [n][D] matrix into s[R][D + PAD], asynchronously (one
+ * hp__cp_async16 per 16 bytes; the caller commits and waits); rows past n are zeros. */
 template <int D, int R>
 __device__ __forceinline__ void load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t r0,
                                           int64_t n) {
     constexpr int CH = D / 8;
+    HP__UNROLL
     for (int i = threadIdx.x; i < R * CH; i += NT) {
         int r = i / CH, c = i % CH;
-        copy16(s + r * (D + PAD) + c * 8, r0 + r < n ? g + (r0 + r) * D + c * 8 : nullptr);
+        hp__cp_async16(s + r * (D + PAD) + c * 8, r0 + r < n ? g + (r0 + r) * D + c * 8 : nullptr,
+                       g);
     }
+}
+
+/* Waits for tile j of n (its group committed one iteration before the next one's): leaves the
+ * next tile's group in flight when there is one. Then a barrier makes it the block's. */
+__device__ __forceinline__ void tile_ready(int64_t j, int64_t n) {
+    if (j + 1 < n)
+        hp__cp_async_wait<1>();
+    else
+        hp__cp_async_wait<0>();
+    __syncthreads();
 }
 
 /* The address lane l gives ldmatrix for a 16x16 A fragment (rows m0.., cols k0..) of a tile
@@ -117,21 +126,30 @@ template <int D>
 __global__ void __launch_bounds__(NT)
     flash_fwd_k(hp__cu_attn a, __nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                 const __nv_bfloat16 *k, const __nv_bfloat16 *v) {
-    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8;
+    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = BQ * LD;
     extern __shared__ uint4 fl_sm[];
-    __nv_bfloat16 *ks = (__nv_bfloat16 *)fl_sm, *vs = ks + 64 * LD;
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)fl_sm; /* stage i: K at 2i tiles, V at 2i + 1 */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-    int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)blockIdx.x * 64;
+    int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BQ;
     int64_t hk = h / (a.h / a.hkv);
     const __nv_bfloat16 *qb = q + (b * a.h + h) * a.t * D;
     const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
     const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
+    int64_t t_last = t0 + BQ - 1 < a.t - 1 ? t0 + BQ - 1 : a.t - 1;
+    int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
+    int64_t tiles = (kend + BQ - 1) / BQ;
 
-    load_rows<D, 64>(ks, qb, t0, a.t); /* Q through shared memory into registers */
+    /* Q through stage 1's K tile into registers, with stage 0's K and V */
+    load_rows<D, BQ>(sm + 2 * TILE, qb, t0, a.t);
+    load_rows<D, BQ>(sm, kb, 0, a.s);
+    load_rows<D, BQ>(sm + TILE, vb, 0, a.s);
+    hp__cp_async_commit();
+    hp__cp_async_wait<0>();
     __syncthreads();
     uint32_t qa[KC][4];
     HP__UNROLL
-    for (int kc = 0; kc < KC; kc++) hp__ldsm_x4(qa[kc], a_addr<LD>(ks, warp * 16, kc * 16));
+    for (int kc = 0; kc < KC; kc++)
+        hp__ldsm_x4(qa[kc], a_addr<LD>(sm + 2 * TILE, warp * 16, kc * 16));
     __syncthreads();
 
     float o[NO][4];
@@ -140,12 +158,16 @@ __global__ void __launch_bounds__(NT)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float c2 = a.scale * LOG2E;
     int64_t row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
-    int64_t t_last = t0 + 63 < a.t - 1 ? t0 + 63 : a.t - 1;
-    int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
-    for (int64_t s0 = 0; s0 < kend; s0 += 64) {
-        load_rows<D, 64>(ks, kb, s0, a.s);
-        load_rows<D, 64>(vs, vb, s0, a.s);
-        __syncthreads();
+    for (int64_t j = 0; j < tiles; j++) {
+        int64_t s0 = j * BQ;
+        if (j + 1 < tiles) { /* the next K and V tiles into the other stage */
+            __nv_bfloat16 *nx = sm + ((j + 1) & 1) * 2 * TILE;
+            load_rows<D, BQ>(nx, kb, s0 + BQ, a.s);
+            load_rows<D, BQ>(nx + TILE, vb, s0 + BQ, a.s);
+            hp__cp_async_commit();
+        }
+        tile_ready(j, tiles);
+        const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
         float sc[8][4];
         HP__UNROLL
         for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
@@ -159,7 +181,7 @@ __global__ void __launch_bounds__(NT)
                 hp__mma_bf16(sc[2 * np + 1], qa[kc], bf[2], bf[3]);
             }
         }
-        bool mask = s0 + 64 > a.s || (a.causal && s0 + 63 > t0 + warp * 16);
+        bool mask = s0 + BQ > a.s || (a.causal && s0 + BQ - 1 > t0 + warp * 16);
         float mx[2] = {-INFINITY, -INFINITY};
         HP__UNROLL
         for (int n = 0; n < 8; n++) {
@@ -205,7 +227,7 @@ __global__ void __launch_bounds__(NT)
             a_of_c(pa, sc[2 * kc], sc[2 * kc + 1]);
             mma_rows<D, LD>(o, pa, vs, kc * 16);
         }
-        __syncthreads();
+        __syncthreads(); /* this stage's readers are done before the next prefetch lands in it */
     }
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
@@ -240,23 +262,52 @@ __global__ void flash_delta_k(float *delta, const __nv_bfloat16 *gout, const __n
 
 /* ---- backward: dK, dV ----------------------------------------------------------------------- */
 
+/* One dK/dV tile's stage: Q and dO rows [q0, q0 + QT) of row block rb, and their lse and delta
+ * (zeros past T), asynchronously. */
+template <int D>
+__device__ __forceinline__ void kv_stage_load(unsigned char *st, const hp__cu_attn &a,
+                                              const __nv_bfloat16 *q, const __nv_bfloat16 *gout,
+                                              const float *lse, const float *delta, int64_t rb,
+                                              int64_t q0) {
+    constexpr int TILE = QT * (D + PAD);
+    __nv_bfloat16 *qs = (__nv_bfloat16 *)st, *dos = qs + TILE;
+    float *ls = (float *)(dos + TILE), *dl = ls + QT;
+    load_rows<D, QT>(qs, q + rb * D, q0, a.t);
+    load_rows<D, QT>(dos, gout + rb * D, q0, a.t);
+    if (threadIdx.x < QT) {
+        bool in = q0 + threadIdx.x < a.t;
+        hp__cp_async4(ls + threadIdx.x, in ? lse + rb + q0 + threadIdx.x : nullptr, lse);
+        hp__cp_async4(dl + threadIdx.x, in ? delta + rb + q0 + threadIdx.x : nullptr, delta);
+    }
+}
+
+template <int D> __host__ __device__ constexpr size_t kv_stage_bytes() {
+    return (size_t)2 * QT * (D + PAD) * sizeof(__nv_bfloat16) + 2 * QT * sizeof(float);
+}
+
 template <int D>
 __global__ void __launch_bounds__(NT)
     flash_bwd_kv_k(hp__cu_attn a, __nv_bfloat16 *gk, __nv_bfloat16 *gv, const __nv_bfloat16 *gout,
                    const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                    const float *lse, const float *delta) {
-    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8;
+    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = QT * LD;
     extern __shared__ uint4 fl_sm[];
-    __nv_bfloat16 *ks = (__nv_bfloat16 *)fl_sm, *vs = ks + 64 * LD, *qs = vs + 64 * LD,
-                  *dos = qs + 16 * LD;
-    float *ls_s = (float *)(dos + 16 * LD), *dl_s = ls_s + 16;
+    __nv_bfloat16 *ks = (__nv_bfloat16 *)fl_sm, *vs = ks + BQ * LD;
+    unsigned char *stages = (unsigned char *)(vs + BQ * LD); /* two kv_stage_bytes<D>() */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-    int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * 64;
+    int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * BQ;
     int64_t group = a.h / a.hkv;
     const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
     const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
-    load_rows<D, 64>(ks, kb, s_0, a.s);
-    load_rows<D, 64>(vs, vb, s_0, a.s);
+    /* the tiles: each query head of the group, its visible queries in steps of QT (causal: a
+     * query before the block's first key sees none of its keys) */
+    int64_t qbeg = a.causal ? (s_0 / QT) * QT : 0;
+    int64_t nq = a.t > qbeg ? (a.t - qbeg + QT - 1) / QT : 0, tiles = group * nq;
+    load_rows<D, BQ>(ks, kb, s_0, a.s);
+    load_rows<D, BQ>(vs, vb, s_0, a.s);
+    if (tiles > 0)
+        kv_stage_load<D>(stages, a, q, gout, lse, delta, (b * a.h + hk * group) * a.t, qbeg);
+    hp__cp_async_commit();
 
     float dk[NO][4], dv[NO][4];
     HP__UNROLL
@@ -266,51 +317,51 @@ __global__ void __launch_bounds__(NT)
     }
     const float c2 = a.scale * LOG2E;
     int64_t key[2] = {s_0 + warp * 16 + g, s_0 + warp * 16 + g + 8};
-    /* causal: a query before the block's first key sees none of its keys */
-    int64_t qbeg = a.causal ? (s_0 / 16) * 16 : 0;
-    for (int64_t gh = 0; gh < group; gh++) {
-        int64_t rb = (b * a.h + hk * group + gh) * a.t;
-        for (int64_t q0 = qbeg; q0 < a.t; q0 += 16) {
-            __syncthreads(); /* the last tile's readers are done (and K, V are in) */
-            load_rows<D, 16>(qs, q + rb * D, q0, a.t);
-            load_rows<D, 16>(dos, gout + rb * D, q0, a.t);
-            if (threadIdx.x < 16) {
-                bool in = q0 + threadIdx.x < a.t;
-                ls_s[threadIdx.x] = in ? lse[rb + q0 + threadIdx.x] * LOG2E : INFINITY;
-                dl_s[threadIdx.x] = in ? delta[rb + q0 + threadIdx.x] : 0.0f;
-            }
-            __syncthreads();
-            float st[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, dpt[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
-            HP__UNROLL
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t ka[4], va[4], qf[4], of[4];
-                hp__ldsm_x4(ka, a_addr<LD>(ks, warp * 16, kc * 16));
-                hp__ldsm_x4(va, a_addr<LD>(vs, warp * 16, kc * 16));
-                hp__ldsm_x4(qf, b_addr<LD>(qs, 0, kc * 16));
-                hp__ldsm_x4(of, b_addr<LD>(dos, 0, kc * 16));
-                hp__mma_bf16(st[0], ka, qf[0], qf[1]);
-                hp__mma_bf16(st[1], ka, qf[2], qf[3]);
-                hp__mma_bf16(dpt[0], va, of[0], of[1]);
-                hp__mma_bf16(dpt[1], va, of[2], of[3]);
-            }
-            HP__UNROLL
-            for (int n = 0; n < 2; n++) {
-                HP__UNROLL
-                for (int e = 0; e < 4; e++) {
-                    int col = n * 8 + 2 * qd + (e % 2);
-                    float p = exp2f(st[n][e] * c2 - ls_s[col]);
-                    if (a.causal && key[e / 2] > q0 + col) p = 0.0f;
-                    st[n][e] = p;
-                    dpt[n][e] = p * (dpt[n][e] - dl_s[col]);
-                }
-            }
-            uint32_t pa[4], sa[4];
-            a_of_c(pa, st[0], st[1]);
-            a_of_c(sa, dpt[0], dpt[1]);
-            mma_rows<D, LD>(dv, pa, dos, 0); /* dV += Pᵀ·dO */
-            mma_rows<D, LD>(dk, sa, qs, 0);  /* dK += dSᵀ·Q */
+    for (int64_t i = 0; i < tiles; i++) {
+        if (i + 1 < tiles) {
+            int64_t gh = (i + 1) / nq, q0 = qbeg + (i + 1) % nq * QT;
+            kv_stage_load<D>(stages + ((i + 1) & 1) * kv_stage_bytes<D>(), a, q, gout, lse, delta,
+                             (b * a.h + hk * group + gh) * a.t, q0);
+            hp__cp_async_commit();
         }
+        tile_ready(i, tiles);
+        int64_t q0 = qbeg + i % nq * QT;
+        const __nv_bfloat16 *qs = (const __nv_bfloat16 *)(stages + (i & 1) * kv_stage_bytes<D>());
+        const __nv_bfloat16 *dos = qs + TILE;
+        const float *ls_s = (const float *)(dos + TILE), *dl_s = ls_s + QT;
+        float st[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, dpt[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+        HP__UNROLL
+        for (int kc = 0; kc < KC; kc++) {
+            uint32_t ka[4], va[4], qf[4], of[4];
+            hp__ldsm_x4(ka, a_addr<LD>(ks, warp * 16, kc * 16));
+            hp__ldsm_x4(va, a_addr<LD>(vs, warp * 16, kc * 16));
+            hp__ldsm_x4(qf, b_addr<LD>(qs, 0, kc * 16));
+            hp__ldsm_x4(of, b_addr<LD>(dos, 0, kc * 16));
+            hp__mma_bf16(st[0], ka, qf[0], qf[1]);
+            hp__mma_bf16(st[1], ka, qf[2], qf[3]);
+            hp__mma_bf16(dpt[0], va, of[0], of[1]);
+            hp__mma_bf16(dpt[1], va, of[2], of[3]);
+        }
+        HP__UNROLL
+        for (int n = 0; n < 2; n++) {
+            HP__UNROLL
+            for (int e = 0; e < 4; e++) {
+                int col = n * 8 + 2 * qd + (e % 2);
+                float ls = q0 + col < a.t ? ls_s[col] * LOG2E : INFINITY;
+                float p = exp2f(st[n][e] * c2 - ls);
+                if (a.causal && key[e / 2] > q0 + col) p = 0.0f;
+                st[n][e] = p;
+                dpt[n][e] = p * (dpt[n][e] - dl_s[col]);
+            }
+        }
+        uint32_t pa[4], sa[4];
+        a_of_c(pa, st[0], st[1]);
+        a_of_c(sa, dpt[0], dpt[1]);
+        mma_rows<D, LD>(dv, pa, dos, 0); /* dV += Pᵀ·dO */
+        mma_rows<D, LD>(dk, sa, qs, 0);  /* dK += dSᵀ·Q */
+        __syncthreads(); /* this stage's readers are done before the next prefetch lands in it */
     }
+    hp__cp_async_wait<0>(); /* no tile: K and V were never waited for */
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
         if (key[r] >= a.s) continue;
@@ -331,24 +382,35 @@ __global__ void __launch_bounds__(NT)
     flash_bwd_q_k(hp__cu_attn a, __nv_bfloat16 *gq, const __nv_bfloat16 *gout,
                   const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                   const float *lse, const float *delta) {
-    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8;
+    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = KT * LD;
     extern __shared__ uint4 fl_sm[];
-    __nv_bfloat16 *ks = (__nv_bfloat16 *)fl_sm, *vs = ks + 64 * LD;
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)fl_sm; /* stage i: K at 2i tiles, V at 2i + 1 */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-    int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)blockIdx.x * 64;
+    int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BQ;
     int64_t hk = h / (a.h / a.hkv), rb = (b * a.h + h) * a.t;
     const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
     const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
+    int64_t t_last = t0 + BQ - 1 < a.t - 1 ? t0 + BQ - 1 : a.t - 1;
+    int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
+    int64_t tiles = (kend + KT - 1) / KT;
 
-    load_rows<D, 64>(ks, q + rb * D, t0, a.t); /* Q and dO into registers */
-    load_rows<D, 64>(vs, gout + rb * D, t0, a.t);
+    /* Q and dO into registers through the four tiles (BQ = 2 KT rows each) */
+    load_rows<D, BQ>(sm, q + rb * D, t0, a.t);
+    load_rows<D, BQ>(sm + 2 * TILE, gout + rb * D, t0, a.t);
+    hp__cp_async_commit();
+    hp__cp_async_wait<0>();
     __syncthreads();
     uint32_t qa[KC][4], oa[KC][4];
     HP__UNROLL
     for (int kc = 0; kc < KC; kc++) {
-        hp__ldsm_x4(qa[kc], a_addr<LD>(ks, warp * 16, kc * 16));
-        hp__ldsm_x4(oa[kc], a_addr<LD>(vs, warp * 16, kc * 16));
+        hp__ldsm_x4(qa[kc], a_addr<LD>(sm, warp * 16, kc * 16));
+        hp__ldsm_x4(oa[kc], a_addr<LD>(sm + 2 * TILE, warp * 16, kc * 16));
     }
+    __syncthreads();
+    load_rows<D, KT>(sm, kb, 0, a.s);
+    load_rows<D, KT>(sm + TILE, vb, 0, a.s);
+    hp__cp_async_commit();
+
     int64_t row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
     float ls[2], dl[2];
     HP__UNROLL
@@ -360,13 +422,16 @@ __global__ void __launch_bounds__(NT)
     HP__UNROLL
     for (int n = 0; n < NO; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
     const float c2 = a.scale * LOG2E;
-    int64_t t_last = t0 + 63 < a.t - 1 ? t0 + 63 : a.t - 1;
-    int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
-    for (int64_t s0 = 0; s0 < kend; s0 += 32) {
-        __syncthreads(); /* Q/dO taken, or the last tile's readers done */
-        load_rows<D, 32>(ks, kb, s0, a.s);
-        load_rows<D, 32>(vs, vb, s0, a.s);
-        __syncthreads();
+    for (int64_t j = 0; j < tiles; j++) {
+        int64_t s0 = j * KT;
+        if (j + 1 < tiles) {
+            __nv_bfloat16 *nx = sm + ((j + 1) & 1) * 2 * TILE;
+            load_rows<D, KT>(nx, kb, s0 + KT, a.s);
+            load_rows<D, KT>(nx + TILE, vb, s0 + KT, a.s);
+            hp__cp_async_commit();
+        }
+        tile_ready(j, tiles);
+        const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
         float sc[4][4], dp[4][4];
         HP__UNROLL
         for (int n = 0; n < 4; n++) {
@@ -403,6 +468,7 @@ __global__ void __launch_bounds__(NT)
             a_of_c(sa, sc[2 * kc], sc[2 * kc + 1]);
             mma_rows<D, LD>(dq, sa, ks, kc * 16);
         }
+        __syncthreads(); /* this stage's readers are done before the next prefetch lands in it */
     }
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
@@ -416,16 +482,26 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
-static size_t fwd_smem(int64_t d) {
-    return (size_t)2 * 64 * (size_t)(d + PAD) * sizeof(__nv_bfloat16);
+template <int D> constexpr size_t fwd_smem() { /* two stages of K and V */
+    return (size_t)4 * BQ * (D + PAD) * sizeof(__nv_bfloat16);
 }
-static size_t kv_smem(int64_t d) {
-    return (size_t)(64 + 64 + 16 + 16) * (size_t)(d + PAD) * sizeof(__nv_bfloat16) +
-           32 * sizeof(float);
+template <int D> constexpr size_t dq_smem() { /* two stages of K and V; Q and dO before them */
+    return (size_t)4 * KT * (D + PAD) * sizeof(__nv_bfloat16);
+}
+template <int D> constexpr size_t kv_smem() { /* K and V, two stages of Q, dO, lse, delta */
+    return (size_t)2 * BQ * (D + PAD) * sizeof(__nv_bfloat16) + 2 * kv_stage_bytes<D>();
+}
+
+/* A kernel's launch with more than the default 48 KiB of dynamic shared memory raises its
+ * limit first (every sm_80+ device has at least 99 KiB). */
+template <class K> static int smem_limit(K *kernel, size_t bytes) {
+    if (bytes <= ((size_t)48 << 10)) return 0;
+    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)bytes);
 }
 
 static int grid_of(int64_t rows, int64_t heads, int64_t batch, dim3 *g) {
-    int64_t x = (rows + 63) / 64;
+    int64_t x = (rows + BQ - 1) / BQ;
     if (x < 1 || x > 0x7fffffff || heads > 65535 || batch > 65535) return 0;
     *g = dim3((unsigned)x, (unsigned)heads, (unsigned)batch);
     return 1;
@@ -435,19 +511,41 @@ extern "C" int hp__cu_flash_ok(const hp__cu_attn *a) {
     return (a->d == 64 || a->d == 128) && a->dv == a->d && a->hkv > 0 && a->h % a->hkv == 0;
 }
 
+typedef const __nv_bfloat16 *cbf;
+typedef __nv_bfloat16 *bfp;
+
+template <int D>
+static int flash_fwd(cudaStream_t s, dim3 g, const hp__cu_attn *a, void *out, float *lse,
+                     const void *q, const void *k, const void *v) {
+    constexpr size_t SM = fwd_smem<D>();
+    int e = smem_limit(flash_fwd_k<D>, SM);
+    if (e) return e;
+    flash_fwd_k<D><<<g, NT, SM, s>>>(*a, (bfp)out, lse, (cbf)q, (cbf)k, (cbf)v);
+    return HP__CU_LAUNCHED();
+}
+
+template <int D>
+static int flash_bwd(cudaStream_t s, dim3 gq, dim3 gkv, const hp__cu_attn *a, void *dq, void *dk,
+                     void *dv, const void *gout, const void *q, const void *k, const void *v,
+                     const float *lse, const float *delta) {
+    constexpr size_t SKV = kv_smem<D>(), SQ = dq_smem<D>();
+    int e = smem_limit(flash_bwd_kv_k<D>, SKV);
+    if (!e) e = smem_limit(flash_bwd_q_k<D>, SQ);
+    if (e) return e;
+    flash_bwd_kv_k<D>
+        <<<gkv, NT, SKV, s>>>(*a, (bfp)dk, (bfp)dv, (cbf)gout, (cbf)q, (cbf)k, (cbf)v, lse, delta);
+    if ((e = HP__CU_LAUNCHED())) return e;
+    flash_bwd_q_k<D><<<gq, NT, SQ, s>>>(*a, (bfp)dq, (cbf)gout, (cbf)q, (cbf)k, (cbf)v, lse, delta);
+    return HP__CU_LAUNCHED();
+}
+
 extern "C" int hp__cu_flash(cudaStream_t s, const hp__cu_attn *a, void *out, float *lse,
                             const void *q, const void *k, const void *v) {
     dim3 g;
     if (!hp__cu_flash_ok(a) || !grid_of(a->t, a->h, a->b, &g) || a->s < 1)
         return (int)cudaErrorInvalidConfiguration;
-    typedef const __nv_bfloat16 *cb;
-    if (a->d == 64)
-        flash_fwd_k<64>
-            <<<g, NT, fwd_smem(64), s>>>(*a, (__nv_bfloat16 *)out, lse, (cb)q, (cb)k, (cb)v);
-    else
-        flash_fwd_k<128>
-            <<<g, NT, fwd_smem(128), s>>>(*a, (__nv_bfloat16 *)out, lse, (cb)q, (cb)k, (cb)v);
-    return HP__CU_LAUNCHED();
+    return a->d == 64 ? flash_fwd<64>(s, g, a, out, lse, q, k, v)
+                      : flash_fwd<128>(s, g, a, out, lse, q, k, v);
 }
 
 extern "C" int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void *gq, void *gk,
@@ -458,21 +556,12 @@ extern "C" int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void 
     if (!hp__cu_flash_ok(a) || !grid_of(a->t, a->h, a->b, &gq_grid) ||
         !grid_of(a->s, a->hkv, a->b, &gkv_grid))
         return (int)cudaErrorInvalidConfiguration;
-    typedef const __nv_bfloat16 *cb;
-    typedef __nv_bfloat16 *bp;
     int64_t rows = a->b * a->h * a->t;
     unsigned blocks = (unsigned)((rows + 7) / 8 < 65535 * 8 ? (rows + 7) / 8 : 65535 * 8);
-    flash_delta_k<<<blocks, 256, 0, s>>>(delta, (cb)gout, (cb)out, rows, a->dv);
-    if (a->d == 64) {
-        flash_bwd_kv_k<64><<<gkv_grid, NT, kv_smem(64), s>>>(*a, (bp)gk, (bp)gv, (cb)gout, (cb)q,
-                                                             (cb)k, (cb)v, lse, delta);
-        flash_bwd_q_k<64><<<gq_grid, NT, fwd_smem(64), s>>>(*a, (bp)gq, (cb)gout, (cb)q, (cb)k,
-                                                            (cb)v, lse, delta);
-    } else {
-        flash_bwd_kv_k<128><<<gkv_grid, NT, kv_smem(128), s>>>(*a, (bp)gk, (bp)gv, (cb)gout, (cb)q,
-                                                               (cb)k, (cb)v, lse, delta);
-        flash_bwd_q_k<128><<<gq_grid, NT, fwd_smem(128), s>>>(*a, (bp)gq, (cb)gout, (cb)q, (cb)k,
-                                                              (cb)v, lse, delta);
-    }
-    return HP__CU_LAUNCHED();
+    flash_delta_k<<<blocks, 256, 0, s>>>(delta, (cbf)gout, (cbf)out, rows, a->dv);
+    int e = HP__CU_LAUNCHED();
+    if (e) return e;
+    return a->d == 64
+               ? flash_bwd<64>(s, gq_grid, gkv_grid, a, gq, gk, gv, gout, q, k, v, lse, delta)
+               : flash_bwd<128>(s, gq_grid, gkv_grid, a, gq, gk, gv, gout, q, k, v, lse, delta);
 }

@@ -77,6 +77,49 @@ __device__ __forceinline__ void hp__ldsm_x4_t(uint32_t r[4], const __nv_bfloat16
 #endif
 }
 
+/* cp.async (sm_80 and later): 16 (or 4) bytes from global to shared memory without passing
+ * through registers, completing in commit groups: hp__cp_async_wait<N>() returns once at most
+ * the N most recent groups are still in flight (then a barrier makes the data the block's).
+ * src NULL writes zeros (a source size of 0; `any` is a valid global address the instruction
+ * names but does not read). Under cuemu and below sm_80 the copies are plain and synchronous
+ * and the waits nothing. */
+__device__ __forceinline__ void hp__cp_async16(void *dst, const void *src, const void *any) {
+#if defined(HP_CUDA_EMU) || defined(HP__MMA_NONE)
+    (void)any;
+    if (src)
+        memcpy(dst, src, 16);
+    else
+        memset(dst, 0, 16);
+#else
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src ? src : any),
+                 "r"(src ? 16 : 0));
+#endif
+}
+__device__ __forceinline__ void hp__cp_async4(void *dst, const void *src, const void *any) {
+#if defined(HP_CUDA_EMU) || defined(HP__MMA_NONE)
+    (void)any;
+    if (src)
+        memcpy(dst, src, 4);
+    else
+        memset(dst, 0, 4);
+#else
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src ? src : any),
+                 "r"(src ? 4 : 0));
+#endif
+}
+__device__ __forceinline__ void hp__cp_async_commit() {
+#if !defined(HP_CUDA_EMU) && !defined(HP__MMA_NONE)
+    asm volatile("cp.async.commit_group;" ::);
+#endif
+}
+template <int N> __device__ __forceinline__ void hp__cp_async_wait() {
+#if !defined(HP_CUDA_EMU) && !defined(HP__MMA_NONE)
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
 #ifdef HP_CUDA_EMU
 static inline float hp__emu_bf16_lo(uint32_t r) {
     return __bfloat162float(__nv_bfloat16{(unsigned short)(r & 0xffffu)});
