@@ -22,8 +22,9 @@
 #                                       build dependencies)
 #        HP_GPU_LOGS=DIR               (where the logs go; default a new /tmp/hp-gpu-check-*)
 #        ONE_B_PROFILE=1 runs the ~1B model a few more steps (PROFILE_STEPS, default 6) with
-#        HP_CUDA_PROFILE=1 and prints the device time per op, attention's TFLOP/s from it, and
-#        PyTorch's fused attention on the same shapes (bench/gpu/torch_attention.py) beside it.
+#        HP_CUDA_PROFILE=1 and prints the device time (and operand GB/s) per op, attention's
+#        TFLOP/s from it, and PyTorch's fused attention on the same shapes
+#        (bench/gpu/torch_attention.py) beside it.
 #        TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
@@ -215,7 +216,7 @@ if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
             --standalone "$OUT/1b-prof.pb" --out "$OUT/1b-prof" >"$OUT/1b-profile.log" 2>&1; then
         sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | head -32
         top=$(sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | sed -n '3,6p' |
-              awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $NF}')
+              awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $5}')
         row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
         # attention's rate: causal forward 2·B·H·T²·D FLOPs a call, backward 2.5 times that
         # (FlashAttention's accounting), over the device time the profile gives the op

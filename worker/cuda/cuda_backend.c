@@ -421,6 +421,11 @@ static bool is_collective(hp_op op) {
     return hp_op_get(op)->flags & HP_OPF_COLLECTIVE;
 }
 
+/* A call's operand bytes for the profile (nothing to count when it is off). */
+static double call_bytes(const hp__cuda *cu, const hp_kernel_call *c) {
+    return cu->prof ? hp__cuda_call_bytes(c) : 0;
+}
+
 static hp_status cuda_collective(hp_backend *b, int stream, const hp_kernel_call *c, hp_err *err) {
     if (stream < 0 || stream >= HP_STREAM_COUNT)
         return hp_errf(err, HP_INVALID, "cuda: stream %d does not exist", stream);
@@ -438,7 +443,7 @@ static hp_status cuda_collective(hp_backend *b, int stream, const hp_kernel_call
                            name, (long long)gs);
         int rec = hp__cuda_prof_begin(cu, stream);
         hp_status st = hp__cuda_nccl_collective(cu, c, err);
-        if (st == HP_OK) hp__cuda_prof_end(cu, rec, stream, (int)c->node->op);
+        if (st == HP_OK) hp__cuda_prof_end(cu, rec, stream, (int)c->node->op, call_bytes(cu, c));
         if (st != HP_OK) hp_err_prefix(err, "cuda: %s", name);
         return st;
     }
@@ -526,24 +531,28 @@ static hp_status launch_staged(hp__cuda *cu, int stream, hp__cuda_entry k, const
     hp_stage_view v = {.in = in, .in_type = in_t, .out = out, .out_type = out_t};
     hp_stage_view_make(c, cu->stage[stream], STAGE_ALIGN, &v);
     int rec = hp__cuda_prof_begin(cu, stream);
+    double cast_bytes = 0; /* 2 bytes read, 4 written an element, or the reverse */
     for (int i = 0; i < c->n_in; i++) {
         int64_t n = hp_type_numel(&c->in_type[i]);
         if (c->in_type[i].dtype == HP_BF16 && n > 0)
             HP__CUDA_TRY(hp__cu_cast(s, HP__CU_F32, (void *)in[i], HP__CU_BF16, c->in[i], n),
                          "bf16 staging of an input");
+        if (c->in_type[i].dtype == HP_BF16) cast_bytes += 6.0 * (double)n;
     }
-    hp__cuda_prof_end(cu, rec, stream, HP__PROF_STAGE);
+    hp__cuda_prof_end(cu, rec, stream, HP__PROF_STAGE, cast_bytes);
     rec = hp__cuda_prof_begin(cu, stream);
     HP_TRY(k(cu, s, &v.call, err));
-    hp__cuda_prof_end(cu, rec, stream, (int)c->node->op);
+    hp__cuda_prof_end(cu, rec, stream, (int)c->node->op, call_bytes(cu, &v.call));
     rec = hp__cuda_prof_begin(cu, stream);
+    cast_bytes = 0;
     for (int i = 0; i < c->n_out; i++) {
         int64_t n = hp_type_numel(&out_t[i]);
         if (c->out_type[i].dtype == HP_BF16 && n > 0)
             HP__CUDA_TRY(hp__cu_cast(s, HP__CU_BF16, c->out[i], HP__CU_F32, out[i], n),
                          "bf16 rounding of an output");
+        if (c->out_type[i].dtype == HP_BF16) cast_bytes += 6.0 * (double)n;
     }
-    hp__cuda_prof_end(cu, rec, stream, HP__PROF_STAGE);
+    hp__cuda_prof_end(cu, rec, stream, HP__PROF_STAGE, cast_bytes);
     return HP_OK;
 }
 
@@ -572,7 +581,7 @@ static hp_status cuda_launch(hp_backend *b, int stream, const hp_kernel_call *c,
     } else {
         int rec = hp__cuda_prof_begin(cu, stream);
         st = k(cu, cu->stream[stream], c, err);
-        if (st == HP_OK) hp__cuda_prof_end(cu, rec, stream, (int)op);
+        if (st == HP_OK) hp__cuda_prof_end(cu, rec, stream, (int)op, call_bytes(cu, c));
     }
     if (st != HP_OK) hp_err_prefix(err, "cuda: %s", name);
     return st;
@@ -662,13 +671,15 @@ static hp_status cuda_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr
     };
     hp__cuda *cu = as_cuda(b);
     int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
+    double bytes = 0; /* param, grad, both moments read; param and moments written: 28 B */
     for (int i = 0; i < n_params; i++) {
         const hp_adamw_param *q = &params[i];
         HP__CUDA_TRY(hp__cu_adamw_step(cu->stream[HP_STREAM_COMPUTE], &k, q->param, q->grad,
                                        q->exp_avg, q->exp_avg_sq, q->numel),
                      "cuda: adamw");
+        bytes += 28.0 * (double)q->numel;
     }
-    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_ADAMW);
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_ADAMW, bytes);
     return HP_OK;
 }
 
@@ -718,7 +729,9 @@ static hp_status cuda_sum_squares(hp_backend *b, const hp_fspan *x, int n, doubl
     /* every span's fixed partials, then one copy and one wait; combined on the host in order
      * (span by span, block by block): the norm does not depend on timing */
     int used = 0;
+    double bytes = 0;
     for (int i = 0; i < n; i++) {
+        bytes += 4.0 * (double)x[i].n;
         if (x[i].n == 0) continue;
         HP__CUDA_TRY(
             hp__cu_sumsq(s, cu->sumsq_dev + (size_t)used * HP__CU_SUMSQ_BLOCKS, x[i].data, x[i].n),
@@ -730,7 +743,7 @@ static hp_status cuda_sum_squares(hp_backend *b, const hp_fspan *x, int n, doubl
         HP__CUDA_TRY(cudaMemcpyAsync(cu->sumsq_host, cu->sumsq_dev, nd * sizeof(double),
                                      cudaMemcpyDeviceToHost, s),
                      "cuda: grad sumsq");
-    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SUMSQ);
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SUMSQ, bytes);
     HP__CUDA_TRY(cudaStreamSynchronize(s), "cuda: grad sumsq");
     double total = 0;
     for (size_t k = 0; k < nd; k++) total += cu->sumsq_host[k];
@@ -742,10 +755,13 @@ static hp_status cuda_scale(hp_backend *b, const hp_fspan *x, int n, float coef,
     HP_TRY(check_spans("grad scale", x, n, err));
     hp__cuda *cu = as_cuda(b);
     int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
-    for (int i = 0; i < n; i++)
+    double bytes = 0;
+    for (int i = 0; i < n; i++) {
         HP__CUDA_TRY(hp__cu_scale(cu->stream[HP_STREAM_COMPUTE], x[i].data, x[i].n, coef),
                      "cuda: grad scale");
-    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SCALE);
+        bytes += 8.0 * (double)x[i].n;
+    }
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SCALE, bytes);
     return HP_OK;
 }
 

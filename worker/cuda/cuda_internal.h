@@ -159,7 +159,8 @@ hp_status hp__cuda_gemm_probe(hp__cuda *cu, double *flops, hp_err *err);
 
 /* cuda_profile.c: $HP_CUDA_PROFILE=1. A record brackets work on a stream with timing events;
  * slots are op codes, then the training loop's math and the staging casts. begin returns -1
- * (and end then does nothing) when profiling is off or an event cannot be had. */
+ * (and end then does nothing) when profiling is off or an event cannot be had. end takes the
+ * bytes the work must move at the least (each operand read or written once), for its rate. */
 enum {
     HP__PROF_ADAMW = HP_OP_COUNT,
     HP__PROF_SUMSQ,
@@ -169,7 +170,9 @@ enum {
 };
 void hp__cuda_prof_init(hp__cuda *cu);
 int hp__cuda_prof_begin(hp__cuda *cu, int stream);
-void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot);
+void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes);
+/* The bytes of a call's operands: every input and every output once. */
+double hp__cuda_call_bytes(const hp_kernel_call *c);
 void hp__cuda_prof_collect(hp__cuda *cu); /* after the streams synchronized */
 void hp__cuda_prof_free(hp__cuda *cu);    /* prints the table to stderr */
 

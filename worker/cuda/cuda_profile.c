@@ -4,8 +4,12 @@
  * Each launch (and the training loop's adamw / sum of squares / scale, and the bf16 staging
  * casts) is bracketed by two timing events on its stream; at each synchronize the pairs are
  * read and added to a per-op total. At the backend's end one table goes to stderr: op, calls,
- * total device ms, mean µs and share, sorted by total. The events cost a few µs of host time
- * per launch, so a profiled run's tokens/s is not the figure to report.
+ * total device ms, mean µs, share, and GB/s, sorted by total. GB/s is the bytes the work must
+ * move at the least (each operand read or written once; AdamW's four f32 streams, three of
+ * them written back) over its device time: for a memory-bound kernel, the rate to hold against
+ * the device's bandwidth (H100/H200 SXM: 3.35 / 4.8 TB/s); for GEMMs and attention it means
+ * little. The events cost a few µs of host time per launch, so a profiled run's tokens/s is not
+ * the figure to report.
  */
 #include "worker/cuda/cuda_internal.h"
 
@@ -16,12 +20,13 @@
 typedef struct prof_pair {
     cudaEvent_t a, b;
     int slot;
+    double bytes;
 } prof_pair;
 
 struct hp__cuda_prof {
     prof_pair *pairs; /* events of this sync window: [0, used) recorded */
     int used, cap;
-    double ms[HP__PROF_SLOTS];
+    double ms[HP__PROF_SLOTS], bytes[HP__PROF_SLOTS];
     int64_t calls[HP__PROF_SLOTS];
     int64_t syncs;
 };
@@ -77,7 +82,16 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream) {
     return p->used++;
 }
 
-void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot) {
+double hp__cuda_call_bytes(const hp_kernel_call *c) {
+    double b = 0;
+    for (int i = 0; i < c->n_in; i++)
+        b += (double)hp_type_numel(&c->in_type[i]) * (double)hp_dtype_size(c->in_type[i].dtype);
+    for (int i = 0; i < c->n_out; i++)
+        b += (double)hp_type_numel(&c->out_type[i]) * (double)hp_dtype_size(c->out_type[i].dtype);
+    return b;
+}
+
+void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes) {
     hp__cuda_prof *p = cu->prof;
     if (!p || rec < 0 || rec >= p->used || slot < 0 || slot >= HP__PROF_SLOTS) return;
     if (cudaEventRecord(p->pairs[rec].b, cu->stream[stream]) != cudaSuccess) {
@@ -85,6 +99,7 @@ void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot) {
         return;
     }
     p->pairs[rec].slot = slot;
+    p->pairs[rec].bytes = bytes;
 }
 
 void hp__cuda_prof_collect(hp__cuda *cu) {
@@ -98,6 +113,7 @@ void hp__cuda_prof_collect(hp__cuda *cu) {
             continue;
         }
         p->ms[p->pairs[i].slot] += ms;
+        p->bytes[p->pairs[i].slot] += p->pairs[i].bytes;
         p->calls[p->pairs[i].slot]++;
     }
     p->used = 0;
@@ -128,12 +144,14 @@ void hp__cuda_prof_report(hp__cuda *cu, FILE *f) {
     qsort(rows, (size_t)n, sizeof *rows, by_ms_desc);
     fprintf(f, "cuda profile (HP_CUDA_PROFILE=1): device time per op over %lld synchronizes\n",
             (long long)p->syncs);
-    fprintf(f, "  %-44s %9s %12s %10s %7s\n", "op", "calls", "total ms", "mean us", "share");
+    fprintf(f, "  %-44s %9s %12s %10s %7s %8s\n", "op", "calls", "total ms", "mean us", "share",
+            "GB/s");
     for (int i = 0; i < n; i++) {
         int s = rows[i].slot;
-        fprintf(f, "  %-44s %9lld %12.3f %10.1f %6.1f%%\n", slot_name(s), (long long)p->calls[s],
-                p->ms[s], 1e3 * p->ms[s] / (double)p->calls[s],
-                total > 0 ? 100 * p->ms[s] / total : 0.0);
+        fprintf(f, "  %-44s %9lld %12.3f %10.1f %6.1f%% %8.0f\n", slot_name(s),
+                (long long)p->calls[s], p->ms[s], 1e3 * p->ms[s] / (double)p->calls[s],
+                total > 0 ? 100 * p->ms[s] / total : 0.0,
+                p->ms[s] > 0 ? p->bytes[s] / (p->ms[s] * 1e6) : 0.0);
     }
     fprintf(f, "  %-44s %9s %12.3f\n", "all", "", total);
 }
