@@ -192,14 +192,14 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         printf("note: %s: hpd and hp-worker of this build refuse the job\n", derr.msg);
     printf("\n");
 
-    printf("%-16s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
+    printf("%-18s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
            "collectives", "comm/step/rank", "time");
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         bool lower = !strcmp(r->name, "lower");
         char out[32];
         snprintf(out, sizeof out, lower ? "%d instr" : "%d", r->nodes_out);
-        printf("%-16s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
+        printf("%-18s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
                out, r->collectives, HUMAN(r->comm_bytes), r->ran ? SECONDS(r->seconds) : "-");
     }
     for (int i = 0; i < c->n_passes; i++) {
@@ -209,6 +209,10 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
                    "_scaled_dot_product_flash_attention\n",
                    r->name, r->fused_attention, r->fused_attention == 1 ? "" : "s",
                    r->fused_attention_backward, r->fused_attention_backward == 1 ? "" : "s");
+        if (r->fused_cross_entropy)
+            printf("%s: fused %d loss%s (_log_softmax, nll_loss and their backwards) into "
+                   "fused_cross_entropy\n",
+                   r->name, r->fused_cross_entropy, r->fused_cross_entropy == 1 ? "" : "es");
     }
     if (c->n_warnings) {
         printf("\nwarnings\n");
@@ -296,13 +300,13 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                             "latency", job->plan.mesh[d].link.latency));
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
-        json_array_append_new(passes,
-                              json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i}", "name",
-                                        r->name, "ran", r->ran, "nodes_in", r->nodes_in,
-                                        "nodes_out", r->nodes_out, "collectives", r->collectives,
-                                        "comm_bytes", (json_int_t)r->comm_bytes, "seconds",
-                                        r->seconds, "fused_attention", r->fused_attention,
-                                        "fused_attention_backward", r->fused_attention_backward));
+        json_array_append_new(
+            passes,
+            json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i, s:i}", "name", r->name, "ran",
+                      r->ran, "nodes_in", r->nodes_in, "nodes_out", r->nodes_out, "collectives",
+                      r->collectives, "comm_bytes", (json_int_t)r->comm_bytes, "seconds",
+                      r->seconds, "fused_attention", r->fused_attention, "fused_attention_backward",
+                      r->fused_attention_backward, "fused_cross_entropy", r->fused_cross_entropy));
     }
     for (int i = 0; i < c->n_warnings; i++)
         json_array_append_new(warnings, json_string(c->warnings[i]));

@@ -614,6 +614,50 @@ hp_status hp__shape_nll_loss_backward(const hp_node *n, const hp_type *in, hp_ty
     return HP_OK;
 }
 
+/* The fused cross entropy's (logits, target): nll_loss's, over logits, and a scalar loss. */
+static hp_status ce_args(const hp_node *n, const hp_type *logits, const hp_type *target,
+                         hp_err *err) {
+    HP_TRY(need_rank(logits, 2, "logits", err));
+    HP_TRY(need_float(logits, "logits", err));
+    HP_TRY(need_rank(target, 1, "target", err));
+    HP_TRY(need_int(target, "target", err));
+    if (target->shape[0] != logits->shape[0])
+        return hp_errf(err, HP_INVALID, "target %s does not match logits %s", DIMS(target),
+                       DIMS(logits));
+    int64_t r = hp_node_int(n, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    if (r != HP_NLL_MEAN && r != HP_NLL_SUM)
+        return hp_errf(err, HP_INVALID, "reduction %lld is not mean (1) or sum (2)", (long long)r);
+    return HP_OK;
+}
+
+static hp_status need_f32_scalar(const hp_type *t, const char *what, hp_err *err) {
+    if (t->dtype != HP_F32 || t->rank != 0)
+        return hp_errf(err, HP_INVALID, "%s must be an f32 scalar, got %s %s", what,
+                       hp_dtype_name(t->dtype), DIMS(t));
+    return HP_OK;
+}
+
+hp_status hp__shape_fused_cross_entropy(const hp_node *n, const hp_type *in, hp_type *out,
+                                        hp_err *err) {
+    HP_TRY(ce_args(n, &in[0], &in[1], err));
+    out[0] = out[1] = (hp_type){.dtype = HP_F32, .rank = 0};
+    out[2] = (hp_type){.dtype = HP_F32, .rank = 1, .shape = {in[0].shape[0]}};
+    return HP_OK;
+}
+
+hp_status hp__shape_fused_cross_entropy_backward(const hp_node *n, const hp_type *in, hp_type *out,
+                                                 hp_err *err) {
+    HP_TRY(ce_args(n, &in[1], &in[2], err));
+    HP_TRY(need_f32_scalar(&in[0], "grad", err));
+    HP_TRY(need_f32_scalar(&in[4], "total_weight", err));
+    if (in[3].dtype != HP_F32 || in[3].rank != 1 || in[3].shape[0] != in[1].shape[0])
+        return hp_errf(err, HP_INVALID, "lse must be f32 [%lld] for logits %s, got %s %s",
+                       (long long)in[1].shape[0], DIMS(&in[1]), hp_dtype_name(in[3].dtype),
+                       DIMS(&in[3]));
+    out[0] = in[1];
+    return HP_OK;
+}
+
 /* ---- fused transformer ops ------------------------------------------------------------------ */
 
 static hp_type drop_last(const hp_type *t, hp_dtype dt) {

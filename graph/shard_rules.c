@@ -584,6 +584,34 @@ int hp__shard_nll_loss_backward(const hp_shard_query *q, hp_shard_rule *rules, i
     return b.n;
 }
 
+/* fused_cross_entropy(logits [N, C], target [N]) -> (loss, total_weight, lse [N]): the batch,
+ * as nll_loss (the loss a Partial sum or average, total_weight a Partial sum), lse split with
+ * it. The vocab dim is not local (each row's lse sums over it). */
+int hp__shard_fused_cross_entropy(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    if (q->in[0].rank == 2 && divs(q, &q->in[0], 0)) {
+        int64_t red = hp_node_int(q->node, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->in[1] = r->out[2] = HP_SHARD(0);
+        r->out[0] = red == HP_NLL_SUM ? HP_PARTIAL(HP_REDUCE_SUM) : HP_PARTIAL(HP_REDUCE_AVG);
+        r->out[1] = HP_PARTIAL(HP_REDUCE_SUM);
+    }
+    return b.n;
+}
+
+/* fused_cross_entropy_backward(grad, logits [N, C], target [N], lse [N], total_weight) ->
+ * [N, C]: the batch, with the global grad and total_weight (Replicate); linear in grad. */
+int hp__shard_fused_cross_entropy_backward(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    if (q->in[1].rank == 2 && divs(q, &q->in[1], 0)) {
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->in[4] = HP_REPLICATE;
+        r->in[1] = r->in[2] = r->in[3] = r->out[0] = HP_SHARD(0);
+    }
+    partial_through(&b, 0);
+    return b.n;
+}
+
 /* _fused_rms_norm(x [..., D], w [D]) -> (y, rstd [...]): any dim but the normalized one. */
 int hp__shard_rms_norm(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
     rb b = rb_init(q, rules, cap);

@@ -68,6 +68,10 @@ static bool multi_rank(const hp_pass_ctx *ctx) {
 static bool mixed_on(const hp_pass_ctx *ctx) {
     return ctx->job->plan.param_dtype != HP_F32 || ctx->job->plan.reduce_dtype != HP_F32;
 }
+/* Graphs without placements: a placed loss (loss parallel, tp) keeps its unfused ops. */
+static bool unplaced(const hp_pass_ctx *ctx) {
+    return !placed(ctx);
+}
 static bool overlap_on(const hp_pass_ctx *ctx) {
     return ctx->job->passes.enable_overlap;
 }
@@ -205,6 +209,7 @@ static const hp__pass_entry pipeline[] = {
     {"spmd", pass_spmd, placed, NULL},
     {"fsdp", hp_pass_fsdp, multi_rank, NULL},
     {"mixed_precision", hp_pass_mixed_precision, mixed_on, NULL},
+    {"fuse_cross_entropy", hp_pass_fuse_cross_entropy, unplaced, NULL},
     {"overlap", hp_pass_overlap, overlap_on, NULL},
     {"bucketing", hp_pass_bucketing, buckets_on, NULL},
     /* then: hp_lower (lowering + memory plan), hp_program_verify */

@@ -199,6 +199,57 @@ HP__EVAL_KERNEL(hp__eval_nll_loss_backward) {
     return HP_OK;
 }
 
+/* ---- the fused cross entropy ---------------------------------------------------------------- */
+
+/* fused_cross_entropy(logits, target){reduction, ignore_index} -> (loss, total_weight, lse):
+ * nll_loss_forward of _log_softmax(logits, 1), with each row's logsumexp kept. */
+HP__EVAL_KERNEL(hp__eval_fused_cross_entropy) {
+    int64_t rows, classes;
+    nll_dims(&in[0]->type, &rows, &classes);
+    int64_t red = hp_node_int(n, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    int64_t ignore = hp_node_int(n, HP_ATTR_IGNORE_INDEX, -100);
+    double sum = 0, count = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *x = in[0]->data + r * classes;
+        double m = -INFINITY, s = 0;
+        for (int64_t c = 0; c < classes; c++)
+            if (x[c] > m || isnan(x[c])) m = x[c];
+        for (int64_t c = 0; c < classes; c++) s += exp(x[c] - m);
+        double lse = m == -INFINITY ? -INFINITY : m + log(s); /* ln 0 for a row of −inf */
+        out[2].data[r] = lse;
+        bool skip;
+        double t = in[1]->data[r];
+        HP_TRY(nll_target(t, classes, ignore, r, &skip, err));
+        if (skip) continue;
+        sum += lse - x[(int64_t)t];
+        count++;
+    }
+    out[0].data[0] = red == HP_NLL_MEAN ? sum / count : sum; /* all ignored: NaN, as torch */
+    out[1].data[0] = count;
+    return HP_OK;
+}
+
+/* fused_cross_entropy_backward(g, logits, target, lse, total_weight) -> g'·(exp(logits − lse) −
+ * onehot(target)), g' = g (÷ total_weight for mean); ignored rows zero. */
+HP__EVAL_KERNEL(hp__eval_fused_cross_entropy_backward) {
+    int64_t rows, classes;
+    nll_dims(&in[1]->type, &rows, &classes);
+    int64_t red = hp_node_int(n, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    int64_t ignore = hp_node_int(n, HP_ATTR_IGNORE_INDEX, -100);
+    double g = in[0]->data[0];
+    if (red == HP_NLL_MEAN) g /= in[4]->data[0];
+    for (int64_t r = 0; r < rows; r++) {
+        bool skip;
+        double t = in[2]->data[r];
+        HP_TRY(nll_target(t, classes, ignore, r, &skip, err));
+        const double *x = in[1]->data + r * classes;
+        double *gx = out[0].data + r * classes, lse = in[3]->data[r];
+        for (int64_t c = 0; c < classes; c++)
+            gx[c] = skip ? 0.0 : g * (exp(x[c] - lse) - (c == (int64_t)t ? 1.0 : 0.0));
+    }
+    return HP_OK;
+}
+
 /* ---- RMSNorm -------------------------------------------------------------------------------- */
 
 /* _fused_rms_norm(x [..., D], w [D]){eps} -> (y = x·rstd·w, rstd [...]),

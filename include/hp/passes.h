@@ -37,6 +37,9 @@ typedef struct hp_pass_report {
     /* fuse_attention: unfused causal attentions (bmm, scale, mask, softmax, bmm) it made fused
      * attention forwards, and how many of their backwards it fused with them */
     int fused_attention, fused_attention_backward;
+    /* fuse_cross_entropy: losses (_log_softmax + nll_loss, with their backwards) it made
+     * fused_cross_entropy */
+    int fused_cross_entropy;
 } hp_pass_report;
 
 /* Everything a pass may read: the job (plan, pass config), the world size, and where to put
@@ -70,6 +73,10 @@ hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_
  * or DDP, world 1, or placed by spmd): passes/mixed_precision.c. */
 hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                   hp_err *err);
+/* The loss's _log_softmax + nll_loss (and backwards) into fused_cross_entropy, after
+ * mixed_precision on graphs without placements: passes/fuse_cross_entropy.c. */
+hp_status hp_pass_fuse_cross_entropy(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
+                                     hp_err *err);
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 

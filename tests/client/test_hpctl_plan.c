@@ -267,7 +267,7 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     json_t *e2 = json_object_get(w2, "estimate");
     cr_expect_gt(json_real_value(json_object_get(e2, "step_s")), 0);
     cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
-    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 10); /* 9 passes + lower */
+    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 11); /* 10 passes + lower */
     json_decref(w1);
     json_decref(w2);
     json_decref(w3);
@@ -403,7 +403,10 @@ Test(hpctl_plan, bf16_param_dtype_halves_all_gather_bytes) {
     hp_th_run r = hpctl("plan %s/bf16.pb", tmpdir);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "precision   param bf16"), "%s", r.out);
-    cr_expect(strstr(r.out, "mixed_precision  yes"), "%s", r.out);
+    cr_expect(strstr(r.out, "mixed_precision    yes"), "%s", r.out);
+    cr_expect(strstr(r.out, "fuse_cross_entropy: fused 1 loss (_log_softmax, nll_loss and their "
+                            "backwards) into fused_cross_entropy"),
+              "%s", r.out);
     /* "communication per step per rank: ... (all_gather_into_tensor 57: 11.3 MiB bf16, ...)" */
     const char *line = strstr(r.out, "communication per step per rank:");
     cr_assert(line, "%s", r.out);

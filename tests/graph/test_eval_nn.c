@@ -271,6 +271,62 @@ Test(eval_nn, nll_loss_backward_none) {
     hp_th_fini(&h);
 }
 
+/* ---- the fused cross entropy ---------------------------------------------------------------- */
+
+/* fused_cross_entropy and its backward equal nll_loss over _log_softmax and the chain of their
+ * backwards (what passes/fuse_cross_entropy.c replaces), with an ignored row, both reductions;
+ * lse is each row's logsumexp. */
+static void fused_ce_case(int reduction) {
+    hp_th h;
+    hp_th_init(&h);
+    double x[35];
+    hp_th_rand(x, 35, 41, -4, 4);
+    x[7] = 30; /* a large logit: the max shift matters */
+    hp_value logits = hp_th_input(&h, TY(HP_F32, 5, 7), x);
+    hp_value t = hp_th_input(&h, TY(HP_I64, 5), (double[]){6, 0, -100, 3, 0});
+    hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, reduction),
+                    hp_attr_int(HP_ATTR_IGNORE_INDEX, -100)};
+    hp_value lp = hp_un1(h.g, HP_OP_LOG_SOFTMAX, logits, hp_attr_int(HP_ATTR_DIM, 1));
+    hp_value loss = nll(h.g, lp, t, reduction, -100);
+    hp_value g = hp_full(h.g, 0, NULL, 1.7, HP_F32);
+    hp_value nb =
+        hp_build(h.g, HP_OP_NLL_LOSS_BACKWARD, (hp_value[]){g, lp, t, hp_out(loss, 1)}, 4, a, 2);
+    hp_value gx = hp_build(h.g, HP_OP_LOG_SOFTMAX_BACKWARD, (hp_value[]){nb, lp}, 2,
+                           (hp_attr[]){hp_attr_int(HP_ATTR_DIM, 1)}, 1);
+    hp_value ce = hp_build(h.g, HP_OP_FUSED_CROSS_ENTROPY, (hp_value[]){logits, t}, 2, a, 2);
+    hp_value cb = hp_build(h.g, HP_OP_FUSED_CROSS_ENTROPY_BACKWARD,
+                           (hp_value[]){g, logits, t, hp_out(ce, 2), hp_out(ce, 1)}, 5, a, 2);
+    hp_value outs[7] = {loss, hp_out(loss, 1), gx, ce, hp_out(ce, 1), cb, hp_out(ce, 2)};
+    hp_th_run_ok(&h, outs, 7, F64);
+    hp_th_expect(&h.out[3], h.out[0].data, 1, 1e-13);
+    hp_th_expect(&h.out[4], h.out[1].data, 1, 0);
+    hp_th_expect(&h.out[5], h.out[2].data, 35, 1e-13);
+    for (int r = 0; r < 5; r++) {
+        double m = -INFINITY, s = 0;
+        for (int c = 0; c < 7; c++) m = fmax(m, x[r * 7 + c]);
+        for (int c = 0; c < 7; c++) s += exp(x[r * 7 + c] - m);
+        cr_expect(fabs(h.out[6].data[r] - (m + log(s))) < 1e-12, "lse of row %d", r);
+    }
+    for (int c = 0; c < 7; c++) cr_expect_eq(h.out[5].data[2 * 7 + c], 0, "the ignored row");
+    hp_th_fini(&h);
+}
+
+Test(eval_nn, fused_cross_entropy_equals_log_softmax_and_nll_loss) {
+    fused_ce_case(HP_NLL_MEAN);
+    fused_ce_case(HP_NLL_SUM);
+}
+
+Test(eval_nn, fused_cross_entropy_target_out_of_range) {
+    hp_th h;
+    hp_th_init(&h);
+    hp_value logits = hp_th_input(&h, TY(HP_F32, 2, 3), NULL);
+    hp_value t = hp_th_input(&h, TY(HP_I64, 2), (double[]){0, 3});
+    hp_value ce = hp_build(h.g, HP_OP_FUSED_CROSS_ENTROPY, (hp_value[]){logits, t}, 2, NULL, 0);
+    cr_assert_neq(hp_th_run(&h, &ce, 1, F64), HP_OK);
+    cr_expect(strstr(h.err.msg, "target 3 at position 1 out of range [0, 3)"), "%s", h.err.msg);
+    hp_th_fini(&h);
+}
+
 /* ---- RMSNorm -------------------------------------------------------------------------------- */
 
 Test(eval_nn, rms_norm_forward) {

@@ -217,6 +217,18 @@ static hp_value build_op(hp_graph *g, hp_op op) {
         hp_attr a[] = {hp_attr_int(HP_ATTR_REDUCTION, HP_NLL_SUM)};
         return OP(g, NLL_LOSS_BACKWARD, in, a);
     }
+    case HP_OP_FUSED_CROSS_ENTROPY: {
+        hp_value in[] = {data(g, TY(BF16, 4, 5)), data(g, TY(I32, 4))};
+        hp_attr a[] = {hp_attr_int(HP_ATTR_REDUCTION, HP_NLL_SUM),
+                       hp_attr_int(HP_ATTR_IGNORE_INDEX, 3)};
+        return OP(g, FUSED_CROSS_ENTROPY, in, a);
+    }
+    case HP_OP_FUSED_CROSS_ENTROPY_BACKWARD: {
+        hp_value in[] = {data(g, TY0(F32)), data(g, TY(F32, 4, 5)), data(g, TY(I64, 4)),
+                         data(g, TY(F32, 4)), data(g, TY0(F32))};
+        hp_attr a[] = {hp_attr_int(HP_ATTR_REDUCTION, HP_NLL_MEAN)};
+        return OP(g, FUSED_CROSS_ENTROPY_BACKWARD, in, a);
+    }
     case HP_OP_RMS_NORM: {
         hp_value in[] = {data(g, TY(F32, 2, 3, 4)), data(g, TY(F32, 4))};
         hp_attr a[] = {hp_attr_float(HP_ATTR_EPS, 1e-5)};

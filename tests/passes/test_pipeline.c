@@ -79,15 +79,16 @@ static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
 /* The structural invariants of any compile. */
 static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
     static const char *const names[] = {
-        "dce",  "canonicalize",    "fuse_attention", "loss_parallel", "spmd",
-        "fsdp", "mixed_precision", "overlap",        "bucketing",     "lower"};
-    cr_assert_eq(c->n_passes, 10);
+        "dce",  "canonicalize",    "fuse_attention",     "loss_parallel", "spmd",
+        "fsdp", "mixed_precision", "fuse_cross_entropy", "overlap",       "bucketing",
+        "lower"};
+    cr_assert_eq(c->n_passes, 11);
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         cr_expect_str_eq(r->name, names[i]);
         cr_expect_geq(r->seconds, 0);
-        if (i > 0 && i < 8) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
-        if (!r->ran && i < 8) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
+        if (i > 0 && i < 9) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
+        if (!r->ran && i < 9) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
     }
     cr_expect(report(c, "dce")->ran && report(c, "canonicalize")->ran && report(c, "lower")->ran);
     cr_expect(!report(c, "spmd")->ran, "spmd runs only for placed plans");
@@ -550,7 +551,7 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "10-lower.txt"};
+                                       "11-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
@@ -854,30 +855,98 @@ Test(pipeline, mixed_precision_bf16_gathers_f32_reductions) {
     hp_job_free(bf);
 }
 
+/* Switches pass `name` off in job. */
+static void switch_off(hp_job *job, const char *name) {
+    int k = job->passes.n_switches++;
+    snprintf(job->passes.switches[k].name, HP_PASS_NAME_MAX, "%s", name);
+    job->passes.switches[k].enabled = false;
+}
+
 /* No matrix transpose costs a copy: autodiff's weight gradients t(mm(t(x), g)) become
  * mm(t(g), x) (canonicalize), the cast of a transposed f32 operand under the bf16 policy is the
- * transpose of the shared cast (the output layer's logits gradient), and lowering folds every
- * rank-2 transpose into the product that reads it. */
+ * transpose of the shared cast (the output layer's logits gradient: the fused cross entropy's
+ * bf16 output, or the cast of the log-softmax gradient when fuse_cross_entropy is off), and
+ * lowering folds every rank-2 transpose into the product that reads it. */
 Test(pipeline, matrix_transposes_are_folded_into_products) {
-    for (int bf = 0; bf < 2; bf++) {
-        hp_job *job = make_job(&TINY, 1, false);
-        if (bf) job->plan.param_dtype = HP_BF16;
-        hp_compiled *c = compile_ok(job, 1);
-        const hp_program *p = c->program;
-        int casts_of_logits_grad = 0;
-        for (int32_t i = 0; i < p->n_instrs; i++) {
-            const hp_node *n = &p->graph->nodes[p->instrs[i].node];
-            cr_expect(n->op != HP_OP_T, "%s: instruction %d copies a transpose (node %d)",
-                      bf ? "bf16" : "f32", i, p->instrs[i].node);
-            const hp_node *src = n->n_in ? &p->graph->nodes[n->in[0].node] : NULL;
-            if (n->op == HP_OP_TO_COPY && src && src->op == HP_OP_LOG_SOFTMAX_BACKWARD)
-                casts_of_logits_grad++;
+    for (int bf = 0; bf < 2; bf++)
+        for (int fuse = 0; fuse < 2; fuse++) {
+            hp_job *job = make_job(&TINY, 1, false);
+            if (bf) job->plan.param_dtype = HP_BF16;
+            if (!fuse) switch_off(job, "fuse_cross_entropy");
+            hp_compiled *c = compile_ok(job, 1);
+            const hp_program *p = c->program;
+            int casts_of_logits_grad = 0, fused = 0;
+            for (int32_t i = 0; i < p->n_instrs; i++) {
+                const hp_node *n = &p->graph->nodes[p->instrs[i].node];
+                cr_expect(n->op != HP_OP_T, "%s: instruction %d copies a transpose (node %d)",
+                          bf ? "bf16" : "f32", i, p->instrs[i].node);
+                const hp_node *src = n->n_in ? &p->graph->nodes[n->in[0].node] : NULL;
+                if (n->op == HP_OP_TO_COPY && src && src->op == HP_OP_LOG_SOFTMAX_BACKWARD)
+                    casts_of_logits_grad++;
+                if (n->op == HP_OP_FUSED_CROSS_ENTROPY_BACKWARD) {
+                    cr_expect_eq(n->out[0].dtype, bf ? HP_BF16 : HP_F32);
+                    fused++;
+                }
+            }
+            cr_expect_eq(casts_of_logits_grad, bf && !fuse ? 1 : 0);
+            cr_expect_eq(fused, fuse);
+            cr_expect_gt(p->stats.n_folded_transposes, 0);
+            hp_compiled_free(c);
+            hp_job_free(job);
         }
-        cr_expect_eq(casts_of_logits_grad, bf ? 1 : 0);
-        cr_expect_gt(p->stats.n_folded_transposes, 0);
-        hp_compiled_free(c);
-        hp_job_free(job);
+}
+
+/* fuse_cross_entropy: the loss's _log_softmax and nll_loss and their backwards become the
+ * fused ops, at world 1 and under FSDP, f32 and bf16 (whose f32 casts of the logits and bf16
+ * cast of their gradient go too); the graph computes what it did (the reference evaluator, at
+ * world 1); a placed graph (tp) keeps its loss unfused. */
+Test(pipeline, the_loss_is_fused_into_cross_entropy) {
+    for (int world = 1; world <= 2; world++)
+        for (int bf = 0; bf < 2; bf++) {
+            hp_job *job = make_job(&TINY, world, true);
+            if (bf) job->plan.param_dtype = HP_BF16;
+            hp_compiled *c = compile_ok(job, world);
+            cr_expect_eq(report(c, "fuse_cross_entropy")->fused_cross_entropy, 1);
+            int fwd = 0, bwd = 0;
+            for (int i = 0; i < c->graph->n_nodes; i++) {
+                hp_op op = c->graph->nodes[i].op;
+                cr_expect(op != HP_OP_LOG_SOFTMAX && op != HP_OP_NLL_LOSS_FORWARD &&
+                              op != HP_OP_NLL_LOSS_BACKWARD && op != HP_OP_LOG_SOFTMAX_BACKWARD,
+                          "world %d %s: node %d is still %s", world, bf ? "bf16" : "f32", i,
+                          hp_op_get(op)->name);
+                fwd += op == HP_OP_FUSED_CROSS_ENTROPY;
+                bwd += op == HP_OP_FUSED_CROSS_ENTROPY_BACKWARD;
+                if (op == HP_OP_FUSED_CROSS_ENTROPY)
+                    cr_expect_eq(hp_graph_type(c->graph, c->graph->nodes[i].in[0])->dtype,
+                                 bf ? HP_BF16 : HP_F32, "the logits are read as they are");
+            }
+            cr_expect(fwd == 1 && bwd == 1);
+            hp_compiled_free(c);
+            hp_job_free(job);
+        }
+    /* the same values: the unfused and the fused graph on the evaluator */
+    hp_job *job = make_job(&TINY, 1, false), *off = make_job(&TINY, 1, false);
+    switch_off(off, "fuse_cross_entropy");
+    hp_compiled *a = compile_ok(job, 1), *b = compile_ok(off, 1);
+    cr_expect_eq(report(b, "fuse_cross_entropy")->fused_cross_entropy, 0);
+    cr_assert_eq(a->graph->n_outputs, b->graph->n_outputs);
+    int n_out = a->graph->n_outputs;
+    hp_tensor *ra = calloc((size_t)n_out, sizeof *ra), *rb = calloc((size_t)n_out, sizeof *rb);
+    eval_graph(a->graph, TINY.vocab, ra);
+    eval_graph(b->graph, TINY.vocab, rb);
+    for (int k = 0; k < n_out; k++) {
+        char what[32];
+        snprintf(what, sizeof what, "output %d", k);
+        hp_th_expect_close(ra[k].data, rb[k].data, hp_type_numel(&rb[k].type), 1e-12, what);
+        hp_tensor_free(&ra[k]);
+        hp_tensor_free(&rb[k]);
     }
+    free(ra);
+    free(rb);
+    hp_compiled_free(a);
+    hp_compiled_free(b);
+    hp_job_free(job);
+    hp_job_free(off);
 }
 
 /* World 1 and DDP compile with the policy too; the f32 policy is no pass at all (switched on,

@@ -534,6 +534,47 @@ static void case_nll(hp_backend *be, hp_op op) {
             }
 }
 
+/* fused_cross_entropy(_backward): rows with ignored targets, both reductions, i32 and i64
+ * targets, a row of 1000 classes; logits in FT, lse / grad / total_weight f32 (any lse: the
+ * backward's formula holds for it). */
+static void case_cross_entropy(hp_backend *be, hp_op op) {
+    const int64_t ns[] = {1, 37, 300}, cs[] = {11, 1000};
+    const hp_dtype its[] = {HP_I64, HP_I32};
+    for (size_t ni = 0; ni < HP_ARRAY_LEN(ns); ni++)
+        for (size_t ci = 0; ci < HP_ARRAY_LEN(cs); ci++)
+            for (int red = 1; red < 3; red++) {
+                int64_t n = ns[ni], c = cs[ci], ignore = red == 1 ? -100 : 4;
+                hp_th h;
+                hp_th_init(&h);
+                double *tg = malloc((size_t)n * sizeof *tg), count = 0;
+                hp_th_rand(tg, n, n + red, 0, (double)c);
+                for (int64_t r = 0; r < n; r++) {
+                    tg[r] = floor(tg[r]);
+                    if (r % 5 == 2) tg[r] = (double)ignore;
+                    count += tg[r] != (double)ignore;
+                }
+                hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, red),
+                                hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
+                hp_value v;
+                const hp_dtype it = its[(ni + ci) % 2];
+                if (op == HP_OP_FUSED_CROSS_ENTROPY) {
+                    hp_value x = cc_rand_input(&h, TY(FT, n, c), 1, -6, 6);
+                    hp_value t = cc_input(&h, TY(it, n), tg);
+                    v = node1(&h, op, (hp_value[]){x, t}, 2, a, 2);
+                } else {
+                    hp_value g = cc_rand_input(&h, TY0(HP_F32), 1, 0.5, 2);
+                    hp_value x = cc_rand_input(&h, TY(FT, n, c), 2, -3, 3);
+                    hp_value t = cc_input(&h, TY(it, n), tg);
+                    hp_value lse = cc_rand_input(&h, TY(HP_F32, n), 3, 2, 8);
+                    hp_value tw = cc_input(&h, TY0(HP_F32), &count);
+                    v = node1(&h, op, (hp_value[]){g, x, t, lse, tw}, 5, a, 2);
+                }
+                cc_check(be, &h, v, 0, TOL_REDUCE);
+                free(tg);
+                hp_th_fini(&h);
+            }
+}
+
 static void case_rms_norm(hp_backend *be, hp_op op) {
     static const struct {
         int rank;
@@ -755,6 +796,8 @@ static const op_case cases[] = {
     {HP_OP_SOFTMAX_BACKWARD, case_softmax},
     {HP_OP_NLL_LOSS_FORWARD, case_nll},
     {HP_OP_NLL_LOSS_BACKWARD, case_nll},
+    {HP_OP_FUSED_CROSS_ENTROPY, case_cross_entropy},
+    {HP_OP_FUSED_CROSS_ENTROPY_BACKWARD, case_cross_entropy},
     {HP_OP_RMS_NORM, case_rms_norm},
     {HP_OP_RMS_NORM_BACKWARD, case_rms_norm},
     {HP_OP_ROTARY_EMB, case_rotary},

@@ -402,6 +402,42 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
             hp_th_fini(&h);
             free(tg);
         }
+    /* the fused cross entropy: logits in fp (16-byte rows at 1024 and 4096 classes), lse /
+     * grad / total_weight f32; any lse for the backward */
+    const int64_t ce_c[] = {11, 1024, 4096};
+    for (size_t ci = 0; ci < HP_ARRAY_LEN(ce_c); ci++)
+        for (int red = 1; red < 3; red++) {
+            int64_t n = ci == 2 ? 33 : 300, c = ce_c[ci], ignore = red == 1 ? -100 : 4;
+            double *tg = malloc((size_t)n * sizeof *tg), count = 0;
+            hp_th_rand(tg, n, n + red, 0, (double)c);
+            for (int64_t r = 0; r < n; r++) {
+                tg[r] = floor(tg[r]);
+                if (r % 5 == 2) tg[r] = (double)ignore;
+                count += tg[r] != (double)ignore;
+            }
+            hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, red),
+                            hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
+            hp_th h;
+            hp_th_init(&h);
+            hp_value x = cc_rand_input(&h, TY(fp, n, c), 1, -6, 6);
+            hp_value t = cc_input(&h, TY(its[red - 1], n), tg);
+            hp_value v = node1(&h, HP_OP_FUSED_CROSS_ENTROPY, (hp_value[]){x, t}, 2, a, 2);
+            round_inputs(&h);
+            cc_check(be, &h, v, 0, tol_r);
+            hp_th_fini(&h);
+            hp_th_init(&h);
+            hp_value g = cc_rand_input(&h, TY0(HP_F32), 1, 0.5, 2);
+            x = cc_rand_input(&h, TY(fp, n, c), 2, -3, 3);
+            t = cc_input(&h, TY(its[red - 1], n), tg);
+            hp_value lse = cc_rand_input(&h, TY(HP_F32, n), 3, 2, 8);
+            hp_value tw = cc_input(&h, TY0(HP_F32), &count);
+            v = node1(&h, HP_OP_FUSED_CROSS_ENTROPY_BACKWARD, (hp_value[]){g, x, t, lse, tw}, 5, a,
+                      2);
+            round_inputs(&h);
+            cc_check(be, &h, v, 0, tol_r);
+            hp_th_fini(&h);
+            free(tg);
+        }
     static const struct {
         int rank;
         int64_t s[3];
@@ -530,10 +566,8 @@ Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
         int causal;
         double range;
     } ac[] = {
-        {1, 4, 1, 200, 200, 64, 1, 3},
-        {1, 2, 2, 130, 190, 128, 0, 3},
-        {2, 4, 2, 150, 150, 128, 1, 1},
-        {1, 2, 1, 64, 64, 64, 1, 4},
+        {1, 4, 1, 200, 200, 64, 1, 3},  {1, 2, 2, 130, 190, 128, 0, 3},
+        {2, 4, 2, 150, 150, 128, 1, 1}, {1, 2, 1, 64, 64, 64, 1, 4},
         {1, 2, 1, 70, 200, 64, 1, 2},
     };
     for (size_t i = 0; i < HP_ARRAY_LEN(ac); i++) {

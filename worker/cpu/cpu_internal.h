@@ -170,6 +170,8 @@ HP__CPU_KERNEL(hp__cpu_softmax);
 HP__CPU_KERNEL(hp__cpu_softmax_backward);
 HP__CPU_KERNEL(hp__cpu_nll_loss);
 HP__CPU_KERNEL(hp__cpu_nll_loss_backward);
+HP__CPU_KERNEL(hp__cpu_fused_cross_entropy);
+HP__CPU_KERNEL(hp__cpu_fused_cross_entropy_backward);
 
 /* k_norm_rope.c: fused RMSNorm (+ backward), rotary embedding */
 HP__CPU_KERNEL(hp__cpu_rms_norm);

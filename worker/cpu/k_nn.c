@@ -1,6 +1,7 @@
 /* worker/cpu/k_nn.c — the neural-network kernels outside attention and normalization:
  * embedding and its dense backward, _softmax / _log_softmax and their backwards, nll_loss
- * forward and backward. f32 values; i32/i64 indices and targets.
+ * forward and backward, the fused cross entropy (the log-softmax and nll_loss of the loss in
+ * one, without the [N, C] log-probabilities). f32 values; i32/i64 indices and targets.
  *
  * Data-dependent errors (an index outside [0, V), a target outside [0, C)) are found by a
  * check before any parallel work, and name the value and its position. The embedding
@@ -351,7 +352,7 @@ static hp_status nll_args(const hp_kernel_call *c, int lp, int64_t *rows, int64_
     const hp_type *l = &c->in_type[lp], *t = &c->in_type[lp + 1];
     if (l->rank != 2 || t->rank != 1 || t->shape[0] != l->shape[0]) {
         char x[128], y[128];
-        return hp_errf(err, HP_INVALID, "log-probabilities %s and target %s must be [N, C], [N]",
+        return hp_errf(err, HP_INVALID, "scores %s and target %s must be [N, C], [N]",
                        hp_type_str(l, x, sizeof x), hp_type_str(t, y, sizeof y));
     }
     *rows = l->shape[0];
@@ -412,5 +413,110 @@ HP__CPU_KERNEL(hp__cpu_nll_loss_backward) {
         if (red == HP_NLL_MEAN) gr = (float)((double)gr / (double)tw);
         y[r * classes + t] = -gr;
     }
+    return HP_OK;
+}
+
+/* ---- the fused cross entropy ---------------------------------------------------------------- */
+
+typedef struct ce_job {
+    const float *x; /* logits [rows, classes] */
+    const void *target;
+    hp_dtype target_dt;
+    const float *lse_in;
+    float *lse, *gx;
+    int64_t classes, ignore;
+    float g; /* the backward's g' */
+} ce_job;
+
+/* Each row's logsumexp, max-shifted, the exp sum in double. */
+HP__CPU_INLINE void ce_lse_body(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const ce_job *j = ctx;
+    int64_t n = j->classes;
+    for (int64_t r = b; r < e; r++) {
+        const float *x = j->x + r * n;
+        float m = hp__cpu_max(x, n, -INFINITY);
+        double acc[8] = {0}, sum = 0;
+        for (int64_t i = 0; i < n; i++) acc[i % 8] += (double)hp__cpu_expf(x[i] - m);
+        for (int k = 0; k < 8; k++) sum += acc[k];
+        j->lse[r] = m == -INFINITY ? -INFINITY : (float)((double)m + log(sum)); /* ln 0 */
+    }
+}
+HP__CPU_TWIN(ce_lse_rows, ce_lse_body)
+
+/* g'·(exp(x − lse) − onehot(target)) a row, zeros on ignored rows. */
+HP__CPU_INLINE void ce_back_body(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const ce_job *j = ctx;
+    int64_t n = j->classes;
+    for (int64_t r = b; r < e; r++) {
+        const float *x = j->x + r * n;
+        float *gx = j->gx + r * n, lse = j->lse_in[r];
+        int64_t t = index_at(j->target, j->target_dt, r);
+        if (t == j->ignore) {
+            memset(gx, 0, (size_t)n * sizeof *gx);
+            continue;
+        }
+        for (int64_t i = 0; i < n; i++) gx[i] = j->g * hp__cpu_expf(x[i] - lse);
+        gx[t] -= j->g;
+    }
+}
+HP__CPU_TWIN(ce_back_rows, ce_back_body)
+
+/* fused_cross_entropy(logits, target){reduction, ignore_index} -> (loss, total_weight, lse):
+ * the rows' logsumexp in parallel, then the loss summed in row order in double (as nll_loss). */
+HP__CPU_KERNEL(hp__cpu_fused_cross_entropy) {
+    int64_t rows, classes;
+    HP_TRY(nll_args(c, 0, &rows, &classes, err));
+    for (int k = 0; k < 3; k++) HP_TRY(hp__cpu_dtype(c, 1, k, HP__F32, err));
+    HP_TRY(hp__cpu_out_numel(c, 0, 1, err));
+    HP_TRY(hp__cpu_out_numel(c, 1, 1, err));
+    HP_TRY(hp__cpu_out_numel(c, 2, rows, err));
+    int64_t red = hp_node_int(c->node, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    ce_job j = {.x = c->in[0],
+                .lse = c->out[2],
+                .classes = classes,
+                .ignore = hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100)};
+    if (classes > 0)
+        hp_pool_parallel_for(cpu->pool, rows, hp__cpu_grain(2 * classes), ce_lse_rows_pick(), &j);
+    else
+        for (int64_t r = 0; r < rows; r++) j.lse[r] = -INFINITY; /* the empty sum */
+    double sum = 0, count = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t t = index_at(c->in[1], c->in_type[1].dtype, r);
+        if (t == j.ignore) continue;
+        sum += (double)j.lse[r] - (double)j.x[r * classes + t];
+        count++;
+    }
+    *(float *)c->out[0] = (float)(red == HP_NLL_MEAN ? sum / count : sum); /* 0/0: NaN */
+    *(float *)c->out[1] = (float)count;
+    return HP_OK;
+}
+
+/* fused_cross_entropy_backward(g, logits, target, lse, total_weight) -> [N, C]. */
+HP__CPU_KERNEL(hp__cpu_fused_cross_entropy_backward) {
+    int64_t rows, classes;
+    HP_TRY(nll_args(c, 1, &rows, &classes, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 0, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 3, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 0, 4, HP__F32, err));
+    HP_TRY(hp__cpu_dtype(c, 1, 0, HP__F32, err));
+    HP_TRY(hp__cpu_out_numel(c, 0, rows * classes, err));
+    if (hp_type_numel(&c->in_type[0]) != 1 || hp_type_numel(&c->in_type[3]) != rows ||
+        hp_type_numel(&c->in_type[4]) != 1)
+        return hp_errf(err, HP_INVALID, "grad, lse or total_weight has the wrong size");
+    double g = *(const float *)c->in[0];
+    if (hp_node_int(c->node, HP_ATTR_REDUCTION, HP_NLL_MEAN) == HP_NLL_MEAN)
+        g /= (double)*(const float *)c->in[4];
+    ce_job j = {.x = c->in[1],
+                .target = c->in[2],
+                .target_dt = c->in_type[2].dtype,
+                .lse_in = c->in[3],
+                .gx = c->out[0],
+                .classes = classes,
+                .ignore = hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100),
+                .g = (float)g};
+    if (classes > 0)
+        hp_pool_parallel_for(cpu->pool, rows, hp__cpu_grain(2 * classes), ce_back_rows_pick(), &j);
     return HP_OK;
 }

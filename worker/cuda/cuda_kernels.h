@@ -140,6 +140,19 @@ int hp__cu_nll_backward(cudaStream_t s, float *gx, const float *g, const void *t
                         const float *total_weight, int64_t rows, int64_t classes, int reduction,
                         int64_t ignore, hp__cu_fault *fault);
 
+/* ---- k_cross_entropy.cu --------------------------------------------------------------------- */
+
+/* logits x [rows, classes] of dt (HP__CU_F32 or HP__CU_BF16); lse [rows], loss, total_weight
+ * f32. mean: 1 for reduction mean, 0 for sum. */
+int hp__cu_cross_entropy(cudaStream_t s, int dt, float *loss, float *total_weight, float *lse,
+                         const void *x, const void *target, int is64, int64_t rows, int64_t classes,
+                         int mean, int64_t ignore, hp__cu_fault *fault);
+/* gx (dt, as x) = g'·(exp(x − lse) − onehot(target)). */
+int hp__cu_cross_entropy_backward(cudaStream_t s, int dt, void *gx, const float *grad,
+                                  const void *x, const void *target, int is64, const float *lse,
+                                  const float *total_weight, int64_t rows, int64_t classes,
+                                  int mean, int64_t ignore, hp__cu_fault *fault);
+
 /* ---- k_rmsnorm.cu --------------------------------------------------------------------------- */
 
 /* x, w, y (gy, gx, gw) of one dtype, f32 or bf16; rstd f32. The backward's scratch holds

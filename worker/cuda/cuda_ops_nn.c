@@ -1,9 +1,10 @@
 /* worker/cuda/cuda_ops_nn.c — the cuda backend's entries for the neural-network ops: embedding
  * (+ dense backward), the vocab-parallel chunked embedding (+ backward), (log_)softmax (+
- * backward), nll_loss (+ backward), fused RMSNorm
+ * backward), nll_loss (+ backward), the fused cross entropy (+ backward), fused RMSNorm
  * (+ backward), rotary embedding, and the fused causal attention (+ backward). Each checks its
  * call as the cpu kernel does and enqueues the kernels of k_embedding.cu, k_softmax.cu,
- * k_nll.cu, k_rmsnorm.cu, k_rope.cu, k_attention.cu. f32 values; i32/i64 indices. Index and
+ * k_nll.cu, k_cross_entropy.cu, k_rmsnorm.cu, k_rope.cu, k_attention.cu / k_flash.cu. f32
+ * values (bf16 where cuda_backend.c's launch says); i32/i64 indices. Index and
  * target ranges are checked on the device (the fault word), not here: reading them would
  * synchronize. */
 #include "worker/cuda/cuda_internal.h"
@@ -176,6 +177,66 @@ HP__CUDA_ENTRY(hp__cuda_nll_loss_backward) {
                                c->in[3], rows, classes, (int)red,
                                hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100), cu->fault),
            "nll_loss backward kernel");
+    return HP_OK;
+}
+
+/* ---- the fused cross entropy ---------------------------------------------------------------- */
+
+/* logits (input lg) f32 or bf16 [N, C], target (lg + 1) [N] of i32/i64, reduction mean or sum:
+ * the kernels read bf16 logits as they are (cuda_backend.c never stages this op). */
+static hp_status ce_args(const hp_kernel_call *c, int lg, int64_t *rows, int64_t *classes, int *dt,
+                         int *mean, hp_err *err) {
+    HP_TRY(hp__cuda_dtype(c, 0, lg, HP__CF32 | HP__CM(HP_BF16), err));
+    HP_TRY(hp__cuda_dtype(c, 0, lg + 1, HP__CINTS, err));
+    const hp_type *l = &c->in_type[lg], *t = &c->in_type[lg + 1];
+    if (l->rank != 2 || t->rank != 1 || t->shape[0] != l->shape[0]) {
+        char x[128], y[128];
+        return hp_errf(err, HP_INVALID, "logits %s and target %s must be [N, C], [N]",
+                       hp_type_str(l, x, sizeof x), hp_type_str(t, y, sizeof y));
+    }
+    *rows = l->shape[0];
+    *classes = l->shape[1];
+    *dt = l->dtype == HP_BF16 ? HP__CU_BF16 : HP__CU_F32;
+    int64_t red = hp_node_int(c->node, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    if (red != HP_NLL_MEAN && red != HP_NLL_SUM)
+        return hp_errf(err, HP_INVALID, "reduction %lld is not mean (1) or sum (2)",
+                       (long long)red);
+    *mean = red == HP_NLL_MEAN;
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_cross_entropy) {
+    int64_t rows, classes;
+    int dt, mean;
+    HP_TRY(ce_args(c, 0, &rows, &classes, &dt, &mean, err));
+    for (int k = 0; k < 3; k++) HP_TRY(hp__cuda_dtype(c, 1, k, HP__CF32, err));
+    HP_TRY(hp__cuda_out_numel(c, 0, 1, err));
+    HP_TRY(hp__cuda_out_numel(c, 1, 1, err));
+    HP_TRY(hp__cuda_out_numel(c, 2, rows, err));
+    LAUNCH(hp__cu_cross_entropy(s, dt, c->out[0], c->out[1], c->out[2], c->in[0], c->in[1],
+                                c->in_type[1].dtype == HP_I64, rows, classes, mean,
+                                hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100), cu->fault),
+           "cross entropy kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_cross_entropy_backward) {
+    int64_t rows, classes;
+    int dt, mean;
+    HP_TRY(ce_args(c, 1, &rows, &classes, &dt, &mean, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 3, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 4, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, dt == HP__CU_BF16 ? HP__CM(HP_BF16) : HP__CF32, err));
+    HP_TRY(hp__cuda_out_numel(c, 0, rows * classes, err));
+    if (hp_type_numel(&c->in_type[0]) != 1 || hp_type_numel(&c->in_type[3]) != rows ||
+        hp_type_numel(&c->in_type[4]) != 1)
+        return hp_errf(err, HP_INVALID, "grad, lse or total_weight has the wrong size");
+    LAUNCH(hp__cu_cross_entropy_backward(
+               s, dt, c->out[0], c->in[0], c->in[1], c->in[2], c->in_type[2].dtype == HP_I64,
+               c->in[3], c->in[4], rows, classes, mean,
+               hp_node_int(c->node, HP_ATTR_IGNORE_INDEX, -100), cu->fault),
+           "cross entropy backward kernel");
     return HP_OK;
 }
 

@@ -1,0 +1,236 @@
+/* passes/fuse_cross_entropy.c — the fuse_cross_entropy pass: the loss's log-softmax and
+ * nll_loss, and their backwards, become fused_cross_entropy and its backward (graph/ops.def),
+ * so no [N, C] log-probabilities, their gradient, or f32 copy of bf16 logits are ever stored.
+ * On the ~1B Llama (N = 4096 tokens, C = 128256) those are 2 GiB each, and their kernels move
+ * ~20 GB a step; the fused kernels read the logits twice and write their gradient once.
+ *
+ * It runs after mixed_precision, on graphs without placements (world 1, FSDP/DDP; loss
+ * parallel rewrites the loss into other ops first), and matches, with X [N, C] the logits:
+ *
+ *   forward   L = _log_softmax(X0, dim=1)        X0 = X, f32; or X0 = _to_copy(X) to f32
+ *             (loss, tw) = nll_loss_forward(L, T){mean | sum, ignore_index}
+ *   backward  B = nll_loss_backward(g, L, T, tw)  (the same attributes)     optional
+ *             GX = _log_softmax_backward_data(B, L, dim=1)
+ *             used as is when X is f32, else only through _to_copy casts to X's dtype
+ *
+ * where L is used by those nodes alone, B by GX alone, and none of them is a graph output; and
+ * replaces them with (loss, tw, lse) = fused_cross_entropy(X, T) and fused_cross_entropy_
+ * backward(g, X, T, lse, tw) in X's dtype (standing for GX, or for its casts). The fused ops
+ * compute the same values (the evaluator's and both backends' kernels, tested against the
+ * chain): the gradient rounds once to X's dtype, as GX's cast did. Anything else (reduction
+ * none, a second user of L, a backward read elsewhere in f32) is left as it is. The report's
+ * fused_cross_entropy counts the losses fused (hpctl plan shows it).
+ */
+#include "passes/passes_internal.h"
+
+#include <string.h>
+
+typedef struct ce_match {
+    int nll, lsm_bwd, nll_bwd; /* node ids; -1 for no backward */
+    hp_value logits, target;
+    int casts[8], n_casts; /* GX's casts to the logits' dtype, which the backward replaces */
+} ce_match;
+
+/* users[start[i] .. start[i + 1]) are the nodes reading node i (a node once per input). */
+typedef struct users {
+    int32_t *start, *user;
+    bool *is_output;
+} users;
+
+static void users_free(users *u) {
+    hp_free(u->start);
+    hp_free(u->user);
+    hp_free(u->is_output);
+}
+
+static hp_status users_build(const hp_graph *g, users *u, hp_err *err) {
+    int n = g->n_nodes;
+    size_t edges = 0;
+    for (int i = 0; i < n; i++) edges += (size_t)g->nodes[i].n_in;
+    u->start = hp_calloc((size_t)n + 1, sizeof *u->start);
+    u->user = hp_malloc((edges ? edges : 1) * sizeof *u->user);
+    u->is_output = hp_calloc((size_t)(n ? n : 1), sizeof *u->is_output);
+    int32_t *fill = hp_calloc((size_t)n + 1, sizeof *fill);
+    if (!u->start || !u->user || !u->is_output || !fill) {
+        hp_free(fill);
+        users_free(u);
+        return hp_errf(err, HP_NOMEM, "out of memory listing the users of %d nodes", n);
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) u->start[g->nodes[i].in[k].node + 1]++;
+    for (int i = 0; i < n; i++) u->start[i + 1] += u->start[i];
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < g->nodes[i].n_in; k++) {
+            int s = g->nodes[i].in[k].node;
+            u->user[u->start[s] + fill[s]++] = i;
+        }
+    hp_free(fill);
+    for (int k = 0; k < g->n_outputs; k++) u->is_output[g->outputs[k].node] = true;
+    return HP_OK;
+}
+
+static bool same(hp_value a, hp_value b) {
+    return a.node == b.node && a.out == b.out;
+}
+
+static bool same_loss_attrs(const hp_node *a, const hp_node *b) {
+    return hp_node_int(a, HP_ATTR_REDUCTION, HP_NLL_MEAN) ==
+               hp_node_int(b, HP_ATTR_REDUCTION, HP_NLL_MEAN) &&
+           hp_node_int(a, HP_ATTR_IGNORE_INDEX, -100) == hp_node_int(b, HP_ATTR_IGNORE_INDEX, -100);
+}
+
+/* The backward part at GX = lsm_bwd (B = nll_bwd): GX's users, when X is not f32, are all
+ * casts to X's dtype (and at most HP_ARRAY_LEN(casts) of them). */
+static bool match_grad_users(const hp_graph *g, const users *u, ce_match *m, hp_dtype x_dt) {
+    if (u->is_output[m->lsm_bwd]) return x_dt == HP_F32;
+    m->n_casts = 0;
+    if (x_dt == HP_F32) return true;
+    for (int k = u->start[m->lsm_bwd]; k < u->start[m->lsm_bwd + 1]; k++) {
+        const hp_node *c = &g->nodes[u->user[k]];
+        if (c->op != HP_OP_TO_COPY || c->out[0].dtype != x_dt ||
+            m->n_casts == (int)HP_ARRAY_LEN(m->casts))
+            return false;
+        m->casts[m->n_casts++] = u->user[k];
+    }
+    return m->n_casts > 0;
+}
+
+/* Node lsm (an _log_softmax) heads the pattern? */
+static bool match(const hp_graph *g, const users *u, int lsm, ce_match *m) {
+    const hp_node *l = &g->nodes[lsm];
+    if (l->op != HP_OP_LOG_SOFTMAX || l->out[0].rank != 2 || l->out[0].dtype != HP_F32 ||
+        hp_node_int(l, HP_ATTR_DIM, -1) != 1 || u->is_output[lsm])
+        return false;
+    hp_value x = l->in[0];
+    const hp_node *xn = &g->nodes[x.node];
+    if (xn->op == HP_OP_TO_COPY && hp_graph_type(g, xn->in[0])->dtype == HP_BF16)
+        x = xn->in[0]; /* the kernels read bf16 logits as they are (f16 stays cast) */
+    *m = (ce_match){.nll = -1, .lsm_bwd = -1, .nll_bwd = -1, .logits = x};
+    /* L's users: one nll_loss_forward, at most one nll_loss_backward and one log-softmax
+     * backward reading it */
+    for (int k = u->start[lsm]; k < u->start[lsm + 1]; k++) {
+        int id = u->user[k];
+        const hp_node *n = &g->nodes[id];
+        int *slot = n->op == HP_OP_NLL_LOSS_FORWARD       ? &m->nll
+                    : n->op == HP_OP_NLL_LOSS_BACKWARD    ? &m->nll_bwd
+                    : n->op == HP_OP_LOG_SOFTMAX_BACKWARD ? &m->lsm_bwd
+                                                          : NULL;
+        if (!slot || (*slot >= 0 && *slot != id)) return false;
+        *slot = id;
+    }
+    if (m->nll < 0) return false;
+    const hp_node *f = &g->nodes[m->nll];
+    int64_t red = hp_node_int(f, HP_ATTR_REDUCTION, HP_NLL_MEAN);
+    if (!same(f->in[0], (hp_value){lsm, 0}) || (red != HP_NLL_MEAN && red != HP_NLL_SUM))
+        return false;
+    m->target = f->in[1];
+    if (m->nll_bwd < 0 && m->lsm_bwd < 0) return true; /* a forward alone (no gradient) */
+    if (m->nll_bwd < 0 || m->lsm_bwd < 0) return false;
+    const hp_node *b = &g->nodes[m->nll_bwd], *s = &g->nodes[m->lsm_bwd];
+    if (!same(b->in[1], (hp_value){lsm, 0}) || !same(b->in[2], m->target) ||
+        !same(b->in[3], (hp_value){m->nll, 1}) || !same_loss_attrs(b, f) ||
+        u->is_output[m->nll_bwd])
+        return false;
+    if (u->start[m->nll_bwd + 1] - u->start[m->nll_bwd] != 1 ||
+        u->user[u->start[m->nll_bwd]] != m->lsm_bwd)
+        return false;
+    if (!same(s->in[0], (hp_value){m->nll_bwd, 0}) || !same(s->in[1], (hp_value){lsm, 0}) ||
+        hp_node_int(s, HP_ATTR_DIM, -1) != 1)
+        return false;
+    if (hp_graph_type(g, b->in[0])->dtype != HP_F32 || hp_graph_type(g, b->in[0])->rank != 0)
+        return false;
+    return match_grad_users(g, u, m, hp_graph_type(g, x)->dtype);
+}
+
+hp_status hp_pass_fuse_cross_entropy(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
+                                     hp_err *err) {
+    *out = NULL;
+    int n = in->n_nodes;
+    if (in->mesh.ndim > 0) return hp__dce(in, out, NULL, err); /* placed: left as it is */
+    users u = {0};
+    HP_TRY(users_build(in, &u, err));
+    /* role[i]: 1 + the match whose forward (nll) or backward (lsm_bwd) node i is, -1 a node
+     * the match replaces without a value of its own, 0 none */
+    int32_t *role = hp_calloc((size_t)(n ? n : 1), sizeof *role);
+    ce_match *m = NULL;
+    int n_m = 0, cap = 0;
+    hp_status st = role ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
+    for (int i = 0; i < n && st == HP_OK; i++) {
+        ce_match a;
+        if (in->nodes[i].op != HP_OP_LOG_SOFTMAX || !match(in, &u, i, &a)) continue;
+        if (n_m == cap) {
+            cap = cap ? 2 * cap : 4;
+            ce_match *grown = hp_realloc(m, (size_t)cap * sizeof *m);
+            if (!grown) {
+                st = hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
+                break;
+            }
+            m = grown;
+        }
+        m[n_m] = a;
+        role[a.nll] = n_m + 1;
+        if (a.lsm_bwd >= 0) {
+            role[a.lsm_bwd] = n_m + 1;
+            role[a.nll_bwd] = -1;
+            for (int k = 0; k < a.n_casts; k++) role[a.casts[k]] = -1;
+        }
+        n_m++;
+    }
+    users_free(&u);
+    if (st == HP_OK && n_m == 0) {
+        st = hp__dce(in, out, NULL, err); /* a copy: nothing to fuse */
+        goto done;
+    }
+    hp__rewrite rw;
+    if (st != HP_OK || (st = hp__rewrite_start(&rw, in, err)) != HP_OK) goto done;
+    hp_value *lse = hp_calloc((size_t)n_m, sizeof *lse);
+    if (!lse) st = hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
+    for (int i = 0; i < n && st == HP_OK; i++) {
+        if (role[i] < 0) continue; /* its value comes from a fused op */
+        if (role[i] == 0) {
+            if (hp__rewrite_copy(&rw, i, err) < 0) st = err ? err->status : HP_INTERNAL;
+            continue;
+        }
+        ce_match *a = &m[role[i] - 1];
+        const hp_node *f = &in->nodes[a->nll];
+        hp_attr at[2] = {
+            hp_attr_int(HP_ATTR_REDUCTION, hp_node_int(f, HP_ATTR_REDUCTION, HP_NLL_MEAN)),
+            hp_attr_int(HP_ATTR_IGNORE_INDEX, hp_node_int(f, HP_ATTR_IGNORE_INDEX, -100))};
+        if (i == a->nll) {
+            hp_value x[2] = {hp__rewrite_get(&rw, a->logits), hp__rewrite_get(&rw, a->target)};
+            hp_value ce = hp__rewrite_build(&rw, HP_OP_FUSED_CROSS_ENTROPY, x, 2, at, 2, err);
+            if (!hp_value_ok(ce)) {
+                st = err ? err->status : HP_INTERNAL;
+                break;
+            }
+            hp__rewrite_set(&rw, (hp_value){i, 0}, ce);
+            hp__rewrite_set(&rw, (hp_value){i, 1}, hp_out(ce, 1));
+            lse[role[i] - 1] = hp_out(ce, 2);
+            continue;
+        }
+        /* the backward: after the forward (GX reads L, which follows X and T) */
+        const hp_node *b = &in->nodes[a->nll_bwd];
+        hp_value x[5] = {hp__rewrite_get(&rw, b->in[0]), hp__rewrite_get(&rw, a->logits),
+                         hp__rewrite_get(&rw, a->target), lse[role[i] - 1],
+                         hp__rewrite_get(&rw, (hp_value){a->nll, 1})};
+        hp_value gx = hp__rewrite_build(&rw, HP_OP_FUSED_CROSS_ENTROPY_BACKWARD, x, 5, at, 2, err);
+        if (!hp_value_ok(gx)) {
+            st = err ? err->status : HP_INTERNAL;
+            break;
+        }
+        hp__rewrite_set(&rw, (hp_value){i, 0}, gx);
+        for (int k = 0; k < a->n_casts; k++) hp__rewrite_set(&rw, (hp_value){a->casts[k], 0}, gx);
+    }
+    hp_free(lse);
+    if (st != HP_OK) {
+        hp__rewrite_abort(&rw);
+        goto done;
+    }
+    hp_graph *mid = NULL;
+    if ((st = hp__rewrite_finish(&rw, &mid, err)) == HP_OK) st = hp__dce_take(mid, out, err);
+done:
+    if (st == HP_OK && ctx && ctx->report) ctx->report->fused_cross_entropy = n_m;
+    hp_free(role);
+    hp_free(m);
+    return st;
+}
