@@ -161,6 +161,21 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
     cr_assert_eq(hp_grad_sumsq(hs, 2, NULL, &want, &e), HP_OK);
     cr_assert_eq(vt->sum_squares(b, ds, 2, &got, &e), HP_OK, "%s", e.msg);
     cr_assert(fabs(got - want) <= 1e-12 * want, "sumsq %.17g vs %.17g", got, want);
+    /* spans that start off 16-byte alignment take the kernels' one-element paths */
+    {
+        hp_fspan hu = {g + 1, N - 2}, du = {dg + 1, N - 2};
+        cr_assert_eq(hp_grad_sumsq(&hu, 1, NULL, &want, &e), HP_OK);
+        cr_assert_eq(vt->sum_squares(b, &du, 1, &got, &e), HP_OK, "%s", e.msg);
+        cr_assert(fabs(got - want) <= 1e-12 * want, "unaligned sumsq %.17g vs %.17g", got, want);
+        hp_adamw_param hq = {p + 3, g + 3, m + 3, v + 3, N - 3};
+        hp_adamw_param dq = {dp + 3, dg + 3, dm + 3, dv + 3, N - 3};
+        cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 5, &hq, 1, NULL, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 1.0f, 5, &dq, 1, &e), HP_OK, "%s", e.msg);
+        cr_assert_eq(vt->copy_out(b, back, dp, N * 4, &e), HP_OK, "%s", e.msg);
+        for (int i = 0; i < N; i++)
+            cr_assert(fabsf(back[i] - p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(p[i])),
+                      "unaligned adamw at %d: %g %g", i, back[i], p[i]);
+    }
     cr_assert_eq(vt->scale(b, ds, 1, 0.5f, &e), HP_OK);
     cr_assert_eq(vt->copy_out(b, back, dg, N * 4, &e), HP_OK);
     for (int i = 0; i < N; i++) cr_assert_eq(back[i], g[i] * 0.5f, "scale at %d", i);

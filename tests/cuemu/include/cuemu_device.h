@@ -40,6 +40,9 @@ struct alignas(16) uint4 {
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
     return uint4{x, y, z, w};
 }
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
