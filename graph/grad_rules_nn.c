@@ -10,12 +10,15 @@
 
 /* ---- matrix products ------------------------------------------------------------------------ */
 
-/* grad_a = grad @ b^T, grad_b = a^T @ grad */
+/* grad_a = grad @ b^T, grad_b = a^T @ grad (of a widened product mm{dtype=f32}, the grad cast
+ * back to the operands' dtype first) */
 hp_status hp__grad_mm(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
     const hp_node *n = &fwd->node;
-    hp_value a = n->in[0], b = n->in[1];
-    if (hp__grad_need(fwd, 0)) gin[0] = hp_mm(g, gout[0], hp_t(g, b));
-    if (hp__grad_need(fwd, 1)) gin[1] = hp_mm(g, hp_t(g, a), gout[0]);
+    hp_value a = n->in[0], b = n->in[1], go = gout[0];
+    const hp_type *at = hp_graph_type(g, a), *gt = hp_graph_type(g, go);
+    if (at && gt && at->dtype != gt->dtype) go = hp_to(g, go, at->dtype);
+    if (hp__grad_need(fwd, 0)) gin[0] = hp_mm(g, go, hp_t(g, b));
+    if (hp__grad_need(fwd, 1)) gin[1] = hp_mm(g, hp_t(g, a), go);
     return HP_OK;
 }
 

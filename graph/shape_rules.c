@@ -490,6 +490,15 @@ hp_status hp__shape_mm(const hp_node *n, const hp_type *in, hp_type *out, hp_err
         return hp_errf(err, HP_INVALID, "inner dims differ: %s x %s", DIMS(&in[0]), DIMS(&in[1]));
     int64_t s[2] = {in[0].shape[0], in[1].shape[1]};
     out[0] = hp_type_make(in[0].dtype, 2, s);
+    const hp_attr *dt = attr(n, HP_ATTR_DTYPE);
+    if (dt) {
+        if (dt->dtype != HP_F32)
+            return hp_errf(err, HP_INVALID,
+                           "dtype %s: a product's output is its operands' dtype "
+                           "or f32",
+                           hp_dtype_name(dt->dtype));
+        out[0].dtype = HP_F32;
+    }
     return HP_OK;
 }
 

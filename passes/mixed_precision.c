@@ -17,6 +17,11 @@
  * * Every reduction collective (reduce_scatter_tensor, all_reduce: the gradients and the loss)
  *   reads its input cast to reduce_dtype; each graph output is cast back to the dtype the
  *   optimizer expects (the parameter's, f32), so master weights and AdamW state stay f32.
+ * * A matrix product read by nothing but its f32 cast, which only graph outputs and gradient
+ *   reductions read (each weight gradient, on its way to the optimizer or a reduce-scatter),
+ *   becomes mm{dtype=f32}: the product's f32 accumulators are
+ *   stored as they are (cuBLASLt's f32 D), which skips a bf16 rounding, the cast kernel and the
+ *   bf16 buffer. Graphs with placements keep product and cast.
  *
  * On a placed graph (tensor parallelism, N-D meshes: the spmd pass's output) every node keeps
  * its placements and a cast takes its input's (elementwise, so Partial stays Partial); the
@@ -168,6 +173,87 @@ static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_er
     return HP_OK;
 }
 
+/* mm{dtype=f32} for each mm whose one reader is its cast to f32 (the header); takes g. */
+static hp_status widen_products(hp_graph *g, hp_graph **out, hp_err *err) {
+    *out = g;
+    int n = g->n_nodes;
+    if (g->mesh.ndim > 0 || n == 0) return HP_OK;
+    int32_t *readers = hp_calloc((size_t)n, sizeof *readers);
+    /* fuse[i]: 1 for a cast to fold into its product, 2 for that product (left out) */
+    uint8_t *fuse = hp_calloc((size_t)n, sizeof *fuse);
+    if (!readers || !fuse) {
+        hp_free(readers);
+        hp_free(fuse);
+        *out = NULL;
+        hp_graph_free(g);
+        return hp_errf(err, HP_NOMEM, "out of memory widening products");
+    }
+    /* readers[i]: nodes and graph outputs reading node i; bit 30 set when one of them is
+     * neither a graph output nor a gradient reduction */
+    enum { OTHER = 1 << 30 };
+    for (int i = 0; i < n; i++) {
+        const hp_node *r = &g->nodes[i];
+        bool reduction = r->op == HP_OP_REDUCE_SCATTER || r->op == HP_OP_ALL_REDUCE;
+        for (int k = 0; k < r->n_in; k++) {
+            readers[r->in[k].node]++;
+            if (!reduction) readers[r->in[k].node] |= OTHER;
+        }
+    }
+    for (int k = 0; k < g->n_outputs; k++) readers[g->outputs[k].node]++;
+    int found = 0;
+    for (int i = 0; i < n; i++) {
+        const hp_node *c = &g->nodes[i];
+        /* a gradient's cast: read only by graph outputs and reductions (the logits' cast
+         * for the loss, say, stays: the loss reads bf16 logits as they are) */
+        if (c->op != HP_OP_TO_COPY || c->out[0].dtype != HP_F32 || (readers[i] & OTHER)) continue;
+        const hp_node *p = &g->nodes[c->in[0].node];
+        if (p->op != HP_OP_MM || p->out[0].dtype == HP_F32 || p->n_attrs > 0 ||
+            (readers[c->in[0].node] & ~OTHER) != 1)
+            continue;
+        fuse[i] = 1;
+        fuse[c->in[0].node] = 2;
+        found++;
+    }
+    hp_free(readers);
+    hp_status st = HP_OK;
+    if (found) {
+        hp__rewrite rw;
+        if ((st = hp__rewrite_start(&rw, g, err)) != HP_OK) goto done;
+        for (int i = 0; i < n && st == HP_OK; i++) {
+            const hp_node *c = &g->nodes[i];
+            if (fuse[i] == 2) continue; /* the product its cast alone reads: remade there */
+            if (fuse[i] == 0) {
+                if (hp__rewrite_copy(&rw, i, err) < 0) st = err->status ? err->status : HP_INTERNAL;
+                continue;
+            }
+            const hp_node *p = &g->nodes[c->in[0].node];
+            hp_value ab[2] = {hp__rewrite_get(&rw, p->in[0]), hp__rewrite_get(&rw, p->in[1])};
+            hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, HP_F32);
+            hp_value w = hp__rewrite_build(&rw, HP_OP_MM, ab, 2, &a, 1, err);
+            if (!hp_value_ok(w))
+                st = err->status ? err->status : HP_INTERNAL;
+            else
+                hp__rewrite_set(&rw, (hp_value){i, 0}, w);
+        }
+        if (st != HP_OK) {
+            hp__rewrite_abort(&rw);
+            goto done;
+        }
+        hp_graph *wide = NULL;
+        if ((st = hp__rewrite_finish(&rw, &wide, err)) == HP_OK) {
+            hp_graph_free(g);
+            *out = wide;
+        }
+    }
+done:
+    hp_free(fuse);
+    if (st != HP_OK) {
+        hp_graph_free(g);
+        *out = NULL;
+    }
+    return st;
+}
+
 hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                   hp_err *err) {
     *out = NULL;
@@ -229,7 +315,9 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
     if (st == HP_OK) {
         st = hp__rewrite_finish(&m.rw, &mid, err);
         /* a transpose whose every reader took its cast (cast_to) is left unread */
-        if (st == HP_OK) st = hp__dce_take(mid, out, err);
+        hp_graph *live = NULL;
+        if (st == HP_OK) st = hp__dce_take(mid, &live, err);
+        if (st == HP_OK) st = widen_products(live, out, err);
     } else {
         hp__rewrite_abort(&m.rw);
     }

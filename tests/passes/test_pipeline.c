@@ -826,15 +826,29 @@ Test(pipeline, mixed_precision_bf16_gathers_f32_reductions) {
     cr_expect(all && ra == rb && rb > 0, "reduce-scatters stay f32");
     kind_bytes(b->graph, HP_OP_ALL_REDUCE, HP_F32, &all);
     cr_expect(all, "all-reduces stay f32");
-    int mm_bf16 = 0;
+    /* every product multiplies bf16; a weight gradient's (read only by its reduce-scatter)
+     * stores its f32 accumulators, mm{dtype=f32}, instead of a bf16 product and a cast */
+    int mm_bf16 = 0, mm_wide = 0;
     for (int i = 0; i < b->graph->n_nodes; i++) {
         const hp_node *n = &b->graph->nodes[i];
         if (n->op != HP_OP_MM && n->op != HP_OP_BMM) continue;
-        cr_expect_eq(n->out[0].dtype, HP_BF16, "node %d (%s) computes in %s", i,
-                     hp_op_get(n->op)->name, hp_dtype_name(n->out[0].dtype));
-        mm_bf16++;
+        cr_expect_eq(hp_graph_type(b->graph, n->in[0])->dtype, HP_BF16, "node %d (%s) reads %s", i,
+                     hp_op_get(n->op)->name,
+                     hp_dtype_name(hp_graph_type(b->graph, n->in[0])->dtype));
+        bool wide = n->out[0].dtype == HP_F32;
+        cr_expect(!wide || hp_node_attr(n, HP_ATTR_DTYPE), "node %d: f32 without dtype=f32", i);
+        mm_bf16 += !wide;
+        mm_wide += wide;
     }
     cr_expect_gt(mm_bf16, 0);
+    cr_expect_gt(mm_wide, 0);
+    for (int i = 0; i < b->graph->n_nodes; i++) {
+        const hp_node *n = &b->graph->nodes[i];
+        const hp_node *src = n->n_in ? &b->graph->nodes[n->in[0].node] : NULL;
+        cr_expect(!(n->op == HP_OP_TO_COPY && n->out[0].dtype == HP_F32 && src &&
+                    src->op == HP_OP_MM && src->out[0].dtype == HP_BF16),
+                  "node %d casts product %d to f32", i, n->in[0].node);
+    }
     cr_assert_eq(a->graph->n_outputs, b->graph->n_outputs);
     for (int k = 0; k < a->graph->n_outputs; k++)
         cr_expect(hp_type_eq(hp_graph_type(a->graph, a->graph->outputs[k]),

@@ -368,8 +368,9 @@ static void case_cat(hp_backend *be, hp_op op) {
 
 /* a @ b with operands given transposed when the flags say so (a transpose node the backend
  * call folds). dims: m, k, n (and batch for bmm). */
+/* wide: mm{dtype=f32}, the product's f32 accumulators stored (also from bf16 operands) */
 static void matmul_one(hp_backend *be, hp_op op, int64_t bt, int64_t m, int64_t k, int64_t n,
-                       unsigned flags, int bias_kind, double alpha, double beta) {
+                       unsigned flags, int bias_kind, double alpha, double beta, bool wide) {
     hp_th h;
     hp_th_init(&h);
     bool batched = op == HP_OP_BMM, ta = flags & HP_CALL_TRANS_A, tb = flags & HP_CALL_TRANS_B;
@@ -390,9 +391,10 @@ static void matmul_one(hp_backend *be, hp_op op, int64_t bt, int64_t m, int64_t 
         hp_attr at2[2] = {hp_attr_float(HP_ATTR_ALPHA, alpha), hp_attr_float(HP_ATTR_BETA, beta)};
         v = node1(&h, op, (hp_value[]){bias, a, b}, 3, at2, 2);
     } else {
-        v = node1(&h, op, (hp_value[]){a, b}, 2, NULL, 0);
+        hp_attr w = hp_attr_dtype(HP_ATTR_DTYPE, HP_F32);
+        v = node1(&h, op, (hp_value[]){a, b}, 2, wide ? &w : NULL, wide);
     }
-    cc_check(be, &h, v, flags, TOL_REDUCE);
+    cc_check(be, &h, v, flags, wide ? 1e-4 : TOL_REDUCE);
     hp_th_fini(&h);
 }
 
@@ -407,9 +409,13 @@ static void case_matmul(hp_backend *be, hp_op op) {
                                bk == 2 ? 1.0 : 0.5,
                                bk == 3   ? 0.0
                                : bk == 4 ? 1.0
-                                         : -2.0);
+                                         : -2.0,
+                               false);
             } else {
-                matmul_one(be, op, dims[d][0], dims[d][1], dims[d][2], dims[d][3], f, 0, 1, 1);
+                matmul_one(be, op, dims[d][0], dims[d][1], dims[d][2], dims[d][3], f, 0, 1, 1,
+                           false);
+                if (op == HP_OP_MM)
+                    matmul_one(be, op, 1, dims[d][1], dims[d][2], dims[d][3], f, 0, 1, 1, true);
             }
         }
 }

@@ -262,8 +262,9 @@ Test(cuda_ops, reductions_and_data_movement) {
     hp_backend_free(be);
 }
 
+/* wide: mm{dtype=f32} (bf16 operands, the f32 accumulators stored) */
 static void matmul_one(hp_backend *be, hp_op op, hp_dtype dt, int64_t bt, int64_t m, int64_t k,
-                       int64_t n, unsigned flags, double tol) {
+                       int64_t n, unsigned flags, double tol, bool wide) {
     hp_th h;
     hp_th_init(&h);
     bool batched = op == HP_OP_BMM, ta = flags & HP_CALL_TRANS_A, tb = flags & HP_CALL_TRANS_B;
@@ -282,7 +283,8 @@ static void matmul_one(hp_backend *be, hp_op op, hp_dtype dt, int64_t bt, int64_
         hp_attr ab[2] = {hp_attr_float(HP_ATTR_ALPHA, 0.5), hp_attr_float(HP_ATTR_BETA, -2.0)};
         v = node1(&h, op, (hp_value[]){bias, a, b}, 3, ab, 2);
     } else {
-        v = node1(&h, op, (hp_value[]){a, b}, 2, NULL, 0);
+        hp_attr w = hp_attr_dtype(HP_ATTR_DTYPE, HP_F32);
+        v = node1(&h, op, (hp_value[]){a, b}, 2, wide ? &w : NULL, wide);
     }
     cc_check(be, &h, v, flags, tol);
     hp_th_fini(&h);
@@ -294,13 +296,17 @@ Test(cuda_ops, matrix_products_on_cublaslt) {
                                       {2, 17, 0, 9}, {4, 33, 16, 64},  {1, 256, 512, 384}};
     for (size_t d = 0; d < HP_ARRAY_LEN(dims); d++)
         for (unsigned f = 0; f < 4; f++) {
-            matmul_one(be, HP_OP_MM, HP_F32, 1, dims[d][1], dims[d][2], dims[d][3], f, TOL_REDUCE);
+            matmul_one(be, HP_OP_MM, HP_F32, 1, dims[d][1], dims[d][2], dims[d][3], f, TOL_REDUCE,
+                       false);
             matmul_one(be, HP_OP_BMM, HP_F32, dims[d][0], dims[d][1], dims[d][2], dims[d][3], f,
-                       TOL_REDUCE);
+                       TOL_REDUCE, false);
             matmul_one(be, HP_OP_ADDMM, HP_F32, 1, dims[d][1], dims[d][2], dims[d][3], f,
-                       TOL_REDUCE);
-            /* bf16 inputs, f32 accumulation: only the output's rounding */
-            matmul_one(be, HP_OP_MM, HP_BF16, 1, dims[d][1], dims[d][2], dims[d][3], f, TOL_BF16);
+                       TOL_REDUCE, false);
+            /* bf16 inputs, f32 accumulation: only the output's rounding, or none (wide) */
+            matmul_one(be, HP_OP_MM, HP_BF16, 1, dims[d][1], dims[d][2], dims[d][3], f, TOL_BF16,
+                       false);
+            matmul_one(be, HP_OP_MM, HP_BF16, 1, dims[d][1], dims[d][2], dims[d][3], f, TOL_REDUCE,
+                       true);
         }
     hp_backend_free(be);
 }
