@@ -309,6 +309,13 @@ void *dyn_smem() {
     return R->smem.data();
 }
 
+/* A number no other block run on this host thread had (k_mma.cuh's cp.async queues use it to
+ * drop what a previous block left). */
+static thread_local unsigned long long serial = 0;
+unsigned long long block_serial() {
+    return serial;
+}
+
 namespace {
 /* $HP_CUEMU_PROFILE=1: each kernel's launches and host seconds, printed at exit. */
 struct profile {
@@ -395,6 +402,7 @@ static void launch_blocks(const char *name, dim3 g, dim3 b, size_t smem,
             for (unsigned x = 0; x < g.x && !r.failed; x++) {
                 r.blk.idx = uint3{x, y, z};
                 if (smem) memset(r.smem.data(), 0xff, smem);
+                serial++;
                 run_block(r, name, rev);
             }
     cur_block = saved_b;

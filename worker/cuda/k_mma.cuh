@@ -81,15 +81,75 @@ __device__ __forceinline__ void hp__ldsm_x4_t(uint32_t r[4], const __nv_bfloat16
  * through registers, completing in commit groups: hp__cp_async_wait<N>() returns once at most
  * the N most recent groups are still in flight (then a barrier makes the data the block's).
  * src NULL writes zeros (a source size of 0; `any` is a valid global address the instruction
- * names but does not read). Under cuemu and below sm_80 the copies are plain and synchronous
- * and the waits nothing. */
-__device__ __forceinline__ void hp__cp_async16(void *dst, const void *src, const void *any) {
-#if defined(HP_CUDA_EMU) || defined(HP__MMA_NONE)
-    (void)any;
+ * names but does not read). Below sm_80 the copies are plain and synchronous. Under cuemu the
+ * destination holds undefined bytes (all ones: NaN) from the issue until the wait that covers
+ * the copy's group, when the data lands: a tile read before its wait (or by another thread
+ * before the barrier after it) reads NaN and fails the tests; a prefetch into a stage other
+ * warps still read poisons it too, caught where the fibers happen to interleave there. */
+#ifdef HP_CUDA_EMU
+struct hp__emu_cp {
+    unsigned char *dst;
+    unsigned char data[16];
+    int size;
+    long group;
+};
+struct hp__emu_cpq {
+    unsigned long long serial;
+    long next; /* the group copies issued now join (commits so far) */
+    int n;
+    hp__emu_cp q[64];
+};
+/* This thread's queue, emptied when a new block starts. */
+static inline hp__emu_cpq &hp__emu_cpq_of() {
+    static thread_local hp__emu_cpq qs[1024];
+    hp__emu_cpq &q = qs[::hp_emu::cur_thread->linear];
+    unsigned long long s = ::hp_emu::block_serial();
+    if (q.serial != s) {
+        q.serial = s;
+        q.next = 0;
+        q.n = 0;
+    }
+    return q;
+}
+static inline void hp__emu_cp_issue(void *dst, const void *src, int size) {
+    hp__emu_cpq &q = hp__emu_cpq_of();
+    if (q.n == (int)(sizeof q.q / sizeof q.q[0])) { /* deeper than the kernels go: land now */
+        if (src)
+            memcpy(dst, src, (size_t)size);
+        else
+            memset(dst, 0, (size_t)size);
+        return;
+    }
+    hp__emu_cp &c = q.q[q.n++];
+    c.dst = (unsigned char *)dst;
+    c.size = size;
+    c.group = q.next;
     if (src)
-        memcpy(dst, src, 16);
+        memcpy(c.data, src, (size_t)size);
     else
-        memset(dst, 0, 16);
+        memset(c.data, 0, (size_t)size);
+    memset(dst, 0xff, (size_t)size); /* in flight: undefined until the wait */
+}
+static inline void hp__emu_cp_wait(int n_newest) {
+    hp__emu_cpq &q = hp__emu_cpq_of();
+    int keep = 0;
+    for (int i = 0; i < q.n; i++) {
+        if (q.q[i].group < q.next - n_newest)
+            memcpy(q.q[i].dst, q.q[i].data, (size_t)q.q[i].size);
+        else
+            q.q[keep++] = q.q[i];
+    }
+    q.n = keep;
+}
+#endif
+
+__device__ __forceinline__ void hp__cp_async16(void *dst, const void *src, const void *any) {
+#ifdef HP_CUDA_EMU
+    (void)any;
+    hp__emu_cp_issue(dst, src, 16);
+#elif defined(HP__MMA_NONE)
+    (void)any;
+    *(uint4 *)dst = src ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
 #else
     uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src ? src : any),
@@ -97,12 +157,12 @@ __device__ __forceinline__ void hp__cp_async16(void *dst, const void *src, const
 #endif
 }
 __device__ __forceinline__ void hp__cp_async4(void *dst, const void *src, const void *any) {
-#if defined(HP_CUDA_EMU) || defined(HP__MMA_NONE)
+#ifdef HP_CUDA_EMU
     (void)any;
-    if (src)
-        memcpy(dst, src, 4);
-    else
-        memset(dst, 0, 4);
+    hp__emu_cp_issue(dst, src, 4);
+#elif defined(HP__MMA_NONE)
+    (void)any;
+    *(uint32_t *)dst = src ? *(const uint32_t *)src : 0u;
 #else
     uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src ? src : any),
@@ -110,12 +170,16 @@ __device__ __forceinline__ void hp__cp_async4(void *dst, const void *src, const 
 #endif
 }
 __device__ __forceinline__ void hp__cp_async_commit() {
-#if !defined(HP_CUDA_EMU) && !defined(HP__MMA_NONE)
+#ifdef HP_CUDA_EMU
+    hp__emu_cpq_of().next++;
+#elif !defined(HP__MMA_NONE)
     asm volatile("cp.async.commit_group;" ::);
 #endif
 }
 template <int N> __device__ __forceinline__ void hp__cp_async_wait() {
-#if !defined(HP_CUDA_EMU) && !defined(HP__MMA_NONE)
+#ifdef HP_CUDA_EMU
+    hp__emu_cp_wait(N);
+#elif !defined(HP__MMA_NONE)
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
 }

@@ -66,6 +66,7 @@ void syncwarp();
 /* Lane deposits v; once every live lane of its warp has, returns lane src's deposit. */
 uint64_t warp_exchange(uint64_t v, int src);
 void *dyn_smem();
+unsigned long long block_serial(); /* distinct for every block run on this host thread */
 void launch(const char *name, const void *kernel, dim3 g, dim3 b, size_t smem, cudaStream_t s,
             const std::function<void()> &body);
 
