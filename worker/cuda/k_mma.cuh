@@ -87,6 +87,8 @@ __device__ __forceinline__ void hp__ldsm_x4_t(uint32_t r[4], const __nv_bfloat16
  * before the barrier after it) reads NaN and fails the tests; a prefetch into a stage other
  * warps still read poisons it too, caught where the fibers happen to interleave there. */
 #ifdef HP_CUDA_EMU
+#include <memory>
+
 struct hp__emu_cp {
     unsigned char *dst;
     unsigned char data[16];
@@ -99,9 +101,11 @@ struct hp__emu_cpq {
     int n;
     hp__emu_cp q[64];
 };
-/* This thread's queue, emptied when a new block starts. */
+/* This thread's queue, emptied when a new block starts (a block's queues made on first use
+ * by each host thread that runs blocks, freed with it). */
 static inline hp__emu_cpq &hp__emu_cpq_of() {
-    static thread_local hp__emu_cpq qs[1024];
+    static thread_local std::unique_ptr<hp__emu_cpq[]> qs;
+    if (!qs) qs.reset(new hp__emu_cpq[1024]());
     hp__emu_cpq &q = qs[::hp_emu::cur_thread->linear];
     unsigned long long s = ::hp_emu::block_serial();
     if (q.serial != s) {
