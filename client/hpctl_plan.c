@@ -213,6 +213,9 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
             printf("%s: fused %d loss%s (_log_softmax, nll_loss and their backwards) into "
                    "fused_cross_entropy\n",
                    r->name, r->fused_cross_entropy, r->fused_cross_entropy == 1 ? "" : "es");
+        if (r->fused_swiglu)
+            printf("%s: fused %d MLP gate%s (silu, mul and their backwards) into swiglu\n", r->name,
+                   r->fused_swiglu, r->fused_swiglu == 1 ? "" : "s");
     }
     if (c->n_warnings) {
         printf("\nwarnings\n");
@@ -301,12 +304,13 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         json_array_append_new(
-            passes,
-            json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i, s:i}", "name", r->name, "ran",
-                      r->ran, "nodes_in", r->nodes_in, "nodes_out", r->nodes_out, "collectives",
-                      r->collectives, "comm_bytes", (json_int_t)r->comm_bytes, "seconds",
-                      r->seconds, "fused_attention", r->fused_attention, "fused_attention_backward",
-                      r->fused_attention_backward, "fused_cross_entropy", r->fused_cross_entropy));
+            passes, json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i, s:i, s:i}", "name",
+                              r->name, "ran", r->ran, "nodes_in", r->nodes_in, "nodes_out",
+                              r->nodes_out, "collectives", r->collectives, "comm_bytes",
+                              (json_int_t)r->comm_bytes, "seconds", r->seconds, "fused_attention",
+                              r->fused_attention, "fused_attention_backward",
+                              r->fused_attention_backward, "fused_cross_entropy",
+                              r->fused_cross_entropy, "fused_swiglu", r->fused_swiglu));
     }
     for (int i = 0; i < c->n_warnings; i++)
         json_array_append_new(warnings, json_string(c->warnings[i]));

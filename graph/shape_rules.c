@@ -667,6 +667,24 @@ hp_status hp__shape_fused_cross_entropy_backward(const hp_node *n, const hp_type
     return HP_OK;
 }
 
+hp_status hp__shape_swiglu(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
+    (void)n;
+    HP_TRY(need_float(&in[0], "a", err));
+    HP_TRY(same_type(&in[0], &in[1], "a and b differ", err));
+    out[0] = in[0];
+    return HP_OK;
+}
+
+hp_status hp__shape_swiglu_backward(const hp_node *n, const hp_type *in, hp_type *out,
+                                    hp_err *err) {
+    (void)n;
+    HP_TRY(need_float(&in[0], "grad", err));
+    HP_TRY(same_type(&in[0], &in[1], "grad and a differ", err));
+    HP_TRY(same_type(&in[0], &in[2], "grad and b differ", err));
+    out[0] = out[1] = in[0];
+    return HP_OK;
+}
+
 /* ---- fused transformer ops ------------------------------------------------------------------ */
 
 static hp_type drop_last(const hp_type *t, hp_dtype dt) {

@@ -612,6 +612,18 @@ int hp__shard_fused_cross_entropy_backward(const hp_shard_query *q, hp_shard_rul
     return b.n;
 }
 
+/* swiglu_backward(g, a, b) -> (ga, gb): elementwise, any dim split alike; linear in g. */
+int hp__shard_swiglu_backward(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
+    rb b = rb_init(q, rules, cap);
+    for (int d = 0; d < q->in[0].rank; d++) {
+        if (!divs(q, &q->in[0], d)) continue;
+        hp_shard_rule *r = add(&b);
+        r->in[0] = r->in[1] = r->in[2] = r->out[0] = r->out[1] = HP_SHARD(d);
+    }
+    partial_through(&b, 0);
+    return b.n;
+}
+
 /* _fused_rms_norm(x [..., D], w [D]) -> (y, rstd [...]): any dim but the normalized one. */
 int hp__shard_rms_norm(const hp_shard_query *q, hp_shard_rule *rules, int cap) {
     rb b = rb_init(q, rules, cap);

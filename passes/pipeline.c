@@ -210,6 +210,7 @@ static const hp__pass_entry pipeline[] = {
     {"fsdp", hp_pass_fsdp, multi_rank, NULL},
     {"mixed_precision", hp_pass_mixed_precision, mixed_on, NULL},
     {"fuse_cross_entropy", hp_pass_fuse_cross_entropy, unplaced, NULL},
+    {"fuse_swiglu", hp_pass_fuse_swiglu, unplaced, NULL},
     {"overlap", hp_pass_overlap, overlap_on, NULL},
     {"bucketing", hp_pass_bucketing, buckets_on, NULL},
     /* then: hp_lower (lowering + memory plan), hp_program_verify */

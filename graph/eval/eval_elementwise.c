@@ -191,6 +191,27 @@ HP__EVAL_KERNEL(hp__eval_unary) {
 
 /* ---- backward pairs: (grad, saved) -> grad_in ------------------------------------------------ */
 
+/* swiglu(a, b) = silu(a)·b; swiglu_backward(g, a, b) = (g·b·silu'(a), g·silu(a)). The
+ * operands share one type (the shape rule). */
+HP__EVAL_KERNEL(hp__eval_swiglu) {
+    int64_t numel = hp__eval_numel(&out[0]);
+    for (int64_t i = 0; i < numel; i++) {
+        double a = in[0]->data[i];
+        out[0].data[i] = a * sigmoid(a) * in[1]->data[i];
+    }
+    return HP_OK;
+}
+
+HP__EVAL_KERNEL(hp__eval_swiglu_backward) {
+    int64_t numel = hp__eval_numel(&out[0]);
+    for (int64_t i = 0; i < numel; i++) {
+        double g = in[0]->data[i], a = in[1]->data[i], b = in[2]->data[i], sg = sigmoid(a);
+        out[0].data[i] = g * b * sg * (1.0 + a * (1.0 - sg));
+        out[1].data[i] = g * a * sg;
+    }
+    return HP_OK;
+}
+
 HP__EVAL_KERNEL(hp__eval_backward_pair) {
     double v = hp_node_float(n, HP_ATTR_VALUE, 0);
     bool approx = hp_node_int(n, HP_ATTR_APPROXIMATE, 0) != 0;

@@ -78,6 +78,8 @@ HP__EVAL_KERNEL(hp__eval_nll_loss);
 HP__EVAL_KERNEL(hp__eval_nll_loss_backward);
 HP__EVAL_KERNEL(hp__eval_fused_cross_entropy);
 HP__EVAL_KERNEL(hp__eval_fused_cross_entropy_backward);
+HP__EVAL_KERNEL(hp__eval_swiglu);
+HP__EVAL_KERNEL(hp__eval_swiglu_backward);
 HP__EVAL_KERNEL(hp__eval_rms_norm);
 HP__EVAL_KERNEL(hp__eval_rms_norm_backward);
 HP__EVAL_KERNEL(hp__eval_rotary);

@@ -40,6 +40,8 @@ typedef struct hp_pass_report {
     /* fuse_cross_entropy: losses (_log_softmax + nll_loss, with their backwards) it made
      * fused_cross_entropy */
     int fused_cross_entropy;
+    /* fuse_swiglu: MLP gates (silu, mul and their backward) it made swiglu */
+    int fused_swiglu;
 } hp_pass_report;
 
 /* Everything a pass may read: the job (plan, pass config), the world size, and where to put
@@ -77,6 +79,9 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
  * mixed_precision on graphs without placements: passes/fuse_cross_entropy.c. */
 hp_status hp_pass_fuse_cross_entropy(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                      hp_err *err);
+/* The MLP gate mul(silu(a), b) (and its backward) into swiglu, after fuse_cross_entropy on
+ * graphs without placements: passes/fuse_swiglu.c. */
+hp_status hp_pass_fuse_swiglu(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 

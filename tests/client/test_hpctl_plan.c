@@ -267,7 +267,7 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     json_t *e2 = json_object_get(w2, "estimate");
     cr_expect_gt(json_real_value(json_object_get(e2, "step_s")), 0);
     cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
-    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 11); /* 10 passes + lower */
+    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 12); /* 11 passes + lower */
     json_decref(w1);
     json_decref(w2);
     json_decref(w3);

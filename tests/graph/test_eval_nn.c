@@ -327,6 +327,35 @@ Test(eval_nn, fused_cross_entropy_target_out_of_range) {
     hp_th_fini(&h);
 }
 
+/* ---- swiglu --------------------------------------------------------------------------------- */
+
+/* swiglu(a, b) = mul(silu(a), b); swiglu_backward(g, a, b) against central differences of
+ * sum(swiglu(a, b) · r) in a and in b. */
+Test(eval_nn, swiglu_is_silu_times_b_and_its_backward_the_numeric_gradient) {
+    for (int wrt = 0; wrt < 2; wrt++) {
+        hp_th h;
+        hp_th_init(&h);
+        double av[12], bv[12], rv[12];
+        hp_th_rand(av, 12, 51, -4, 4);
+        hp_th_rand(bv, 12, 52, -2, 2);
+        hp_th_rand(rv, 12, 53, -1, 1);
+        hp_value a = hp_th_input(&h, TY(HP_F32, 3, 4), av);
+        hp_value b = hp_th_input(&h, TY(HP_F32, 3, 4), bv);
+        hp_value r = hp_th_input(&h, TY(HP_F32, 3, 4), rv);
+        hp_value y = hp_build(h.g, HP_OP_SWIGLU, (hp_value[]){a, b}, 2, NULL, 0);
+        hp_value gy = hp_build(h.g, HP_OP_SWIGLU_BACKWARD, (hp_value[]){r, a, b}, 3, NULL, 0);
+        hp_value outs[4] = {project(h.g, y, r), hp_mul(h.g, hp_un(h.g, HP_OP_SILU, a), b), y,
+                            hp_out(gy, wrt)};
+        hp_th_run_ok(&h, outs, 4, F64);
+        hp_th_expect(&h.out[2], h.out[1].data, 12, 1e-15);
+        double got[12];
+        memcpy(got, h.out[3].data, sizeof got);
+        expect_numeric_grad(&h, wrt, got, 1e-7,
+                            wrt ? "swiglu_backward (b)" : "swiglu_backward (a)");
+        hp_th_fini(&h);
+    }
+}
+
 /* ---- RMSNorm -------------------------------------------------------------------------------- */
 
 Test(eval_nn, rms_norm_forward) {

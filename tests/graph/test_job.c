@@ -260,7 +260,8 @@ static const bad_case bad_cases[] = {
      "[8, 8] (global batch 8)",
      e_graph_batch},
     {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, fuse_attention, "
-     "loss_parallel, spmd, fsdp, mixed_precision, fuse_cross_entropy, overlap, bucketing)",
+     "loss_parallel, spmd, fsdp, mixed_precision, fuse_cross_entropy, fuse_swiglu, overlap, "
+     "bucketing)",
      e_switch_unknown},
 };
 

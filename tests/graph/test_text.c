@@ -223,6 +223,14 @@ static hp_value build_op(hp_graph *g, hp_op op) {
                        hp_attr_int(HP_ATTR_IGNORE_INDEX, 3)};
         return OP(g, FUSED_CROSS_ENTROPY, in, a);
     }
+    case HP_OP_SWIGLU: {
+        hp_value in[] = {data(g, TY(BF16, 3, 8)), data(g, TY(BF16, 3, 8))};
+        return hp_build(g, HP_OP_SWIGLU, in, 2, NULL, 0);
+    }
+    case HP_OP_SWIGLU_BACKWARD: {
+        hp_value in[] = {data(g, TY(F32, 3, 8)), data(g, TY(F32, 3, 8)), data(g, TY(F32, 3, 8))};
+        return hp_build(g, HP_OP_SWIGLU_BACKWARD, in, 3, NULL, 0);
+    }
     case HP_OP_FUSED_CROSS_ENTROPY_BACKWARD: {
         hp_value in[] = {data(g, TY0(F32)), data(g, TY(F32, 4, 5)), data(g, TY(I64, 4)),
                          data(g, TY(F32, 4)), data(g, TY0(F32))};

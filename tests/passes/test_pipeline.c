@@ -79,16 +79,16 @@ static const model_case LLAMA_8B = {"llama3:8B", .batch = 8, .seq = 2048};
 /* The structural invariants of any compile. */
 static void check_reports(const hp_compiled *c, const hp_job *job, int world) {
     static const char *const names[] = {
-        "dce",  "canonicalize",    "fuse_attention",     "loss_parallel", "spmd",
-        "fsdp", "mixed_precision", "fuse_cross_entropy", "overlap",       "bucketing",
-        "lower"};
-    cr_assert_eq(c->n_passes, 11);
+        "dce",         "canonicalize", "fuse_attention",  "loss_parallel",
+        "spmd",        "fsdp",         "mixed_precision", "fuse_cross_entropy",
+        "fuse_swiglu", "overlap",      "bucketing",       "lower"};
+    cr_assert_eq(c->n_passes, 12);
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         cr_expect_str_eq(r->name, names[i]);
         cr_expect_geq(r->seconds, 0);
-        if (i > 0 && i < 9) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
-        if (!r->ran && i < 9) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
+        if (i > 0 && i < 10) cr_expect_eq(r->nodes_in, c->passes[i - 1].nodes_out, "%s", r->name);
+        if (!r->ran && i < 10) cr_expect_eq(r->nodes_in, r->nodes_out, "%s", r->name);
     }
     cr_expect(report(c, "dce")->ran && report(c, "canonicalize")->ran && report(c, "lower")->ran);
     cr_expect(!report(c, "spmd")->ran, "spmd runs only for placed plans");
@@ -551,7 +551,7 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "11-lower.txt"};
+                                       "12-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
@@ -943,6 +943,54 @@ Test(pipeline, the_loss_is_fused_into_cross_entropy) {
     switch_off(off, "fuse_cross_entropy");
     hp_compiled *a = compile_ok(job, 1), *b = compile_ok(off, 1);
     cr_expect_eq(report(b, "fuse_cross_entropy")->fused_cross_entropy, 0);
+    cr_assert_eq(a->graph->n_outputs, b->graph->n_outputs);
+    int n_out = a->graph->n_outputs;
+    hp_tensor *ra = calloc((size_t)n_out, sizeof *ra), *rb = calloc((size_t)n_out, sizeof *rb);
+    eval_graph(a->graph, TINY.vocab, ra);
+    eval_graph(b->graph, TINY.vocab, rb);
+    for (int k = 0; k < n_out; k++) {
+        char what[32];
+        snprintf(what, sizeof what, "output %d", k);
+        hp_th_expect_close(ra[k].data, rb[k].data, hp_type_numel(&rb[k].type), 1e-12, what);
+        hp_tensor_free(&ra[k]);
+        hp_tensor_free(&rb[k]);
+    }
+    free(ra);
+    free(rb);
+    hp_compiled_free(a);
+    hp_compiled_free(b);
+    hp_job_free(job);
+    hp_job_free(off);
+}
+
+/* fuse_swiglu: each layer's gate, mul(silu(A), B), and its backward (two muls and
+ * silu_backward) become swiglu and swiglu_backward, at world 1 and under FSDP, f32 and bf16;
+ * the graph computes what it did (the evaluator, f64, with the pass switched off for the
+ * reference). */
+Test(pipeline, the_mlp_gate_is_fused_into_swiglu) {
+    for (int world = 1; world <= 2; world++)
+        for (int bf = 0; bf < 2; bf++) {
+            hp_job *job = make_job(&TINY, world, true);
+            if (bf) job->plan.param_dtype = HP_BF16;
+            hp_compiled *c = compile_ok(job, world);
+            cr_expect_eq(report(c, "fuse_swiglu")->fused_swiglu, (int)TINY.layers);
+            int fwd = 0, bwd = 0;
+            for (int i = 0; i < c->graph->n_nodes; i++) {
+                hp_op op = c->graph->nodes[i].op;
+                cr_expect(op != HP_OP_SILU && op != HP_OP_SILU_BACKWARD, "node %d is still %s", i,
+                          hp_op_get(op)->name);
+                fwd += op == HP_OP_SWIGLU;
+                bwd += op == HP_OP_SWIGLU_BACKWARD;
+            }
+            cr_expect(fwd == TINY.layers && bwd == TINY.layers, "%d / %d", fwd, bwd);
+            hp_compiled_free(c);
+            hp_job_free(job);
+        }
+    hp_job *job = make_job(&TINY, 1, false), *off = make_job(&TINY, 1, false);
+    switch_off(off, "fuse_swiglu");
+    hp_compiled *a = compile_ok(job, 1), *b = compile_ok(off, 1);
+    cr_expect_eq(report(b, "fuse_swiglu")->fused_swiglu, 0);
+    cr_expect_lt(a->memory.activations, b->memory.activations, "silu(A) is no longer kept");
     cr_assert_eq(a->graph->n_outputs, b->graph->n_outputs);
     int n_out = a->graph->n_outputs;
     hp_tensor *ra = calloc((size_t)n_out, sizeof *ra), *rb = calloc((size_t)n_out, sizeof *rb);

@@ -581,6 +581,26 @@ static void case_cross_entropy(hp_backend *be, hp_op op) {
             }
 }
 
+/* swiglu(_backward): one type for every operand, sizes around the vector widths. */
+static void case_swiglu(hp_backend *be, hp_op op) {
+    const int64_t ns[] = {1, 7, 8, 33, 4099};
+    for (size_t i = 0; i < HP_ARRAY_LEN(ns); i++) {
+        hp_th h;
+        hp_th_init(&h);
+        hp_type t = TY(FT, ns[i]);
+        hp_value a = cc_rand_input(&h, t, 1, -6, 6), b = cc_rand_input(&h, t, 2, -2, 2);
+        hp_value v;
+        if (op == HP_OP_SWIGLU) {
+            v = node1(&h, op, (hp_value[]){a, b}, 2, NULL, 0);
+        } else {
+            hp_value g = cc_rand_input(&h, t, 3, -1, 1);
+            v = node1(&h, op, (hp_value[]){g, a, b}, 3, NULL, 0);
+        }
+        cc_check(be, &h, v, 0, TOL_SIMPLE);
+        hp_th_fini(&h);
+    }
+}
+
 static void case_rms_norm(hp_backend *be, hp_op op) {
     static const struct {
         int rank;
@@ -804,6 +824,8 @@ static const op_case cases[] = {
     {HP_OP_NLL_LOSS_BACKWARD, case_nll},
     {HP_OP_FUSED_CROSS_ENTROPY, case_cross_entropy},
     {HP_OP_FUSED_CROSS_ENTROPY_BACKWARD, case_cross_entropy},
+    {HP_OP_SWIGLU, case_swiglu},
+    {HP_OP_SWIGLU_BACKWARD, case_swiglu},
     {HP_OP_RMS_NORM, case_rms_norm},
     {HP_OP_RMS_NORM_BACKWARD, case_rms_norm},
     {HP_OP_ROTARY_EMB, case_rotary},

@@ -408,6 +408,21 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
             hp_th_fini(&h);
             free(tg);
         }
+    /* swiglu and its backward: sizes around the 8-element vectors */
+    const int64_t sw_n[] = {1, 8, 33, 4099};
+    for (size_t i = 0; i < HP_ARRAY_LEN(sw_n); i++) {
+        hp_th h;
+        hp_th_init(&h);
+        hp_type t = TY(fp, sw_n[i]);
+        hp_value a = cc_rand_input(&h, t, 1, -6, 6), b = cc_rand_input(&h, t, 2, -2, 2);
+        hp_value g = cc_rand_input(&h, t, 3, -1, 1);
+        hp_value v = node1(&h, HP_OP_SWIGLU, (hp_value[]){a, b}, 2, NULL, 0);
+        hp_value w = node1(&h, HP_OP_SWIGLU_BACKWARD, (hp_value[]){g, a, b}, 3, NULL, 0);
+        round_inputs(&h);
+        cc_check(be, &h, v, 0, tol_s);
+        cc_check(be, &h, w, 0, tol_s);
+        hp_th_fini(&h);
+    }
     /* the fused cross entropy: logits in fp (16-byte rows at 1024 and 4096 classes), lse /
      * grad / total_weight f32; any lse for the backward */
     const int64_t ce_c[] = {11, 1024, 4096};

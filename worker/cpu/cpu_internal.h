@@ -172,6 +172,8 @@ HP__CPU_KERNEL(hp__cpu_nll_loss);
 HP__CPU_KERNEL(hp__cpu_nll_loss_backward);
 HP__CPU_KERNEL(hp__cpu_fused_cross_entropy);
 HP__CPU_KERNEL(hp__cpu_fused_cross_entropy_backward);
+HP__CPU_KERNEL(hp__cpu_swiglu);
+HP__CPU_KERNEL(hp__cpu_swiglu_backward);
 
 /* k_norm_rope.c: fused RMSNorm (+ backward), rotary embedding */
 HP__CPU_KERNEL(hp__cpu_rms_norm);

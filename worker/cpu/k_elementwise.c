@@ -543,6 +543,53 @@ HP__CPU_KERNEL(hp__cpu_backward_pair) {
     return HP_OK;
 }
 
+/* ---- swiglu ---------------------------------------------------------------------------------- */
+
+typedef struct sw_job {
+    float *y, *ga, *gb;
+    const float *g, *a, *b;
+} sw_job;
+
+/* swiglu(a, b) = silu(a)·b */
+HP__CPU_INLINE void swiglu_body(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const sw_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) j->y[i] = j->a[i] * sigmoidf_(j->a[i]) * j->b[i];
+}
+HP__CPU_TWIN(swiglu_chunk, swiglu_body)
+
+/* swiglu_backward(g, a, b) = (g·b·σ(a)·(1 + a·(1 − σ(a))), g·a·σ(a)) */
+HP__CPU_INLINE void swiglu_back_body(void *ctx, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const sw_job *j = ctx;
+    for (int64_t i = lo; i < hi; i++) {
+        float a = j->a[i], sg = sigmoidf_(a);
+        j->ga[i] = j->g[i] * j->b[i] * (sg * (1.0f + a * (1.0f - sg)));
+        j->gb[i] = j->g[i] * (a * sg);
+    }
+}
+HP__CPU_TWIN(swiglu_back_chunk, swiglu_back_body)
+
+HP__CPU_KERNEL(hp__cpu_swiglu) {
+    HP_TRY(hp__cpu_dtypes_all(c, HP__F32, err));
+    HP_TRY(hp__cpu_same_shape(c, 0, 1, 0, err));
+    HP_TRY(hp__cpu_same_shape(c, 0, 0, 1, err));
+    sw_job j = {.y = c->out[0], .a = c->in[0], .b = c->in[1]};
+    hp_pool_parallel_for(cpu->pool, hp_type_numel(&c->out_type[0]), HP__CPU_GRAIN / MATH_COST,
+                         swiglu_chunk_pick(), &j);
+    return HP_OK;
+}
+
+HP__CPU_KERNEL(hp__cpu_swiglu_backward) {
+    HP_TRY(hp__cpu_dtypes_all(c, HP__F32, err));
+    for (int k = 1; k < 3; k++) HP_TRY(hp__cpu_same_shape(c, 0, k, 0, err));
+    for (int k = 0; k < 2; k++) HP_TRY(hp__cpu_same_shape(c, 0, k, 1, err));
+    sw_job j = {.ga = c->out[0], .gb = c->out[1], .g = c->in[0], .a = c->in[1], .b = c->in[2]};
+    hp_pool_parallel_for(cpu->pool, hp_type_numel(&c->out_type[0]), HP__CPU_GRAIN / MATH_COST,
+                         swiglu_back_chunk_pick(), &j);
+    return HP_OK;
+}
+
 /* ---- _to_copy -------------------------------------------------------------------------------- */
 
 static float f16_to_f32(uint16_t h) {

@@ -130,6 +130,8 @@ HP__CUDA_ENTRY(hp__cuda_nll_loss);
 HP__CUDA_ENTRY(hp__cuda_nll_loss_backward);
 HP__CUDA_ENTRY(hp__cuda_cross_entropy);
 HP__CUDA_ENTRY(hp__cuda_cross_entropy_backward);
+HP__CUDA_ENTRY(hp__cuda_swiglu);
+HP__CUDA_ENTRY(hp__cuda_swiglu_backward);
 HP__CUDA_ENTRY(hp__cuda_rms_norm);
 HP__CUDA_ENTRY(hp__cuda_rms_norm_backward);
 HP__CUDA_ENTRY(hp__cuda_rotary);

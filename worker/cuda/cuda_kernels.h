@@ -153,6 +153,13 @@ int hp__cu_cross_entropy_backward(cudaStream_t s, int dt, void *gx, const float 
                                   const float *total_weight, int64_t rows, int64_t classes,
                                   int mean, int64_t ignore, hp__cu_fault *fault);
 
+/* ---- k_swiglu.cu ---------------------------------------------------------------------------- */
+
+/* y = silu(a)·b; (ga, gb) = (g·b·silu'(a), g·silu(a)); n elements of dt (f32 or bf16). */
+int hp__cu_swiglu(cudaStream_t s, int dt, void *y, const void *a, const void *b, int64_t n);
+int hp__cu_swiglu_backward(cudaStream_t s, int dt, void *ga, void *gb, const void *g, const void *a,
+                           const void *b, int64_t n);
+
 /* ---- k_rmsnorm.cu --------------------------------------------------------------------------- */
 
 /* x, w, y (gy, gx, gw) of one dtype, f32 or bf16; rstd f32. The backward's scratch holds

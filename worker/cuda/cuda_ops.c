@@ -1,7 +1,8 @@
 /* worker/cuda/cuda_ops.c — the cuda backend's entries for elementwise ops (creation, binary,
- * where, unary, backward pairs, _to_copy), reductions and data movement (copies, permutes,
- * expand, slice, slice_backward, cat): each checks its call as the cpu kernel does, builds the
- * index walk, and enqueues the kernel of k_elementwise.cu / k_reduce.cu / k_shape.cu.
+ * where, unary, backward pairs, swiglu and its backward, _to_copy), reductions and data
+ * movement (copies, permutes, expand, slice, slice_backward, cat): each checks its call as the
+ * cpu kernel does, builds the index walk, and enqueues the kernel of k_elementwise.cu /
+ * k_swiglu.cu / k_reduce.cu / k_shape.cu.
  * Floating math runs on f32 and bf16 (loaded to f32, rounded on store); comparisons, where and
  * data movement take any dtype. */
 #include "worker/cuda/cuda_internal.h"
@@ -146,6 +147,37 @@ HP__CUDA_ENTRY(hp__cuda_unary) {
     LAUNCH(hp__cu_unary(s, op, hp__cuda_dt(c->in_type[0].dtype), c->out[0], c->in[0], p,
                         hp_type_numel(&c->out_type[0])),
            "unary kernel");
+    return HP_OK;
+}
+
+/* swiglu(a, b), swiglu_backward(g, a, b): every operand of one type, f32 or bf16 (as is). */
+HP__CUDA_ENTRY(hp__cuda_swiglu) {
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32 | HP__CM(HP_BF16), err));
+    hp_dtype dt = c->in_type[0].dtype;
+    HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CM(dt), err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CM(dt), err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 1, 0, err));
+    HP_TRY(hp__cuda_same_shape(c, 0, 0, 1, err));
+    LAUNCH(hp__cu_swiglu(s, hp__cuda_dt(dt), c->out[0], c->in[0], c->in[1],
+                         hp_type_numel(&c->out_type[0])),
+           "swiglu kernel");
+    return HP_OK;
+}
+
+HP__CUDA_ENTRY(hp__cuda_swiglu_backward) {
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32 | HP__CM(HP_BF16), err));
+    hp_dtype dt = c->in_type[0].dtype;
+    for (int k = 1; k < 3; k++) {
+        HP_TRY(hp__cuda_dtype(c, 0, k, HP__CM(dt), err));
+        HP_TRY(hp__cuda_same_shape(c, 0, k, 0, err));
+    }
+    for (int k = 0; k < 2; k++) {
+        HP_TRY(hp__cuda_dtype(c, 1, k, HP__CM(dt), err));
+        HP_TRY(hp__cuda_same_shape(c, 0, k, 1, err));
+    }
+    LAUNCH(hp__cu_swiglu_backward(s, hp__cuda_dt(dt), c->out[0], c->out[1], c->in[0], c->in[1],
+                                  c->in[2], hp_type_numel(&c->out_type[0])),
+           "swiglu backward kernel");
     return HP_OK;
 }
 
