@@ -157,7 +157,8 @@ __device__ __forceinline__ void hp__cp_async16(void *dst, const void *src, const
 #else
     uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src ? src : any),
-                 "r"(src ? 16 : 0));
+                 "r"(src ? 16 : 0)
+                 : "memory");
 #endif
 }
 __device__ __forceinline__ void hp__cp_async4(void *dst, const void *src, const void *any) {
@@ -170,21 +171,22 @@ __device__ __forceinline__ void hp__cp_async4(void *dst, const void *src, const 
 #else
     uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src ? src : any),
-                 "r"(src ? 4 : 0));
+                 "r"(src ? 4 : 0)
+                 : "memory");
 #endif
 }
 __device__ __forceinline__ void hp__cp_async_commit() {
 #ifdef HP_CUDA_EMU
     hp__emu_cpq_of().next++;
 #elif !defined(HP__MMA_NONE)
-    asm volatile("cp.async.commit_group;" ::);
+    asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
 template <int N> __device__ __forceinline__ void hp__cp_async_wait() {
 #ifdef HP_CUDA_EMU
     hp__emu_cp_wait(N);
 #elif !defined(HP__MMA_NONE)
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
 
