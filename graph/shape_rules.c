@@ -482,6 +482,17 @@ static hp_status mm_dtypes(const hp_type *a, const hp_type *b, hp_err *err) {
     return same_dtype(a, b, err);
 }
 
+/* An op's optional {dtype=f32}: its f32 sums stored as they are (mm, embedding_dense_backward
+ * of bf16 operands); what, the message for any other dtype. */
+static hp_status widened(const hp_node *n, hp_type *out, const char *what, hp_err *err) {
+    const hp_attr *dt = attr(n, HP_ATTR_DTYPE);
+    if (!dt) return HP_OK;
+    if (dt->dtype != HP_F32)
+        return hp_errf(err, HP_INVALID, "dtype %s: %s", hp_dtype_name(dt->dtype), what);
+    out->dtype = HP_F32;
+    return HP_OK;
+}
+
 hp_status hp__shape_mm(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
     HP_TRY(need_rank(&in[0], 2, "lhs", err));
     HP_TRY(need_rank(&in[1], 2, "rhs", err));
@@ -490,16 +501,7 @@ hp_status hp__shape_mm(const hp_node *n, const hp_type *in, hp_type *out, hp_err
         return hp_errf(err, HP_INVALID, "inner dims differ: %s x %s", DIMS(&in[0]), DIMS(&in[1]));
     int64_t s[2] = {in[0].shape[0], in[1].shape[1]};
     out[0] = hp_type_make(in[0].dtype, 2, s);
-    const hp_attr *dt = attr(n, HP_ATTR_DTYPE);
-    if (dt) {
-        if (dt->dtype != HP_F32)
-            return hp_errf(err, HP_INVALID,
-                           "dtype %s: a product's output is its operands' dtype "
-                           "or f32",
-                           hp_dtype_name(dt->dtype));
-        out[0].dtype = HP_F32;
-    }
-    return HP_OK;
+    return widened(n, &out[0], "a product's output is its operands' dtype or f32", err);
 }
 
 hp_status hp__shape_bmm(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {
@@ -567,7 +569,7 @@ hp_status hp__shape_embedding_backward(const hp_node *n, const hp_type *in, hp_t
     HP_TRY(padding_idx(n, rows, err));
     int64_t s[2] = {rows, in[0].shape[in[0].rank - 1]};
     out[0] = hp_type_make(in[0].dtype, 2, s);
-    return HP_OK;
+    return widened(n, &out[0], "the weight gradient is grad's dtype or f32", err);
 }
 
 hp_status hp__shape_softmax(const hp_node *n, const hp_type *in, hp_type *out, hp_err *err) {

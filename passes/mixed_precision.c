@@ -17,9 +17,10 @@
  * * Every reduction collective (reduce_scatter_tensor, all_reduce: the gradients and the loss)
  *   reads its input cast to reduce_dtype; each graph output is cast back to the dtype the
  *   optimizer expects (the parameter's, f32), so master weights and AdamW state stay f32.
- * * A matrix product read by nothing but its f32 cast, which only graph outputs and gradient
- *   reductions read (each weight gradient, on its way to the optimizer or a reduce-scatter),
- *   becomes mm{dtype=f32}: the product's f32 accumulators are
+ * * A matrix product (or an embedding's weight gradient) read by nothing but its f32 cast,
+ *   which only graph outputs and gradient reductions read (each weight gradient, on its way to
+ *   the optimizer or a reduce-scatter), becomes mm{dtype=f32} (embedding_dense_backward
+ *   {dtype=f32}): the product's f32 accumulators are
  *   stored as they are (cuBLASLt's f32 D), which skips a bf16 rounding, the cast kernel and the
  *   bf16 buffer. Graphs with placements keep product and cast.
  *
@@ -173,7 +174,13 @@ static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_er
     return HP_OK;
 }
 
-/* mm{dtype=f32} for each mm whose one reader is its cast to f32 (the header); takes g. */
+/* An op that takes {dtype=f32} and has not got it. */
+static bool widens(const hp_node *p) {
+    if (p->out[0].dtype == HP_F32 || hp_node_attr(p, HP_ATTR_DTYPE)) return false;
+    return p->op == HP_OP_MM || p->op == HP_OP_EMBEDDING_DENSE_BACKWARD;
+}
+
+/* {dtype=f32} for each such op whose one reader is its cast to f32 (the header); takes g. */
 static hp_status widen_products(hp_graph *g, hp_graph **out, hp_err *err) {
     *out = g;
     int n = g->n_nodes;
@@ -207,9 +214,7 @@ static hp_status widen_products(hp_graph *g, hp_graph **out, hp_err *err) {
          * for the loss, say, stays: the loss reads bf16 logits as they are) */
         if (c->op != HP_OP_TO_COPY || c->out[0].dtype != HP_F32 || (readers[i] & OTHER)) continue;
         const hp_node *p = &g->nodes[c->in[0].node];
-        if (p->op != HP_OP_MM || p->out[0].dtype == HP_F32 || p->n_attrs > 0 ||
-            (readers[c->in[0].node] & ~OTHER) != 1)
-            continue;
+        if (!widens(p) || (readers[c->in[0].node] & ~OTHER) != 1) continue;
         fuse[i] = 1;
         fuse[c->in[0].node] = 2;
         found++;
@@ -221,15 +226,18 @@ static hp_status widen_products(hp_graph *g, hp_graph **out, hp_err *err) {
         if ((st = hp__rewrite_start(&rw, g, err)) != HP_OK) goto done;
         for (int i = 0; i < n && st == HP_OK; i++) {
             const hp_node *c = &g->nodes[i];
-            if (fuse[i] == 2) continue; /* the product its cast alone reads: remade there */
+            if (fuse[i] == 2) continue; /* the op its cast alone reads: remade there */
             if (fuse[i] == 0) {
                 if (hp__rewrite_copy(&rw, i, err) < 0) st = err->status ? err->status : HP_INTERNAL;
                 continue;
             }
             const hp_node *p = &g->nodes[c->in[0].node];
             hp_value ab[2] = {hp__rewrite_get(&rw, p->in[0]), hp__rewrite_get(&rw, p->in[1])};
-            hp_attr a = hp_attr_dtype(HP_ATTR_DTYPE, HP_F32);
-            hp_value w = hp__rewrite_build(&rw, HP_OP_MM, ab, 2, &a, 1, err);
+            hp_attr at[HP_ATTR_COUNT];
+            int na = 0;
+            for (int k = 0; k < p->n_attrs && na < HP_ATTR_COUNT - 1; k++) at[na++] = p->attrs[k];
+            at[na++] = hp_attr_dtype(HP_ATTR_DTYPE, HP_F32);
+            hp_value w = hp__rewrite_build(&rw, p->op, ab, 2, at, na, err);
             if (!hp_value_ok(w))
                 st = err->status ? err->status : HP_INTERNAL;
             else

@@ -846,8 +846,10 @@ Test(pipeline, mixed_precision_bf16_gathers_f32_reductions) {
         const hp_node *n = &b->graph->nodes[i];
         const hp_node *src = n->n_in ? &b->graph->nodes[n->in[0].node] : NULL;
         cr_expect(!(n->op == HP_OP_TO_COPY && n->out[0].dtype == HP_F32 && src &&
-                    src->op == HP_OP_MM && src->out[0].dtype == HP_BF16),
-                  "node %d casts product %d to f32", i, n->in[0].node);
+                    (src->op == HP_OP_MM || src->op == HP_OP_EMBEDDING_DENSE_BACKWARD) &&
+                    src->out[0].dtype == HP_BF16),
+                  "node %d casts %s %d to f32", i, src ? hp_op_get(src->op)->name : "?",
+                  n->in[0].node);
     }
     cr_assert_eq(a->graph->n_outputs, b->graph->n_outputs);
     for (int k = 0; k < a->graph->n_outputs; k++)

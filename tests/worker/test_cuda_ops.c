@@ -327,10 +327,19 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
         hp_th_init(&h);
         hp_value g = cc_rand_input(&h, TY(fp, 2000, 64), 1, -1, 1);
         idx = cc_rand_input(&h, TY(its[d], 2000), 2, 0, 20); /* repeats */
-        hp_attr a[2] = {hp_attr_int(HP_ATTR_NUM_WEIGHTS, 100), hp_attr_int(HP_ATTR_PADDING_IDX, 5)};
+        hp_attr a[3] = {hp_attr_int(HP_ATTR_NUM_WEIGHTS, 100), hp_attr_int(HP_ATTR_PADDING_IDX, 5),
+                        hp_attr_dtype(HP_ATTR_DTYPE, HP_F32)};
         y = node1(&h, HP_OP_EMBEDDING_DENSE_BACKWARD, (hp_value[]){g, idx}, 2, a, 2);
         round_inputs(&h);
         cc_check(be, &h, y, 0, tol_r);
+        hp_th_fini(&h);
+        /* {dtype=f32}: the rows summed in f32 and stored so, also from bf16 gradients */
+        hp_th_init(&h);
+        g = cc_rand_input(&h, TY(fp, 2000, 64), 1, -1, 1);
+        idx = cc_rand_input(&h, TY(its[d], 2000), 2, 0, 20);
+        y = node1(&h, HP_OP_EMBEDDING_DENSE_BACKWARD, (hp_value[]){g, idx}, 2, a, 3);
+        round_inputs(&h);
+        cc_check(be, &h, y, 0, 1e-4);
         hp_th_fini(&h);
         /* the vocab-parallel form (the TP plan's): 4 chunks of 5 rows at starts that overlap,
          * leave gaps and hold indices past the vocabulary (those read zeros) */
