@@ -20,9 +20,8 @@
  * * A matrix product (or an embedding's weight gradient) read by nothing but its f32 cast,
  *   which only graph outputs and gradient reductions read (each weight gradient, on its way to
  *   the optimizer or a reduce-scatter), becomes mm{dtype=f32} (embedding_dense_backward
- *   {dtype=f32}): the product's f32 accumulators are
- *   stored as they are (cuBLASLt's f32 D), which skips a bf16 rounding, the cast kernel and the
- *   bf16 buffer. Graphs with placements keep product and cast.
+ *   {dtype=f32}): its f32 sums are stored as they are (cuBLASLt's f32 D), which skips a bf16
+ *   rounding, the cast kernel and the bf16 buffer. Graphs with placements keep op and cast.
  *
  * On a placed graph (tensor parallelism, N-D meshes: the spmd pass's output) every node keeps
  * its placements and a cast takes its input's (elementwise, so Partial stays Partial); the
