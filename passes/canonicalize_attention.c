@@ -31,49 +31,10 @@
  * The report counts the forwards and backwards fused (hpctl plan shows them).
  */
 #include "passes/passes_internal.h"
+#include "passes/sched_util.h"
 
 #include <math.h>
 #include <string.h>
-
-/* ---- users ---------------------------------------------------------------------------------- */
-
-typedef struct users {
-    int32_t *start; /* [n_nodes + 1] */
-    int32_t *user;  /* [edges]: user node ids, grouped by the used node */
-    bool *is_output;
-} users;
-
-static void users_free(users *u) {
-    hp_free(u->start);
-    hp_free(u->user);
-    hp_free(u->is_output);
-}
-
-static hp_status users_build(const hp_graph *g, users *u, hp_err *err) {
-    int n = g->n_nodes;
-    size_t edges = 0;
-    for (int i = 0; i < n; i++) edges += (size_t)g->nodes[i].n_in;
-    u->start = hp_calloc((size_t)n + 1, sizeof *u->start);
-    u->user = hp_malloc((edges ? edges : 1) * sizeof *u->user);
-    u->is_output = hp_calloc((size_t)(n ? n : 1), sizeof *u->is_output);
-    int32_t *fill = hp_calloc((size_t)n + 1, sizeof *fill);
-    if (!u->start || !u->user || !u->is_output || !fill) {
-        hp_free(fill);
-        users_free(u);
-        return hp_errf(err, HP_NOMEM, "out of memory listing the users of %d nodes", n);
-    }
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) u->start[g->nodes[i].in[k].node + 1]++;
-    for (int i = 0; i < n; i++) u->start[i + 1] += u->start[i];
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) {
-            int s = g->nodes[i].in[k].node;
-            u->user[u->start[s] + fill[s]++] = i;
-        }
-    hp_free(fill);
-    for (int k = 0; k < g->n_outputs; k++) u->is_output[g->outputs[k].node] = true;
-    return HP_OK;
-}
 
 /* ---- matching helpers ----------------------------------------------------------------------- */
 
@@ -218,9 +179,9 @@ static hp_value untranspose(const hp_graph *g, hp_value v) {
 }
 
 /* A user of node `of` with op `op` reading `in0`/`in1` (HP_NO_VALUE: any) as inputs 0/1. */
-static int find_user(const hp_graph *g, const users *u, int of, hp_op op, hp_value in0,
+static int find_user(const hp_graph *g, const hp__users *u, int of, hp_op op, hp_value in0,
                      hp_value in1) {
-    for (int k = u->start[of]; k < u->start[of + 1]; k++) {
+    for (int k = u->off[of]; k < u->off[of + 1]; k++) {
         const hp_node *n = &g->nodes[u->user[k]];
         if (n->op != op) continue;
         if (hp_value_ok(in0) && !same(n->in[0], in0)) continue;
@@ -261,11 +222,11 @@ static bool in_pattern(const attn *a, int id) {
 }
 
 /* Every interior node is used only inside the pattern and is no graph output. */
-static bool closed(const attn *a, const users *u) {
+static bool closed(const attn *a, const hp__users *u) {
     for (int i = 0; i < a->n_interior; i++) {
         int id = a->interior[i];
         if (u->is_output[id]) return false;
-        for (int k = u->start[id]; k < u->start[id + 1]; k++)
+        for (int k = u->off[id]; k < u->off[id + 1]; k++)
             if (!in_pattern(a, u->user[k])) return false;
     }
     return a->n_interior < MAX_INTERIOR;
@@ -273,7 +234,7 @@ static bool closed(const attn *a, const users *u) {
 
 /* The backward of a matched forward (P the probabilities, pv = view(P), vv = view(v4), qv,
  * kv the views bmm1 reads, mask/keep_first/scale as the forward's). */
-static bool match_backward(const hp_graph *g, const users *u, attn *a, hp_value P, hp_value pv,
+static bool match_backward(const hp_graph *g, const hp__users *u, attn *a, hp_value P, hp_value pv,
                            hp_value vv, hp_value qv, hp_value kv, hp_value mask, bool keep_first,
                            int scale_node) {
     int sb = find_user(g, u, P.node, HP_OP_SOFTMAX_BACKWARD, HP_NO_VALUE, P);
@@ -322,7 +283,7 @@ static bool match_backward(const hp_graph *g, const users *u, attn *a, hp_value 
     hp_value ds3 = {dsv, 0};
     /* dQ3 = bmm(dS3, transpose(view(kt4))), dKT3 = bmm(transpose(view(q4)), dS3) */
     a->dq3 = a->dkt3 = -1;
-    for (int k = u->start[dsv]; k < u->start[dsv + 1]; k++) {
+    for (int k = u->off[dsv]; k < u->off[dsv + 1]; k++) {
         const hp_node *b = &g->nodes[u->user[k]];
         if (b->op != HP_OP_BMM) continue;
         if (same(b->in[0], ds3) && same(untranspose(g, b->in[1]), kv)) a->dq3 = u->user[k];
@@ -332,7 +293,7 @@ static bool match_backward(const hp_graph *g, const users *u, attn *a, hp_value 
 }
 
 /* Matches the attention whose output is bmm node `id`; true with *a filled. */
-static bool match(const hp_graph *g, const users *u, int id, attn *a) {
+static bool match(const hp_graph *g, const hp__users *u, int id, attn *a) {
     memset(a, 0, sizeof *a);
     a->bmm2 = id;
     const hp_node *o = &g->nodes[id];
@@ -438,8 +399,8 @@ static hp_status emit_backward(hp__rewrite *rw, const hp_graph *g, attn *a, hp_e
 hp_status hp_pass_fuse_attention(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                  hp_err *err) {
     *out = NULL;
-    users u = {0};
-    HP_TRY(users_build(in, &u, err));
+    hp__users u = {0};
+    HP_TRY(hp__users_init(&u, in, err));
     int n = in->n_nodes;
     /* role[i]: 1 + the attention node i is an output of, 0 none */
     int32_t *role = hp_calloc((size_t)(n ? n : 1), sizeof *role);
@@ -467,7 +428,7 @@ hp_status hp_pass_fuse_attention(const hp_graph *in, hp_pass_ctx *ctx, hp_graph 
         if (a.bwd) role[a.dq3] = role[a.dkt3] = role[a.dv3] = n_m + 1;
         n_m++;
     }
-    users_free(&u);
+    hp__users_fini(&u);
     int fwd = 0, bwd = 0;
     hp__rewrite rw;
     if (st == HP_OK && n_m == 0) {

@@ -22,6 +22,7 @@
  * fused_cross_entropy counts the losses fused (hpctl plan shows it).
  */
 #include "passes/passes_internal.h"
+#include "passes/sched_util.h"
 
 #include <string.h>
 
@@ -30,44 +31,6 @@ typedef struct ce_match {
     hp_value logits, target;
     int casts[8], n_casts; /* GX's casts to the logits' dtype, which the backward replaces */
 } ce_match;
-
-/* users[start[i] .. start[i + 1]) are the nodes reading node i (a node once per input). */
-typedef struct users {
-    int32_t *start, *user;
-    bool *is_output;
-} users;
-
-static void users_free(users *u) {
-    hp_free(u->start);
-    hp_free(u->user);
-    hp_free(u->is_output);
-}
-
-static hp_status users_build(const hp_graph *g, users *u, hp_err *err) {
-    int n = g->n_nodes;
-    size_t edges = 0;
-    for (int i = 0; i < n; i++) edges += (size_t)g->nodes[i].n_in;
-    u->start = hp_calloc((size_t)n + 1, sizeof *u->start);
-    u->user = hp_malloc((edges ? edges : 1) * sizeof *u->user);
-    u->is_output = hp_calloc((size_t)(n ? n : 1), sizeof *u->is_output);
-    int32_t *fill = hp_calloc((size_t)n + 1, sizeof *fill);
-    if (!u->start || !u->user || !u->is_output || !fill) {
-        hp_free(fill);
-        users_free(u);
-        return hp_errf(err, HP_NOMEM, "out of memory listing the users of %d nodes", n);
-    }
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) u->start[g->nodes[i].in[k].node + 1]++;
-    for (int i = 0; i < n; i++) u->start[i + 1] += u->start[i];
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) {
-            int s = g->nodes[i].in[k].node;
-            u->user[u->start[s] + fill[s]++] = i;
-        }
-    hp_free(fill);
-    for (int k = 0; k < g->n_outputs; k++) u->is_output[g->outputs[k].node] = true;
-    return HP_OK;
-}
 
 static bool same(hp_value a, hp_value b) {
     return a.node == b.node && a.out == b.out;
@@ -81,11 +44,11 @@ static bool same_loss_attrs(const hp_node *a, const hp_node *b) {
 
 /* The backward part at GX = lsm_bwd (B = nll_bwd): GX's users, when X is not f32, are all
  * casts to X's dtype (and at most HP_ARRAY_LEN(casts) of them). */
-static bool match_grad_users(const hp_graph *g, const users *u, ce_match *m, hp_dtype x_dt) {
+static bool match_grad_users(const hp_graph *g, const hp__users *u, ce_match *m, hp_dtype x_dt) {
     if (u->is_output[m->lsm_bwd]) return x_dt == HP_F32;
     m->n_casts = 0;
     if (x_dt == HP_F32) return true;
-    for (int k = u->start[m->lsm_bwd]; k < u->start[m->lsm_bwd + 1]; k++) {
+    for (int k = u->off[m->lsm_bwd]; k < u->off[m->lsm_bwd + 1]; k++) {
         const hp_node *c = &g->nodes[u->user[k]];
         if (c->op != HP_OP_TO_COPY || c->out[0].dtype != x_dt ||
             m->n_casts == (int)HP_ARRAY_LEN(m->casts))
@@ -96,7 +59,7 @@ static bool match_grad_users(const hp_graph *g, const users *u, ce_match *m, hp_
 }
 
 /* Node lsm (an _log_softmax) heads the pattern? */
-static bool match(const hp_graph *g, const users *u, int lsm, ce_match *m) {
+static bool match(const hp_graph *g, const hp__users *u, int lsm, ce_match *m) {
     const hp_node *l = &g->nodes[lsm];
     if (l->op != HP_OP_LOG_SOFTMAX || l->out[0].rank != 2 || l->out[0].dtype != HP_F32 ||
         hp_node_int(l, HP_ATTR_DIM, -1) != 1 || u->is_output[lsm])
@@ -108,7 +71,7 @@ static bool match(const hp_graph *g, const users *u, int lsm, ce_match *m) {
     *m = (ce_match){.nll = -1, .lsm_bwd = -1, .nll_bwd = -1, .logits = x};
     /* L's users: one nll_loss_forward, at most one nll_loss_backward and one log-softmax
      * backward reading it */
-    for (int k = u->start[lsm]; k < u->start[lsm + 1]; k++) {
+    for (int k = u->off[lsm]; k < u->off[lsm + 1]; k++) {
         int id = u->user[k];
         const hp_node *n = &g->nodes[id];
         int *slot = n->op == HP_OP_NLL_LOSS_FORWARD       ? &m->nll
@@ -131,8 +94,8 @@ static bool match(const hp_graph *g, const users *u, int lsm, ce_match *m) {
         !same(b->in[3], (hp_value){m->nll, 1}) || !same_loss_attrs(b, f) ||
         u->is_output[m->nll_bwd])
         return false;
-    if (u->start[m->nll_bwd + 1] - u->start[m->nll_bwd] != 1 ||
-        u->user[u->start[m->nll_bwd]] != m->lsm_bwd)
+    if (u->off[m->nll_bwd + 1] - u->off[m->nll_bwd] != 1 ||
+        u->user[u->off[m->nll_bwd]] != m->lsm_bwd)
         return false;
     if (!same(s->in[0], (hp_value){m->nll_bwd, 0}) || !same(s->in[1], (hp_value){lsm, 0}) ||
         hp_node_int(s, HP_ATTR_DIM, -1) != 1)
@@ -147,8 +110,8 @@ hp_status hp_pass_fuse_cross_entropy(const hp_graph *in, hp_pass_ctx *ctx, hp_gr
     *out = NULL;
     int n = in->n_nodes;
     if (in->mesh.ndim > 0) return hp__dce(in, out, NULL, err); /* placed: left as it is */
-    users u = {0};
-    HP_TRY(users_build(in, &u, err));
+    hp__users u = {0};
+    HP_TRY(hp__users_init(&u, in, err));
     /* role[i]: 1 + the match whose forward (nll) or backward (lsm_bwd) node i is, -1 a node
      * the match replaces without a value of its own, 0 none */
     int32_t *role = hp_calloc((size_t)(n ? n : 1), sizeof *role);
@@ -176,7 +139,7 @@ hp_status hp_pass_fuse_cross_entropy(const hp_graph *in, hp_pass_ctx *ctx, hp_gr
         }
         n_m++;
     }
-    users_free(&u);
+    hp__users_fini(&u);
     if (st == HP_OK && n_m == 0) {
         st = hp__dce(in, out, NULL, err); /* a copy: nothing to fuse */
         goto done;

@@ -16,6 +16,7 @@
  * it is. The report's fused_swiglu counts the gates fused.
  */
 #include "passes/passes_internal.h"
+#include "passes/sched_util.h"
 
 #include <string.h>
 
@@ -24,43 +25,6 @@ typedef struct sw_match {
     int ds_mul, db_mul, da; /* the backward; -1 without one */
     hp_value a, b, g;
 } sw_match;
-
-typedef struct users {
-    int32_t *start, *user;
-    bool *is_output;
-} users;
-
-static void users_free(users *u) {
-    hp_free(u->start);
-    hp_free(u->user);
-    hp_free(u->is_output);
-}
-
-static hp_status users_build(const hp_graph *g, users *u, hp_err *err) {
-    int n = g->n_nodes;
-    size_t edges = 0;
-    for (int i = 0; i < n; i++) edges += (size_t)g->nodes[i].n_in;
-    u->start = hp_calloc((size_t)n + 1, sizeof *u->start);
-    u->user = hp_malloc((edges ? edges : 1) * sizeof *u->user);
-    u->is_output = hp_calloc((size_t)(n ? n : 1), sizeof *u->is_output);
-    int32_t *fill = hp_calloc((size_t)n + 1, sizeof *fill);
-    if (!u->start || !u->user || !u->is_output || !fill) {
-        hp_free(fill);
-        users_free(u);
-        return hp_errf(err, HP_NOMEM, "out of memory listing the users of %d nodes", n);
-    }
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) u->start[g->nodes[i].in[k].node + 1]++;
-    for (int i = 0; i < n; i++) u->start[i + 1] += u->start[i];
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < g->nodes[i].n_in; k++) {
-            int s = g->nodes[i].in[k].node;
-            u->user[u->start[s] + fill[s]++] = i;
-        }
-    hp_free(fill);
-    for (int k = 0; k < g->n_outputs; k++) u->is_output[g->outputs[k].node] = true;
-    return HP_OK;
-}
 
 static bool same(hp_value a, hp_value b) {
     return a.node == b.node && a.out == b.out;
@@ -80,12 +44,12 @@ static bool mul_of(const hp_graph *g, int m, hp_value x, hp_value *other) {
 }
 
 /* The one user of node id, or -1 (none, several, or a graph output). */
-static int only_user(const users *u, int id) {
-    if (u->is_output[id] || u->start[id + 1] - u->start[id] != 1) return -1;
-    return u->user[u->start[id]];
+static int only_user(const hp__users *u, int id) {
+    if (u->is_output[id] || u->off[id + 1] - u->off[id] != 1) return -1;
+    return u->user[u->off[id]];
 }
 
-static bool match(const hp_graph *g, const users *u, int s, sw_match *m) {
+static bool match(const hp_graph *g, const hp__users *u, int s, sw_match *m) {
     const hp_node *sn = &g->nodes[s];
     if (sn->op != HP_OP_SILU || u->is_output[s]) return false;
     const hp_type *t = &sn->out[0];
@@ -94,7 +58,7 @@ static bool match(const hp_graph *g, const users *u, int s, sw_match *m) {
     /* S's readers: the forward mul (whose other operand is B), at most one more mul (dB) */
     hp_value other[2];
     int muls[2], n_muls = 0;
-    for (int k = u->start[s]; k < u->start[s + 1]; k++) {
+    for (int k = u->off[s]; k < u->off[s + 1]; k++) {
         int id = u->user[k];
         if (n_muls == 2 || !mul_of(g, id, S, &other[n_muls])) return false;
         if (!hp_type_eq(hp_graph_type(g, other[n_muls]), t) || !hp_type_eq(&g->nodes[id].out[0], t))
@@ -112,7 +76,7 @@ static bool match(const hp_graph *g, const users *u, int s, sw_match *m) {
     m->db_mul = bw;
     m->g = other[1 - f];
     /* dS: a mul of B and G, whose one reader is silu_backward(dS, A) */
-    for (int k = u->start[m->g.node]; k < u->start[m->g.node + 1]; k++) {
+    for (int k = u->off[m->g.node]; k < u->off[m->g.node + 1]; k++) {
         int id = u->user[k];
         hp_value o;
         if (id == bw || !mul_of(g, id, m->g, &o) || !same(o, m->b)) continue;
@@ -133,8 +97,8 @@ hp_status hp_pass_fuse_swiglu(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **o
     *out = NULL;
     int n = in->n_nodes;
     if (in->mesh.ndim > 0) return hp__dce(in, out, NULL, err); /* placed: left as it is */
-    users u = {0};
-    HP_TRY(users_build(in, &u, err));
+    hp__users u = {0};
+    HP_TRY(hp__users_init(&u, in, err));
     /* role[i]: 1 + the match whose forward mul node i is, or whose backward it is (the first
      * of dA and dB, where swiglu_backward goes), -1 the second (mapped there), 0 none */
     int32_t *role = hp_calloc((size_t)(n ? n : 1), sizeof *role);
@@ -163,7 +127,7 @@ hp_status hp_pass_fuse_swiglu(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **o
         }
         n_m++;
     }
-    users_free(&u);
+    hp__users_fini(&u);
     if (st == HP_OK && n_m == 0) {
         st = hp__dce(in, out, NULL, err); /* a copy: nothing to fuse */
         goto done;

@@ -238,6 +238,22 @@ static inline hp_status cc_run(hp_backend *be, hp_th *h, int node, unsigned flag
     return st;
 }
 
+/* n loss targets in [0, classes) drawn from seed, every fifth (r % 5 == 2) `ignore`; *counted
+ * gets how many are not ignored. The caller frees the array. */
+static inline double *cc_targets(int64_t n, int64_t classes, uint64_t seed, int64_t ignore,
+                                 double *counted) {
+    double *tg = malloc((size_t)(n > 0 ? n : 1) * sizeof *tg);
+    cr_assert(tg);
+    hp_th_rand(tg, n, seed, 0, (double)classes);
+    *counted = 0;
+    for (int64_t r = 0; r < n; r++) {
+        tg[r] = floor(tg[r]);
+        if (r % 5 == 2) tg[r] = (double)ignore;
+        *counted += tg[r] != (double)ignore;
+    }
+    return tg;
+}
+
 /* Runs node `v.node` on be and compares every output with the evaluator within tol. */
 static inline void cc_check(hp_backend *be, hp_th *h, hp_value v, unsigned flags, double tol) {
     cc_result r;

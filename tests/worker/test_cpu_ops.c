@@ -514,14 +514,7 @@ static void case_nll(hp_backend *be, hp_op op) {
                 int64_t n = ns[ni], c = 11, ignore = ig ? 4 : -100;
                 hp_th h;
                 hp_th_init(&h);
-                double *tg = malloc((size_t)n * sizeof *tg);
-                hp_th_rand(tg, n, n + red, 0, (double)c);
-                double count = 0;
-                for (int64_t r = 0; r < n; r++) {
-                    tg[r] = floor(tg[r]);
-                    if (r % 5 == 2) tg[r] = (double)ignore;
-                    count += tg[r] != (double)ignore;
-                }
+                double count, *tg = cc_targets(n, c, (uint64_t)(n + red), ignore, &count);
                 hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, red),
                                 hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
                 hp_value v;
@@ -554,13 +547,7 @@ static void case_cross_entropy(hp_backend *be, hp_op op) {
                 int64_t n = ns[ni], c = cs[ci], ignore = red == 1 ? -100 : 4;
                 hp_th h;
                 hp_th_init(&h);
-                double *tg = malloc((size_t)n * sizeof *tg), count = 0;
-                hp_th_rand(tg, n, n + red, 0, (double)c);
-                for (int64_t r = 0; r < n; r++) {
-                    tg[r] = floor(tg[r]);
-                    if (r % 5 == 2) tg[r] = (double)ignore;
-                    count += tg[r] != (double)ignore;
-                }
+                double count, *tg = cc_targets(n, c, (uint64_t)(n + red), ignore, &count);
                 hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, red),
                                 hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
                 hp_value v;

@@ -389,13 +389,7 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
     for (int red = 0; red < 3; red++)
         for (int ig = 0; ig < 2; ig++) {
             int64_t n = 3000, c = 11, ignore = ig ? 4 : -100;
-            double *tg = malloc((size_t)n * sizeof *tg), count = 0;
-            hp_th_rand(tg, n, n + red, 0, (double)c);
-            for (int64_t r = 0; r < n; r++) {
-                tg[r] = floor(tg[r]);
-                if (r % 5 == 2) tg[r] = (double)ignore;
-                count += tg[r] != (double)ignore;
-            }
+            double count, *tg = cc_targets(n, c, (uint64_t)(n + red), ignore, &count);
             hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, red),
                             hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
             hp_th h;
@@ -438,13 +432,7 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
     for (size_t ci = 0; ci < HP_ARRAY_LEN(ce_c); ci++)
         for (int red = 1; red < 3; red++) {
             int64_t n = ci == 2 ? 33 : 300, c = ce_c[ci], ignore = red == 1 ? -100 : 4;
-            double *tg = malloc((size_t)n * sizeof *tg), count = 0;
-            hp_th_rand(tg, n, n + red, 0, (double)c);
-            for (int64_t r = 0; r < n; r++) {
-                tg[r] = floor(tg[r]);
-                if (r % 5 == 2) tg[r] = (double)ignore;
-                count += tg[r] != (double)ignore;
-            }
+            double count, *tg = cc_targets(n, c, (uint64_t)(n + red), ignore, &count);
             hp_attr a[2] = {hp_attr_int(HP_ATTR_REDUCTION, red),
                             hp_attr_int(HP_ATTR_IGNORE_INDEX, ignore)};
             hp_th h;
