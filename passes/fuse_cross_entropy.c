@@ -105,93 +105,60 @@ static bool match(const hp_graph *g, const hp__users *u, int lsm, ce_match *m) {
     return match_grad_users(g, u, m, hp_graph_type(g, x)->dtype);
 }
 
+/* Builds match role - 1's fused op at node i: the forward at its nll_loss_forward, the
+ * backward at its _log_softmax_backward_data (after the forward: it reads L, which follows X
+ * and T), standing for that node's value or for its casts. */
+static hp_status emit(hp__rewrite *rw, int i, int role, void *ctx, hp_err *err) {
+    const ce_match *a = &((const ce_match *)ctx)[role - 1];
+    const hp_node *f = &rw->in->nodes[a->nll];
+    hp_attr at[2] = {hp_attr_int(HP_ATTR_REDUCTION, hp_node_int(f, HP_ATTR_REDUCTION, HP_NLL_MEAN)),
+                     hp_attr_int(HP_ATTR_IGNORE_INDEX, hp_node_int(f, HP_ATTR_IGNORE_INDEX, -100))};
+    hp_value x = hp__rewrite_get(rw, a->logits), t = hp__rewrite_get(rw, a->target);
+    if (i == a->nll) {
+        hp_value ce =
+            hp__rewrite_build(rw, HP_OP_FUSED_CROSS_ENTROPY, (hp_value[]){x, t}, 2, at, 2, err);
+        if (!hp_value_ok(ce)) return err ? err->status : HP_INTERNAL;
+        hp__rewrite_set(rw, (hp_value){i, 0}, ce);
+        hp__rewrite_set(rw, (hp_value){i, 1}, hp_out(ce, 1));
+        return HP_OK;
+    }
+    hp_value ce = hp__rewrite_get(rw, (hp_value){a->nll, 0}); /* the fused forward's loss */
+    hp_value in[5] = {hp__rewrite_get(rw, rw->in->nodes[a->nll_bwd].in[0]), x, t, hp_out(ce, 2),
+                      hp_out(ce, 1)};
+    hp_value gx = hp__rewrite_build(rw, HP_OP_FUSED_CROSS_ENTROPY_BACKWARD, in, 5, at, 2, err);
+    if (!hp_value_ok(gx)) return err ? err->status : HP_INTERNAL;
+    hp__rewrite_set(rw, (hp_value){i, 0}, gx);
+    for (int k = 0; k < a->n_casts; k++) hp__rewrite_set(rw, (hp_value){a->casts[k], 0}, gx);
+    return HP_OK;
+}
+
 hp_status hp_pass_fuse_cross_entropy(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                      hp_err *err) {
     *out = NULL;
-    int n = in->n_nodes;
+    int n = in->n_nodes, heads = 0;
     if (in->mesh.ndim > 0) return hp__dce(in, out, NULL, err); /* placed: left as it is */
+    for (int i = 0; i < n; i++) heads += in->nodes[i].op == HP_OP_LOG_SOFTMAX;
     hp__users u = {0};
     HP_TRY(hp__users_init(&u, in, err));
     /* role[i]: 1 + the match whose forward (nll) or backward (lsm_bwd) node i is, -1 a node
      * the match replaces without a value of its own, 0 none */
     int32_t *role = hp_calloc((size_t)(n ? n : 1), sizeof *role);
-    ce_match *m = NULL;
-    int n_m = 0, cap = 0;
-    hp_status st = role ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
+    ce_match *m = hp_calloc((size_t)(heads ? heads : 1), sizeof *m);
+    int n_m = 0;
+    hp_status st =
+        role && m ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
     for (int i = 0; i < n && st == HP_OK; i++) {
-        ce_match a;
-        if (in->nodes[i].op != HP_OP_LOG_SOFTMAX || !match(in, &u, i, &a)) continue;
-        if (n_m == cap) {
-            cap = cap ? 2 * cap : 4;
-            ce_match *grown = hp_realloc(m, (size_t)cap * sizeof *m);
-            if (!grown) {
-                st = hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
-                break;
-            }
-            m = grown;
+        ce_match *a = &m[n_m];
+        if (in->nodes[i].op != HP_OP_LOG_SOFTMAX || !match(in, &u, i, a)) continue;
+        role[a->nll] = ++n_m;
+        if (a->lsm_bwd >= 0) {
+            role[a->lsm_bwd] = n_m;
+            role[a->nll_bwd] = -1;
+            for (int k = 0; k < a->n_casts; k++) role[a->casts[k]] = -1;
         }
-        m[n_m] = a;
-        role[a.nll] = n_m + 1;
-        if (a.lsm_bwd >= 0) {
-            role[a.lsm_bwd] = n_m + 1;
-            role[a.nll_bwd] = -1;
-            for (int k = 0; k < a.n_casts; k++) role[a.casts[k]] = -1;
-        }
-        n_m++;
     }
     hp__users_fini(&u);
-    if (st == HP_OK && n_m == 0) {
-        st = hp__dce(in, out, NULL, err); /* a copy: nothing to fuse */
-        goto done;
-    }
-    hp__rewrite rw;
-    if (st != HP_OK || (st = hp__rewrite_start(&rw, in, err)) != HP_OK) goto done;
-    hp_value *lse = hp_calloc((size_t)n_m, sizeof *lse);
-    if (!lse) st = hp_errf(err, HP_NOMEM, "out of memory in fuse_cross_entropy");
-    for (int i = 0; i < n && st == HP_OK; i++) {
-        if (role[i] < 0) continue; /* its value comes from a fused op */
-        if (role[i] == 0) {
-            if (hp__rewrite_copy(&rw, i, err) < 0) st = err ? err->status : HP_INTERNAL;
-            continue;
-        }
-        ce_match *a = &m[role[i] - 1];
-        const hp_node *f = &in->nodes[a->nll];
-        hp_attr at[2] = {
-            hp_attr_int(HP_ATTR_REDUCTION, hp_node_int(f, HP_ATTR_REDUCTION, HP_NLL_MEAN)),
-            hp_attr_int(HP_ATTR_IGNORE_INDEX, hp_node_int(f, HP_ATTR_IGNORE_INDEX, -100))};
-        if (i == a->nll) {
-            hp_value x[2] = {hp__rewrite_get(&rw, a->logits), hp__rewrite_get(&rw, a->target)};
-            hp_value ce = hp__rewrite_build(&rw, HP_OP_FUSED_CROSS_ENTROPY, x, 2, at, 2, err);
-            if (!hp_value_ok(ce)) {
-                st = err ? err->status : HP_INTERNAL;
-                break;
-            }
-            hp__rewrite_set(&rw, (hp_value){i, 0}, ce);
-            hp__rewrite_set(&rw, (hp_value){i, 1}, hp_out(ce, 1));
-            lse[role[i] - 1] = hp_out(ce, 2);
-            continue;
-        }
-        /* the backward: after the forward (GX reads L, which follows X and T) */
-        const hp_node *b = &in->nodes[a->nll_bwd];
-        hp_value x[5] = {hp__rewrite_get(&rw, b->in[0]), hp__rewrite_get(&rw, a->logits),
-                         hp__rewrite_get(&rw, a->target), lse[role[i] - 1],
-                         hp__rewrite_get(&rw, (hp_value){a->nll, 1})};
-        hp_value gx = hp__rewrite_build(&rw, HP_OP_FUSED_CROSS_ENTROPY_BACKWARD, x, 5, at, 2, err);
-        if (!hp_value_ok(gx)) {
-            st = err ? err->status : HP_INTERNAL;
-            break;
-        }
-        hp__rewrite_set(&rw, (hp_value){i, 0}, gx);
-        for (int k = 0; k < a->n_casts; k++) hp__rewrite_set(&rw, (hp_value){a->casts[k], 0}, gx);
-    }
-    hp_free(lse);
-    if (st != HP_OK) {
-        hp__rewrite_abort(&rw);
-        goto done;
-    }
-    hp_graph *mid = NULL;
-    if ((st = hp__rewrite_finish(&rw, &mid, err)) == HP_OK) st = hp__dce_take(mid, out, err);
-done:
+    if (st == HP_OK) st = hp__rewrite_fused(in, role, emit, m, out, err);
     if (st == HP_OK && ctx && ctx->report) ctx->report->fused_cross_entropy = n_m;
     hp_free(role);
     hp_free(m);

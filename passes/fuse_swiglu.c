@@ -93,80 +93,52 @@ static bool match(const hp_graph *g, const hp__users *u, int s, sw_match *m) {
     return false;
 }
 
+/* Builds match role - 1's fused op at node i: swiglu at the forward mul, swiglu_backward at
+ * the first of dA and dB (G, A and B come before both), standing for both. */
+static hp_status emit(hp__rewrite *rw, int i, int role, void *ctx, hp_err *err) {
+    const sw_match *a = &((const sw_match *)ctx)[role - 1];
+    hp_value A = hp__rewrite_get(rw, a->a), B = hp__rewrite_get(rw, a->b);
+    if (i == a->fwd_mul) {
+        hp_value y = hp__rewrite_build(rw, HP_OP_SWIGLU, (hp_value[]){A, B}, 2, NULL, 0, err);
+        if (!hp_value_ok(y)) return err ? err->status : HP_INTERNAL;
+        hp__rewrite_set(rw, (hp_value){i, 0}, y);
+        return HP_OK;
+    }
+    hp_value G = hp__rewrite_get(rw, a->g);
+    hp_value d =
+        hp__rewrite_build(rw, HP_OP_SWIGLU_BACKWARD, (hp_value[]){G, A, B}, 3, NULL, 0, err);
+    if (!hp_value_ok(d)) return err ? err->status : HP_INTERNAL;
+    hp__rewrite_set(rw, (hp_value){a->da, 0}, d);
+    hp__rewrite_set(rw, (hp_value){a->db_mul, 0}, hp_out(d, 1));
+    return HP_OK;
+}
+
 hp_status hp_pass_fuse_swiglu(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
     *out = NULL;
-    int n = in->n_nodes;
+    int n = in->n_nodes, heads = 0;
     if (in->mesh.ndim > 0) return hp__dce(in, out, NULL, err); /* placed: left as it is */
+    for (int i = 0; i < n; i++) heads += in->nodes[i].op == HP_OP_SILU;
     hp__users u = {0};
     HP_TRY(hp__users_init(&u, in, err));
     /* role[i]: 1 + the match whose forward mul node i is, or whose backward it is (the first
      * of dA and dB, where swiglu_backward goes), -1 the second (mapped there), 0 none */
     int32_t *role = hp_calloc((size_t)(n ? n : 1), sizeof *role);
-    sw_match *m = NULL;
-    int n_m = 0, cap = 0;
-    hp_status st = role ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory in fuse_swiglu");
+    sw_match *m = hp_calloc((size_t)(heads ? heads : 1), sizeof *m);
+    int n_m = 0;
+    hp_status st = role && m ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory in fuse_swiglu");
     for (int i = 0; i < n && st == HP_OK; i++) {
-        sw_match a;
-        if (in->nodes[i].op != HP_OP_SILU || !match(in, &u, i, &a)) continue;
-        if (role[a.fwd_mul] || (a.da >= 0 && (role[a.da] || role[a.db_mul]))) continue;
-        if (n_m == cap) {
-            cap = cap ? 2 * cap : 16;
-            sw_match *grown = hp_realloc(m, (size_t)cap * sizeof *m);
-            if (!grown) {
-                st = hp_errf(err, HP_NOMEM, "out of memory in fuse_swiglu");
-                break;
-            }
-            m = grown;
+        sw_match *a = &m[n_m];
+        if (in->nodes[i].op != HP_OP_SILU || !match(in, &u, i, a)) continue;
+        if (role[a->fwd_mul] || (a->da >= 0 && (role[a->da] || role[a->db_mul]))) continue;
+        role[a->fwd_mul] = ++n_m;
+        if (a->da >= 0) {
+            int first = a->da < a->db_mul ? a->da : a->db_mul;
+            role[first] = n_m;
+            role[first == a->da ? a->db_mul : a->da] = -1;
         }
-        m[n_m] = a;
-        role[a.fwd_mul] = n_m + 1;
-        if (a.da >= 0) {
-            int first = a.da < a.db_mul ? a.da : a.db_mul;
-            role[first] = n_m + 1;
-            role[first == a.da ? a.db_mul : a.da] = -1;
-        }
-        n_m++;
     }
     hp__users_fini(&u);
-    if (st == HP_OK && n_m == 0) {
-        st = hp__dce(in, out, NULL, err); /* a copy: nothing to fuse */
-        goto done;
-    }
-    hp__rewrite rw;
-    if (st != HP_OK || (st = hp__rewrite_start(&rw, in, err)) != HP_OK) goto done;
-    for (int i = 0; i < n && st == HP_OK; i++) {
-        if (role[i] < 0) continue; /* its value comes from swiglu_backward */
-        if (role[i] == 0) {
-            if (hp__rewrite_copy(&rw, i, err) < 0) st = err ? err->status : HP_INTERNAL;
-            continue;
-        }
-        const sw_match *a = &m[role[i] - 1];
-        hp_value A = hp__rewrite_get(&rw, a->a), B = hp__rewrite_get(&rw, a->b);
-        if (i == a->fwd_mul) {
-            hp_value y = hp__rewrite_build(&rw, HP_OP_SWIGLU, (hp_value[]){A, B}, 2, NULL, 0, err);
-            if (!hp_value_ok(y))
-                st = err ? err->status : HP_INTERNAL;
-            else
-                hp__rewrite_set(&rw, (hp_value){i, 0}, y);
-            continue;
-        }
-        hp_value G = hp__rewrite_get(&rw, a->g);
-        hp_value d =
-            hp__rewrite_build(&rw, HP_OP_SWIGLU_BACKWARD, (hp_value[]){G, A, B}, 3, NULL, 0, err);
-        if (!hp_value_ok(d)) {
-            st = err ? err->status : HP_INTERNAL;
-            break;
-        }
-        hp__rewrite_set(&rw, (hp_value){a->da, 0}, d);
-        hp__rewrite_set(&rw, (hp_value){a->db_mul, 0}, hp_out(d, 1));
-    }
-    if (st != HP_OK) {
-        hp__rewrite_abort(&rw);
-        goto done;
-    }
-    hp_graph *mid = NULL;
-    if ((st = hp__rewrite_finish(&rw, &mid, err)) == HP_OK) st = hp__dce_take(mid, out, err);
-done:
+    if (st == HP_OK) st = hp__rewrite_fused(in, role, emit, m, out, err);
     if (st == HP_OK && ctx && ctx->report) ctx->report->fused_swiglu = n_m;
     hp_free(role);
     hp_free(m);

@@ -98,6 +98,15 @@ hp_status hp__rewrite_finish(hp__rewrite *rw, hp_graph **out, hp_err *err);
 /* Frees everything, the new graph included (after a failure). */
 void hp__rewrite_abort(hp__rewrite *rw);
 
+/* A fusion pass's rebuild of in (fuse_cross_entropy.c, fuse_swiglu.c): node i is left out when
+ * role[i] < 0 (a fused op made at another node stands for its values), copied when 0, and
+ * handed to emit when > 0, which builds the fused op and sets (hp__rewrite_set) the old values
+ * it stands for; then the nodes left unread are removed (hp__dce_take). in without placements;
+ * with no role > 0, *out is a copy. */
+typedef hp_status (*hp__fuse_emit)(hp__rewrite *rw, int node, int role, void *ctx, hp_err *err);
+hp_status hp__rewrite_fused(const hp_graph *in, const int32_t *role, hp__fuse_emit emit, void *ctx,
+                            hp_graph **out, hp_err *err);
+
 /* ---- shared analyses ---------------------------------------------------------------------- */
 
 /* Removes nodes none of whose outputs reaches a graph output; placeholders always stay (they

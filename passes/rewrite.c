@@ -117,3 +117,27 @@ void hp__rewrite_abort(hp__rewrite *rw) {
     rw->out = NULL;
     free_state(rw);
 }
+
+hp_status hp__rewrite_fused(const hp_graph *in, const int32_t *role, hp__fuse_emit emit, void *ctx,
+                            hp_graph **out, hp_err *err) {
+    *out = NULL;
+    bool any = false;
+    for (int i = 0; i < in->n_nodes && !any; i++) any = role[i] > 0;
+    if (!any) return hp__dce(in, out, NULL, err); /* a copy: nothing to fuse */
+    hp__rewrite rw;
+    HP_TRY(hp__rewrite_start(&rw, in, err));
+    hp_status st = HP_OK;
+    for (int i = 0; i < in->n_nodes && st == HP_OK; i++) {
+        if (role[i] > 0)
+            st = emit(&rw, i, role[i], ctx, err);
+        else if (role[i] == 0 && hp__rewrite_copy(&rw, i, err) < 0)
+            st = err ? err->status : HP_INTERNAL;
+    }
+    if (st != HP_OK) {
+        hp__rewrite_abort(&rw);
+        return st;
+    }
+    hp_graph *mid = NULL;
+    HP_TRY(hp__rewrite_finish(&rw, &mid, err));
+    return hp__dce_take(mid, out, err);
+}
