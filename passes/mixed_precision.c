@@ -17,6 +17,8 @@
  * * Every reduction collective (reduce_scatter_tensor, all_reduce: the gradients and the loss)
  *   reads its input cast to reduce_dtype; each graph output is cast back to the dtype the
  *   optimizer expects (the parameter's, f32), so master weights and AdamW state stay f32.
+ *   Each such cast is placed right after the node that makes the output, so a weight gradient
+ *   is finished (and its inputs freed) where the backward reaches its layer.
  * * A matrix product (or an embedding's weight gradient) read by nothing but its f32 cast,
  *   which only graph outputs and gradient reductions read (each weight gradient, on its way to
  *   the optimizer or a reduce-scatter), becomes mm{dtype=f32} (embedding_dense_backward
@@ -173,6 +175,16 @@ static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_er
     return HP_OK;
 }
 
+/* Graph output k in the dtype the optimizer and the loss report expect: the loss in f32,
+ * gradient k - 1 in its parameter's dtype (memoized: the same cast each call). */
+static hp_value output_cast(mp *m, const hp_graph *in, int k, hp_err *err) {
+    hp_value o = in->outputs[k];
+    hp_dtype want = in->nodes[o.node].out[o.out].dtype;
+    if (k == 0 && hp_dtype_is_float(want)) want = HP_F32;
+    if (k >= 1 && k - 1 < m->n_params) want = in->nodes[k - 1].out[0].dtype;
+    return cast_to(m, hp__rewrite_get(&m->rw, o), want, err);
+}
+
 /* An op that takes {dtype=f32} and has not got it. */
 static bool widens(const hp_node *p) {
     if (p->out[0].dtype == HP_F32 || hp_node_attr(p, HP_ATTR_DTYPE)) return false;
@@ -278,6 +290,7 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
     for (int i = 0; i < in->n_nodes; i++)
         if (in->nodes[i].n_in > max_in) max_in = in->nodes[i].n_in;
     m.cast = hp_malloc((size_t)(m.n_params ? m.n_params : 1) * sizeof *m.cast);
+    int *first_out = NULL, *next_out = NULL;
     hp_value *ins = hp_malloc((size_t)max_in * sizeof *ins);
     hp_type *types = hp_malloc((size_t)max_in * sizeof *types);
     hp_status st = HP_OK;
@@ -303,20 +316,34 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
         m.cast[k] = cast_to(&m, hp__rewrite_get(&m.rw, (hp_value){k, 0}), m.param, err);
         if (!hp_value_ok(m.cast[k])) st = err->status;
     }
-    for (int i = n_ph; i < in->n_nodes && st == HP_OK; i++)
+    /* next_out[k]: the next graph output made by the same node as output k; first_out[i] the
+     * first made by node i (-1: none) */
+    first_out = hp_malloc((size_t)in->n_nodes * sizeof *first_out);
+    next_out = hp_malloc((size_t)(in->n_outputs ? in->n_outputs : 1) * sizeof *next_out);
+    if (st == HP_OK && (!first_out || !next_out)) st = hp_errf(err, HP_NOMEM, "out of memory");
+    if (st == HP_OK) {
+        for (int i = 0; i < in->n_nodes; i++) first_out[i] = -1;
+        for (int k = in->n_outputs - 1; k >= 0; k--) {
+            next_out[k] = first_out[in->outputs[k].node];
+            first_out[in->outputs[k].node] = k;
+        }
+    }
+    /* each output's cast right after its producer: a weight gradient's cast (and the f32 mm
+     * widen_products makes of it) then runs where the gradient is made, so its bf16 buffer and
+     * the activations it reads are freed there, not held to the end of the step */
+    for (int i = n_ph; i < in->n_nodes && st == HP_OK; i++) {
         st = rewrite_node(&m, i, ins, types, err);
-    /* outputs back in the dtype the optimizer and the loss report expect: the loss in f32,
-     * gradient k - 1 in its parameter's dtype */
+        for (int k = first_out[i]; k >= 0 && st == HP_OK; k = next_out[k])
+            if (!hp_value_ok(output_cast(&m, in, k, err))) st = err->status;
+    }
+    /* outputs back in the dtype the optimizer and the loss report expect (the casts made
+     * above are found in the memo) */
     for (int k = 0; k < in->n_outputs && st == HP_OK; k++) {
-        hp_value o = in->outputs[k];
-        hp_dtype want = in->nodes[o.node].out[o.out].dtype;
-        if (k == 0 && hp_dtype_is_float(want)) want = HP_F32;
-        if (k >= 1 && k - 1 < m.n_params) want = in->nodes[k - 1].out[0].dtype;
-        hp_value v = cast_to(&m, hp__rewrite_get(&m.rw, o), want, err);
+        hp_value v = output_cast(&m, in, k, err);
         if (!hp_value_ok(v))
             st = err->status;
         else
-            hp__rewrite_set(&m.rw, o, v);
+            hp__rewrite_set(&m.rw, in->outputs[k], v);
     }
     hp_graph *mid = NULL;
     if (st == HP_OK) {
@@ -329,6 +356,8 @@ hp_status hp_pass_mixed_precision(const hp_graph *in, hp_pass_ctx *ctx, hp_graph
         hp__rewrite_abort(&m.rw);
     }
 done:
+    hp_free(first_out);
+    hp_free(next_out);
     hp_free(m.cast);
     hp_free(m.memo[0]);
     hp_free(m.memo[1]);

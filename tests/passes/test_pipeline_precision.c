@@ -241,6 +241,21 @@ Test(pipeline, mixed_precision_world_1_ddp_and_switches) {
     bool all;
     cr_expect_gt(kind_bytes(c2->graph, HP_OP_ALL_REDUCE, HP_F32, &all), 0);
     cr_expect(all, "DDP's gradient all-reduces run in f32");
+    /* each weight gradient is made where the backward reaches its layer, not held to the end
+     * of the step: every f32 product comes before the embedding's gradient, the backward's
+     * last (the output casts are placed after their producers) */
+    const hp_graph *g1 = c1->graph;
+    int emb = -1, wide = 0;
+    for (int i = 0; i < g1->n_nodes; i++)
+        if (g1->nodes[i].op == HP_OP_EMBEDDING_DENSE_BACKWARD) emb = i;
+    cr_assert_geq(emb, 0);
+    for (int i = 0; i < g1->n_nodes; i++) {
+        const hp_node *n = &g1->nodes[i];
+        if (n->op != HP_OP_MM || n->out[0].dtype != HP_F32) continue;
+        wide++;
+        cr_expect_lt(i, emb, "weight gradient node %d after the embedding's gradient %d", i, emb);
+    }
+    cr_expect_eq(wide, TINY.layers * 7 + 1, "every weight gradient's product is f32");
     hp_compiled_free(c1);
     hp_compiled_free(c2);
 
