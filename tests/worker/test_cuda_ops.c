@@ -505,6 +505,67 @@ Test(cuda_ops, nn_ops_in_bf16) {
     hp_backend_free(be);
 }
 
+/* Runs node v on the cuda backend twice and on the cpu backend once: the same bits each time. */
+static void expect_cpu_bits(hp_backend *be, hp_th *h, hp_value v, const char *what) {
+    hp_backend *cpu = cc_backend(2);
+    cc_result a, b, c;
+    hp_err e = {0};
+    cr_assert_eq(cc_run(be, h, v.node, 0, &a, NULL, &e), HP_OK, "%s: %s", what, e.msg);
+    cr_assert_eq(cc_run(be, h, v.node, 0, &b, NULL, &e), HP_OK, "%s: %s", what, e.msg);
+    cr_assert_eq(cc_run(cpu, h, v.node, 0, &c, NULL, &e), HP_OK, "%s (cpu): %s", what, e.msg);
+    cr_expect(memcmp(a.out[0], b.out[0], a.bytes[0]) == 0, "%s: two cuda runs differ", what);
+    cr_expect(memcmp(a.out[0], c.out[0], a.bytes[0]) == 0, "%s: cuda and cpu differ", what);
+    cc_result_free(&a);
+    cc_result_free(&b);
+    cc_result_free(&c);
+    hp_backend_free(cpu);
+}
+
+/* The embedding backwards sum each row's positions in order, as the cpu backend does, with no
+ * atomics: the cpu's bits, run after run. 5000 positions (an 8192-key sort: tiles and global
+ * merge stages), skewed indices (a few rows take hundreds of positions), a padding row; f32,
+ * bf16 into f32 ({dtype=f32}) and bf16; and the vocab-parallel chunked form. */
+Test(cuda_ops, embedding_backward_is_deterministic_and_the_cpus) {
+    hp_backend *be = cu_backend();
+    const int64_t n = 5000, v = 300, d = 40;
+    double *ix = malloc((size_t)n * sizeof *ix);
+    hp_th_rand(ix, n, 21, 0, 1);
+    for (int64_t i = 0; i < n; i++) ix[i] = floor(ix[i] * ix[i] * ix[i] * (double)v);
+    const struct {
+        hp_dtype g;
+        bool wide;
+    } dts[] = {{HP_F32, false}, {HP_BF16, true}, {HP_BF16, false}};
+    for (size_t t = 0; t < HP_ARRAY_LEN(dts); t++) {
+        hp_th h;
+        hp_th_init(&h);
+        hp_value g = cc_rand_input(&h, TY(dts[t].g, n, d), 22, -1, 1);
+        hp_value idx = cc_input(&h, TY(HP_I64, n), ix);
+        hp_attr a[3] = {hp_attr_int(HP_ATTR_NUM_WEIGHTS, v), hp_attr_int(HP_ATTR_PADDING_IDX, 1),
+                        hp_attr_dtype(HP_ATTR_DTYPE, HP_F32)};
+        hp_value y = node1(&h, HP_OP_EMBEDDING_DENSE_BACKWARD, (hp_value[]){g, idx}, 2, a,
+                           dts[t].wide ? 3 : 2);
+        round_inputs(&h);
+        char what[64];
+        snprintf(what, sizeof what, "embedding backward (%s%s)", hp_dtype_name(dts[t].g),
+                 dts[t].wide ? ", f32 out" : "");
+        expect_cpu_bits(be, &h, y, what);
+        hp_th_fini(&h);
+    }
+    hp_th h;
+    hp_th_init(&h);
+    hp_value g = cc_rand_input(&h, TY(HP_F32, n, d), 23, -1, 1);
+    hp_value idx = cc_input(&h, TY(HP_I64, n), ix);
+    hp_value base = cc_input(&h, TY(HP_I64, 3), (double[]){0, 50, 200}); /* overlapping, a gap */
+    hp_attr nw = hp_attr_int(HP_ATTR_NUM_WEIGHTS, 3 * 80);
+    hp_value y = node1(&h, HP_OP_CHUNKED_EMBEDDING_BACKWARD, (hp_value[]){g, idx, base}, 3, &nw, 1);
+    round_inputs(&h);
+    expect_cpu_bits(be, &h, y, "chunked embedding backward");
+    cc_check(be, &h, y, 0, TOL_REDUCE);
+    hp_th_fini(&h);
+    free(ix);
+    hp_backend_free(be);
+}
+
 /* Attention: causal and not, GQA, T != S, head dims of the debugmodel (16) and the ~1B (128). */
 static void attention_in(hp_backend *be, hp_dtype fp, double tol) {
     static const struct {

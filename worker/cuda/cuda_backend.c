@@ -464,10 +464,10 @@ static hp_status cuda_collective(hp_backend *b, int stream, const hp_kernel_call
 }
 
 /* ---- bf16 operands of f32 kernels --------------------------------------------------------------
- * Elementwise ops, casts, data movement, tril and GEMMs take bf16 natively, and so do RMSNorm,
- * rotary and the tensor-core attention when their operands fit (hp__cuda_native_bf16). The other
- * kernels (embedding, softmax, nll_loss, layer_norm, dropout, arange, reductions, attention of
- * other shapes) compute in f32 and run
+ * Elementwise ops, casts, data movement, tril, GEMMs and the embeddings take bf16 natively, and
+ * so do RMSNorm, rotary and the tensor-core attention when their operands fit
+ * (hp__cuda_native_bf16). The other kernels (softmax, nll_loss, layer_norm, dropout, arange,
+ * reductions, attention of other shapes) compute in f32 and run
  * staged when an operand is bf16, as on the cpu backend: each bf16 input is widened into f32
  * staging (exact), the entry runs on a copy of the call whose bf16 types read f32, and each bf16
  * output is rounded to nearest even from its staging. So every op has a bf16 form that computes
@@ -478,10 +478,6 @@ static bool staged_op(hp_op op) {
     case HP_OP_SUM:
     case HP_OP_MEAN:
     case HP_OP_AMAX:
-    case HP_OP_EMBEDDING:
-    case HP_OP_EMBEDDING_DENSE_BACKWARD:
-    case HP_OP_CHUNKED_EMBEDDING:
-    case HP_OP_CHUNKED_EMBEDDING_BACKWARD:
     case HP_OP_LOG_SOFTMAX:
     case HP_OP_LOG_SOFTMAX_BACKWARD:
     case HP_OP_SOFTMAX:

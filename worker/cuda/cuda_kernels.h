@@ -104,22 +104,28 @@ int hp__cu_reduce(cudaStream_t s, int op, int dtype, void *y, const void *x,
 
 /* ---- k_embedding.cu ------------------------------------------------------------------------- */
 
-/* y[i, :] = w[idx[i], :] for n positions of d; idx i32 or i64 (is64); an index outside [0, v)
- * faults (and its row reads zeros). */
-int hp__cu_embedding(cudaStream_t s, float *y, const float *w, const void *idx, int is64, int64_t n,
-                     int64_t v, int64_t d, hp__cu_fault *fault);
-/* gw [v, d] = Σ over positions with index r of g[i, :] (zeroed first; row `pad` stays 0). */
-int hp__cu_embedding_backward(cudaStream_t s, float *gw, const float *g, const void *idx, int is64,
-                              int64_t n, int64_t v, int64_t d, int64_t pad, hp__cu_fault *fault);
+/* y[i, :] = w[idx[i], :] for n positions of d, w and y of dtype (HP__CU_F32 or HP__CU_BF16);
+ * idx i32 or i64 (is64); an index outside [0, v) faults (and its row reads zeros). */
+int hp__cu_embedding(cudaStream_t s, int dtype, void *y, const void *w, const void *idx, int is64,
+                     int64_t n, int64_t v, int64_t d, hp__cu_fault *fault);
+/* Scratch bytes of the backwards below for n_keys keys: n positions (k · n for the chunked). */
+size_t hp__cu_embedding_backward_scratch(int64_t n_keys);
+/* gw [v, d] (ydt) = Σ over positions with index r of g[i, :] (gdt), in position order in f32,
+ * deterministic (no atomics); rows no position names and row `pad` are 0. Needs n < 2^32 and
+ * v < 2^32 − 1 (the entry checks). */
+int hp__cu_embedding_backward(cudaStream_t s, int gdt, int ydt, void *gw, const void *g,
+                              const void *idx, int is64, int64_t n, int64_t v, int64_t d,
+                              int64_t pad, void *scratch, hp__cu_fault *fault);
 /* y[i, :] = Σ over chunks c with base[c] <= idx[i] < base[c] + rows of w[c·rows + idx[i] −
  * base[c], :]: w holds k chunks of rows rows; idx and base i32 or i64 (idx64, base64). */
-int hp__cu_chunked_embedding(cudaStream_t s, float *y, const float *w, const void *idx, int idx64,
-                             const void *base, int base64, int64_t n, int64_t k, int64_t rows,
-                             int64_t d);
-/* gw [k · rows, d] = the sum, over positions, of g[i, :] into each row the forward read. */
-int hp__cu_chunked_embedding_backward(cudaStream_t s, float *gw, const float *g, const void *idx,
-                                      int idx64, const void *base, int base64, int64_t n, int64_t k,
-                                      int64_t rows, int64_t d);
+int hp__cu_chunked_embedding(cudaStream_t s, int dtype, void *y, const void *w, const void *idx,
+                             int idx64, const void *base, int base64, int64_t n, int64_t k,
+                             int64_t rows, int64_t d);
+/* gw [k · rows, d] = the sum, over positions in order, of g[i, :] into each row the forward
+ * read; deterministic as the dense backward. */
+int hp__cu_chunked_embedding_backward(cudaStream_t s, int gdt, int ydt, void *gw, const void *g,
+                                      const void *idx, int idx64, const void *base, int base64,
+                                      int64_t n, int64_t k, int64_t rows, int64_t d, void *scratch);
 
 /* ---- k_softmax.cu --------------------------------------------------------------------------- */
 

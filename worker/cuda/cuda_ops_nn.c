@@ -13,36 +13,58 @@
 
 #define LAUNCH(call, what) HP__CUDA_TRY((call), (what))
 
-/* ---- embedding ------------------------------------------------------------------------------ */
+/* ---- embedding ------------------------------------------------------------------------------
+ * f32 or bf16 tables and gradients in any mix (a bf16 gradient summed into an f32 weight
+ * gradient: embedding_dense_backward{dtype=f32}); the backwards sort (row, position) keys in
+ * scratch, HP_STREAM_COMPUTE's, and sum in position order, as the cpu backend does. */
+
+static int cu_dt(hp_dtype t) {
+    return t == HP_BF16 ? HP__CU_BF16 : HP__CU_F32;
+}
+
+/* The keys pack a row and a position into 32 bits each (k_embedding.cu). */
+static hp_status key_room(int64_t n, int64_t rows, hp_err *err) {
+    if (n < ((int64_t)1 << 32) && rows < (int64_t)0xffffffff) return HP_OK;
+    return hp_errf(err, HP_UNSUPPORTED,
+                   "%lld positions over %lld rows: the cuda backward takes fewer than 2^32 of "
+                   "each",
+                   (long long)n, (long long)rows);
+}
 
 HP__CUDA_ENTRY(hp__cuda_embedding) {
-    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CFP, err));
     HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
-    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CM(c->in_type[0].dtype), err));
     const hp_type *w = &c->in_type[0];
     if (w->rank != 2) return hp_errf(err, HP_INVALID, "weight must be [V, D]");
     int64_t n = hp_type_numel(&c->in_type[1]);
     HP_TRY(hp__cuda_out_numel(c, 0, n * w->shape[1], err));
-    LAUNCH(hp__cu_embedding(s, c->out[0], c->in[0], c->in[1], c->in_type[1].dtype == HP_I64, n,
-                            w->shape[0], w->shape[1], cu->fault),
+    LAUNCH(hp__cu_embedding(s, cu_dt(w->dtype), c->out[0], c->in[0], c->in[1],
+                            c->in_type[1].dtype == HP_I64, n, w->shape[0], w->shape[1], cu->fault),
            "embedding kernel");
     return HP_OK;
 }
 
 HP__CUDA_ENTRY(hp__cuda_embedding_backward) {
-    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CFP, err));
     HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
-    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CFP, err));
     const hp_type *o = &c->out_type[0];
     if (o->rank != 2) return hp_errf(err, HP_INVALID, "output must be [num_weights, D]");
     int64_t v = o->shape[0], d = o->shape[1], n = hp_type_numel(&c->in_type[1]);
     if (hp_type_numel(&c->in_type[0]) != n * d)
         return hp_errf(err, HP_INVALID, "grad has %lld elements, expected %lld x %lld",
                        (long long)hp_type_numel(&c->in_type[0]), (long long)n, (long long)d);
-    LAUNCH(hp__cu_embedding_backward(s, c->out[0], c->in[0], c->in[1],
-                                     c->in_type[1].dtype == HP_I64, n, v, d,
-                                     hp_node_int(c->node, HP_ATTR_PADDING_IDX, -1), cu->fault),
-           "embedding backward kernel");
+    HP_TRY(key_room(n, v, err));
+    void *keys = NULL;
+    if (n > 0 && !(keys = hp__cuda_scratch(cu, HP_STREAM_COMPUTE,
+                                           hp__cu_embedding_backward_scratch(n), err)))
+        return err ? err->status : HP_NOMEM;
+    LAUNCH(hp__cu_embedding_backward(s, cu_dt(c->in_type[0].dtype), cu_dt(o->dtype), c->out[0],
+                                     c->in[0], c->in[1], c->in_type[1].dtype == HP_I64, n, v, d,
+                                     hp_node_int(c->node, HP_ATTR_PADDING_IDX, -1), keys,
+                                     cu->fault),
+           "embedding backward kernels");
     return HP_OK;
 }
 
@@ -50,28 +72,28 @@ HP__CUDA_ENTRY(hp__cuda_embedding_backward) {
  * k chunks of V / k rows, chunk c the indices from base[c]; an index no chunk holds reads
  * zeros, so none is out of range. */
 HP__CUDA_ENTRY(hp__cuda_chunked_embedding) {
-    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CFP, err));
     HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
     HP_TRY(hp__cuda_dtype(c, 0, 2, HP__CINTS, err));
-    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CM(c->in_type[0].dtype), err));
     const hp_type *w = &c->in_type[0], *bt = &c->in_type[2];
     if (w->rank != 2 || bt->rank != 1 || bt->shape[0] < 1 || w->shape[0] % bt->shape[0])
         return hp_errf(err, HP_INVALID, "weight must be [V, D] and base [k], k dividing V");
     int64_t n = hp_type_numel(&c->in_type[1]), k = bt->shape[0];
     HP_TRY(hp__cuda_out_numel(c, 0, n * w->shape[1], err));
-    LAUNCH(hp__cu_chunked_embedding(s, c->out[0], c->in[0], c->in[1], c->in_type[1].dtype == HP_I64,
-                                    c->in[2], bt->dtype == HP_I64, n, k, w->shape[0] / k,
-                                    w->shape[1]),
+    LAUNCH(hp__cu_chunked_embedding(s, cu_dt(w->dtype), c->out[0], c->in[0], c->in[1],
+                                    c->in_type[1].dtype == HP_I64, c->in[2], bt->dtype == HP_I64, n,
+                                    k, w->shape[0] / k, w->shape[1]),
            "chunked embedding kernel");
     return HP_OK;
 }
 
 /* chunked_embedding_backward(g [..., D], idx [...], base [k]){num_weights} -> [V, D]. */
 HP__CUDA_ENTRY(hp__cuda_chunked_embedding_backward) {
-    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 0, 0, HP__CFP, err));
     HP_TRY(hp__cuda_dtype(c, 0, 1, HP__CINTS, err));
     HP_TRY(hp__cuda_dtype(c, 0, 2, HP__CINTS, err));
-    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CF32, err));
+    HP_TRY(hp__cuda_dtype(c, 1, 0, HP__CFP, err));
     const hp_type *o = &c->out_type[0], *bt = &c->in_type[2];
     if (o->rank != 2 || bt->rank != 1 || bt->shape[0] < 1 || o->shape[0] % bt->shape[0])
         return hp_errf(err, HP_INVALID,
@@ -81,10 +103,18 @@ HP__CUDA_ENTRY(hp__cuda_chunked_embedding_backward) {
     if (hp_type_numel(&c->in_type[0]) != n * d)
         return hp_errf(err, HP_INVALID, "grad has %lld elements, expected %lld x %lld",
                        (long long)hp_type_numel(&c->in_type[0]), (long long)n, (long long)d);
-    LAUNCH(hp__cu_chunked_embedding_backward(s, c->out[0], c->in[0], c->in[1],
-                                             c->in_type[1].dtype == HP_I64, c->in[2],
-                                             bt->dtype == HP_I64, n, k, v / k, d),
-           "chunked embedding backward kernel");
+    HP_TRY(key_room(n, v, err));
+    if (n > INT64_MAX / k)
+        return hp_errf(err, HP_INVALID, "%lld positions x %lld chunks overflow", (long long)n,
+                       (long long)k);
+    void *keys = NULL;
+    if (n > 0 && !(keys = hp__cuda_scratch(cu, HP_STREAM_COMPUTE,
+                                           hp__cu_embedding_backward_scratch(n * k), err)))
+        return err ? err->status : HP_NOMEM;
+    LAUNCH(hp__cu_chunked_embedding_backward(
+               s, cu_dt(c->in_type[0].dtype), cu_dt(o->dtype), c->out[0], c->in[0], c->in[1],
+               c->in_type[1].dtype == HP_I64, c->in[2], bt->dtype == HP_I64, n, k, v / k, d, keys),
+           "chunked embedding backward kernels");
     return HP_OK;
 }
 
