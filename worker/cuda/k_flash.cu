@@ -1,8 +1,8 @@
 /* worker/cuda/k_flash.cu — fused causal attention on the tensor cores, bf16 q/k/v/out with f32
  * softmax statistics and accumulators (FlashAttention-2's algorithm; mma.sync m16n8k16 through
- * k_mma.cuh). Head dims 64 and 128 (d == dv), grouped-query heads (query head h reads kv head
- * h / (H / Hkv)), causal or not, any T and S (rows past the end read zeros and are not
- * stored). The T x S matrix never exists.
+ * k_mma.cuh). Head dims 16, 32, 64, 96 and 128 (d == dv; FLASH_DIMS), grouped-query heads (query
+ * head h reads kv head h / (H / Hkv)), causal or not, any T and S (rows past the end read zeros and
+ * are not stored). The T x S matrix never exists.
  *
  * Forward: a block of 4 warps per (batch, head, 64 queries), each warp 16 query rows; K and V
  * tiles of 64 keys in shared memory (rows padded by 16 bytes: ldmatrix without bank
@@ -507,8 +507,15 @@ static int grid_of(int64_t rows, int64_t heads, int64_t batch, dim3 *g) {
     return 1;
 }
 
+/* The head dims the kernels are built for (multiples of 16: the mma's k step). */
+#define FLASH_DIMS(X) X(16) X(32) X(64) X(96) X(128)
+
 extern "C" int hp__cu_flash_ok(const hp__cu_attn *a) {
-    return (a->d == 64 || a->d == 128) && a->dv == a->d && a->hkv > 0 && a->h % a->hkv == 0;
+    bool dim = false;
+#define IS_DIM(D) dim = dim || a->d == D;
+    FLASH_DIMS(IS_DIM)
+#undef IS_DIM
+    return dim && a->dv == a->d && a->hkv > 0 && a->h % a->hkv == 0;
 }
 
 typedef const __nv_bfloat16 *cbf;
@@ -544,8 +551,14 @@ extern "C" int hp__cu_flash(cudaStream_t s, const hp__cu_attn *a, void *out, flo
     dim3 g;
     if (!hp__cu_flash_ok(a) || !grid_of(a->t, a->h, a->b, &g) || a->s < 1)
         return (int)cudaErrorInvalidConfiguration;
-    return a->d == 64 ? flash_fwd<64>(s, g, a, out, lse, q, k, v)
-                      : flash_fwd<128>(s, g, a, out, lse, q, k, v);
+    switch (a->d) {
+#define FWD(D)                                                                                     \
+    case D:                                                                                        \
+        return flash_fwd<D>(s, g, a, out, lse, q, k, v);
+        FLASH_DIMS(FWD)
+#undef FWD
+    }
+    return (int)cudaErrorInvalidConfiguration;
 }
 
 extern "C" int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void *gq, void *gk,
@@ -561,7 +574,12 @@ extern "C" int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void 
     flash_delta_k<<<blocks, 256, 0, s>>>(delta, (cbf)gout, (cbf)out, rows, a->dv);
     int e = HP__CU_LAUNCHED();
     if (e) return e;
-    return a->d == 64
-               ? flash_bwd<64>(s, gq_grid, gkv_grid, a, gq, gk, gv, gout, q, k, v, lse, delta)
-               : flash_bwd<128>(s, gq_grid, gkv_grid, a, gq, gk, gv, gout, q, k, v, lse, delta);
+    switch (a->d) {
+#define BWD(D)                                                                                     \
+    case D:                                                                                        \
+        return flash_bwd<D>(s, gq_grid, gkv_grid, a, gq, gk, gv, gout, q, k, v, lse, delta);
+        FLASH_DIMS(BWD)
+#undef BWD
+    }
+    return (int)cudaErrorInvalidConfiguration;
 }
