@@ -298,6 +298,11 @@ int main(int argc, char **argv) {
     int c;
     while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         if (c >= O_KEY && c < O_KEY + HPD_KEY_COUNT) { /* it overrides the file */
+            if (!strncmp(optarg, "--", 2)) {           /* getopt took the next flag for the value */
+                fprintf(stderr, "hpd: --%s: missing value (got the flag '%s')\n",
+                        hpd_settings_key_name((hpd_key)(c - O_KEY)), optarg);
+                return 2;
+            }
             g_flags[c - O_KEY] = optarg;
             continue;
         }

@@ -200,6 +200,10 @@ Test(hpd_config, bad_file_stops_the_start_naming_file_and_line) {
     cr_expect_eq(hpd_exit_code("--on-sigterm leave", &err), 2);
     cr_expect(strstr(err, "--on-sigterm: 'leave' is not checkpoint|cancel"), "stderr: %s", err);
     free(err);
+    /* a flag without its value: getopt would take the next flag for it */
+    cr_expect_eq(hpd_exit_code("--gpus --slots 2", &err), 2);
+    cr_expect(strstr(err, "--gpus: missing value (got the flag '--slots')"), "stderr: %s", err);
+    free(err);
     snprintf(args, sizeof args, "--config %s/nope.conf", g_dir);
     cr_expect_eq(hpd_exit_code(args, &err), 2);
     cr_expect(strstr(err, "nope.conf: No such file"), "stderr: %s", err);
