@@ -24,7 +24,8 @@
 #        ONE_B_PROFILE=1 runs the ~1B model a few more steps (PROFILE_STEPS, default 6) with
 #        HP_CUDA_PROFILE=1 and prints the device time (and operand GB/s) per op, attention's
 #        TFLOP/s from it, and PyTorch's fused attention on the same shapes
-#        (bench/gpu/torch_attention.py) beside it.
+#        (bench/gpu/torch_attention.py) beside it; and each GEMM shape's TFLOP/s from the
+#        profile beside torch.mm's on the same shape and layout (bench/gpu/torch_gemm.py).
 #        TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
@@ -262,6 +263,35 @@ PY
         row "~1B attention torch: $r"
     else
         row "~1B attention torch did not run: $(tail -1 "$OUT/torch-attn.log")"
+    fi
+fi
+
+# ---- 4d. the same GEMMs in PyTorch: is cuBLASLt's first heuristic as fast as torch's pick? ----
+if [ "${ONE_B_PROFILE:-0}" = 1 ] && [ "${TORCH_PEER:-1}" != 0 ] && [ -f "$OUT/1b-profile.log" ] &&
+    python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    say "PyTorch GEMMs on the profiled shapes (torch.mm)"
+    if HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 120 python3 bench/gpu/torch_gemm.py \
+            "$OUT/1b-profile.log" >"$OUT/torch-gemm.json" 2>"$OUT/torch-gemm.log"; then
+        python3 - "$OUT/torch-gemm.json" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    if "m" in j:
+        print("  %5d x %5d x %5d %-2s %-9s %5d calls: hp %6.1f TFLOP/s, torch %6.1f (hp/torch time %.2f)%s"
+              % (j["m"], j["n"], j["k"], j["trans"], j["din"] + ">" + j["dout"], j["calls"],
+                 j["hp_tflops"], j["torch_tflops"], j["hp_over_torch_time"],
+                 "  [" + j["note"] + "]" if "note" in j else ""))
+PY
+        r=$(python3 - "$OUT/torch-gemm.json" <<'PY'
+import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print("hp %.1f ms, torch %.1f ms for the same calls: hp/torch time %.2fx" % (
+    j["hp_ms"], j["torch_ms"], j["hp_over_torch_time"] or float("nan")))
+PY
+)
+        row "~1B GEMMs     $r (top shapes in $OUT/torch-gemm.json)"
+    else
+        row "~1B GEMMs     torch did not run: $(tail -1 "$OUT/torch-gemm.log" "$OUT/torch-gemm.json" 2>/dev/null | tail -1)"
     fi
 fi
 

@@ -236,3 +236,40 @@ Test(cuda_train, two_ranks_on_one_gpu_fail_at_setup) {
     hp_th_run_free(&r);
     teardown();
 }
+
+/* HP_CUDA_PROFILE=1: the device-time table per op at the end of the run, then the GEMMs by
+ * shape with their TFLOP/s (the rows bench/gpu/torch_gemm.py reads): the small model's output
+ * projection, out [64 x 256] = h [64 x 64] . W^T, is one of them. */
+Test(cuda_train, profile_tables_time_ops_and_gemms_by_shape) {
+    CU_SKIP_WITHOUT_DEVICE();
+    cuda_devices(1);
+    setup();
+    hp_th_run r =
+        hp_th_run_bin(tmp, "client/hpctl", "new " MESH_MODEL "--steps 2 -o %s/prof.pb", tmp);
+    cr_assert_eq(r.code, 0, "hpctl new: %s", r.err);
+    hp_th_run_free(&r);
+    setenv("HP_CUDA_PROFILE", "1", 1);
+    r = hp_th_run_bin_timeout(tmp, 300, "worker/hp-worker",
+                              "--standalone %s/prof.pb --threads 1 --out %s/out-prof", tmp, tmp);
+    unsetenv("HP_CUDA_PROFILE");
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    const char *ops = strstr(r.err, "cuda profile (HP_CUDA_PROFILE=1)");
+    const char *gemms = strstr(r.err, "cuda profile GEMMs by shape");
+    cr_assert(ops && gemms && gemms > ops, "no profile tables: %s", r.err);
+    cr_expect(strstr(ops, "\n  mm "), "no mm row: %s", ops);
+    int found = 0;
+    for (const char *l = strchr(gemms, '\n'); l && *l; l = strchr(l + 1, '\n')) {
+        long long batch, m, n, k, calls;
+        char trans[8], dt[24];
+        double ms, tflops;
+        if (sscanf(l + 1, " gemm %lld %lld %lld %lld %7s %23s %lld %lf %lf", &batch, &m, &n, &k,
+                   trans, dt, &calls, &ms, &tflops) != 9)
+            continue;
+        cr_expect(calls > 0 && ms > 0 && tflops > 0, "row: %.80s", l + 1);
+        found += batch == 1 && m == 128 && n == 256 && k == 64 && !strcmp(trans, "B") &&
+                 !strcmp(dt, "f32>f32");
+    }
+    cr_expect_eq(found, 1, "the output projection's row is missing: %s", gemms);
+    hp_th_run_free(&r);
+    teardown();
+}

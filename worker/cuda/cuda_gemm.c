@@ -264,6 +264,7 @@ HP__CUDA_ENTRY(hp__cuda_mm) {
     }
     int64_t numel = hp_type_numel(o);
     if (numel == 0) return HP_OK;
+    hp__cuda_prof_gemm(cu, key.batch, key.m, key.n, key.k, ta, tb, in_dt, o->dtype);
     if (key.k == 0) { /* an empty sum: beta·out (zeros, or the bias scaled) */
         if (beta == 0) {
             HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)numel * hp_dtype_size(o->dtype), s),

@@ -177,6 +177,10 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream);
 void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes);
 /* The bytes of a call's operands: every input and every output once. */
 double hp__cuda_call_bytes(const hp_kernel_call *c);
+/* The GEMM of the record begun last: its time also goes to a row per shape (batch, m, n, k,
+ * transposes, dtypes) in a second table, with its TFLOP/s. */
+void hp__cuda_prof_gemm(hp__cuda *cu, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta,
+                        bool tb, hp_dtype in, hp_dtype out);
 void hp__cuda_prof_collect(hp__cuda *cu); /* after the streams synchronized */
 void hp__cuda_prof_free(hp__cuda *cu);    /* prints the table to stderr */
 

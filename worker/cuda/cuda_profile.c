@@ -10,6 +10,9 @@
  * the device's bandwidth (H100/H200 SXM: 3.35 / 4.8 TB/s); for GEMMs and attention it means
  * little. The events cost a few µs of host time per launch, so a profiled run's tokens/s is not
  * the figure to report.
+ * A second table splits the GEMMs by shape (batch, m, n, k, which operand is transposed, the
+ * dtypes) with each shape's TFLOP/s: the rows to hold against the same products in PyTorch
+ * (bench/gpu/torch_gemm.py reads them from the log).
  */
 #include "worker/cuda/cuda_internal.h"
 
@@ -19,9 +22,19 @@
 
 typedef struct prof_pair {
     cudaEvent_t a, b;
-    int slot;
+    int slot, gemm; /* gemm: its row in gemms, or -1 */
     double bytes;
 } prof_pair;
+
+#define PROF_GEMMS 64 /* GEMM shapes with a row of their own; more are left out of that table */
+
+typedef struct gemm_row {
+    int64_t batch, m, n, k;
+    bool ta, tb;
+    hp_dtype in, out;
+    double ms;
+    int64_t calls;
+} gemm_row;
 
 struct hp__cuda_prof {
     prof_pair *pairs; /* events of this sync window: [0, used) recorded */
@@ -29,6 +42,9 @@ struct hp__cuda_prof {
     double ms[HP__PROF_SLOTS], bytes[HP__PROF_SLOTS];
     int64_t calls[HP__PROF_SLOTS];
     int64_t syncs;
+    gemm_row gemms[PROF_GEMMS];
+    int n_gemms;
+    int open; /* the record begun and not ended yet, or -1 */
 };
 
 static const char *slot_name(int slot) {
@@ -50,11 +66,13 @@ void hp__cuda_prof_init(hp__cuda *cu) {
     const char *v = getenv("HP_CUDA_PROFILE");
     if (!v || strcmp(v, "1") != 0) return;
     cu->prof = hp_calloc(1, sizeof *cu->prof);
+    if (cu->prof) cu->prof->open = -1;
 }
 
 int hp__cuda_prof_begin(hp__cuda *cu, int stream) {
     hp__cuda_prof *p = cu->prof;
     if (!p || stream < 0 || stream >= HP_STREAM_COUNT) return -1;
+    p->open = -1;
     if (p->used == p->cap) {
         int cap = p->cap ? 2 * p->cap : 1024;
         prof_pair *np = hp_realloc(p->pairs, (size_t)cap * sizeof *np);
@@ -78,8 +96,28 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream) {
         cudaGetLastError();
         return -1;
     }
-    q->slot = -1;
+    q->slot = q->gemm = -1;
+    p->open = p->used;
     return p->used++;
+}
+
+void hp__cuda_prof_gemm(hp__cuda *cu, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta,
+                        bool tb, hp_dtype in, hp_dtype out) {
+    hp__cuda_prof *p = cu->prof;
+    if (!p || p->open < 0) return;
+    int i = 0;
+    for (; i < p->n_gemms; i++) {
+        const gemm_row *r = &p->gemms[i];
+        if (r->batch == batch && r->m == m && r->n == n && r->k == k && r->ta == ta &&
+            r->tb == tb && r->in == in && r->out == out)
+            break;
+    }
+    if (i == p->n_gemms) {
+        if (i == PROF_GEMMS) return;
+        p->gemms[p->n_gemms++] = (gemm_row){
+            .batch = batch, .m = m, .n = n, .k = k, .ta = ta, .tb = tb, .in = in, .out = out};
+    }
+    p->pairs[p->open].gemm = i;
 }
 
 double hp__cuda_call_bytes(const hp_kernel_call *c) {
@@ -93,6 +131,7 @@ double hp__cuda_call_bytes(const hp_kernel_call *c) {
 
 void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes) {
     hp__cuda_prof *p = cu->prof;
+    if (p) p->open = -1;
     if (!p || rec < 0 || rec >= p->used || slot < 0 || slot >= HP__PROF_SLOTS) return;
     if (cudaEventRecord(p->pairs[rec].b, cu->stream[stream]) != cudaSuccess) {
         cudaGetLastError();
@@ -115,6 +154,10 @@ void hp__cuda_prof_collect(hp__cuda *cu) {
         p->ms[p->pairs[i].slot] += ms;
         p->bytes[p->pairs[i].slot] += p->pairs[i].bytes;
         p->calls[p->pairs[i].slot]++;
+        if (p->pairs[i].gemm >= 0) {
+            p->gemms[p->pairs[i].gemm].ms += ms;
+            p->gemms[p->pairs[i].gemm].calls++;
+        }
     }
     p->used = 0;
     p->syncs++;
@@ -154,6 +197,31 @@ void hp__cuda_prof_report(hp__cuda *cu, FILE *f) {
                 p->ms[s] > 0 ? p->bytes[s] / (p->ms[s] * 1e6) : 0.0);
     }
     fprintf(f, "  %-44s %9s %12.3f\n", "all", "", total);
+    if (p->n_gemms == 0) return;
+    /* GEMMs by shape, longest first (a selection sort: at most PROF_GEMMS rows) */
+    int order[PROF_GEMMS];
+    for (int i = 0; i < p->n_gemms; i++) order[i] = i;
+    for (int i = 0; i < p->n_gemms; i++)
+        for (int j = i + 1; j < p->n_gemms; j++)
+            if (p->gemms[order[j]].ms > p->gemms[order[i]].ms) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    fprintf(f, "cuda profile GEMMs by shape: out [batch x] m x n = A' [m x k] . B' [k x n]\n");
+    fprintf(f, "  %-6s %7s %7s %7s %7s %-5s %-10s %9s %12s %8s\n", "gemm", "batch", "m", "n", "k",
+            "trans", "dtypes", "calls", "total ms", "TFLOP/s");
+    for (int i = 0; i < p->n_gemms; i++) {
+        const gemm_row *r = &p->gemms[order[i]];
+        if (r->calls == 0) continue;
+        char dt[24];
+        snprintf(dt, sizeof dt, "%s>%s", hp_dtype_name(r->in), hp_dtype_name(r->out));
+        double flops = 2.0 * (double)r->batch * (double)r->m * (double)r->n * (double)r->k;
+        fprintf(f, "  %-6s %7lld %7lld %7lld %7lld %-5s %-10s %9lld %12.3f %8.3g\n", "gemm",
+                (long long)r->batch, (long long)r->m, (long long)r->n, (long long)r->k,
+                r->ta ? (r->tb ? "AB" : "A") : (r->tb ? "B" : "-"), dt, (long long)r->calls, r->ms,
+                r->ms > 0 ? flops * (double)r->calls / (r->ms * 1e-3) / 1e12 : 0.0);
+    }
 }
 
 void hp__cuda_prof_free(hp__cuda *cu) {
