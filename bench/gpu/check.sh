@@ -25,7 +25,9 @@
 #        HP_CUDA_PROFILE=1 and prints the device time (and operand GB/s) per op, attention's
 #        TFLOP/s from it, and PyTorch's fused attention on the same shapes
 #        (bench/gpu/torch_attention.py) beside it; and each GEMM shape's TFLOP/s from the
-#        profile beside torch.mm's on the same shape and layout (bench/gpu/torch_gemm.py).
+#        profile beside torch.mm's on the same shape and layout (bench/gpu/torch_gemm.py); the
+#        profiled run tunes its GEMMs (HP_CUDA_GEMM_TUNE=1) and the summary says what that
+#        saves a step against cuBLASLt's first candidate (the timed run does not tune).
 #        TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
@@ -213,7 +215,8 @@ if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
     say "~1B profile, $PS steps, HP_CUDA_PROFILE=1"
     if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$PS" \
             "${POLICY[@]}" --log-interval 1 --name llama-1b-profile -o "$OUT/1b-prof.pb" >/dev/null &&
-        HP_CUDA_PROFILE=1 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 "$BUILD/worker/hp-worker" \
+        HP_CUDA_PROFILE=1 HP_CUDA_GEMM_TUNE=1 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 \
+            "$BUILD/worker/hp-worker" \
             --standalone "$OUT/1b-prof.pb" --out "$OUT/1b-prof" >"$OUT/1b-profile.log" 2>&1; then
         sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | head -32
         top=$(sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | sed -n '3,6p' |
@@ -239,6 +242,29 @@ PY
 )
         row "$(printf '~1B attention hp: forward %s TFLOP/s, backward %s (the profiled device time)' \
             "${HP_AF:-?}" "${HP_AB:-?}")"
+        # the profiled run tuned its GEMMs (HP_CUDA_GEMM_TUNE=1; the timed run above did not):
+        # what the kept candidates save a step against cuBLASLt's first
+        tune=$(python3 - "$OUT/1b-profile.log" "$PS" <<'PY'
+import sys
+calls, first, kept, gemm_ms = {}, {}, {}, 0.0
+inside = False
+for line in open(sys.argv[1], errors="replace"):
+    f = line.split()
+    if line.startswith("cuda profile GEMMs by shape"):
+        inside = True
+    elif inside and len(f) == 10 and f[0] == "gemm":
+        calls[tuple(f[1:7])] = int(f[7])
+        gemm_ms += float(f[8])
+    elif len(f) >= 12 and f[0] == "tune":
+        key = tuple(f[1:6]) + (f[6].rstrip(":"),)
+        first[key], kept[key] = float(f[8]), float(f[12])
+steps = int(sys.argv[2])
+saved = sum((first[k] - kept[k]) * calls.get(k, 0) for k in first) / 1e3 / steps
+print("tuning saves %.2f ms a step against cuBLASLt's first candidate (%d shapes tuned; "
+      "the GEMMs took %.1f ms a step)" % (saved, len(first), gemm_ms / steps))
+PY
+)
+        row "~1B GEMM tune $tune"
     else
         fail "~1B profile   FAILED: $(tail -1 "$OUT/1b-profile.log")"
     fi

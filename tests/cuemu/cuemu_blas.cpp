@@ -211,11 +211,15 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
     uint64_t m, n, k;
     *found = 0;
     if (!dims(d, a, b, c, dd, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
-    memset(&results[0], 0, sizeof results[0]);
-    results[0].algo.data[0] = 0x656d75; /* "emu" */
-    results[0].state = CUBLAS_STATUS_SUCCESS;
-    results[0].wavesCount = 1;
-    *found = 1;
+    /* up to three candidates (a tuner has something to choose between); all compute alike */
+    int offer = requested < 3 ? requested : 3;
+    for (int i = 0; i < offer; i++) {
+        memset(&results[i], 0, sizeof results[i]);
+        results[i].algo.data[0] = 0x656d75 + (uint64_t)i; /* "emu" */
+        results[i].state = CUBLAS_STATUS_SUCCESS;
+        results[i].wavesCount = 1;
+    }
+    *found = offer;
     return CUBLAS_STATUS_SUCCESS;
 }
 

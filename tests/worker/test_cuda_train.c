@@ -239,8 +239,8 @@ Test(cuda_train, two_ranks_on_one_gpu_fail_at_setup) {
 
 /* HP_CUDA_PROFILE=1: the device-time table per op at the end of the run, then the GEMMs by
  * shape with their TFLOP/s (the rows bench/gpu/torch_gemm.py reads): the small model's output
- * projection, out [64 x 256] = h [64 x 64] . W^T, is one of them. */
-Test(cuda_train, profile_tables_time_ops_and_gemms_by_shape) {
+ * projection, out [128 x 256] = h [128 x 64] . W^T, is one of them. Then HP_CUDA_GEMM_TUNE. */
+Test(cuda_train, profile_tables_and_gemm_tuning) {
     CU_SKIP_WITHOUT_DEVICE();
     cuda_devices(1);
     setup();
@@ -270,6 +270,32 @@ Test(cuda_train, profile_tables_time_ops_and_gemms_by_shape) {
                  !strcmp(dt, "f32>f32");
     }
     cr_expect_eq(found, 1, "the output projection's row is missing: %s", gemms);
+    hp_th_run_free(&r);
+
+    /* HP_CUDA_GEMM_TUNE=1: each shape's candidates timed once (cuemu offers three, computing
+     * alike), the same losses, and a line a tuned shape; the trials stay out of the profile */
+    setenv("HP_CUDA_PROFILE", "1", 1);
+    setenv("HP_CUDA_GEMM_TUNE", "1", 1);
+    r = hp_th_run_bin_timeout(tmp, 300, "worker/hp-worker",
+                              "--standalone %s/prof.pb --threads 1 --out %s/out-tuned", tmp, tmp);
+    cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    const char *tuned = strstr(r.err, "cuda GEMM tuning (HP_CUDA_GEMM_TUNE=1)");
+    cr_assert(tuned, "no tuning report: %s", r.err);
+    cr_expect(strstr(tuned, "\n  tune       1     128     256      64 B  f32>f32: first "),
+              "the output projection was not tuned: %s", tuned);
+    cr_expect(strstr(r.err, "cuda profile GEMMs by shape"), "%s", r.err);
+    hp_th_run_free(&r);
+    char a[300], b[300];
+    snprintf(a, sizeof a, "%s/out-prof", tmp);
+    snprintf(b, sizeof b, "%s/out-tuned", tmp);
+    hp_th_expect_losses_close(a, b, 1e-4, 1e-4, "tuned GEMMs");
+    setenv("HP_CUDA_GEMM_TUNE", "2", 1); /* neither 0 nor 1: refused */
+    r = hp_th_run_bin_timeout(tmp, 300, "worker/hp-worker",
+                              "--standalone %s/prof.pb --threads 1 --out %s/out-bad", tmp, tmp);
+    unsetenv("HP_CUDA_GEMM_TUNE");
+    unsetenv("HP_CUDA_PROFILE");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "HP_CUDA_GEMM_TUNE must be 0 or 1, not '2'"), "%s", r.err);
     hp_th_run_free(&r);
     teardown();
 }

@@ -889,6 +889,10 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
     const char *tf = getenv("HP_CUDA_TF32");
     if (tf && *tf && strcmp(tf, "0") && strcmp(tf, "1"))
         return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_TF32 must be 0 or 1, not '%s'", tf);
+    const char *gt = getenv("HP_CUDA_GEMM_TUNE");
+    if (gt && *gt && strcmp(gt, "0") && strcmp(gt, "1"))
+        return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_GEMM_TUNE must be 0 or 1, not '%s'",
+                       gt);
     const char *pf = getenv("HP_CUDA_PROFILE");
     if (pf && *pf && strcmp(pf, "0") && strcmp(pf, "1"))
         return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_PROFILE must be 0 or 1, not '%s'",
@@ -896,6 +900,7 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
     hp__cuda *cu = hp_calloc(1, sizeof *cu);
     if (!cu) return hp_errf(err, HP_NOMEM, "cuda backend: out of memory");
     cu->tf32 = tf && !strcmp(tf, "1");
+    cu->gemm_tune = gt && !strcmp(gt, "1");
     cu->base.vt = &cuda_vtable;
     hp__cuda_prof_init(cu);
     cu->device = device;

@@ -9,6 +9,13 @@
  * moves. The matmul descriptor, the four layouts and the algorithm (cuBLASLt's first heuristic
  * for the workspace we have) are made once per (node, buffer types, flags, alignment) and kept
  * for the backend's life: a training step does no descriptor work.
+ *
+ * $HP_CUDA_GEMM_TUNE=1 asks the heuristic for up to TUNE_ALGOS candidates instead and, at a
+ * shape's first product (beta 0: nothing read from the output), times each on the real operands
+ * (TUNE_REPS runs after one warm-up, CUDA events) and keeps the fastest for every node of that
+ * shape; the backend's end prints each shape's first candidate against the kept one. Off by
+ * default: which candidate wins can change from run to run with the timing noise, and two
+ * algorithms may round differently, so a tuned run is not bit-reproducible across runs.
  */
 #include "worker/cuda/cuda_internal.h"
 
@@ -48,6 +55,9 @@ const char *hp__cublas_status_name(int st) {
                            hp__cublas_status_name((int)lt__s));                                    \
     } while (0)
 
+#define TUNE_ALGOS 8 /* candidates asked of the heuristic when tuning */
+#define TUNE_REPS  3 /* timed runs of each */
+
 /* One prepared product. */
 typedef struct plan {
     const hp_node *node;
@@ -57,7 +67,11 @@ typedef struct plan {
     unsigned align; /* the smallest alignment of the four pointers, capped at 256 */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;             /* the one run */
+    cublasLtMatmulAlgo_t cand[TUNE_ALGOS]; /* tuning: the heuristic's candidates, best first */
+    int n_cand;                            /* 0: not tuning, or tuned */
+    int chosen;                            /* tuned: the candidate kept */
+    float first_us, chosen_us;             /* tuned: candidate 0's and the kept one's time */
 } plan;
 
 struct hp__cuda_gemm_cache {
@@ -78,8 +92,30 @@ static void plan_fini(plan *p) {
     if (p->desc) cublasLtMatmulDescDestroy(p->desc);
 }
 
+/* $HP_CUDA_GEMM_TUNE=1: what tuning chose, a line a shape, to stderr. */
+static void tune_report(const hp__cuda_gemm_cache *g) {
+    bool head = false;
+    for (int i = 0; i < g->n; i++) {
+        const plan *p = &g->v[i];
+        if (p->chosen < 0 || p->first_us <= 0 || p->chosen_us <= 0) continue; /* none, or a copy */
+        if (!head)
+            fprintf(stderr, "cuda GEMM tuning (HP_CUDA_GEMM_TUNE=1): out [batch x] m x n, k; "
+                            "cuBLASLt's first candidate against the one kept\n");
+        head = true;
+        fprintf(stderr,
+                "  tune %7lld %7lld %7lld %7lld %-2s %s>%s: first %.1f us, kept #%d %.1f us "
+                "(%.2fx)\n",
+                (long long)p->batch, (long long)p->m, (long long)p->n, (long long)p->k,
+                (p->flags & HP_CALL_TRANS_A) ? ((p->flags & HP_CALL_TRANS_B) ? "AB" : "A")
+                                             : ((p->flags & HP_CALL_TRANS_B) ? "B" : "-"),
+                hp_dtype_name(p->in_dt), hp_dtype_name(p->out_dt), p->first_us, p->chosen,
+                p->chosen_us, p->first_us / p->chosen_us);
+    }
+}
+
 void hp__cuda_gemm_free(hp__cuda *cu) {
     if (!cu->gemm) return;
+    if (cu->gemm_tune) tune_report(cu->gemm);
     for (int i = 0; i < cu->gemm->n; i++) plan_fini(&cu->gemm->v[i]);
     hp_free(cu->gemm->v);
     hp_free(cu->gemm);
@@ -149,11 +185,11 @@ static hp_status plan_make(hp__cuda *cu, plan *p, hp_err *err) {
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                  &al, sizeof al);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[TUNE_ALGOS];
     int found = 0;
     if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulAlgoGetHeuristic(cu->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
-                                           &res, &found);
+        s = cublasLtMatmulAlgoGetHeuristic(cu->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref,
+                                           cu->gemm_tune ? TUNE_ALGOS : 1, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s != CUBLAS_STATUS_SUCCESS)
         return hp_errf(err, HP_INTERNAL, "cublasLtMatmulAlgoGetHeuristic: %s",
@@ -164,7 +200,12 @@ static hp_status plan_make(hp__cuda *cu, plan *p, hp_err *err) {
                        hp_dtype_name(p->in_dt), hp_dtype_name(p->in_dt), hp_dtype_name(p->out_dt),
                        (long long)m, (long long)n, (long long)k, ta ? " A^T" : "",
                        tb ? " B^T" : "");
-    p->algo = res.algo;
+    p->algo = res[0].algo;
+    p->n_cand = 0;
+    p->chosen = -1;
+    for (int i = 0; cu->gemm_tune && found > 1 && i < found && i < TUNE_ALGOS; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
+    if (p->n_cand < 2) p->n_cand = 0; /* nothing to choose between */
     return HP_OK;
 }
 
@@ -200,13 +241,81 @@ static hp_status plan_get(hp__cuda *cu, const plan *key, plan **out, hp_err *err
     return HP_OK;
 }
 
+static cublasStatus_t matmul(hp__cuda *cu, cudaStream_t s, const plan *p,
+                             const cublasLtMatmulAlgo_t *algo, const void *a, const void *b,
+                             void *c, float alpha, float beta) {
+    /* our B is Lt's A, our A Lt's B */
+    return cublasLtMatmul(cu->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc, c, p->lc,
+                          algo, cu->workspace, HP__CUDA_WORKSPACE, s);
+}
+
 static hp_status run(hp__cuda *cu, cudaStream_t s, const plan *p, const void *a, const void *b,
                      void *c, float alpha, float beta, hp_err *err) {
-    /* our B is Lt's A, our A Lt's B */
-    cublasStatus_t st = cublasLtMatmul(cu->lt, p->desc, &alpha, b, p->la, a, p->lb, &beta, c, p->lc,
-                                       c, p->lc, &p->algo, cu->workspace, HP__CUDA_WORKSPACE, s);
+    cublasStatus_t st = matmul(cu, s, p, &p->algo, a, b, c, alpha, beta);
     if (st != CUBLAS_STATUS_SUCCESS)
         return hp_errf(err, HP_INTERNAL, "cublasLtMatmul: %s", hp__cublas_status_name((int)st));
+    return HP_OK;
+}
+
+static bool same_shape(const plan *x, const plan *y) {
+    return x->flags == y->flags && x->in_dt == y->in_dt && x->out_dt == y->out_dt &&
+           x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k &&
+           x->align == y->align;
+}
+
+/* Microseconds a run of candidate i takes (the mean of TUNE_REPS after a warm-up); a negative
+ * value when it fails (the candidate is then passed over). */
+static float time_candidate(hp__cuda *cu, cudaStream_t s, const plan *p, int i, const void *a,
+                            const void *b, void *c, cudaEvent_t e0, cudaEvent_t e1) {
+    if (matmul(cu, s, p, &p->cand[i], a, b, c, 1.0f, 0.0f) != CUBLAS_STATUS_SUCCESS) return -1;
+    if (cudaEventRecord(e0, s) != cudaSuccess) return -1;
+    for (int r = 0; r < TUNE_REPS; r++)
+        if (matmul(cu, s, p, &p->cand[i], a, b, c, 1.0f, 0.0f) != CUBLAS_STATUS_SUCCESS) return -1;
+    float ms = 0;
+    if (cudaEventRecord(e1, s) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+        return -1;
+    return 1e3f * ms / TUNE_REPS;
+}
+
+/* $HP_CUDA_GEMM_TUNE=1: p's algorithm, the fastest of its candidates on these operands, or the
+ * one kept for an earlier node of its shape. Only for beta 0 (the trial runs overwrite c). */
+static hp_status tune(hp__cuda *cu, cudaStream_t s, plan *p, const void *a, const void *b, void *c,
+                      hp_err *err) {
+    hp__cuda_gemm_cache *g = cu->gemm;
+    for (int i = 0; i < g->n; i++) {
+        const plan *q = &g->v[i];
+        if (q != p && q->n_cand == 0 && q->chosen >= 0 && same_shape(p, q)) {
+            p->algo = q->algo;
+            p->chosen = q->chosen;
+            p->n_cand = 0;
+            return HP_OK;
+        }
+    }
+    hp__cuda_prof_discard(cu); /* the trials are not the product's time */
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+        cudaError_t e = cudaGetLastError();
+        if (e0) cudaEventDestroy(e0);
+        return hp__cuda_fail(err, (int)e, "cudaEventCreate for GEMM tuning");
+    }
+    int best = -1;
+    float best_us = 0;
+    for (int i = 0; i < p->n_cand; i++) {
+        float us = time_candidate(cu, s, p, i, a, b, c, e0, e1);
+        if (i == 0) p->first_us = us;
+        if (us >= 0 && (best < 0 || us < best_us)) best = i, best_us = us;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGetLastError(); /* a candidate's failure is not the step's */
+    if (best < 0)
+        return hp_errf(err, HP_INTERNAL, "cublasLtMatmul: no candidate of %lld x %lld x %lld ran",
+                       (long long)p->m, (long long)p->n, (long long)p->k);
+    p->algo = p->cand[best];
+    p->chosen = best;
+    p->chosen_us = best_us;
+    p->n_cand = 0;
     return HP_OK;
 }
 
@@ -282,6 +391,8 @@ HP__CUDA_ENTRY(hp__cuda_mm) {
     key.align = key.align < al3 ? key.align : al3;
     plan *p = NULL;
     HP_TRY(plan_get(cu, &key, &p, err));
+    if (p->n_cand > 0 && beta == 0)
+        HP_TRY(tune(cu, s, p, c->in[ia], c->in[ia + 1], c->out[0], err));
     return run(cu, s, p, c->in[ia], c->in[ia + 1], c->out[0], alpha, beta, err);
 }
 

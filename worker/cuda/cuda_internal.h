@@ -53,6 +53,7 @@ typedef struct hp__cuda {
     bool peak_done;
     hp__cuda_nccl *nccl; /* NULL: no communicator (group_size 1 only) */
     bool tf32;           /* $HP_CUDA_TF32=1: f32 GEMMs on TF32 tensor cores */
+    bool gemm_tune;      /* $HP_CUDA_GEMM_TUNE=1: time cuBLASLt's candidates once a shape */
     hp__cuda_prof *prof; /* $HP_CUDA_PROFILE=1: device time per op (NULL: off) */
 } hp__cuda;
 
@@ -177,6 +178,8 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream);
 void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes);
 /* The bytes of a call's operands: every input and every output once. */
 double hp__cuda_call_bytes(const hp_kernel_call *c);
+/* The record begun last holds one-time work (GEMM tuning): its time is left out. */
+void hp__cuda_prof_discard(hp__cuda *cu);
 /* The GEMM of the record begun last: its time also goes to a row per shape (batch, m, n, k,
  * transposes, dtypes) in a second table, with its TFLOP/s. */
 void hp__cuda_prof_gemm(hp__cuda *cu, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta,

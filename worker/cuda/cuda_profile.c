@@ -44,7 +44,8 @@ struct hp__cuda_prof {
     int64_t syncs;
     gemm_row gemms[PROF_GEMMS];
     int n_gemms;
-    int open; /* the record begun and not ended yet, or -1 */
+    int open;     /* the record begun and not ended yet, or -1 */
+    bool discard; /* the open record is not to be counted (hp__cuda_prof_discard) */
 };
 
 static const char *slot_name(int slot) {
@@ -73,6 +74,7 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream) {
     hp__cuda_prof *p = cu->prof;
     if (!p || stream < 0 || stream >= HP_STREAM_COUNT) return -1;
     p->open = -1;
+    p->discard = false;
     if (p->used == p->cap) {
         int cap = p->cap ? 2 * p->cap : 1024;
         prof_pair *np = hp_realloc(p->pairs, (size_t)cap * sizeof *np);
@@ -99,6 +101,10 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream) {
     q->slot = q->gemm = -1;
     p->open = p->used;
     return p->used++;
+}
+
+void hp__cuda_prof_discard(hp__cuda *cu) {
+    if (cu->prof) cu->prof->discard = true;
 }
 
 void hp__cuda_prof_gemm(hp__cuda *cu, int64_t batch, int64_t m, int64_t n, int64_t k, bool ta,
@@ -131,8 +137,13 @@ double hp__cuda_call_bytes(const hp_kernel_call *c) {
 
 void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes) {
     hp__cuda_prof *p = cu->prof;
-    if (p) p->open = -1;
-    if (!p || rec < 0 || rec >= p->used || slot < 0 || slot >= HP__PROF_SLOTS) return;
+    if (!p) return;
+    p->open = -1;
+    if (p->discard) { /* no end event: collect skips the pair */
+        p->discard = false;
+        return;
+    }
+    if (rec < 0 || rec >= p->used || slot < 0 || slot >= HP__PROF_SLOTS) return;
     if (cudaEventRecord(p->pairs[rec].b, cu->stream[stream]) != cudaSuccess) {
         cudaGetLastError();
         return;
