@@ -95,7 +95,8 @@ static void new_usage(FILE *f) {
           "                        the unsharded total, e.g. 0,0.125\n"
           "  --constrain PAT=DIM:PL[,..]  auto: fix the storage of the inputs a glob matches\n"
           "                        (the same as --place); repeatable\n"
-          "  --device-profile P    the cost model's device: cpu, h100, h200, a100 (default: by\n"
+          "  --device-profile P    the cost model's device: cpu, h100, h200, a100, b200 (default: "
+          "by\n"
           "                        --device)\n"
           "  --gpus-per-node N     ranks per node for the cost model's link classes\n"
           "\n"
@@ -398,9 +399,10 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             job->plan.mem_low = rc == HPCTL_OK ? lo : 0;
             job->plan.mem_high = rc == HPCTL_OK ? hi : 1;
         } else if (!strcmp(a, "--device-profile")) {
-            if (strcmp(v, "cpu") && strcmp(v, "h100") && strcmp(v, "h200") && strcmp(v, "a100"))
-                rc = hpctl_fail(HPCTL_USAGE, verb,
-                                "--device-profile: '%s' is not cpu, h100, h200 or a100", v);
+            if (!hp_device_profile_known(v))
+                rc = hpctl_fail(
+                    HPCTL_USAGE, verb,
+                    "--device-profile: '%s' is not a known profile (" HP_DEVICE_PROFILES ")", v);
             else
                 snprintf(job->plan.device_profile, sizeof job->plan.device_profile, "%s", v);
         } else if (!strcmp(a, "--gpus-per-node")) {

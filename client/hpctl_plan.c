@@ -17,7 +17,7 @@
 /* The cost model's assumptions, as passes/cost.c implements them. */
 static const char *const assumptions[] = {
     "one cost model, auto-sharding's (docs/autoshard.md), on the job's device profile (cpu: this "
-    "machine's figures from `hp-worker --probe-profile`, else assumed; h100, h200, a100: "
+    "machine's figures from `hp-worker --probe-profile`, else assumed; h100, h200, a100, b200: "
     "planning figures)",
     "a kernel costs the larger of its FLOPs / (peak x efficiency) and its bytes / memory "
     "bandwidth, plus a launch; views are free. FLOPs: 2*M*N*K per mm/addmm (x batch for bmm), "
@@ -438,7 +438,8 @@ static void plan_usage(FILE *f) {
           "  --world N   compile for N ranks (default: the job's world size); a 1-D mesh is\n"
           "              resized to N, a multi-dimensional one must already multiply to N\n"
           "  --json      the same as JSON, for scripts\n"
-          "  --device-profile P  price the plan on cpu, h100, h200 or a100 (default: the job's)\n"
+          "  --device-profile P  price the plan on cpu, h100, h200, a100 or b200 (default: the "
+          "job's)\n"
           "  --gpus-per-node N   ranks per node for the link classes (default: the profile's)\n"
           "  --explain WHAT      plan.mode auto: why parameter/input FQN or node id WHAT got its\n"
           "                      placement (the next best alternatives and their costs)\n",

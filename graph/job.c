@@ -383,11 +383,9 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
     HP_TRY(hp_plan_check_precision(p->param_dtype, p->reduce_dtype, err));
     if (memchr(p->device_profile, 0, sizeof p->device_profile) == NULL)
         return hp_errf(err, HP_INVALID, "plan.device_profile: not terminated");
-    if (p->device_profile[0] && strcmp(p->device_profile, "cpu") &&
-        strcmp(p->device_profile, "h100") && strcmp(p->device_profile, "h200") &&
-        strcmp(p->device_profile, "a100"))
+    if (p->device_profile[0] && !hp_device_profile_known(p->device_profile))
         return hp_errf(err, HP_INVALID,
-                       "plan.device_profile: '%s' is not a known profile (cpu, h100, h200, a100)",
+                       "plan.device_profile: '%s' is not a known profile (" HP_DEVICE_PROFILES ")",
                        p->device_profile);
     if (p->gpus_per_node < 0 || p->gpus_per_node > HP_MAX_WORLD)
         return hp_errf(err, HP_INVALID, "plan.gpus_per_node: %d is not in [0, %d]",
@@ -609,6 +607,13 @@ hp_status hp__job_validate(const hp_job *job, bool verify_graph, hp_err *err) {
     HP_TRY(validate_passes(&job->passes, err));
     HP_TRY(validate_train(job, err));
     return HP_OK;
+}
+
+bool hp_device_profile_known(const char *name) {
+    static const char *const names[] = {"cpu", "h100", "h200", "a100", "b200"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i])) return true;
+    return false;
 }
 
 hp_status hp_plan_check_precision(hp_dtype param, hp_dtype reduce, hp_err *err) {

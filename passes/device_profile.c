@@ -43,6 +43,7 @@ static const known GPUS[] = {
     {"h100", 989e12, 0.60, 3.35e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}},
     {"h200", 989e12, 0.60, 4.8e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}},
     {"a100", 312e12, 0.60, 2.0e12, 4e-6, {230e9, 10e-6}, {22e9, 25e-6}},
+    {"b200", 2.25e15, 0.60, 8.0e12, 3e-6, {720e9, 8e-6}, {45e9, 20e-6}},
 };
 
 /* Assumed figures of a CPU nobody probed: conservative, flagged measured = false. */
@@ -170,7 +171,7 @@ hp_status hp_device_profile_get(const char *name, int gpus_per_node, hp_device_p
         out->measured = false;
         return HP_OK;
     }
-    return hp_errf(err, HP_INVALID, "device profile '%.32s' is unknown (cpu, h100, h200, a100)",
+    return hp_errf(err, HP_INVALID, "device profile '%.32s' is unknown (" HP_DEVICE_PROFILES ")",
                    name ? name : "(null)");
 }
 

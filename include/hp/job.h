@@ -88,8 +88,8 @@ typedef struct hp_plan {
      * it; gradients are cast to reduce_dtype before their reduction and reach the optimizer in
      * f32. Default (f32, f32): no casts. hp_job_validate accepts (f32, f32) and (bf16, f32). */
     hp_dtype param_dtype, reduce_dtype;
-    /* The cost model's device profile (hp/autoshard.h): "cpu", "h100", "h200", "a100"; "": by
-     * the job's device. gpus_per_node: ranks per node (0: the profile's default). */
+    /* The cost model's device profile (hp/autoshard.h): one of HP_DEVICE_PROFILES; "": by the
+     * job's device. gpus_per_node: ranks per node (0: the profile's default). */
     char device_profile[16];
     int gpus_per_node;
 } hp_plan;
@@ -193,6 +193,11 @@ bool hp_fqn_match(const char *pattern, const char *fqn);
  * O((n + P) log P). */
 hp_status hp_plan_mark_names(const hp_graph *g, char *const *names, int n, bool *marked,
                              hp_err *err);
+
+/* The cost model's device profiles (passes/device_profile.c): the names, for messages, and
+ * whether name is one of them. */
+#define HP_DEVICE_PROFILES "cpu, h100, h200, a100, b200"
+bool hp_device_profile_known(const char *name);
 
 /* The mixed-precision pairs a plan may hold: (f32, f32) and (bf16, f32). Anything else is
  * HP_INVALID (not a floating dtype) or HP_UNSUPPORTED (f16, a reduce dtype other than f32),

@@ -162,3 +162,26 @@ Test(device_profile, ranks_beyond_the_cpus_pay_the_oversubscribed_latency) {
     cr_assert_eq(hp_device_profile_for_job(&job, &q, &e), HP_OK, "%s", e.msg);
     cr_expect_float_eq(q.intra.latency, 1e-6, 1e-12);
 }
+
+/* Every name hp_device_profile_known accepts (what hpctl and the job validation take) has
+ * figures; the GPUs' peaks are the issue's table's (dense bf16); an unknown name lists them. */
+Test(device_profile, every_known_name_resolves_and_an_unknown_one_lists_them) {
+    static const struct {
+        const char *name;
+        double peak;
+    } gpus[] = {{"h100", 989e12}, {"h200", 989e12}, {"a100", 312e12}, {"b200", 2.25e15}};
+    hp_err err = {0};
+    for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
+        hp_device_profile p;
+        cr_assert(hp_device_profile_known(gpus[i].name));
+        cr_assert_eq(hp_device_profile_get(gpus[i].name, 0, &p, &err), HP_OK, "%s", err.msg);
+        cr_expect_eq(p.peak_flops, gpus[i].peak, "%s", gpus[i].name);
+        cr_expect(p.mem_bw > 0 && p.intra.bandwidth > p.inter.bandwidth, "%s", gpus[i].name);
+    }
+    hp_device_profile p;
+    cr_assert(hp_device_profile_known("cpu"));
+    cr_assert_eq(hp_device_profile_get("cpu", 0, &p, &err), HP_OK, "%s", err.msg);
+    cr_expect(!hp_device_profile_known("h900") && !hp_device_profile_known(""));
+    cr_expect_neq(hp_device_profile_get("h900", 0, &p, &err), HP_OK);
+    cr_expect(strstr(err.msg, "'h900' is unknown (" HP_DEVICE_PROFILES ")"), "%s", err.msg);
+}
