@@ -279,10 +279,12 @@ Test(cuda_train, profile_tables_and_gemm_tuning) {
     r = hp_th_run_bin_timeout(tmp, 300, "worker/hp-worker",
                               "--standalone %s/prof.pb --threads 1 --out %s/out-tuned", tmp, tmp);
     cr_assert_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+#ifdef HP_CUDA_EMU
     const char *tuned = strstr(r.err, "cuda GEMM tuning (HP_CUDA_GEMM_TUNE=1)");
     cr_assert(tuned, "no tuning report: %s", r.err);
     cr_expect(strstr(tuned, "\n  tune       1     128     256      64 B  f32>f32: first "),
               "the output projection was not tuned: %s", tuned);
+#endif /* a device's heuristic may offer one candidate for shapes this small: none to time */
     cr_expect(strstr(r.err, "cuda profile GEMMs by shape"), "%s", r.err);
     hp_th_run_free(&r);
     char a[300], b[300];
