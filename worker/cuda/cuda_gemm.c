@@ -373,7 +373,6 @@ HP__CUDA_ENTRY(hp__cuda_mm) {
     }
     int64_t numel = hp_type_numel(o);
     if (numel == 0) return HP_OK;
-    hp__cuda_prof_gemm(cu, key.batch, key.m, key.n, key.k, ta, tb, in_dt, o->dtype);
     if (key.k == 0) { /* an empty sum: beta·out (zeros, or the bias scaled) */
         if (beta == 0) {
             HP__CUDA_TRY(cudaMemsetAsync(c->out[0], 0, (size_t)numel * hp_dtype_size(o->dtype), s),
@@ -389,6 +388,7 @@ HP__CUDA_ENTRY(hp__cuda_mm) {
     unsigned al2 = align_of(c->in[ia + 1]), al3 = align_of(c->out[0]);
     key.align = al < al2 ? al : al2;
     key.align = key.align < al3 ? key.align : al3;
+    hp__cuda_prof_gemm(cu, key.batch, key.m, key.n, key.k, ta, tb, in_dt, o->dtype);
     plan *p = NULL;
     HP_TRY(plan_get(cu, &key, &p, err));
     if (p->n_cand > 0 && beta == 0)
