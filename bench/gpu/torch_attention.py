@@ -42,23 +42,10 @@ def main():
         o = fwd()
         o.backward(go)
 
-    def timed(fn):
-        for _ in range(3):
-            fn()
-        ms = []
-        for _ in range(a.repeat):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize()
-            ms.append(s.elapsed_time(e))
-        return sorted(ms)[len(ms) // 2]
-
     flops = 2.0 * b * h * t * t * d
     with torch.no_grad():
-        f_ms = timed(fwd)
-    fb_ms = timed(fwd_bwd)
+        f_ms = torch_peer.median_ms(torch, fwd, a.repeat)
+    fb_ms = torch_peer.median_ms(torch, fwd_bwd, a.repeat)
     b_ms = max(fb_ms - f_ms, 1e-9)
     print(json.dumps({"torch": torch.__version__, "forward_ms": f_ms, "backward_ms": b_ms,
                       "forward_tflops": flops / (f_ms / 1e3) / 1e12,

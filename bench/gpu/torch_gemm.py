@@ -91,18 +91,7 @@ def main():
                 fn, note = (lambda: mm(x, y)), "torch wrote %s (no out_dtype)" % r["din"]
         else:
             fn = lambda: mm(x, y)  # noqa: E731
-        for _ in range(3):
-            fn()
-        times = []
-        for _ in range(a.repeat):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(a.inner):
-                fn()
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e) / a.inner)
-        t_ms = sorted(times)[len(times) // 2]
+        t_ms = torch_peer.median_ms(torch, fn, a.repeat, a.inner)
         flops = 2.0 * b * m * n * k
         h_call = r["ms"] / r["calls"]
         hp_ms += r["ms"]

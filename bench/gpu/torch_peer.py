@@ -1,6 +1,6 @@
 """bench/gpu/torch_peer.py — what the PyTorch peers of bench/gpu/check.sh (torch_llama.py,
-torch_attention.py) share: PyTorch with CUDA and F.scaled_dot_product_attention, or one JSON
-line saying why there is none."""
+torch_attention.py, torch_gemm.py) share: PyTorch with CUDA and F.scaled_dot_product_attention,
+or one JSON line saying why there is none; and timing with CUDA events."""
 import json
 
 
@@ -20,3 +20,20 @@ def cuda_torch():
                           torch.__version__}))
         return None
     return torch, F
+
+
+def median_ms(torch, fn, repeat, inner=1):
+    """Milliseconds a call of fn takes on the device: three warm-up calls, then the median over
+    `repeat` timings of `inner` calls each (CUDA events around them)."""
+    for _ in range(3):
+        fn()
+    ms = []
+    for _ in range(repeat):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(inner):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        ms.append(s.elapsed_time(e) / inner)
+    return sorted(ms)[len(ms) // 2]
