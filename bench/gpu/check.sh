@@ -246,17 +246,18 @@ PY
         # what the kept candidates save a step against cuBLASLt's first
         tune=$(python3 - "$OUT/1b-profile.log" "$PS" <<'PY'
 import sys
-calls, first, kept, gemm_ms = {}, {}, {}, 0.0
-inside = False
+sys.path.insert(0, "bench/gpu")
+from torch_gemm import gemm_rows  # the profile's GEMM table (no torch needed)
+rows = gemm_rows(sys.argv[1])
+calls = {(r["batch"], r["m"], r["n"], r["k"], r["trans"], r["din"], r["dout"]): r["calls"]
+         for r in rows}
+gemm_ms = sum(r["ms"] for r in rows)
+first, kept = {}, {}
 for line in open(sys.argv[1], errors="replace"):
     f = line.split()
-    if line.startswith("cuda profile GEMMs by shape"):
-        inside = True
-    elif inside and len(f) == 10 and f[0] == "gemm":
-        calls[tuple(f[1:7])] = int(f[7])
-        gemm_ms += float(f[8])
-    elif len(f) >= 12 and f[0] == "tune":
-        key = tuple(f[1:6]) + (f[6].rstrip(":"),)
+    if len(f) >= 13 and f[0] == "tune":
+        din, dout = f[6].rstrip(":").split(">")
+        key = (int(f[1]), int(f[2]), int(f[3]), int(f[4]), f[5], din, dout)
         first[key], kept[key] = float(f[8]), float(f[12])
 steps = int(sys.argv[2])
 saved = sum((first[k] - kept[k]) * calls.get(k, 0) for k in first) / 1e3 / steps

@@ -106,8 +106,7 @@ static void tune_report(const hp__cuda_gemm_cache *g) {
                 "  tune %7lld %7lld %7lld %7lld %-2s %s>%s: first %.1f us, kept #%d %.1f us "
                 "(%.2fx)\n",
                 (long long)p->batch, (long long)p->m, (long long)p->n, (long long)p->k,
-                (p->flags & HP_CALL_TRANS_A) ? ((p->flags & HP_CALL_TRANS_B) ? "AB" : "A")
-                                             : ((p->flags & HP_CALL_TRANS_B) ? "B" : "-"),
+                hp__cuda_trans_name(p->flags & HP_CALL_TRANS_A, p->flags & HP_CALL_TRANS_B),
                 hp_dtype_name(p->in_dt), hp_dtype_name(p->out_dt), p->first_us, p->chosen,
                 p->chosen_us, p->first_us / p->chosen_us);
     }
@@ -209,14 +208,19 @@ static hp_status plan_make(hp__cuda *cu, plan *p, hp_err *err) {
     return HP_OK;
 }
 
+/* Two plans for the same product shape (of any nodes). */
+static bool same_shape(const plan *x, const plan *y) {
+    return x->flags == y->flags && x->in_dt == y->in_dt && x->out_dt == y->out_dt &&
+           x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k &&
+           x->align == y->align;
+}
+
 /* The cached plan for this call, made on first use. */
 static hp_status plan_get(hp__cuda *cu, const plan *key, plan **out, hp_err *err) {
     hp__cuda_gemm_cache *g = cu->gemm;
     for (int i = 0; i < g->n; i++) {
         plan *p = &g->v[i];
-        if (p->node == key->node && p->flags == key->flags && p->in_dt == key->in_dt &&
-            p->out_dt == key->out_dt && p->batch == key->batch && p->m == key->m &&
-            p->n == key->n && p->k == key->k && p->align == key->align) {
+        if (p->node == key->node && same_shape(p, key)) {
             *out = p;
             return HP_OK;
         }
@@ -255,12 +259,6 @@ static hp_status run(hp__cuda *cu, cudaStream_t s, const plan *p, const void *a,
     if (st != CUBLAS_STATUS_SUCCESS)
         return hp_errf(err, HP_INTERNAL, "cublasLtMatmul: %s", hp__cublas_status_name((int)st));
     return HP_OK;
-}
-
-static bool same_shape(const plan *x, const plan *y) {
-    return x->flags == y->flags && x->in_dt == y->in_dt && x->out_dt == y->out_dt &&
-           x->batch == y->batch && x->m == y->m && x->n == y->n && x->k == y->k &&
-           x->align == y->align;
 }
 
 /* Microseconds a run of candidate i takes (the mean of TUNE_REPS after a warm-up); a negative

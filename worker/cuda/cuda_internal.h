@@ -178,6 +178,11 @@ int hp__cuda_prof_begin(hp__cuda *cu, int stream);
 void hp__cuda_prof_end(hp__cuda *cu, int rec, int stream, int slot, double bytes);
 /* The bytes of a call's operands: every input and every output once. */
 double hp__cuda_call_bytes(const hp_kernel_call *c);
+/* Which GEMM operands are read transposed, as the profile and the tuning report print it:
+ * "AB", "A", "B" or "-". */
+static inline const char *hp__cuda_trans_name(bool ta, bool tb) {
+    return ta ? (tb ? "AB" : "A") : (tb ? "B" : "-");
+}
 /* The record begun last holds one-time work (GEMM tuning): its time is left out. */
 void hp__cuda_prof_discard(hp__cuda *cu);
 /* The GEMM of the record begun last: its time also goes to a row per shape (batch, m, n, k,

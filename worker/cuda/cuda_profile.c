@@ -230,7 +230,7 @@ void hp__cuda_prof_report(hp__cuda *cu, FILE *f) {
         double flops = 2.0 * (double)r->batch * (double)r->m * (double)r->n * (double)r->k;
         fprintf(f, "  %-6s %7lld %7lld %7lld %7lld %-5s %-10s %9lld %12.3f %8.3g\n", "gemm",
                 (long long)r->batch, (long long)r->m, (long long)r->n, (long long)r->k,
-                r->ta ? (r->tb ? "AB" : "A") : (r->tb ? "B" : "-"), dt, (long long)r->calls, r->ms,
+                hp__cuda_trans_name(r->ta, r->tb), dt, (long long)r->calls, r->ms,
                 r->ms > 0 ? flops * (double)r->calls / (r->ms * 1e-3) / 1e12 : 0.0);
     }
 }

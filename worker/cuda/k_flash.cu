@@ -50,6 +50,18 @@ __device__ __forceinline__ void load_rows(__nv_bfloat16 *s, const __nv_bfloat16 
     }
 }
 
+/* Key rows [s0, s0 + R) of K and of V into stage `stage` of a two-stage buffer (K at tile
+ * 2·stage, V after it), committed as one group with any copies issued before. */
+template <int D, int R>
+__device__ __forceinline__ void load_kv_stage(__nv_bfloat16 *sm, int stage, const __nv_bfloat16 *kb,
+                                              const __nv_bfloat16 *vb, int64_t s0, int64_t s) {
+    constexpr int TILE = R * (D + PAD);
+    __nv_bfloat16 *st = sm + stage * 2 * TILE;
+    load_rows<D, R>(st, kb, s0, s);
+    load_rows<D, R>(st + TILE, vb, s0, s);
+    hp__cp_async_commit();
+}
+
 /* Waits for tile j of n (its group committed one iteration before the next one's): leaves the
  * next tile's group in flight when there is one. Then a barrier makes it the block's. */
 __device__ __forceinline__ void tile_ready(int64_t j, int64_t n) {
@@ -141,9 +153,7 @@ __global__ void __launch_bounds__(NT)
 
     /* Q through stage 1's K tile into registers, with stage 0's K and V */
     load_rows<D, BQ>(sm + 2 * TILE, qb, t0, a.t);
-    load_rows<D, BQ>(sm, kb, 0, a.s);
-    load_rows<D, BQ>(sm + TILE, vb, 0, a.s);
-    hp__cp_async_commit();
+    load_kv_stage<D, BQ>(sm, 0, kb, vb, 0, a.s);
     hp__cp_async_wait<0>();
     __syncthreads();
     uint32_t qa[KC][4];
@@ -160,12 +170,8 @@ __global__ void __launch_bounds__(NT)
     int64_t row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
     for (int64_t j = 0; j < tiles; j++) {
         int64_t s0 = j * BQ;
-        if (j + 1 < tiles) { /* the next K and V tiles into the other stage */
-            __nv_bfloat16 *nx = sm + ((j + 1) & 1) * 2 * TILE;
-            load_rows<D, BQ>(nx, kb, s0 + BQ, a.s);
-            load_rows<D, BQ>(nx + TILE, vb, s0 + BQ, a.s);
-            hp__cp_async_commit();
-        }
+        if (j + 1 < tiles) /* the next K and V tiles into the other stage */
+            load_kv_stage<D, BQ>(sm, (int)((j + 1) & 1), kb, vb, s0 + BQ, a.s);
         tile_ready(j, tiles);
         const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
         float sc[8][4];
@@ -407,9 +413,7 @@ __global__ void __launch_bounds__(NT)
         hp__ldsm_x4(oa[kc], a_addr<LD>(sm + 2 * TILE, warp * 16, kc * 16));
     }
     __syncthreads();
-    load_rows<D, KT>(sm, kb, 0, a.s);
-    load_rows<D, KT>(sm + TILE, vb, 0, a.s);
-    hp__cp_async_commit();
+    load_kv_stage<D, KT>(sm, 0, kb, vb, 0, a.s);
 
     int64_t row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
     float ls[2], dl[2];
@@ -424,12 +428,7 @@ __global__ void __launch_bounds__(NT)
     const float c2 = a.scale * LOG2E;
     for (int64_t j = 0; j < tiles; j++) {
         int64_t s0 = j * KT;
-        if (j + 1 < tiles) {
-            __nv_bfloat16 *nx = sm + ((j + 1) & 1) * 2 * TILE;
-            load_rows<D, KT>(nx, kb, s0 + KT, a.s);
-            load_rows<D, KT>(nx + TILE, vb, s0 + KT, a.s);
-            hp__cp_async_commit();
-        }
+        if (j + 1 < tiles) load_kv_stage<D, KT>(sm, (int)((j + 1) & 1), kb, vb, s0 + KT, a.s);
         tile_ready(j, tiles);
         const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
         float sc[4][4], dp[4][4];
