@@ -547,19 +547,7 @@ built:;
     if (in.n_data > 0) {
         const hp_type *t = &job->graph->nodes[in.n_params + in.n_buffers].out[0];
         if (t->rank >= 2) job->train.seq = t->shape[1];
-        /* --batch is the global batch of a step; FSDP splits it over the ranks: say so here
-         * rather than at compile time */
-        int world = hp_job_dp_size(job); /* tensor-parallel ranks share their batch */
-        if (t->rank >= 1 && t->shape[0] % world) {
-            rc = hpctl_fail(HPCTL_USAGE, verb,
-                            "--batch: %lld sequences do not split over the mesh's %d ranks",
-                            (long long)t->shape[0], world);
-            goto done;
-        }
-        if (t->rank >= 1) {
-            job->train.global_batch = t->shape[0];
-            job->train.local_batch = t->shape[0] / world;
-        }
+        if (t->rank >= 1) job->train.global_batch = t->shape[0];
     }
     if (job->plan.loss_parallel) {
         bool has_tp = false;
@@ -579,6 +567,19 @@ built:;
     if (tp_plan && (rc = add_tp_plan(verb, tp_plan, job)) != HPCTL_OK) goto done;
     for (int i = 0; i < n_places; i++)
         if ((rc = add_place(verb, "--place", places[i], job)) != HPCTL_OK) goto done;
+    if (job->train.global_batch > 0) {
+        /* --batch is the global batch of a step, split over the data-parallel ranks (known
+         * once the placements are): say so here rather than at compile time */
+        int dp = hp_job_dp_size(job);
+        if (job->train.global_batch % dp) {
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--batch: %lld sequences do not split over the mesh's %d "
+                            "data-parallel ranks",
+                            (long long)job->train.global_batch, dp);
+            goto done;
+        }
+        job->train.local_batch = job->train.global_batch / dp;
+    }
     if (hp_job_validate(job, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "%s", err.msg);
         goto done;

@@ -164,8 +164,21 @@ hp_status hp_job_add_place_pattern(hp_job *job, const char *pattern, const hp_pl
     return HP_OK;
 }
 
+bool hp_plan_uses_placements(const hp_job *job, int world) {
+    const hp_plan *p = &job->plan;
+    int split = 0;
+    for (int d = 0; d < p->n_mesh && d < HP_MESH_MAX_DIMS; d++) split += p->mesh[d].size > 1;
+    return world > 1 && (split > 1 || p->n_constraints > 0 || p->mode == HP_PLAN_AUTO);
+}
+
 int hp_job_dp_size(const hp_job *job) {
-    if (job->plan.n_mesh <= 1) return job->resources.world_size > 0 ? job->resources.world_size : 1;
+    int world = job->resources.world_size > 0 ? job->resources.world_size : 1;
+    if (job->plan.n_mesh > 1) {
+        world = 1;
+        for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
+            world *= job->plan.mesh[d].size > 0 ? job->plan.mesh[d].size : 1;
+    }
+    if (!hp_plan_uses_placements(job, world)) return world;
     for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
         if (!strcmp(job->plan.mesh[d].name, "dp")) return job->plan.mesh[d].size;
     return 1;

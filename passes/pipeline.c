@@ -46,14 +46,6 @@ static bool always(const hp_pass_ctx *ctx) {
 /* With more than one rank FSDP always runs: marked parameters are sharded, the others stay
  * replicated with all-reduced gradients, data is split on the batch dim (plain data
  * parallelism when nothing is marked). */
-/* A plan the placement passes compile: more than one mesh dim splits, or explicit placements.
- * Its graph carries placements: spmd replaces fsdp; overlap and bucketing keep them. */
-bool hp_plan_uses_placements(const hp_job *job, int world) {
-    const hp_plan *p = &job->plan;
-    int split = 0;
-    for (int d = 0; d < p->n_mesh && d < HP_MESH_MAX_DIMS; d++) split += p->mesh[d].size > 1;
-    return world > 1 && (split > 1 || p->n_constraints > 0 || p->mode == HP_PLAN_AUTO);
-}
 static bool placed(const hp_pass_ctx *ctx) {
     return hp_plan_uses_placements(ctx->job, ctx->world);
 }

@@ -176,8 +176,14 @@ hp_status hp_job_add_constraint(hp_job *job, const char *input_fqn, int output,
 hp_status hp_job_add_place_pattern(hp_job *job, const char *pattern, const hp_placement *placements,
                                    int n, hp_err *err);
 
-/* The ranks the batch is split over: the world for a 1-D mesh, the size of the mesh dim named
- * "dp" for an N-D one (1 without one: tensor-parallel ranks share their batch). */
+/* Does the job compile through the placement passes (spmd instead of fsdp, overlap and
+ * bucketing) at `world`? When more than one mesh dim splits, or the plan has explicit
+ * placements, or auto-sharding chooses them. */
+bool hp_plan_uses_placements(const hp_job *job, int world);
+
+/* The ranks the batch is split over. A plan without placements (FSDP or plain data
+ * parallelism) splits it over the whole world, whatever its one mesh dim is called; a placed
+ * one over the mesh dim named "dp" (1 without one: tensor-parallel ranks share their batch). */
 int hp_job_dp_size(const hp_job *job);
 
 /* Does an FSDP pattern match an FQN? '*' matches any run of characters (dots included:

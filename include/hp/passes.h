@@ -85,11 +85,6 @@ hp_status hp_pass_fuse_swiglu(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **o
 hp_status hp_pass_overlap(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 hp_status hp_pass_bucketing(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 
-/* Does the job compile through the placement passes (spmd instead of fsdp, overlap and
- * bucketing) at `world`? When more than one mesh dim splits, or the plan has explicit
- * placements. */
-bool hp_plan_uses_placements(const hp_job *job, int world);
-
 /* Placement propagation and redistribution (passes/spmd.c, docs/placements.md): the global
  * joint graph `in` on `mesh`, placeholder p placed inputs[p * ndim + i] on mesh dim i; the
  * graph outputs brought to outputs[k * ndim + i] (NULL: the loss Replicate, gradient k to

@@ -360,7 +360,18 @@ Test(hpctl_plan, errors) {
     expect_error(hpctl("new --model mlp --bucket-mb -1 -o x.pb"), 2, "--bucket-mb: -1 is outside");
     expect_error(hpctl("new --model mlp --prefetch 99 -o x.pb"), 2, "--prefetch: 99 is outside");
     expect_error(hpctl("new --model llama3:debugmodel --batch 3 --mesh dp=2 -o x.pb"), 2,
-                 "do not split over the mesh's 2 ranks");
+                 "do not split over the mesh's 2 data-parallel ranks");
+    /* tensor-parallel ranks share their batch: a 1-D tp mesh does not split it, a dp x tp one
+     * splits it over dp only */
+    ok(hpctl("new --model llama3:debugmodel --dim 48 --heads 3 --kv-heads 3 --batch 2 --seq 16 "
+             "--mesh tp=3 --tp-plan llama -o %s/tp3.pb",
+             tmpdir));
+    hp_th_run r = hpctl("inspect %s/tp3.pb", tmpdir);
+    cr_expect(strstr(r.out, "(2 per rank over 1 data-parallel rank)"), "%s", r.out);
+    hp_th_run_free(&r);
+    expect_error(hpctl("new --model llama3:debugmodel --heads 4 --kv-heads 2 --batch 3 "
+                       "--mesh dp=2,tp=2 --tp-plan llama -o x.pb"),
+                 2, "--batch: 3 sequences do not split over the mesh's 2 data-parallel ranks");
 }
 
 /* bytes_per_step of one collective kind in a --json report (0 when absent), and its dtype. */
