@@ -14,9 +14,10 @@
  * the last wave is of short blocks.
  * Backward, deterministic (every output element is summed by one thread in a fixed order, no
  * atomics), with delta = rowsum(dO ∘ O):
- *   dK, dV: a block per (batch, kv head, 64 keys), each warp 16 keys, walking the group's query
- *           heads and every visible query in tiles of 16: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ recomputed,
- *           Pᵀ = exp(scale·Sᵀ − lse), dV += Pᵀ·dO, dSᵀ = Pᵀ ∘ (dPᵀ − delta), dK += dSᵀ·Q;
+ *   dK, dV: a block per (batch, kv head, 64 keys), each warp 16 keys, walking the group's
+ *           query heads and every visible query in tiles of 16 or 32 (kv_qt): Sᵀ = K·Qᵀ and
+ *           dPᵀ = V·dOᵀ recomputed, Pᵀ = exp(scale·Sᵀ − lse), dV += Pᵀ·dO,
+ *           dSᵀ = Pᵀ ∘ (dPᵀ − delta), dK += dSᵀ·Q;
  *   dQ:     a block per (batch, head, 64 queries), key tiles of 32: dQ += dS·K.
  * (FlashAttention-2 sums dQ with atomics inside the dK/dV pass; recomputing S and dP in a
  * second pass costs two more products of seven and keeps the result bit-reproducible.)
@@ -33,8 +34,15 @@
 #define LN2   0.6931471805599453f
 
 #define BQ 64 /* queries per forward and dQ block; keys per forward tile and dK/dV block */
-#define QT 16 /* queries per dK/dV tile */
 #define KT 32 /* keys per dQ tile */
+/* Queries per dK/dV tile: 32 where that costs no occupancy (ptxas, sm_90: D = 128 takes 238
+ * registers against 230 at 16, two blocks of 128 threads a multiprocessor either way; D <= 32 stays
+ * under 128), else 16 (at 32, D = 64 would need 158 and D = 96 218: a block less each). Each K
+ * and V fragment a warp loads then serves twice the products, and a tile's barrier and copy
+ * wait twice the queries. */
+template <int D> constexpr int kv_qt() {
+    return D == 128 || D <= 32 ? 32 : 16;
+}
 
 /* Rows [r0, r0 + R) of a row-major [n][D] matrix into s[R][D + PAD], asynchronously (one
  * hp__cp_async16 per 16 bytes; the caller commits and waits); rows past n are zeros. */
@@ -270,7 +278,7 @@ __global__ void flash_delta_k(float *delta, const __nv_bfloat16 *gout, const __n
 
 /* One dK/dV tile's stage: Q and dO rows [q0, q0 + QT) of row block rb, and their lse and delta
  * (zeros past T), asynchronously. */
-template <int D>
+template <int D, int QT>
 __device__ __forceinline__ void kv_stage_load(unsigned char *st, const hp__cu_attn &a,
                                               const __nv_bfloat16 *q, const __nv_bfloat16 *gout,
                                               const float *lse, const float *delta, int64_t rb,
@@ -287,19 +295,21 @@ __device__ __forceinline__ void kv_stage_load(unsigned char *st, const hp__cu_at
     }
 }
 
-template <int D> __host__ __device__ constexpr size_t kv_stage_bytes() {
+template <int D, int QT> __host__ __device__ constexpr size_t kv_stage_bytes() {
     return (size_t)2 * QT * (D + PAD) * sizeof(__nv_bfloat16) + 2 * QT * sizeof(float);
 }
 
-template <int D>
+/* QT queries a tile (kv_qt). */
+template <int D, int QT>
 __global__ void __launch_bounds__(NT)
     flash_bwd_kv_k(hp__cu_attn a, __nv_bfloat16 *gk, __nv_bfloat16 *gv, const __nv_bfloat16 *gout,
                    const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                    const float *lse, const float *delta) {
-    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = QT * LD;
+    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = QT * LD, NQ = QT / 8;
+    constexpr size_t STAGE = kv_stage_bytes<D, QT>();
     extern __shared__ uint4 fl_sm[];
     __nv_bfloat16 *ks = (__nv_bfloat16 *)fl_sm, *vs = ks + BQ * LD;
-    unsigned char *stages = (unsigned char *)(vs + BQ * LD); /* two kv_stage_bytes<D>() */
+    unsigned char *stages = (unsigned char *)(vs + BQ * LD); /* two stages */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * BQ;
     int64_t group = a.h / a.hkv;
@@ -312,7 +322,7 @@ __global__ void __launch_bounds__(NT)
     load_rows<D, BQ>(ks, kb, s_0, a.s);
     load_rows<D, BQ>(vs, vb, s_0, a.s);
     if (tiles > 0)
-        kv_stage_load<D>(stages, a, q, gout, lse, delta, (b * a.h + hk * group) * a.t, qbeg);
+        kv_stage_load<D, QT>(stages, a, q, gout, lse, delta, (b * a.h + hk * group) * a.t, qbeg);
     hp__cp_async_commit();
 
     float dk[NO][4], dv[NO][4];
@@ -326,30 +336,39 @@ __global__ void __launch_bounds__(NT)
     for (int64_t i = 0; i < tiles; i++) {
         if (i + 1 < tiles) {
             int64_t gh = (i + 1) / nq, q0 = qbeg + (i + 1) % nq * QT;
-            kv_stage_load<D>(stages + ((i + 1) & 1) * kv_stage_bytes<D>(), a, q, gout, lse, delta,
-                             (b * a.h + hk * group + gh) * a.t, q0);
+            kv_stage_load<D, QT>(stages + ((i + 1) & 1) * STAGE, a, q, gout, lse, delta,
+                                 (b * a.h + hk * group + gh) * a.t, q0);
             hp__cp_async_commit();
         }
         tile_ready(i, tiles);
         int64_t q0 = qbeg + i % nq * QT;
-        const __nv_bfloat16 *qs = (const __nv_bfloat16 *)(stages + (i & 1) * kv_stage_bytes<D>());
+        const __nv_bfloat16 *qs = (const __nv_bfloat16 *)(stages + (i & 1) * STAGE);
         const __nv_bfloat16 *dos = qs + TILE;
         const float *ls_s = (const float *)(dos + TILE), *dl_s = ls_s + QT;
-        float st[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, dpt[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+        float st[NQ][4], dpt[NQ][4]; /* Sᵀ and dPᵀ: this warp's 16 keys x QT queries */
         HP__UNROLL
-        for (int kc = 0; kc < KC; kc++) {
-            uint32_t ka[4], va[4], qf[4], of[4];
-            hp__ldsm_x4(ka, a_addr<LD>(ks, warp * 16, kc * 16));
-            hp__ldsm_x4(va, a_addr<LD>(vs, warp * 16, kc * 16));
-            hp__ldsm_x4(qf, b_addr<LD>(qs, 0, kc * 16));
-            hp__ldsm_x4(of, b_addr<LD>(dos, 0, kc * 16));
-            hp__mma_bf16(st[0], ka, qf[0], qf[1]);
-            hp__mma_bf16(st[1], ka, qf[2], qf[3]);
-            hp__mma_bf16(dpt[0], va, of[0], of[1]);
-            hp__mma_bf16(dpt[1], va, of[2], of[3]);
+        for (int n = 0; n < NQ; n++) {
+            HP__UNROLL
+            for (int e = 0; e < 4; e++) st[n][e] = dpt[n][e] = 0.0f;
         }
         HP__UNROLL
-        for (int n = 0; n < 2; n++) {
+        for (int kc = 0; kc < KC; kc++) {
+            uint32_t ka[4], va[4];
+            hp__ldsm_x4(ka, a_addr<LD>(ks, warp * 16, kc * 16));
+            hp__ldsm_x4(va, a_addr<LD>(vs, warp * 16, kc * 16));
+            HP__UNROLL
+            for (int np = 0; np < NQ / 2; np++) {
+                uint32_t qf[4], of[4];
+                hp__ldsm_x4(qf, b_addr<LD>(qs, np * 16, kc * 16));
+                hp__ldsm_x4(of, b_addr<LD>(dos, np * 16, kc * 16));
+                hp__mma_bf16(st[2 * np], ka, qf[0], qf[1]);
+                hp__mma_bf16(st[2 * np + 1], ka, qf[2], qf[3]);
+                hp__mma_bf16(dpt[2 * np], va, of[0], of[1]);
+                hp__mma_bf16(dpt[2 * np + 1], va, of[2], of[3]);
+            }
+        }
+        HP__UNROLL
+        for (int n = 0; n < NQ; n++) {
             HP__UNROLL
             for (int e = 0; e < 4; e++) {
                 int col = n * 8 + 2 * qd + (e % 2);
@@ -360,11 +379,14 @@ __global__ void __launch_bounds__(NT)
                 dpt[n][e] = p * (dpt[n][e] - dl_s[col]);
             }
         }
-        uint32_t pa[4], sa[4];
-        a_of_c(pa, st[0], st[1]);
-        a_of_c(sa, dpt[0], dpt[1]);
-        mma_rows<D, LD>(dv, pa, dos, 0); /* dV += Pᵀ·dO */
-        mma_rows<D, LD>(dk, sa, qs, 0);  /* dK += dSᵀ·Q */
+        HP__UNROLL
+        for (int kk = 0; kk < NQ / 2; kk++) {
+            uint32_t pa[4], sa[4];
+            a_of_c(pa, st[2 * kk], st[2 * kk + 1]);
+            a_of_c(sa, dpt[2 * kk], dpt[2 * kk + 1]);
+            mma_rows<D, LD>(dv, pa, dos, kk * 16); /* dV += Pᵀ·dO */
+            mma_rows<D, LD>(dk, sa, qs, kk * 16);  /* dK += dSᵀ·Q */
+        }
         __syncthreads(); /* this stage's readers are done before the next prefetch lands in it */
     }
     hp__cp_async_wait<0>(); /* no tile: K and V were never waited for */
@@ -487,8 +509,8 @@ template <int D> constexpr size_t fwd_smem() { /* two stages of K and V */
 template <int D> constexpr size_t dq_smem() { /* two stages of K and V; Q and dO before them */
     return (size_t)4 * KT * (D + PAD) * sizeof(__nv_bfloat16);
 }
-template <int D> constexpr size_t kv_smem() { /* K and V, two stages of Q, dO, lse, delta */
-    return (size_t)2 * BQ * (D + PAD) * sizeof(__nv_bfloat16) + 2 * kv_stage_bytes<D>();
+template <int D, int QT> constexpr size_t kv_smem() { /* K, V; two stages of Q, dO, lse, delta */
+    return (size_t)2 * BQ * (D + PAD) * sizeof(__nv_bfloat16) + 2 * kv_stage_bytes<D, QT>();
 }
 
 /* A kernel's launch with more than the default 48 KiB of dynamic shared memory raises its
@@ -534,11 +556,12 @@ template <int D>
 static int flash_bwd(cudaStream_t s, dim3 gq, dim3 gkv, const hp__cu_attn *a, void *dq, void *dk,
                      void *dv, const void *gout, const void *q, const void *k, const void *v,
                      const float *lse, const float *delta) {
-    constexpr size_t SKV = kv_smem<D>(), SQ = dq_smem<D>();
-    int e = smem_limit(flash_bwd_kv_k<D>, SKV);
+    constexpr int QT = kv_qt<D>();
+    constexpr size_t SKV = kv_smem<D, QT>(), SQ = dq_smem<D>();
+    int e = smem_limit(flash_bwd_kv_k<D, QT>, SKV);
     if (!e) e = smem_limit(flash_bwd_q_k<D>, SQ);
     if (e) return e;
-    flash_bwd_kv_k<D>
+    flash_bwd_kv_k<D, QT>
         <<<gkv, NT, SKV, s>>>(*a, (bfp)dk, (bfp)dv, (cbf)gout, (cbf)q, (cbf)k, (cbf)v, lse, delta);
     if ((e = HP__CU_LAUNCHED())) return e;
     flash_bwd_q_k<D><<<gq, NT, SQ, s>>>(*a, (bfp)dq, (cbf)gout, (cbf)q, (cbf)k, (cbf)v, lse, delta);
