@@ -402,14 +402,14 @@ static hp_status submit_fits(const hp_job *job, int slots, int gpus, hp_err *err
                        "resources.world_size: %d ranks exceed the coordinator's %d slots", world,
                        slots);
     if (job->resources.device != HP_DEVICE_CUDA || gpus < 0 || world <= gpus) return HP_OK;
+    const char *ranks = world == 1 ? "rank" : "ranks", *gpu_s = world == 1 ? "GPU" : "GPUs";
     if (gpus == 0)
         return hp_errf(err, HP_INVALID,
-                       "resources: a cuda job of %d ranks needs %d GPUs; this hpd sees no GPU "
-                       "(--gpus)",
-                       world, world);
+                       "resources: a cuda job of %d %s needs %d %s; this hpd sees no GPU (--gpus)",
+                       world, ranks, world, gpu_s);
     return hp_errf(err, HP_INVALID,
-                   "resources: a cuda job of %d ranks needs %d GPUs; this hpd has %d (--gpus)",
-                   world, world, gpus);
+                   "resources: a cuda job of %d %s needs %d %s; this hpd has %d (--gpus)", world,
+                   ranks, world, gpu_s, gpus);
 }
 
 /* Decodes the job, checks that its device can run here, and compiles it at its world size

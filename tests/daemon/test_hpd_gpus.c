@@ -157,7 +157,7 @@ Test(hpd_gpus, by_default_hpd_counts_the_nvidia_devices) {
     const char *args[] = {"--http", "off", NULL};
     start_hpd(args);
     new_cuda_job("one.pb", 1);
-    expect_refused("one.pb", "resources: a cuda job of 1 ranks needs 1 GPUs; this hpd sees no "
+    expect_refused("one.pb", "resources: a cuda job of 1 rank needs 1 GPU; this hpd sees no "
                              "GPU (--gpus)");
 }
 
