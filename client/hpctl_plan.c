@@ -228,6 +228,9 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
            HUMAN(m->params));
     printf("  grads        %12s\n", HUMAN(m->grads));
     printf("  optimizer    %12s   AdamW: two f32 moments per local element\n", HUMAN(m->optimizer));
+    if (m->param_copies)
+        printf("  param copies %12s   param_dtype copies the optimizer rewrites\n",
+               HUMAN(m->param_copies));
     printf("  activations  %12s   liveness-planned arena\n", HUMAN(m->activations));
     printf("  comm         %12s\n", HUMAN(m->comm));
     printf("  total        %12s\n", HUMAN(m->total));
@@ -379,12 +382,12 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
     json_object_set_new(root, "mesh", mesh);
     json_object_set_new(root, "passes", passes);
     json_object_set_new(root, "warnings", warnings);
-    json_object_set_new(root, "memory",
-                        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params,
-                                  "grads", (json_int_t)m->grads, "optimizer",
-                                  (json_int_t)m->optimizer, "activations",
-                                  (json_int_t)m->activations, "comm", (json_int_t)m->comm, "total",
-                                  (json_int_t)m->total));
+    json_object_set_new(
+        root, "memory",
+        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params, "grads",
+                  (json_int_t)m->grads, "optimizer", (json_int_t)m->optimizer, "param_copies",
+                  (json_int_t)m->param_copies, "activations", (json_int_t)m->activations, "comm",
+                  (json_int_t)m->comm, "total", (json_int_t)m->total));
     json_object_set_new(root, "communication",
                         json_pack("{s:I, s:i, s:o, s:o}", "bytes_per_step",
                                   (json_int_t)last->comm_bytes, "collectives", last->collectives,

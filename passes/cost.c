@@ -93,8 +93,11 @@ void hp__memory_report(const hp_graph *g, const hp_program *p, hp_memory_report 
     if (p) {
         m->activations = p->arena_bytes[HP_MEM_ACT];
         m->comm = p->arena_bytes[HP_MEM_COMM];
+        for (int32_t i = 0; i < p->n_instrs; i++)
+            if (p->instrs[i].flags & HP_INSTR_PARAM_CAST)
+                m->param_copies += p->buffers[p->instrs[i].out[0]].bytes;
     }
-    m->total = m->params + m->grads + m->optimizer + m->activations + m->comm;
+    m->total = m->params + m->grads + m->optimizer + m->param_copies + m->activations + m->comm;
 }
 
 /* The mesh dim a collective runs on: its group's, else "dp", else the first; -1 none. */

@@ -24,6 +24,15 @@ static bool is_alias_op(const hp_graph *g, const hp_node *n) {
     }
 }
 
+/* An f32 -> bf16 cast of a parameter or buffer input (the mixed-precision pass's param_dtype
+ * copy): its output is kept between steps (HP_INSTR_PARAM_CAST). */
+static bool is_param_cast(const hp_graph *g, const hp_node *n) {
+    if (n->op != HP_OP_TO_COPY || n->n_in != 1 || n->out[0].dtype != HP_BF16) return false;
+    const hp_node *src = &g->nodes[n->in[0].node];
+    return src->op == HP_OP_PLACEHOLDER && src->out[0].dtype == HP_F32 &&
+           hp_node_int(src, HP_ATTR_KIND, HP_INPUT_DATA) != HP_INPUT_DATA;
+}
+
 /* A transpose of the last two dims of a rank-2 (mm) or rank-3 (bmm) value. */
 static bool is_matrix_transpose(const hp_node *n) {
     if (n->op == HP_OP_T) return n->out[0].rank == 2;
@@ -184,8 +193,13 @@ static hp_status lower_nodes(lower_state *s, hp_err *err) {
             HP_ASSERT(in[k] >= 0);
         }
         int32_t out[HP_MAX_OUTS];
+        hp_mem_class mem = HP_MEM_ACT;
+        if (is_param_cast(g, n)) {
+            flags |= HP_INSTR_PARAM_CAST;
+            mem = HP_MEM_PARAM;
+        }
         for (int k = 0; k < n->n_out; k++) {
-            out[k] = vb[k] = add_buffer(s, HP_MEM_ACT, &n->out[k], -1, i, k, err);
+            out[k] = vb[k] = add_buffer(s, mem, &n->out[k], -1, i, k, err);
             if (out[k] < 0) return err ? err->status : HP_NOMEM;
         }
         HP_TRY(add_instr(s, i, flags, in, n->n_in, out, n->n_out, err));

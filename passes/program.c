@@ -167,6 +167,29 @@ static hp_status verify_buffers(const hp_program *p, hp_err *err) {
     return HP_OK;
 }
 
+/* An HP_INSTR_PARAM_CAST: a bf16 _to_copy of one parameter or buffer input's storage. */
+static bool param_cast_ok(const hp_program *p, const hp_instr *ins) {
+    const hp_node *n = &p->graph->nodes[ins->node];
+    if (n->op != HP_OP_TO_COPY || ins->n_in != 1 || ins->n_out != 1 || n->out[0].dtype != HP_BF16 ||
+        ins->in[0] < 0 || ins->in[0] >= p->n_buffers)
+        return false;
+    const hp_buffer *src = &p->buffers[hp_program_root(p, ins->in[0])];
+    hp_graph_inputs in = hp_graph_count_inputs(p->graph);
+    return src->mem == HP_MEM_PARAM && src->value_node >= 0 &&
+           src->value_node < in.n_params + in.n_buffers;
+}
+
+int32_t hp_program_param_cast(const hp_program *p, int i) {
+    if (i < 0 || i >= p->n_params + p->n_bufs) return -1;
+    for (int32_t k = 0; k < p->n_instrs; k++) {
+        const hp_instr *ins = &p->instrs[k];
+        if ((ins->flags & HP_INSTR_PARAM_CAST) && ins->n_in == 1 &&
+            hp_program_root(p, ins->in[0]) == p->params[i].buffer)
+            return ins->out[0];
+    }
+    return -1;
+}
+
 static hp_status verify_instrs(const hp_program *p, hp_err *err) {
     const hp_graph *g = p->graph;
     for (int32_t i = 0; i < p->n_instrs; i++) {
@@ -183,7 +206,10 @@ static hp_status verify_instrs(const hp_program *p, hp_err *err) {
         if (ins->stream < 0 || ins->stream > 1)
             return hp_errf(err, HP_INVALID, "instruction %d: stream %d", i, ins->stream);
         bool mat = n->op == HP_OP_MM || n->op == HP_OP_BMM || n->op == HP_OP_ADDMM;
-        if (ins->flags & ~(uint32_t)(HP_INSTR_TRANS_A | HP_INSTR_TRANS_B) || (ins->flags && !mat))
+        uint32_t trans = HP_INSTR_TRANS_A | HP_INSTR_TRANS_B;
+        bool cast = ins->flags & HP_INSTR_PARAM_CAST;
+        if (ins->flags & ~(trans | HP_INSTR_PARAM_CAST) || ((ins->flags & trans) && !mat) ||
+            (cast && !param_cast_ok(p, ins)))
             return hp_errf(err, HP_INVALID, "instruction %d (%s): flags 0x%x", i,
                            hp_op_get(n->op)->name, ins->flags);
         for (int k = 0; k < ins->n_out; k++) {
@@ -191,7 +217,7 @@ static hp_status verify_instrs(const hp_program *p, hp_err *err) {
             const hp_buffer *b = &p->buffers[ins->out[k]];
             bool alias_ok = n->op == HP_OP_WAIT_TENSOR; /* its output is its input's storage */
             if (b->value_node != ins->node || b->value_out != k ||
-                (b->alias_of >= 0 && !alias_ok) || b->mem == HP_MEM_PARAM)
+                (b->alias_of >= 0 && !alias_ok) || (b->mem == HP_MEM_PARAM) != cast)
                 return hp_errf(err, HP_INVALID,
                                "instruction %d: output %d writes buffer %d, "
                                "which does not hold it",
@@ -337,9 +363,10 @@ hp_status hp_program_print(const hp_program *p, char **text, hp_err *err) {
         }
         sb_printf(&b, " <-");
         for (int k = 0; k < ins->n_in; k++) sb_printf(&b, " b%d", ins->in[k]);
-        if (ins->flags)
+        if (ins->flags & (HP_INSTR_TRANS_A | HP_INSTR_TRANS_B))
             sb_printf(&b, " [trans%s%s]", ins->flags & HP_INSTR_TRANS_A ? " a" : "",
                       ins->flags & HP_INSTR_TRANS_B ? " b" : "");
+        if (ins->flags & HP_INSTR_PARAM_CAST) sb_printf(&b, " [param copy]");
         sb_printf(&b, "   # %s\n", hp_node_str(p->graph, ins->node, line, sizeof line));
     }
     if (b.nomem) {

@@ -23,6 +23,7 @@ struct hp_exec {
     void *trace_ctx;
     double exposed_s;       /* compute blocked on the comm stream */
     hp_dropout_site *sites; /* [n_instrs]: each native_dropout's (hp_exec_set_rng) */
+    bool copies_current;    /* the HP_INSTR_PARAM_CAST outputs hold the parameters' values */
 };
 
 static double now_s(void) {
@@ -159,7 +160,7 @@ hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err 
         const hp_instr *ins = &p->instrs[i];
         hp_kernel_call *c = &e->calls[i].call;
         c->node = &p->graph->nodes[ins->node];
-        c->flags = ins->flags;
+        c->flags = ins->flags & (HP_INSTR_TRANS_A | HP_INSTR_TRANS_B); /* the kernel's */
         c->n_in = ins->n_in;
         c->n_out = ins->n_out;
         c->in = &e->in_ptrs[ki];
@@ -190,14 +191,27 @@ fail:
     return st;
 }
 
+void hp_exec_param_copies_current(hp_exec *e) {
+    e->copies_current = true;
+}
+
 hp_status hp_exec_step(hp_exec *e, hp_err *err) {
     const hp_program *p = e->p;
     hp_backend *b = e->b;
+    bool copies_current = e->copies_current;
+    e->copies_current = false; /* after this step, until the caller says otherwise */
     for (int32_t i = 0; i < p->n_instrs; i++) {
         const hp_instr *ins = &p->instrs[i];
         const exec_call *c = &e->calls[i];
         double t0 = e->trace ? now_s() : 0;
         hp_status st = HP_OK;
+        if ((ins->flags & HP_INSTR_PARAM_CAST) && copies_current) {
+            /* the optimizer wrote the copy on this stream: a reader on another stream waits
+             * for that, through this instruction's event */
+            if (e->events[i]) st = b->vt->event_record(b, e->events[i], ins->stream, err);
+            if (st != HP_OK) return st;
+            continue;
+        }
         if (c->wait_for >= 0) {
             double w0 = now_s();
             st = b->vt->event_wait(b, e->events[c->wait_for], ins->stream, err);

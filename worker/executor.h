@@ -36,8 +36,15 @@ void hp_exec_set_trace(hp_exec *e, hp_exec_trace_fn fn, void *ctx);
 void hp_exec_set_rng(hp_exec *e, uint64_t seed, uint64_t step);
 
 /* Runs every instruction once (one forward + backward) and waits for the device. Errors name
- * the instruction and its node: "instruction 41 (node 57, mm): ...". */
+ * the instruction and its node: "instruction 41 (node 57, mm): ...". The parameter casts
+ * (HP_INSTR_PARAM_CAST: the bf16 copies of the parameters) run unless the caller said, since
+ * the last step, that the copies are current. */
 hp_status hp_exec_step(hp_exec *e, hp_err *err);
+
+/* The parameters' bf16 copies (hp_program_param_cast's buffers) hold the parameters' values:
+ * the caller left the parameters alone since the last step, or updated every one of them with
+ * its copy (hp_adamw_param.param_bf16). The next step skips the casts. */
+void hp_exec_param_copies_current(hp_exec *e);
 
 /* Seconds the compute stream spent blocked waiting for the comm stream, since creation:
  * communication that compute did not hide. */

@@ -7,6 +7,7 @@
  * balances one huge embedding and many small norms alike, without allocating.
  */
 #include "hp/optim.h"
+#include "worker/bf16.h"
 
 #include "simd.h"
 
@@ -114,6 +115,11 @@ typedef struct adamw_ctx {
     int avx2;
 } adamw_ctx;
 
+/* The bf16 copy of n updated elements: the cpu backend's _to_copy rounding. */
+static void round_bf16(uint16_t *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = hp__bf16_round(x[i]);
+}
+
 static void adamw_chunk(void *ctx, int64_t begin, int64_t end, int thread) {
     (void)thread;
     const adamw_ctx *c = ctx;
@@ -128,6 +134,7 @@ static void adamw_chunk(void *ctx, int64_t begin, int64_t end, int thread) {
         else
 #endif
             adamw_scalar(c->k, p, g, m, v, piece_len);
+        if (q->param_bf16) round_bf16(q->param_bf16 + piece_off, p, piece_len);
     });
 }
 

@@ -311,6 +311,7 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
                        "such steps)",
                        isfinite(o->loss) ? "grad norm" : "loss", o->loss, o->grad_norm);
     if (o->skipped) {
+        hp_exec_param_copies_current(t->ex); /* no update: the copies still hold the params */
         t->skipped_steps++;
         if (t->rank == 0)
             fprintf(t->log,
@@ -325,6 +326,7 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
     /* clipping scales the gradients as AdamW reads them: one pass over them fewer */
     HP_TRY(t->be->vt->adamw(t->be, &t->adam, o->lr, coef < 1 ? coef : 1.0f, step, t->adam_params, n,
                             err));
+    hp_exec_param_copies_current(t->ex); /* the update wrote each parameter's bf16 copy */
     hp_trace_add(t->trace, HP_TRACE_COMPUTE, "optimizer", t1, hp_trace_now_s(), -1, -1);
     return prof ? finish_trace(t, step, err) : HP_OK;
 }

@@ -45,6 +45,9 @@ typedef struct hp_adamw_param {
     float *exp_avg;    /* first moment, zero before step 1 */
     float *exp_avg_sq; /* second moment, zero before step 1 */
     int64_t numel;
+    /* NULL, or the parameter's bf16 copy (mixed precision's param_dtype): each updated
+     * element is also stored there, rounded to nearest even, the bits _to_copy gives */
+    uint16_t *param_bf16;
 } hp_adamw_param;
 
 /* Applies one AdamW update with learning rate lr to every tensor. `step` is the step count

@@ -148,9 +148,10 @@ hp_status hp_pass_loss_parallel_run(const hp_graph *in, hp_pass_ctx *ctx, hp_gra
  * (N-1)/N of its input. 0 for any other node and for N = 1. */
 int64_t hp_collective_bytes(const hp_graph *g, int id);
 
-/* Per-rank memory, bytes, before anything runs. */
+/* Per-rank memory, bytes, before anything runs. param_copies: the param_dtype copies of the
+ * parameters (mixed precision) kept between steps and rewritten by the optimizer. */
 typedef struct hp_memory_report {
-    int64_t params, grads, optimizer, activations, comm, total;
+    int64_t params, grads, optimizer, param_copies, activations, comm, total;
 } hp_memory_report;
 
 /* The cost model's estimate for one step of one rank, with its stated assumptions. */

@@ -49,6 +49,12 @@ typedef struct hp_buffer {
 enum {
     HP_INSTR_TRANS_A = 1 << 0, /* same bits as the backend's HP_CALL_TRANS_* */
     HP_INSTR_TRANS_B = 1 << 1,
+    /* A parameter's (or buffer input's) f32 -> bf16 cast (mixed precision's param_dtype copy)
+     * into a PARAM-class buffer that outlives the step: it runs only while the copy is stale
+     * (the executor's first step, hp_exec_params_changed); the optimizer writes the copy
+     * with each update (hp_adamw_param.param_bf16), so the step reads the f32 master once
+     * instead of twice. */
+    HP_INSTR_PARAM_CAST = 1 << 2,
 };
 
 typedef struct hp_instr {
@@ -120,6 +126,10 @@ void hp_program_free(hp_program *p);
 static inline int32_t hp_program_root(const hp_program *p, int32_t b) {
     return p->buffers[b].alias_of >= 0 ? p->buffers[b].alias_of : b;
 }
+
+/* The PARAM-class buffer that slot i's HP_INSTR_PARAM_CAST instruction writes (its param_dtype
+ * copy), -1 without one. */
+int32_t hp_program_param_cast(const hp_program *p, int i);
 
 /* Checks every index, offset and type against the graph and the arenas (a program from the
  * wire is untrusted). HP_INVALID naming the instruction or buffer. */

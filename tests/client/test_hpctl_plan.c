@@ -409,11 +409,17 @@ Test(hpctl_plan, bf16_param_dtype_halves_all_gather_bytes) {
     /* the master shards (and so the optimizer) stay f32 */
     cr_expect_eq(mem(b, "params"), mem(a, "params"));
     cr_expect_eq(mem(b, "optimizer"), mem(a, "optimizer"));
+    /* the bf16 copies of the (sharded) parameters persist: half the f32 shards' bytes or more
+     * (each shard's copy is padded to the buffer alignment) */
+    cr_expect_eq(mem(a, "param_copies"), 0);
+    cr_expect_geq(2 * mem(b, "param_copies"), mem(b, "params"));
+    cr_expect_lt(mem(b, "param_copies"), mem(b, "params"));
     json_decref(a);
     json_decref(b);
     hp_th_run r = hpctl("plan %s/bf16.pb", tmpdir);
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "precision   param bf16"), "%s", r.out);
+    cr_expect(strstr(r.out, "param copies"), "%s", r.out);
     cr_expect(strstr(r.out, "mixed_precision    yes"), "%s", r.out);
     cr_expect(strstr(r.out, "fuse_cross_entropy: fused 1 loss (_log_softmax, nll_loss and their "
                             "backwards) into fused_cross_entropy"),

@@ -87,7 +87,8 @@ static inline void check_reports(const hp_compiled *c, const hp_job *job, int wo
     cr_expect_eq(hp_graph_verify(c->graph, &err), HP_OK, "%s", err.msg);
     cr_expect_eq(hp_program_verify(c->program, &err), HP_OK, "%s", err.msg);
     const hp_memory_report *m = &c->memory;
-    cr_expect_eq(m->total, m->params + m->grads + m->optimizer + m->activations + m->comm);
+    cr_expect_eq(m->total,
+                 m->params + m->grads + m->optimizer + m->param_copies + m->activations + m->comm);
     cr_expect_gt(m->params, 0);
     cr_expect_gt(m->activations, 0);
     cr_expect_gt(c->cost.flops, 0);

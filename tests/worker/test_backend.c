@@ -63,12 +63,25 @@ Test(backend, math_entries_match_optim) {
     cr_assert_eq(b->vt->scale(b, &dev, 1, 0.5f, NULL), HP_OK);
     cr_assert_eq(hp_grad_scale(&host, 1, 0.5f, NULL, NULL), HP_OK);
     hp_adamw_config cfg = hp_adamw_defaults();
-    hp_adamw_param dp = {p, g, m, v, N}, hq = {hp_, hg, hm, hv, N};
+    void *pb;
+    cr_assert_eq(b->vt->alloc(b, N * sizeof(uint16_t), &pb, NULL), HP_OK);
+    hp_adamw_param dp = {p, g, m, v, N, pb}, hq = {hp_, hg, hm, hv, N, NULL};
     cr_assert_eq(b->vt->adamw(b, &cfg, 1e-3, 1.0f, 1, &dp, 1, NULL), HP_OK);
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, &hq, 1, NULL, NULL), HP_OK);
     float *back = malloc(N * sizeof(float));
     cr_assert_eq(b->vt->copy_out(b, back, p, N * sizeof(float), NULL), HP_OK);
     cr_assert_eq(memcmp(back, hp_, N * sizeof(float)), 0, "adamw differs from hp_adamw_step");
+    /* the bf16 copy holds the updated parameters rounded to nearest even (_to_copy's bits) */
+    uint16_t *bb = malloc(N * sizeof(uint16_t));
+    cr_assert_eq(b->vt->copy_out(b, bb, pb, N * sizeof(uint16_t), NULL), HP_OK);
+    for (int i = 0; i < N; i++) {
+        uint32_t u;
+        memcpy(&u, &hp_[i], sizeof u);
+        uint16_t want = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+        cr_assert_eq(bb[i], want, "bf16 copy at %d: 0x%04x, not 0x%04x", i, bb[i], want);
+    }
+    free(bb);
+    b->vt->free(b, pb);
     /* errors are the functions' errors */
     hp_err e = {0};
     cr_assert_eq(b->vt->adamw(b, &cfg, -1, 1.0f, 1, &dp, 1, &e), HP_INVALID);

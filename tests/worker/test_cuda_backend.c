@@ -112,6 +112,13 @@ static void *dev_of(hp_backend *b, const float *h, int64_t n) {
     return p;
 }
 
+/* f32 -> bf16, round to nearest even (finite x). */
+static uint16_t bf16_rne(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
 Test(cuda_backend, training_math_matches_the_host_functions) {
     hp_backend *b = cu_backend();
     const hp_backend_vtable *vt = b->vt;
@@ -126,8 +133,11 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
     float *dp = dev_of(b, p, N), *dg = dev_of(b, g, N), *dm = dev_of(b, m, N),
           *dv = dev_of(b, v, N);
     hp_adamw_config cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    void *dpb = NULL; /* the parameters' bf16 copy, written with each update */
+    cr_assert_eq(vt->alloc(b, N * 2, &dpb, &e), HP_OK, "%s", e.msg);
+    uint16_t *pb = malloc(N * 2);
     for (int step = 1; step <= 3; step++) {
-        hp_adamw_param hq = {p, g, m, v, N}, dq = {dp, dg, dm, dv, N};
+        hp_adamw_param hq = {p, g, m, v, N, NULL}, dq = {dp, dg, dm, dv, N, dpb};
         cr_assert_eq(hp_adamw_step(&cfg, 1e-3, step, &hq, 1, NULL, &e), HP_OK, "%s", e.msg);
         cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 1.0f, step, &dq, 1, &e), HP_OK, "%s", e.msg);
     }
@@ -135,11 +145,13 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
     for (int i = 0; i < N; i++)
         cr_assert(fabsf(back[i] - p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(p[i])), "adamw at %d: %g %g",
                   i, back[i], p[i]);
+    cr_assert_eq(vt->copy_out(b, pb, dpb, N * 2, &e), HP_OK, "%s", e.msg);
+    for (int i = 0; i < N; i++) cr_assert_eq(pb[i], bf16_rne(back[i]), "bf16 copy at %d", i);
     cr_assert_eq(vt->adamw(b, &cfg, -1, 1.0f, 1, NULL, 0, &e), HP_INVALID);
     cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 0.0f, 1, NULL, 0, &e), HP_INVALID);
     /* clipping folded in: the host's scale-then-step bits */
     {
-        hp_adamw_param hq = {p, g, m, v, N}, dq = {dp, dg, dm, dv, N};
+        hp_adamw_param hq = {p, g, m, v, N, NULL}, dq = {dp, dg, dm, dv, N, NULL};
         hp_fspan hs1 = {g, N};
         float *g0 = malloc(N * 4);
         memcpy(g0, g, N * 4);
@@ -167,14 +179,17 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
         cr_assert_eq(hp_grad_sumsq(&hu, 1, NULL, &want, &e), HP_OK);
         cr_assert_eq(vt->sum_squares(b, &du, 1, &got, &e), HP_OK, "%s", e.msg);
         cr_assert(fabs(got - want) <= 1e-12 * want, "unaligned sumsq %.17g vs %.17g", got, want);
-        hp_adamw_param hq = {p + 3, g + 3, m + 3, v + 3, N - 3};
-        hp_adamw_param dq = {dp + 3, dg + 3, dm + 3, dv + 3, N - 3};
+        hp_adamw_param hq = {p + 3, g + 3, m + 3, v + 3, N - 3, NULL};
+        hp_adamw_param dq = {dp + 3, dg + 3, dm + 3, dv + 3, N - 3, (uint16_t *)dpb + 3};
         cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 5, &hq, 1, NULL, &e), HP_OK, "%s", e.msg);
         cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 1.0f, 5, &dq, 1, &e), HP_OK, "%s", e.msg);
         cr_assert_eq(vt->copy_out(b, back, dp, N * 4, &e), HP_OK, "%s", e.msg);
         for (int i = 0; i < N; i++)
             cr_assert(fabsf(back[i] - p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(p[i])),
                       "unaligned adamw at %d: %g %g", i, back[i], p[i]);
+        cr_assert_eq(vt->copy_out(b, pb, dpb, N * 2, &e), HP_OK, "%s", e.msg);
+        for (int i = 3; i < N; i++)
+            cr_assert_eq(pb[i], bf16_rne(back[i]), "unaligned bf16 copy at %d", i);
     }
     cr_assert_eq(vt->scale(b, ds, 1, 0.5f, &e), HP_OK);
     cr_assert_eq(vt->copy_out(b, back, dg, N * 4, &e), HP_OK);
@@ -186,8 +201,8 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
     cr_assert_eq(hp_param_init_fill(&init, 7, "layers.0.w", 1000, N, m, &e), HP_OK);
     cr_assert_eq(vt->copy_out(b, back, dm, N * 4, &e), HP_OK);
     cr_assert(!memcmp(back, m, N * 4), "fill_init differs from hp_param_init_fill");
-    vt->free(b, dp), vt->free(b, dg), vt->free(b, dm), vt->free(b, dv);
-    free(p), free(g), free(m), free(v), free(back);
+    vt->free(b, dp), vt->free(b, dg), vt->free(b, dm), vt->free(b, dv), vt->free(b, dpb);
+    free(p), free(g), free(m), free(v), free(back), free(pb);
     hp_backend_free(b);
 }
 

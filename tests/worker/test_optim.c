@@ -59,7 +59,7 @@ static void model_init(model *md, int n, const int64_t *sizes) {
     int64_t off = 0;
     for (int i = 0; i < n; i++) {
         md->params[i] =
-            (hp_adamw_param){md->p + off, md->g + off, md->m + off, md->v + off, sizes[i]};
+            (hp_adamw_param){md->p + off, md->g + off, md->m + off, md->v + off, sizes[i], NULL};
         md->grads[i] = (hp_fspan){md->g + off, sizes[i]};
         off += sizes[i];
     }
@@ -408,7 +408,7 @@ Test(optim, scaled_step_equals_scale_then_step) {
     hp_adamw_config cfg = hp_adamw_defaults();
     const float coefs[] = {0.3f, 1.0f, 0.0123f};
     for (int step = 1; step <= 3; step++) {
-        hp_adamw_param a = {p[0], g[0], m[0], v[0], N}, b = {p[1], g[1], m[1], v[1], N};
+        hp_adamw_param a = {p[0], g[0], m[0], v[0], N, NULL}, b = {p[1], g[1], m[1], v[1], N, NULL};
         hp_fspan sa = {g[0], N};
         float c = coefs[step - 1];
         cr_assert_eq(hp_grad_scale(&sa, 1, c, pool, &e), HP_OK, "%s", e.msg);
@@ -421,7 +421,7 @@ Test(optim, scaled_step_equals_scale_then_step) {
     cr_assert_eq(memcmp(m[0], m[1], N * 4), 0, "exp_avg differs");
     cr_assert_eq(memcmp(v[0], v[1], N * 4), 0, "exp_avg_sq differs");
     cr_assert_eq(memcmp(g[0], g[1], N * 4), 0, "the gradients changed");
-    hp_adamw_param b = {p[1], g[1], m[1], v[1], N};
+    hp_adamw_param b = {p[1], g[1], m[1], v[1], N, NULL};
     const float bad[] = {0.0f, -1.0f, NAN, INFINITY};
     for (size_t i = 0; i < HP_ARRAY_LEN(bad); i++) {
         cr_assert_eq(hp_adamw_step_scaled(&cfg, 1e-3, bad[i], 4, &b, 1, pool, &e), HP_INVALID);
@@ -436,7 +436,7 @@ Test(optim, scaled_step_equals_scale_then_step) {
 
 Test(optim, bad_input_is_an_error) {
     float p[2] = {1, 2}, g[2] = {0.1f, 0.2f}, m[2] = {0}, v[2] = {0};
-    hp_adamw_param ok = {p, g, m, v, 2};
+    hp_adamw_param ok = {p, g, m, v, 2, NULL};
     hp_adamw_config cfg = hp_adamw_defaults();
     hp_err e;
     cr_assert_eq(hp_adamw_step(NULL, 1e-3, 1, &ok, 1, NULL, &e), HP_INVALID);
@@ -455,13 +455,13 @@ Test(optim, bad_input_is_an_error) {
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 0, &ok, 1, NULL, &e), HP_INVALID);
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, NULL, 1, NULL, &e), HP_INVALID);
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, &ok, -1, NULL, &e), HP_INVALID);
-    hp_adamw_param list[2] = {ok, {p, NULL, m, v, 2}};
+    hp_adamw_param list[2] = {ok, {p, NULL, m, v, 2, NULL}};
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, list, 2, NULL, &e), HP_INVALID);
     cr_assert(strstr(e.msg, "tensor 1"), "%s", e.msg);
-    list[1] = (hp_adamw_param){p, g, m, v, -5};
+    list[1] = (hp_adamw_param){p, g, m, v, -5, NULL};
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, list, 2, NULL, &e), HP_INVALID);
     cr_assert(p[0] == 1 && p[1] == 2 && m[0] == 0, "a failed step must not update anything");
-    list[1] = (hp_adamw_param){NULL, NULL, NULL, NULL, 0}; /* empty tensors are fine */
+    list[1] = (hp_adamw_param){NULL, NULL, NULL, NULL, 0, NULL}; /* empty tensors are fine */
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, list, 2, NULL, &e), HP_OK);
     cr_assert_eq(hp_adamw_step(&cfg, 1e-3, 1, NULL, 0, NULL, &e), HP_OK);
 

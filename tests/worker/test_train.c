@@ -167,6 +167,101 @@ Test(train, bf16_executor_matches_reference_evaluator) {
     exec_vs_eval(true, 1e-3, 2e-2);
 }
 
+/* The bf16 policy's parameter casts keep their copies between steps (HP_INSTR_PARAM_CAST into
+ * PARAM memory) and the optimizer rewrites them: four steps that skip the casts give the bits of
+ * four that cast every time, and each copy is its parameter rounded to nearest even. A flag on
+ * any other instruction fails the program's verification. */
+Test(train, bf16_param_copies_are_written_by_the_optimizer) {
+    hp_model_spec spec = tiny_spec();
+    hp_graph *g = NULL, *mp = NULL;
+    hp_err e;
+    cr_assert_eq(hp_model_build_joint(&spec, &g, &e), HP_OK, "%s", e.msg);
+    hp_job *job = hp_job_new();
+    job->plan.param_dtype = HP_BF16;
+    hp_pass_ctx ctx = {.job = job, .world = 1};
+    cr_assert_eq(hp_pass_mixed_precision(g, &ctx, &mp, &e), HP_OK, "%s", e.msg);
+    hp_program *p = NULL;
+    cr_assert_eq(hp_lower(mp, &p, &e), HP_OK, "%s", e.msg);
+    for (int i = 0; i < p->n_params; i++) {
+        int32_t c = hp_program_param_cast(p, i);
+        cr_assert(c >= 0, "parameter %s has no kept bf16 copy", p->params[i].fqn);
+        cr_expect_eq(p->buffers[c].mem, HP_MEM_PARAM);
+        cr_expect_eq(p->buffers[c].type->dtype, HP_BF16);
+    }
+    for (int32_t k = 0; k < p->n_instrs; k++) {
+        if (p->graph->nodes[p->instrs[k].node].op != HP_OP_MM) continue;
+        uint32_t f = p->instrs[k].flags;
+        p->instrs[k].flags |= HP_INSTR_PARAM_CAST;
+        cr_expect_eq(hp_program_verify(p, &e), HP_INVALID, "a param-copy flag on an mm");
+        p->instrs[k].flags = f;
+        break;
+    }
+    cr_assert_eq(hp_program_verify(p, &e), HP_OK, "%s", e.msg);
+
+    enum { RUNS = 2, STEPS = 4 };
+    hp_backend *be = NULL;
+    cr_assert_eq(hp_cpu_backend_new(2, &be, &e), HP_OK, "%s", e.msg);
+    double loss[RUNS][STEPS];
+    hp_exec *ex[RUNS] = {NULL, NULL};
+    for (int r = 0; r < RUNS; r++) { /* r 0: copies kept; r 1: cast every step */
+        cr_assert_eq(hp_exec_new(p, be, &ex[r], &e), HP_OK, "%s", e.msg);
+        int n = p->n_params;
+        hp_adamw_param *ap = calloc((size_t)n, sizeof *ap);
+        unsigned seed = 7;
+        for (int i = 0; i < p->n_params + p->n_bufs; i++) {
+            float *dst = hp_exec_ptr(ex[r], p->params[i].buffer);
+            for (int64_t k = 0; k < hp_type_numel(p->buffers[p->params[i].buffer].type); k++)
+                dst[k] = i < n ? (float)(0.2 * (urand(&seed) - 0.5)) : 1.0f;
+        }
+        for (int i = 0; i < n; i++) {
+            int64_t k = hp_type_numel(p->buffers[p->params[i].buffer].type);
+            ap[i] =
+                (hp_adamw_param){hp_exec_ptr(ex[r], p->params[i].buffer),
+                                 hp_exec_ptr(ex[r], p->params[i].grad),
+                                 calloc((size_t)k, 4),
+                                 calloc((size_t)k, 4),
+                                 k,
+                                 r == 0 ? hp_exec_ptr(ex[r], hp_program_param_cast(p, i)) : NULL};
+        }
+        for (int step = 0; step < STEPS; step++) {
+            for (int i = 0; i < p->n_data; i++) {
+                int64_t *dst = hp_exec_ptr(ex[r], p->data[i].buffer);
+                for (int64_t k = 0; k < hp_type_numel(p->buffers[p->data[i].buffer].type); k++)
+                    dst[k] = (k * 7 + step * 3 + i) % 128;
+            }
+            cr_assert_eq(hp_exec_step(ex[r], &e), HP_OK, "%s", e.msg);
+            cr_assert_eq(hp_exec_loss(ex[r], &loss[r][step], &e), HP_OK, "%s", e.msg);
+            hp_adamw_config cfg = hp_adamw_defaults();
+            cr_assert_eq(be->vt->adamw(be, &cfg, 1e-2, 1.0f, step + 1, ap, n, &e), HP_OK, "%s",
+                         e.msg);
+            if (r == 0) hp_exec_param_copies_current(ex[r]);
+        }
+        if (r == 0)
+            for (int i = 0; i < n; i++) {
+                const uint16_t *c = hp_exec_ptr(ex[r], hp_program_param_cast(p, i));
+                for (int64_t k = 0; k < ap[i].numel; k++) {
+                    uint32_t u;
+                    memcpy(&u, &ap[i].param[k], sizeof u);
+                    cr_assert_eq(c[k], (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16),
+                                 "%s: copy element %lld", p->params[i].fqn, (long long)k);
+                }
+            }
+        for (int i = 0; i < n; i++) free(ap[i].exp_avg), free(ap[i].exp_avg_sq);
+        free(ap);
+    }
+    for (int step = 0; step < STEPS; step++)
+        cr_expect_eq(memcmp(&loss[0][step], &loss[1][step], sizeof(double)), 0,
+                     "step %d: loss %.9g with kept copies, %.9g casting", step, loss[0][step],
+                     loss[1][step]);
+    cr_expect(loss[0][STEPS - 1] != loss[0][0], "the parameters moved");
+    for (int r = 0; r < RUNS; r++) hp_exec_free(ex[r]);
+    hp_backend_free(be);
+    hp_program_free(p);
+    hp_graph_free(mp);
+    hp_graph_free(g);
+    hp_job_free(job);
+}
+
 /* ---- training against PyTorch --------------------------------------------------------------- */
 
 /* Reads DIR/metrics.jsonl's "loss" fields, in order. */

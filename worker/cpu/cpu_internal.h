@@ -26,6 +26,7 @@
 
 #include "hp/threads.h"
 #include "worker/backend.h"
+#include "worker/bf16.h"
 #include "worker/cpu/cpu_comm.h"
 #include "worker/simd.h"
 
@@ -214,12 +215,9 @@ static inline float hp__cpu_bf16_f32(uint16_t h) {
     return hp__cpu_bits_f32((uint32_t)h << 16);
 }
 
-/* f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. */
+/* f32 -> bf16, round to nearest even; NaN stays a (quiet) NaN (worker/bf16.h). */
 static inline uint16_t hp__cpu_f32_bf16(float f) {
-    uint32_t u = hp__cpu_f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7FFFu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
+    return hp__bf16_round(f);
 }
 
 /* exp(x) in f32 within ~2 ulp (Cephes' polynomial), written so that loops over it vectorize:

@@ -671,13 +671,14 @@ static hp_status cuda_adamw(hp_backend *b, const hp_adamw_config *cfg, double lr
     };
     hp__cuda *cu = as_cuda(b);
     int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
-    double bytes = 0; /* param, grad, both moments read; param and moments written: 28 B */
+    /* param, grad, both moments read; param and moments written: 28 B (30 with a bf16 copy) */
+    double bytes = 0;
     for (int i = 0; i < n_params; i++) {
         const hp_adamw_param *q = &params[i];
         HP__CUDA_TRY(hp__cu_adamw_step(cu->stream[HP_STREAM_COMPUTE], &k, q->param, q->grad,
-                                       q->exp_avg, q->exp_avg_sq, q->numel),
+                                       q->exp_avg, q->exp_avg_sq, q->param_bf16, q->numel),
                      "cuda: adamw");
-        bytes += 28.0 * (double)q->numel;
+        bytes += (q->param_bf16 ? 30.0 : 28.0) * (double)q->numel;
     }
     hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_ADAMW, bytes);
     return HP_OK;

@@ -259,8 +259,10 @@ typedef struct hp__cu_adamw {
     float decay, b1, omb1, b2, omb2, bc2_sqrt, eps, neg_step;
     float g_scale; /* each gradient is read times this (clipping; 1: as is) */
 } hp__cu_adamw;
+/* pb: NULL, or the parameter's bf16 copy, each updated element stored there too (rounded to
+ * nearest even: the bits of the cast kernel). */
 int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p, const float *g, float *m,
-                      float *v, int64_t n);
+                      float *v, uint16_t *pb, int64_t n);
 /* partial[0..HP__CU_SUMSQ_BLOCKS) = sums of squares (double) of fixed slices of x[0..n) (a
  * block per 4096 elements; the partials past the last block are zeros). */
 #define HP__CU_SUMSQ_BLOCKS 256

@@ -19,14 +19,19 @@ __device__ __forceinline__ void adamw_1(const hp__cu_adamw &k, float &p, float g
     v = vi;
 }
 
-__global__ void adamw_k(hp__cu_adamw k, float *p, const float *g, float *m, float *v, int64_t n) {
-    HP__CU_FOR(i, n) adamw_1(k, p[i], g[i], m[i], v[i]);
+__global__ void adamw_k(hp__cu_adamw k, float *p, const float *g, float *m, float *v, uint16_t *pb,
+                        int64_t n) {
+    HP__CU_FOR(i, n) {
+        adamw_1(k, p[i], g[i], m[i], v[i]);
+        if (pb) pb[i] = (uint16_t)hp__bf16_bits(p[i]);
+    }
 }
 
-/* Four elements a thread through 16-byte loads and stores (every pointer 16-byte aligned,
- * n4 = n / 4 groups): four streams read, three written, at the device's bandwidth. */
+/* Four elements a thread through 16-byte loads and stores (every pointer 16-byte aligned, the
+ * bf16 copy 8-byte aligned; n4 = n / 4 groups): four streams read, three (four with the copy)
+ * written, at the device's bandwidth. */
 __global__ void adamw4_k(hp__cu_adamw k, float4 *p, const float4 *g, float4 *m, float4 *v,
-                         int64_t n4) {
+                         uint2 *pb, int64_t n4) {
     HP__CU_FOR(i, n4) {
         float4 pi = p[i], gi = g[i], mi = m[i], vi = v[i];
         adamw_1(k, pi.x, gi.x, mi.x, vi.x);
@@ -36,19 +41,23 @@ __global__ void adamw4_k(hp__cu_adamw k, float4 *p, const float4 *g, float4 *m, 
         p[i] = pi;
         m[i] = mi;
         v[i] = vi;
+        if (pb)
+            pb[i] = make_uint2(hp__bf16_bits(pi.x) | hp__bf16_bits(pi.y) << 16,
+                               hp__bf16_bits(pi.z) | hp__bf16_bits(pi.w) << 16);
     }
 }
 
 extern "C" int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p, const float *g,
-                                 float *m, float *v, int64_t n) {
+                                 float *m, float *v, uint16_t *pb, int64_t n) {
     if (n == 0) return 0;
-    int64_t n4 = hp__vec8_ok(p, g, m) && hp__vec8_ok(v, v, v) ? n / 4 : 0, done = 4 * n4;
+    bool vec = hp__vec8_ok(p, g, m) && hp__vec8_ok(v, v, v) && ((uintptr_t)pb & 7) == 0;
+    int64_t n4 = vec ? n / 4 : 0, done = 4 * n4;
     if (n4 > 0)
-        adamw4_k<<<hp__cu_blocks(n4), HP__CU_THREADS, 0, s>>>(*k, (float4 *)p, (const float4 *)g,
-                                                              (float4 *)m, (float4 *)v, n4);
+        adamw4_k<<<hp__cu_blocks(n4), HP__CU_THREADS, 0, s>>>(
+            *k, (float4 *)p, (const float4 *)g, (float4 *)m, (float4 *)v, (uint2 *)pb, n4);
     if (done < n) /* the last n % 4, or all of an unaligned span */
-        adamw_k<<<hp__cu_blocks(n - done), HP__CU_THREADS, 0, s>>>(*k, p + done, g + done, m + done,
-                                                                   v + done, n - done);
+        adamw_k<<<hp__cu_blocks(n - done), HP__CU_THREADS, 0, s>>>(
+            *k, p + done, g + done, m + done, v + done, pb ? pb + done : NULL, n - done);
     return HP__CU_LAUNCHED();
 }
 

@@ -34,6 +34,12 @@
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) {
+    return uint2{x, y};
+}
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
