@@ -24,12 +24,35 @@ extern "C" {
 
 enum { HP__CU_F32 = 0, HP__CU_BF16, HP__CU_F16, HP__CU_I32, HP__CU_I64, HP__CU_BOOL };
 
-/* An index space of `rank` dims with one stride per operand (at most 4 operands). */
+/* An index space of `rank` dims with one stride per operand (at most 4 operands). fast,
+ * magic and shift are set by the kernel launchers (hp__cu_walk_fast), not by the walk's maker. */
 typedef struct hp__cu_walk {
     int rank;
     int64_t shape[HP__CU_MAX_RANK];
     int64_t st[4][HP__CU_MAX_RANK];
+    int fast; /* every linear index < 2^31: hp__walk_off divides with magic numbers */
+    uint32_t magic[HP__CU_MAX_RANK];
+    uint32_t shift[HP__CU_MAX_RANK];
 } hp__cu_walk;
+
+/* Prepares w for indices [0, n): when n and every dim are below 2^31, each dim's unsigned
+ * division by magic number (Granlund and Montgomery's round-up method: q = (umulhi(i, magic) +
+ * i) >> shift, exact for i < 2^31), a multiply-high and an add instead of a 64-bit divide,
+ * whose software sequence made index math, not memory, the cost of strided copies. */
+static inline void hp__cu_walk_fast(hp__cu_walk *w, int64_t n) {
+    w->fast = n >= 0 && n < 0x7fffffff && w->rank >= 0 && w->rank <= HP__CU_MAX_RANK;
+    for (int d = 0; w->fast && d < w->rank; d++) {
+        uint64_t s = (uint64_t)w->shape[d];
+        if (w->shape[d] < 1 || w->shape[d] >= 0x7fffffff) {
+            w->fast = 0;
+            break;
+        }
+        uint32_t sh = 0;
+        while (((uint64_t)1 << sh) < s) sh++;
+        w->shift[d] = sh;
+        w->magic[d] = (uint32_t)(((((uint64_t)1 << 32) * (((uint64_t)1 << sh) - s)) / s) + 1);
+    }
+}
 
 /* The device fault word: the first data-dependent fault of a kernel since the last
  * synchronize. op is the kernel's code below (0: no fault). */

@@ -111,12 +111,14 @@ __global__ void compare_f_k(int op, uint8_t *y, const T *a, const T *b, hp__cu_w
 }
 
 extern "C" int hp__cu_binary(cudaStream_t s, int op, int dtype, void *y, const void *a,
-                             const void *b, const hp__cu_walk *w, int64_t n) {
+                             const void *b, const hp__cu_walk *walk, int64_t n) {
     if (n == 0) return 0;
     unsigned g = hp__cu_blocks(n);
     bool cmp = op == HP__CU_EQ || op == HP__CU_LT;
-    if (!cmp && walk_is_flat(w, 3) && launch_map8(s, dtype, binary_f{op}, y, a, b, n))
+    if (!cmp && walk_is_flat(walk, 3) && launch_map8(s, dtype, binary_f{op}, y, a, b, n))
         return HP__CU_LAUNCHED();
+    hp__cu_walk fw = *walk, *w = &fw;
+    hp__cu_walk_fast(w, n);
     switch (dtype) {
     case HP__CU_F32:
         if (cmp)
@@ -160,10 +162,12 @@ __global__ void where_k(T *y, const uint8_t *c, const T *a, const T *b, hp__cu_w
 }
 
 extern "C" int hp__cu_where(cudaStream_t s, size_t esize, void *y, const void *cond, const void *a,
-                            const void *b, const hp__cu_walk *w, int64_t n) {
+                            const void *b, const hp__cu_walk *walk, int64_t n) {
     if (n == 0) return 0;
     unsigned g = hp__cu_blocks(n);
     const uint8_t *c = (const uint8_t *)cond;
+    hp__cu_walk fw = *walk, *w = &fw;
+    hp__cu_walk_fast(w, n);
     switch (esize) {
     case 1:
         where_k<uint8_t><<<g, HP__CU_THREADS, 0, s>>>((uint8_t *)y, c, (const uint8_t *)a,

@@ -60,10 +60,13 @@ __global__ void reduce_int_k(int op, T *y, const T *x, hp__cu_walk kept, hp__cu_
 }
 
 extern "C" int hp__cu_reduce(cudaStream_t s, int op, int dtype, void *y, const void *x,
-                             const hp__cu_walk *kept, int64_t n_out, const hp__cu_walk *red,
-                             int64_t n_red) {
+                             const hp__cu_walk *kept_walk, int64_t n_out,
+                             const hp__cu_walk *red_walk, int64_t n_red) {
     if (n_out == 0) return 0;
     if (n_out > 0x7fffffff) return (int)cudaErrorInvalidConfiguration;
+    hp__cu_walk kw = *kept_walk, rw = *red_walk, *kept = &kw, *red = &rw;
+    hp__cu_walk_fast(kept, n_out);
+    hp__cu_walk_fast(red, n_red);
     unsigned g = (unsigned)n_out;
     if (dtype == HP__CU_F32)
         reduce_f32_k<<<g, HP__CU_THREADS, 0, s>>>(op, (float *)y, (const float *)x, *kept, *red,

@@ -40,7 +40,9 @@ __global__ void transpose_k(T *dst, const T *src, hp__cu_walk lead, int64_t batc
 template <typename T>
 static void launch_walk(cudaStream_t s, void *dst, const void *src, const hp__cu_walk *w,
                         int64_t n) {
-    strided_copy_k<T><<<hp__cu_blocks(n), HP__CU_THREADS, 0, s>>>((T *)dst, (const T *)src, *w, n);
+    hp__cu_walk f = *w;
+    hp__cu_walk_fast(&f, n);
+    strided_copy_k<T><<<hp__cu_blocks(n), HP__CU_THREADS, 0, s>>>((T *)dst, (const T *)src, f, n);
 }
 
 template <typename T>
@@ -48,8 +50,10 @@ static void launch_transpose(cudaStream_t s, void *dst, const void *src, const h
                              int64_t batches, int64_t rows, int64_t cols, int64_t cs) {
     dim3 g((unsigned)((cols + TILE - 1) / TILE), (unsigned)((rows + TILE - 1) / TILE),
            (unsigned)(batches < 65535 ? batches : 65535));
+    hp__cu_walk f = *lead;
+    hp__cu_walk_fast(&f, batches);
     transpose_k<T>
-        <<<g, dim3(TILE, 8), 0, s>>>((T *)dst, (const T *)src, *lead, batches, rows, cols, cs);
+        <<<g, dim3(TILE, 8), 0, s>>>((T *)dst, (const T *)src, f, batches, rows, cols, cs);
 }
 
 static void walk_typed(cudaStream_t s, size_t esize, void *dst, const void *src,

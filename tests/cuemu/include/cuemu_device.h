@@ -201,6 +201,9 @@ inline int __float_as_int(float f) {
     memcpy(&i, &f, sizeof i);
     return i;
 }
+inline unsigned __umulhi(unsigned a, unsigned b) {
+    return (unsigned)(((unsigned long long)a * b) >> 32);
+}
 inline unsigned __float_as_uint(float f) {
     unsigned i;
     memcpy(&i, &f, sizeof i);
