@@ -484,7 +484,8 @@ static void nn_ops_in(hp_backend *be, hp_dtype fp, double tol_s, double tol_r) {
         hp_th_fini(&h);
     }
     for (int inv = 0; inv < 2; inv++) {
-        hp_type ts[] = {TY(fp, 2, 9, 3, 8), TY(fp, 1, 2048, 4, 128)};
+        /* the last: a row of more pairs than one pass of the grid covers */
+        hp_type ts[] = {TY(fp, 2, 9, 3, 8), TY(fp, 1, 2048, 4, 128), TY(fp, 1, 3, 130, 256)};
         for (size_t k = 0; k < HP_ARRAY_LEN(ts); k++) {
             hp_attr a[2] = {hp_attr_float(HP_ATTR_THETA, 500000),
                             hp_attr_int(HP_ATTR_INVERSE, inv)};

@@ -35,22 +35,32 @@ typedef struct hp__cu_walk {
     uint32_t shift[HP__CU_MAX_RANK];
 } hp__cu_walk;
 
-/* Prepares w for indices [0, n): when n and every dim are below 2^31, each dim's unsigned
- * division by magic number (Granlund and Montgomery's round-up method: q = (umulhi(i, magic) +
- * i) >> shift, exact for i < 2^31), a multiply-high and an add instead of a 64-bit divide,
- * whose software sequence made index math, not memory, the cost of strided copies. */
+/* Unsigned division by d in [1, 2^31) of any i < 2^31 by magic number (Granlund and
+ * Montgomery's round-up method, as PyTorch's IntDivider): q = (umulhi(i, magic) + i) >> shift,
+ * a multiply-high and an add instead of a 64-bit divide, whose software sequence made index
+ * math, not memory, the cost of strided kernels. hp__udiv (k_common.cuh) applies it. */
+typedef struct hp__cu_div {
+    uint32_t d, magic, shift;
+} hp__cu_div;
+
+static inline hp__cu_div hp__cu_div_make(uint32_t d) {
+    uint32_t sh = 0;
+    while (((uint64_t)1 << sh) < d) sh++;
+    hp__cu_div v = {d, (uint32_t)(((((uint64_t)1 << 32) * (((uint64_t)1 << sh) - d)) / d) + 1), sh};
+    return v;
+}
+
+/* Prepares w for indices [0, n): fast when n and every dim are below 2^31 (hp__cu_div). */
 static inline void hp__cu_walk_fast(hp__cu_walk *w, int64_t n) {
     w->fast = n >= 0 && n < 0x7fffffff && w->rank >= 0 && w->rank <= HP__CU_MAX_RANK;
     for (int d = 0; w->fast && d < w->rank; d++) {
-        uint64_t s = (uint64_t)w->shape[d];
         if (w->shape[d] < 1 || w->shape[d] >= 0x7fffffff) {
             w->fast = 0;
             break;
         }
-        uint32_t sh = 0;
-        while (((uint64_t)1 << sh) < s) sh++;
-        w->shift[d] = sh;
-        w->magic[d] = (uint32_t)(((((uint64_t)1 << 32) * (((uint64_t)1 << sh) - s)) / s) + 1);
+        hp__cu_div v = hp__cu_div_make((uint32_t)w->shape[d]);
+        w->magic[d] = v.magic;
+        w->shift[d] = v.shift;
     }
 }
 

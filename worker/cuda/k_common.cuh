@@ -117,6 +117,11 @@ static inline bool hp__vec8_ok(const void *a, const void *b, const void *c) {
     return (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) & 15) == 0;
 }
 
+/* i / d for i < 2^31 (hp__cu_div). */
+__device__ __forceinline__ uint32_t hp__udiv(uint32_t i, uint32_t magic, uint32_t shift) {
+    return (__umulhi(i, magic) + i) >> shift;
+}
+
 /* Offset of operand k at linear index i of the walk (row-major over shape); a walk prepared by
  * hp__cu_walk_fast divides in 32 bits by magic numbers. */
 __device__ __forceinline__ int64_t hp__walk_off(const hp__cu_walk &w, int k, int64_t i) {
@@ -124,7 +129,7 @@ __device__ __forceinline__ int64_t hp__walk_off(const hp__cu_walk &w, int k, int
     if (w.fast) {
         uint32_t j = (uint32_t)i;
         for (int d = w.rank - 1; d >= 0; d--) {
-            uint32_t q = (__umulhi(j, w.magic[d]) + j) >> w.shift[d];
+            uint32_t q = hp__udiv(j, w.magic[d], w.shift[d]);
             off += (int64_t)(j - q * (uint32_t)w.shape[d]) * w.st[k][d];
             j = q;
         }
