@@ -139,15 +139,20 @@ Test(hpctl_plan, json_parameters_and_comm_per_mesh_dim) {
     hp_th_run_free(&r);
 }
 
+/* `hpctl inspect TMPDIR/PB` prints want. */
+static void inspect_says(const char *pb, const char *want) {
+    hp_th_run r = hpctl("inspect %s/%s", tmpdir, pb);
+    cr_expect(strstr(r.out, want), "%s", r.out);
+    hp_th_run_free(&r);
+}
+
 /* --loss-parallel: the plan field is set (inspect says so), and with --tp-plan llama the
  * output projection is colwise: each rank holds half the vocabulary's rows. */
 Test(hpctl_plan, tp2_llama_loss_parallel) {
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
              "--loss-parallel -o %s/lp.pb",
              tmpdir));
-    hp_th_run r = hpctl("inspect %s/lp.pb", tmpdir);
-    cr_expect(strstr(r.out, "loss parallel on"), "%s", r.out);
-    hp_th_run_free(&r);
+    inspect_says("lp.pb", "loss parallel on");
     json_t *root = plan_json("lp.pb", "");
     json_t *params = json_object_get(root, "parameters");
     bool seen = false;
@@ -165,9 +170,7 @@ Test(hpctl_plan, tp2_llama_loss_parallel) {
     ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
              "-o %s/nolp.pb",
              tmpdir));
-    r = hpctl("inspect %s/nolp.pb", tmpdir);
-    cr_expect(strstr(r.out, "loss parallel off"), "%s", r.out);
-    hp_th_run_free(&r);
+    inspect_says("nolp.pb", "loss parallel off");
 }
 
 /* torchtitan's Llama TP plan at tp=2: every TP'd weight holds half its bytes, and the
@@ -366,9 +369,7 @@ Test(hpctl_plan, errors) {
     ok(hpctl("new --model llama3:debugmodel --dim 48 --heads 3 --kv-heads 3 --batch 2 --seq 16 "
              "--mesh tp=3 --tp-plan llama -o %s/tp3.pb",
              tmpdir));
-    hp_th_run r = hpctl("inspect %s/tp3.pb", tmpdir);
-    cr_expect(strstr(r.out, "(2 per rank over 1 data-parallel rank)"), "%s", r.out);
-    hp_th_run_free(&r);
+    inspect_says("tp3.pb", "(2 per rank over 1 data-parallel rank)");
     expect_error(hpctl("new --model llama3:debugmodel --heads 4 --kv-heads 2 --batch 3 "
                        "--mesh dp=2,tp=2 --tp-plan llama -o x.pb"),
                  2, "--batch: 3 sequences do not split over the mesh's 2 data-parallel ranks");
