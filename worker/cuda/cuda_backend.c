@@ -698,11 +698,16 @@ static hp_status check_spans(const char *what, const hp_fspan *x, int n, hp_err 
     return HP_OK;
 }
 
-/* Room for the partials of n spans (grown, never shrunk). */
+/* Bytes of the sumsq buffers for cap spans: the partials, then the span table. */
+static size_t sumsq_bytes(int cap) {
+    return (size_t)cap * (HP__CU_SUMSQ_BLOCKS * sizeof(double) + sizeof(hp__cu_span));
+}
+
+/* Room for the partials and the span table of n spans (grown, never shrunk). */
 static hp_status sumsq_room(hp__cuda *cu, int n, hp_err *err) {
     if (n <= cu->sumsq_cap) return HP_OK;
     int cap = cu->sumsq_cap * 2 > n ? cu->sumsq_cap * 2 : n;
-    size_t bytes = (size_t)cap * HP__CU_SUMSQ_BLOCKS * sizeof(double);
+    size_t bytes = sumsq_bytes(cap);
     double *dev = NULL, *host = NULL;
     HP__CUDA_TRY(cudaMalloc((void **)&dev, bytes), "cuda: grad sumsq partials");
     if (cudaMallocHost((void **)&host, bytes) != cudaSuccess) {
@@ -711,7 +716,7 @@ static hp_status sumsq_room(hp__cuda *cu, int n, hp_err *err) {
     }
     cudaFree(cu->sumsq_dev); /* waits for the device */
     cudaFreeHost(cu->sumsq_host);
-    cu->live_bytes -= (size_t)cu->sumsq_cap * HP__CU_SUMSQ_BLOCKS * sizeof(double);
+    cu->live_bytes -= sumsq_bytes(cu->sumsq_cap);
     note_alloc(cu, bytes);
     cu->sumsq_dev = dev;
     cu->sumsq_host = host;
@@ -727,23 +732,28 @@ static hp_status cuda_sum_squares(hp_backend *b, const hp_fspan *x, int n, doubl
     HP_TRY(sumsq_room(cu, n, err));
     cudaStream_t s = cu->stream[HP_STREAM_COMPUTE];
     int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
-    /* every span's fixed partials, then one copy and one wait; combined on the host in order
-     * (span by span, block by block): the norm does not depend on timing */
+    /* the non-empty spans' table in, every span's fixed partials in one launch, one copy out
+     * and one wait; combined on the host in order (span by span, block by block): the norm
+     * does not depend on timing */
+    size_t table = (size_t)cu->sumsq_cap * HP__CU_SUMSQ_BLOCKS; /* the table's offset, doubles */
+    hp__cu_span *spans = (hp__cu_span *)(cu->sumsq_host + table);
     int used = 0;
     double bytes = 0;
     for (int i = 0; i < n; i++) {
         bytes += 4.0 * (double)x[i].n;
-        if (x[i].n == 0) continue;
-        HP__CUDA_TRY(
-            hp__cu_sumsq(s, cu->sumsq_dev + (size_t)used * HP__CU_SUMSQ_BLOCKS, x[i].data, x[i].n),
-            "cuda: grad sumsq");
-        used++;
+        if (x[i].n > 0) spans[used++] = (hp__cu_span){x[i].data, x[i].n};
     }
     size_t nd = (size_t)used * HP__CU_SUMSQ_BLOCKS;
-    if (used > 0)
+    if (used > 0) {
+        hp__cu_span *dev_spans = (hp__cu_span *)(cu->sumsq_dev + table);
+        HP__CUDA_TRY(cudaMemcpyAsync(dev_spans, spans, (size_t)used * sizeof *spans,
+                                     cudaMemcpyHostToDevice, s),
+                     "cuda: grad sumsq");
+        HP__CUDA_TRY(hp__cu_sumsq(s, cu->sumsq_dev, dev_spans, used), "cuda: grad sumsq");
         HP__CUDA_TRY(cudaMemcpyAsync(cu->sumsq_host, cu->sumsq_dev, nd * sizeof(double),
                                      cudaMemcpyDeviceToHost, s),
                      "cuda: grad sumsq");
+    }
     hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_SUMSQ, bytes);
     HP__CUDA_TRY(cudaStreamSynchronize(s), "cuda: grad sumsq");
     double total = 0;

@@ -42,8 +42,10 @@ typedef struct hp__cuda {
     size_t scratch_cap[HP_STREAM_COUNT];
     void *stage[HP_STREAM_COUNT]; /* f32 staging of bf16 operands per stream (cuda_launch) */
     size_t stage_cap[HP_STREAM_COUNT];
-    hp_pool *pool;      /* host threads for fill_init's values */
-    double *sumsq_host; /* pinned [sumsq_cap · HP__CU_SUMSQ_BLOCKS]: the partials of each span */
+    hp_pool *pool; /* host threads for fill_init's values */
+    /* pinned and device: [sumsq_cap · HP__CU_SUMSQ_BLOCKS] partials of each span, then the
+     * table of sumsq_cap spans (hp__cu_span) */
+    double *sumsq_host;
     double *sumsq_dev;
     int sumsq_cap;          /* spans the two hold */
     hp__cuda_alloc *allocs; /* live allocations of alloc (for the live byte count) */

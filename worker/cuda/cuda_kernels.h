@@ -296,10 +296,15 @@ typedef struct hp__cu_adamw {
  * nearest even: the bits of the cast kernel). */
 int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p, const float *g, float *m,
                       float *v, uint16_t *pb, int64_t n);
-/* partial[0..HP__CU_SUMSQ_BLOCKS) = sums of squares (double) of fixed slices of x[0..n) (a
- * block per 4096 elements; the partials past the last block are zeros). */
+/* For each of n spans (a device table), partial[span · HP__CU_SUMSQ_BLOCKS + 0..BLOCKS) = sums
+ * of squares (double) of fixed slices of the span (a block per 4096 elements; the partials past
+ * the last block are zeros): every span in one launch. */
 #define HP__CU_SUMSQ_BLOCKS 256
-int hp__cu_sumsq(cudaStream_t s, double *partial, const float *x, int64_t n);
+typedef struct hp__cu_span {
+    const float *x;
+    int64_t n;
+} hp__cu_span;
+int hp__cu_sumsq(cudaStream_t s, double *partial, const hp__cu_span *spans, int n);
 int hp__cu_scale(cudaStream_t s, float *x, int64_t n, float coef);
 /* Records fault `code` with value v (the injected-error test's kernel). */
 int hp__cu_inject_fault(cudaStream_t s, hp__cu_fault *fault, long long code, long long v);

@@ -61,11 +61,22 @@ extern "C" int hp__cu_adamw_step(cudaStream_t s, const hp__cu_adamw *k, float *p
     return HP__CU_LAUNCHED();
 }
 
-/* Block b sums elements [b·chunk, (b+1)·chunk) (chunk a multiple of 4) with its threads
- * striding, four elements a step through 16-byte loads when x is 16-byte aligned; the tree
- * is a fixed function of n and the alignment, so every step gives the same bits. */
-__global__ void sumsq_k(double *partial, const float *x, int64_t n) {
-    int64_t chunk = ((n + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+/* Span blockIdx.y's block b of `blocks` (a block per 4096 elements, at most
+ * HP__CU_SUMSQ_BLOCKS) sums elements [b·chunk, (b+1)·chunk) (chunk a multiple of 4) with its
+ * threads striding, four elements a step through 16-byte loads when x is 16-byte aligned; the
+ * tree is a fixed function of n and the alignment, so every step gives the same bits. Blocks
+ * past `blocks` write zeros. */
+__global__ void sumsq_k(double *partials, const hp__cu_span *spans) {
+    const float *x = spans[blockIdx.y].x;
+    int64_t n = spans[blockIdx.y].n;
+    int64_t blocks = (n + 4095) / 4096;
+    blocks = blocks < 1 ? 1 : blocks > HP__CU_SUMSQ_BLOCKS ? HP__CU_SUMSQ_BLOCKS : blocks;
+    double *partial = partials + (int64_t)blockIdx.y * HP__CU_SUMSQ_BLOCKS;
+    if (blockIdx.x >= blocks) {
+        if (threadIdx.x == 0) partial[blockIdx.x] = 0;
+        return;
+    }
+    int64_t chunk = ((n + blocks - 1) / blocks + 3) / 4 * 4;
     int64_t lo = (int64_t)blockIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
     double acc = 0;
     int64_t i = lo;
@@ -82,19 +93,15 @@ __global__ void sumsq_k(double *partial, const float *x, int64_t n) {
     if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-/* A block per 4096 elements, at most HP__CU_SUMSQ_BLOCKS; the partials past the last block are
- * zeros (a fixed function of n: the same bits every step). */
-extern "C" int hp__cu_sumsq(cudaStream_t s, double *partial, const float *x, int64_t n) {
-    int64_t blocks = (n + 4095) / 4096;
-    if (blocks < 1) blocks = 1;
-    if (blocks > HP__CU_SUMSQ_BLOCKS) blocks = HP__CU_SUMSQ_BLOCKS;
-    if (blocks < HP__CU_SUMSQ_BLOCKS) {
-        cudaError_t e = cudaMemsetAsync(partial + blocks, 0,
-                                        (size_t)(HP__CU_SUMSQ_BLOCKS - blocks) * sizeof(double), s);
-        if (e != cudaSuccess) return (int)e;
+extern "C" int hp__cu_sumsq(cudaStream_t s, double *partial, const hp__cu_span *spans, int n) {
+    for (int i = 0; i < n; i += 65535) { /* gridDim.y's limit */
+        int k = n - i < 65535 ? n - i : 65535;
+        sumsq_k<<<dim3(HP__CU_SUMSQ_BLOCKS, (unsigned)k), HP__CU_THREADS, 0, s>>>(
+            partial + (size_t)i * HP__CU_SUMSQ_BLOCKS, spans + i);
+        int e = HP__CU_LAUNCHED();
+        if (e) return e;
     }
-    sumsq_k<<<(unsigned)blocks, HP__CU_THREADS, 0, s>>>(partial, x, n);
-    return HP__CU_LAUNCHED();
+    return 0;
 }
 
 __global__ void scale_k(float *x, int64_t n, float coef) {
