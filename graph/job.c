@@ -171,6 +171,15 @@ bool hp_plan_uses_placements(const hp_job *job, int world) {
     return world > 1 && (split > 1 || p->n_constraints > 0 || p->mode == HP_PLAN_AUTO);
 }
 
+/* The parallelism a conventional mesh dim name promises that no pass implements, else NULL. */
+static const char *unsupported_dim(const char *name) {
+    static const char *const dims[][2] = {
+        {"pp", "pipeline"}, {"cp", "context"}, {"ep", "expert"}, {"sp", "sequence"}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (!strcmp(name, dims[i][0])) return dims[i][1];
+    return NULL;
+}
+
 int hp_job_dp_size(const hp_job *job) {
     int world = job->resources.world_size > 0 ? job->resources.world_size : 1;
     if (job->plan.n_mesh > 1) {
@@ -374,6 +383,13 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
         snprintf(what, sizeof what, "plan.mesh[%d].size", d);
         HP_TRY(check_i64(m->size, 1, HP_MAX_WORLD, what, err));
         product *= m->size; /* <= 65536^4: no overflow */
+        const char *kind = unsupported_dim(m->name);
+        if (kind && m->size > 1)
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "plan.mesh[%d]: '%s' names %s parallelism, which hp does not support "
+                           "yet: a mesh splits work over dp (data parallel, FSDP) and tp (tensor "
+                           "parallel) dims",
+                           d, m->name, kind);
         snprintf(what, sizeof what, "plan.mesh[%d].link.bandwidth", d);
         HP_TRY(check_f64(m->link.bandwidth, 0, true, 1e18, false, what, err));
         snprintf(what, sizeof what, "plan.mesh[%d].link.latency", d);

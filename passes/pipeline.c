@@ -371,6 +371,23 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
     bool has_dp = false; /* FSDP in the placement passes shards over the mesh dim "dp" */
     for (int d = 0; d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++)
         has_dp |= !strcmp(job->plan.mesh[d].name, "dp");
+    /* a dim that splits nothing (not dp, no placement on it) would have its ranks repeat each
+     * other's work: refused rather than run redundantly (auto-sharding places every dim) */
+    for (int d = 0; placed(&probe) && job->plan.mode != HP_PLAN_AUTO && d < job->plan.n_mesh &&
+                    d < HP_MESH_MAX_DIMS;
+         d++) {
+        bool used = !strcmp(job->plan.mesh[d].name, "dp") || job->plan.mesh[d].size == 1;
+        for (int k = 0; !used && k < job->plan.n_constraints; k++)
+            used = d < job->plan.constraints[k].n_placements &&
+                   job->plan.constraints[k].placements[d].kind != HP_PLACE_REPLICATE;
+        if (!used)
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "plan (mesh %s): nothing is split over mesh dim '%s' (%d ranks), so "
+                           "its ranks would repeat each other's work; place parameters on it "
+                           "(--tp-plan llama, --place PATTERN=%s:S(d)), or drop it",
+                           mesh, job->plan.mesh[d].name, job->plan.mesh[d].size,
+                           job->plan.mesh[d].name);
+    }
     if (placed(&probe) && (job->plan.n_fsdp_fqns || job->plan.n_fsdp_patterns) && !has_dp)
         return hp_errf(err, HP_UNSUPPORTED,
                        "plan (mesh %s): FSDP marks shard parameters over the mesh dim named dp, "

@@ -340,6 +340,16 @@ Test(hpctl_plan, errors) {
              tmpdir));
     expect_error(hpctl("plan %s/nodp.pb", tmpdir), 1,
                  "FSDP marks shard parameters over the mesh dim named dp");
+    /* a dim nothing is placed on would only repeat work; one named for a parallelism hp does
+     * not implement is refused by name, never run as something else */
+    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh dp=2,tp=2 -o %s/idle.pb",
+             tmpdir));
+    expect_error(hpctl("plan %s/idle.pb", tmpdir), 1,
+                 "nothing is split over mesh dim 'tp' (2 ranks)");
+    expect_error(hpctl("new --model llama3:debugmodel --mesh pp=2 -o x.pb"), 2,
+                 "plan.mesh[0]: 'pp' names pipeline parallelism, which hp does not support yet");
+    expect_error(hpctl("new --model llama3:debugmodel --mesh dp=2,cp=2 -o x.pb"), 2,
+                 "'cp' names context parallelism");
     expect_error(hpctl("new --model mlp --mesh dp=2 --place 'nope.*=dp:S(0)' -o x.pb"), 2,
                  "plan.constraints[0]: pattern 'nope.*' matches no graph input");
     expect_error(hpctl("new --model mlp --mesh dp=2 --place 'layers.0.weight=tp:S(0)' -o x.pb"), 2,
