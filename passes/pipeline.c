@@ -556,6 +556,14 @@ static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err
         if (!hp__pass_find(job->passes.switches[i].name))
             hp_pass_warn(ctx, "passes: the switch '%s' names no pass",
                          job->passes.switches[i].name);
+    const hp_plan *plan = &job->plan;
+    if (!plan->reshard_after_forward &&
+        (world == 1 || (!plan->n_fsdp_fqns && !plan->n_fsdp_patterns && !plan->n_constraints &&
+                        plan->mode != HP_PLAN_AUTO)))
+        hp_pass_warn(ctx,
+                     "plan: reshard_after_forward off (--no-reshard-after-forward) changes "
+                     "nothing: no parameter is sharded (%s)",
+                     world == 1 ? "world 1" : "no --fsdp marks");
     for (int i = 0; i < job->passes.n_dump; i++)
         if (!known_dump_name(job->passes.dump[i]))
             hp_pass_warn(ctx, "passes: the dump list names '%s', which is no pass",

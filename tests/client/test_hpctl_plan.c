@@ -276,15 +276,31 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     json_decref(w3);
 }
 
-Test(hpctl_plan, unmatched_pattern_is_a_warning) {
-    ok(hpctl("new --model mlp --mesh dp=2 --fsdp 'layer.*' --fsdp 'layers.*' -o %s/j.pb", tmpdir));
-    json_t *root = plan_json("j.pb", "");
+/* Does `hpctl plan --json TMPDIR/PB` warn with a line holding want? */
+static bool plan_warns(const char *pb, const char *want) {
+    json_t *root = plan_json(pb, "");
     json_t *w = json_object_get(root, "warnings");
     bool found = false;
     for (size_t i = 0; i < json_array_size(w); i++)
-        found |= strstr(json_string_value(json_array_get(w, i)), "layer.*") != NULL;
-    cr_expect(found, "no warning names 'layer.*'");
+        found |= strstr(json_string_value(json_array_get(w, i)), want) != NULL;
     json_decref(root);
+    return found;
+}
+
+Test(hpctl_plan, unmatched_pattern_is_a_warning) {
+    ok(hpctl("new --model mlp --mesh dp=2 --fsdp 'layer.*' --fsdp 'layers.*' -o %s/j.pb", tmpdir));
+    cr_expect(plan_warns("j.pb", "layer.*"), "no warning names 'layer.*'");
+}
+
+/* --no-reshard-after-forward where nothing is sharded changes nothing: said, not silent */
+Test(hpctl_plan, reshard_flag_without_sharding_is_a_warning) {
+    ok(hpctl("new --model mlp --mesh dp=2 --no-reshard-after-forward -o %s/r.pb", tmpdir));
+    cr_expect(plan_warns("r.pb", "changes nothing: no parameter is sharded (no --fsdp marks)"));
+    ok(hpctl("new --model mlp --no-reshard-after-forward -o %s/r1.pb", tmpdir));
+    cr_expect(plan_warns("r1.pb", "no parameter is sharded (world 1)"));
+    ok(hpctl("new --model mlp --mesh dp=2 --fsdp 'layers.*' --no-reshard-after-forward -o %s/r2.pb",
+             tmpdir));
+    cr_expect(!plan_warns("r2.pb", "reshard_after_forward"));
 }
 
 Test(hpctl_plan, new_writes_the_plan_flags) {
