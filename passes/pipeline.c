@@ -373,9 +373,8 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
         has_dp |= !strcmp(job->plan.mesh[d].name, "dp");
     /* a dim that splits nothing (not dp, no placement on it) would have its ranks repeat each
      * other's work: refused rather than run redundantly (auto-sharding places every dim) */
-    for (int d = 0; placed(&probe) && job->plan.mode != HP_PLAN_AUTO && d < job->plan.n_mesh &&
-                    d < HP_MESH_MAX_DIMS;
-         d++) {
+    bool check_dims = placed(&probe) && job->plan.mode != HP_PLAN_AUTO;
+    for (int d = 0; check_dims && d < job->plan.n_mesh && d < HP_MESH_MAX_DIMS; d++) {
         bool used = !strcmp(job->plan.mesh[d].name, "dp") || job->plan.mesh[d].size == 1;
         for (int k = 0; !used && k < job->plan.n_constraints; k++)
             used = d < job->plan.constraints[k].n_placements &&

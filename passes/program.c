@@ -167,16 +167,15 @@ static hp_status verify_buffers(const hp_program *p, hp_err *err) {
     return HP_OK;
 }
 
-/* An HP_INSTR_PARAM_CAST: a bf16 _to_copy of one parameter or buffer input's storage. */
-static bool param_cast_ok(const hp_program *p, const hp_instr *ins) {
+/* An HP_INSTR_PARAM_CAST: a bf16 _to_copy of one parameter or buffer input's storage (the graph's
+ * first n_placed placeholders). */
+static bool param_cast_ok(const hp_program *p, const hp_instr *ins, int n_placed) {
     const hp_node *n = &p->graph->nodes[ins->node];
     if (n->op != HP_OP_TO_COPY || ins->n_in != 1 || ins->n_out != 1 || n->out[0].dtype != HP_BF16 ||
         ins->in[0] < 0 || ins->in[0] >= p->n_buffers)
         return false;
     const hp_buffer *src = &p->buffers[hp_program_root(p, ins->in[0])];
-    hp_graph_inputs in = hp_graph_count_inputs(p->graph);
-    return src->mem == HP_MEM_PARAM && src->value_node >= 0 &&
-           src->value_node < in.n_params + in.n_buffers;
+    return src->mem == HP_MEM_PARAM && src->value_node >= 0 && src->value_node < n_placed;
 }
 
 int32_t hp_program_param_cast(const hp_program *p, int i) {
@@ -192,6 +191,7 @@ int32_t hp_program_param_cast(const hp_program *p, int i) {
 
 static hp_status verify_instrs(const hp_program *p, hp_err *err) {
     const hp_graph *g = p->graph;
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
     for (int32_t i = 0; i < p->n_instrs; i++) {
         const hp_instr *ins = &p->instrs[i];
         if (ins->node < 0 || ins->node >= g->n_nodes)
@@ -209,7 +209,7 @@ static hp_status verify_instrs(const hp_program *p, hp_err *err) {
         uint32_t trans = HP_INSTR_TRANS_A | HP_INSTR_TRANS_B;
         bool cast = ins->flags & HP_INSTR_PARAM_CAST;
         if (ins->flags & ~(trans | HP_INSTR_PARAM_CAST) || ((ins->flags & trans) && !mat) ||
-            (cast && !param_cast_ok(p, ins)))
+            (cast && !param_cast_ok(p, ins, gi.n_params + gi.n_buffers)))
             return hp_errf(err, HP_INVALID, "instruction %d (%s): flags 0x%x", i,
                            hp_op_get(n->op)->name, ins->flags);
         for (int k = 0; k < ins->n_out; k++) {

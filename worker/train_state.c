@@ -176,9 +176,6 @@ hp_status hp__train_alloc_optimizer(trainer *t, hp_err *err) {
         /* the parameter's bf16 copy (mixed precision), rewritten by each update */
         int32_t copy = hp_program_param_cast(t->prog, i);
         uint16_t *pb = copy >= 0 ? hp_exec_ptr(t->ex, copy) : NULL;
-        if (copy >= 0 && hp_type_numel(t->prog->buffers[copy].type) != k)
-            return hp_errf(err, HP_INVALID, "parameter %d: a bf16 copy of %lld elements, not %lld",
-                           i, (long long)hp_type_numel(t->prog->buffers[copy].type), (long long)k);
         t->adam_params[i] = (hp_adamw_param){hp__train_param(t, i), g, t->m[i], t->v[i], k, pb};
         t->grads[i] = (hp_fspan){g, k};
     }

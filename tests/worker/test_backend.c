@@ -1,6 +1,7 @@
 /* The backend factory (worker/backend.h): the job's device picks the backend; a device this
  * hp-worker cannot run is one clear line, never a CPU backend; every vtable entry the
  * training loop calls exists; hp/device.h's names round-trip. */
+#include "cpu_check.h"
 #include "hp/device.h"
 #include "hp/param_init.h"
 #include "worker/backend.h"
@@ -74,12 +75,9 @@ Test(backend, math_entries_match_optim) {
     /* the bf16 copy holds the updated parameters rounded to nearest even (_to_copy's bits) */
     uint16_t *bb = malloc(N * sizeof(uint16_t));
     cr_assert_eq(b->vt->copy_out(b, bb, pb, N * sizeof(uint16_t), NULL), HP_OK);
-    for (int i = 0; i < N; i++) {
-        uint32_t u;
-        memcpy(&u, &hp_[i], sizeof u);
-        uint16_t want = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
-        cr_assert_eq(bb[i], want, "bf16 copy at %d: 0x%04x, not 0x%04x", i, bb[i], want);
-    }
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(bb[i], cc_f32_to_bf16(hp_[i]), "bf16 copy at %d: 0x%04x, not 0x%04x", i, bb[i],
+                     cc_f32_to_bf16(hp_[i]));
     free(bb);
     b->vt->free(b, pb);
     /* errors are the functions' errors */

@@ -4,6 +4,7 @@
  * the training loop's math (AdamW, grad norm, scaling, init) against the host functions, the
  * peak-memory count, and device faults (an injected one, an embedding index out of range)
  * reported at synchronize with the op named, the backend still usable afterwards. */
+#include "cpu_check.h"
 #include "cuda_check.h"
 
 #include "hp/build.h"
@@ -112,13 +113,6 @@ static void *dev_of(hp_backend *b, const float *h, int64_t n) {
     return p;
 }
 
-/* f32 -> bf16, round to nearest even (finite x). */
-static uint16_t bf16_rne(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
-}
-
 Test(cuda_backend, training_math_matches_the_host_functions) {
     hp_backend *b = cu_backend();
     const hp_backend_vtable *vt = b->vt;
@@ -146,7 +140,7 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
         cr_assert(fabsf(back[i] - p[i]) <= 1e-6f * fmaxf(1.0f, fabsf(p[i])), "adamw at %d: %g %g",
                   i, back[i], p[i]);
     cr_assert_eq(vt->copy_out(b, pb, dpb, N * 2, &e), HP_OK, "%s", e.msg);
-    for (int i = 0; i < N; i++) cr_assert_eq(pb[i], bf16_rne(back[i]), "bf16 copy at %d", i);
+    for (int i = 0; i < N; i++) cr_assert_eq(pb[i], cc_f32_to_bf16(back[i]), "bf16 copy at %d", i);
     cr_assert_eq(vt->adamw(b, &cfg, -1, 1.0f, 1, NULL, 0, &e), HP_INVALID);
     cr_assert_eq(vt->adamw(b, &cfg, 1e-3, 0.0f, 1, NULL, 0, &e), HP_INVALID);
     /* clipping folded in: the host's scale-then-step bits */
@@ -189,7 +183,7 @@ Test(cuda_backend, training_math_matches_the_host_functions) {
                       "unaligned adamw at %d: %g %g", i, back[i], p[i]);
         cr_assert_eq(vt->copy_out(b, pb, dpb, N * 2, &e), HP_OK, "%s", e.msg);
         for (int i = 3; i < N; i++)
-            cr_assert_eq(pb[i], bf16_rne(back[i]), "unaligned bf16 copy at %d", i);
+            cr_assert_eq(pb[i], cc_f32_to_bf16(back[i]), "unaligned bf16 copy at %d", i);
     }
     cr_assert_eq(vt->scale(b, ds, 1, 0.5f, &e), HP_OK);
     cr_assert_eq(vt->copy_out(b, back, dg, N * 4, &e), HP_OK);
