@@ -183,7 +183,9 @@ static int parse_profile_steps(const char *verb, const char *v, hp_job *job) {
 static const char *places[MAX_PLACES];
 static int n_places;
 static const char *tp_plan;
-static const char *graph_path; /* --graph */
+static int n_tp_plan_constraints; /* the plan's first constraints, --tp-plan's */
+static const char *graph_path;    /* --graph */
+static bool warmup_given;         /* --warmup */
 
 /* "PATTERN=DIM:PL[,DIM:PL...]": a constraint on every graph input the glob matches, Replicate
  * on the mesh dims it does not name. */
@@ -250,6 +252,72 @@ static int add_tp_plan(const char *verb, const char *v, hp_job *job) {
     for (size_t i = 0; i < HP_ARRAY_LEN(plan); i++) {
         int rc = add_place(verb, "--tp-plan", plan[i], job);
         if (rc != HPCTL_OK) return rc;
+    }
+    return HPCTL_OK;
+}
+
+/* The model flag that sets a Llama parameter's dim, for a split that does not divide it. */
+static const char *llama_size_flag(const char *fqn, int dim) {
+    static const struct {
+        const char *suffix;
+        int dim;
+        const char *flag;
+    } src[] = {{"attention.wq.weight", 0, "--dim"},
+               {"attention.wk.weight", 0, "--kv-heads"},
+               {"attention.wv.weight", 0, "--kv-heads"},
+               {"attention.wo.weight", 1, "--dim"},
+               {"feed_forward.w1.weight", 0, "--ffn-hidden"},
+               {"feed_forward.w3.weight", 0, "--ffn-hidden"},
+               {"feed_forward.w2.weight", 1, "--ffn-hidden"},
+               {"tok_embeddings.weight", 0, "--vocab"},
+               {"output.weight", 0, "--vocab"}};
+    size_t n = strlen(fqn);
+    for (size_t i = 0; i < HP_ARRAY_LEN(src); i++) {
+        size_t k = strlen(src[i].suffix);
+        if (src[i].dim == dim && n >= k && !strcmp(fqn + n - k, src[i].suffix)) return src[i].flag;
+    }
+    return NULL;
+}
+
+/* A hand-written plan's parameter split over a mesh dim other than dp must divide the dim it
+ * splits (uneven splits are FSDP's gathered storage only, passes/spmd.c): refuse it here, naming
+ * the flag that placed it and the one that sized it, rather than when the job compiles. */
+static int check_even_splits(const char *verb, const hp_job *job, bool built) {
+    const hp_plan *p = &job->plan;
+    if (p->mode == HP_PLAN_AUTO || !p->n_constraints) return HPCTL_OK;
+    const hp_graph *g = job->graph;
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    for (int i = 0; i < gi.n_params; i++) {
+        const hp_attr *fqn = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
+        if (!fqn || !fqn->s) continue;
+        int hit = -1; /* the last matching constraint wins, as in passes/pipeline.c */
+        for (int k = 0; k < p->n_constraints; k++) {
+            const hp_place_constraint *c = &p->constraints[k];
+            if (c->input_fqn &&
+                (c->pattern ? hp_fqn_match(c->input_fqn, fqn->s) : !strcmp(c->input_fqn, fqn->s)))
+                hit = k;
+        }
+        if (hit < 0) continue;
+        const hp_place_constraint *c = &p->constraints[hit];
+        const hp_type *t = &g->nodes[i].out[0];
+        int64_t ways[HP_MAX_RANK];
+        for (int d = 0; d < HP_MAX_RANK; d++) ways[d] = 1;
+        for (int m = 0; m < c->n_placements && m < p->n_mesh; m++) {
+            const hp_placement *pl = &c->placements[m];
+            if (pl->kind != HP_PLACE_SHARD || pl->dim < 0 || pl->dim >= t->rank ||
+                !strcmp(p->mesh[m].name, "dp"))
+                continue;
+            ways[pl->dim] *= p->mesh[m].size;
+            if (t->shape[pl->dim] % ways[pl->dim] == 0) continue;
+            const char *sized = built ? llama_size_flag(fqn->s, pl->dim) : NULL;
+            return hpctl_fail(HPCTL_USAGE, verb,
+                              "%s: '%s' splits its dim %d of size %lld over mesh dim '%s' into "
+                              "%lld pieces, which does not divide it%s%s%s",
+                              hit < n_tp_plan_constraints ? "--tp-plan" : "--place", fqn->s,
+                              pl->dim, (long long)t->shape[pl->dim], p->mesh[m].name,
+                              (long long)ways[pl->dim], sized ? " (sized by " : "",
+                              sized ? sized : "", sized ? ")" : "");
+        }
     }
     return HPCTL_OK;
 }
@@ -342,6 +410,7 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             int64_t x;
             rc = hpctl_parse_i64(verb, a, v, (int64_t)nf->lo, (int64_t)nf->hi, &x);
             if (rc == HPCTL_OK) *(int64_t *)((char *)job + nf->offset) = x;
+            if (!strcmp(a, "--warmup")) warmup_given = true;
         } else if (nf) {
             rc = hpctl_parse_f64(verb, a, v, nf->lo, nf->hi, (double *)((char *)job + nf->offset));
         } else if (!strcmp(a, "--param-dtype") || !strcmp(a, "--reduce-dtype")) {
@@ -565,6 +634,7 @@ built:;
         goto done;
     }
     if (tp_plan && (rc = add_tp_plan(verb, tp_plan, job)) != HPCTL_OK) goto done;
+    n_tp_plan_constraints = job->plan.n_constraints;
     for (int i = 0; i < n_places; i++)
         if ((rc = add_place(verb, "--place", places[i], job)) != HPCTL_OK) goto done;
     if (job->train.global_batch > 0) {
@@ -580,10 +650,21 @@ built:;
         }
         job->train.local_batch = job->train.global_batch / dp;
     }
+    /* as torchtitan: a default warmup longer than the run is cut to the run; one asked for is
+     * refused naming its flag */
+    if (job->train.warmup_steps > job->train.steps) {
+        if (warmup_given) {
+            rc = hpctl_fail(HPCTL_USAGE, verb, "--warmup: %lld steps exceed --steps %lld",
+                            (long long)job->train.warmup_steps, (long long)job->train.steps);
+            goto done;
+        }
+        job->train.warmup_steps = job->train.steps;
+    }
     if (hp_job_validate(job, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "%s", err.msg);
         goto done;
     }
+    if ((rc = check_even_splits(verb, job, !graph_path)) != HPCTL_OK) goto done;
     if (hp_job_write_file(out, job, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_ERROR, verb, "%s", err.msg);
         goto done;
@@ -594,6 +675,12 @@ built:;
     else
         printf("wrote %s (%s:%s, %lld parameters, %d nodes)\n", out, job->model.family,
                job->model.flavor, (long long)hp_graph_param_count(job->graph), job->graph->n_nodes);
+    /* a job only planned (hpctl plan) needs no token data: a warning, not a refusal */
+    if (hp_job_check_trainable(job, &err) != HP_OK)
+        fprintf(stderr,
+                "hpctl: new: warning: %s; hpctl plan and inspect take this job, hpd and "
+                "hp-worker refuse to train it\n",
+                err.msg);
 done:
     hp_job_free(job);
     return rc;

@@ -422,6 +422,9 @@ static hp_status submit_validate(const uint8_t *bytes, size_t len, int slots, in
     /* The workers are this build's hp-worker (the local launcher starts it): a device it has
      * no backend for is refused now, not after a launch, and never run on the CPU. */
     HP_TRY(hp_device_built((*job)->resources.device, err));
+    /* a graph the data loader cannot feed would compile, launch, and fail at every rank's
+     * setup: refused now */
+    HP_TRY(hp_job_check_trainable(*job, err));
     hp_compiled *c = NULL;
     /* The kind stays: a job that does not compile is INVALID, one that needs what this build
      * lacks UNSUPPORTED, a compiler fault INTERNAL (hp/status.def maps each for the caller). */

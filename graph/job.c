@@ -193,6 +193,32 @@ int hp_job_dp_size(const hp_job *job) {
     return 1;
 }
 
+hp_status hp_job_check_trainable(const hp_job *job, hp_err *err) {
+    const hp_graph *g = job->graph;
+    if (!g) return hp_errf(err, HP_INVALID, "graph: missing");
+    hp_graph_inputs gi = hp_graph_count_inputs(g);
+    const hp_type *tokens = NULL, *labels = NULL;
+    char q[HP__QUOTE_MAX];
+    for (int i = gi.n_params + gi.n_buffers; i < gi.n_params + gi.n_buffers + gi.n_data; i++) {
+        const hp_attr *f = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
+        const char *name = f && f->s ? f->s : "";
+        if (!strcmp(name, "tokens"))
+            tokens = &g->nodes[i].out[0];
+        else if (!strcmp(name, "labels"))
+            labels = &g->nodes[i].out[0];
+        else
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "data input '%s': training reads token data into inputs named "
+                           "'tokens' and 'labels' only",
+                           hp__quote(name, q));
+    }
+    if (!tokens || !labels)
+        return hp_errf(err, HP_UNSUPPORTED, "the graph needs data inputs 'tokens' and 'labels'");
+    if (tokens->dtype != HP_I64 || tokens->rank != 2 || !hp_type_eq(tokens, labels))
+        return hp_errf(err, HP_UNSUPPORTED, "'tokens' and 'labels' must both be i64 [B, T]");
+    return HP_OK;
+}
+
 /* ---- FQN patterns ---------------------------------------------------------------------------- */
 
 /* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more

@@ -544,7 +544,8 @@ int main(int argc, char **argv) {
     }
     /* before any rank starts: a device this hp-worker cannot run (not built, or no such
      * device here) is one line, exit 1 */
-    if (hp_backend_available(job->resources.device, &err) != HP_OK) {
+    if (hp_backend_available(job->resources.device, &err) != HP_OK ||
+        hp_job_check_trainable(job, &err) != HP_OK) {
         fprintf(stderr, "hp-worker: %s\n", err.msg);
         hp_job_free(job);
         return 1;

@@ -216,6 +216,13 @@ hp_status hp_plan_check_precision(hp_dtype param, hp_dtype reduce, hp_err *err);
  * 65536]"), or what hp_graph_verify says. */
 hp_status hp_job_validate(const hp_job *job, hp_err *err);
 
+/* Can hp-worker train the job? Its graph's data inputs must be exactly `tokens` and `labels`,
+ * both i64 [batch, seq] (what the data loader fills: llm.c shards or the built-in corpus).
+ * HP_UNSUPPORTED naming the input otherwise ("data input 'x': training reads token data into
+ * inputs named 'tokens' and 'labels' only"): such a job compiles and plans, but does not train.
+ * hpd refuses it at submit; hpctl new warns. */
+hp_status hp_job_check_trainable(const hp_job *job, hp_err *err);
+
 /* Field-by-field equality, graphs by hp_graph_eq. */
 bool hp_job_eq(const hp_job *a, const hp_job *b);
 

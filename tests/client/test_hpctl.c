@@ -153,6 +153,8 @@ Test(hpctl, usage_errors_exit_2) {
     expect_error("new --model llama3:debugmodel --lr nan -o x.pb", 2, "--lr: 'nan'");
     expect_error("new --model llama3:debugmodel --heads 5 -o x.pb", 2, "heads");
     expect_error("new --model llama3:debugmodel --decay step -o x.pb", 2, "--decay: 'step'");
+    expect_error("new --model llama3:debugmodel --steps 3 --warmup 4 -o x.pb", 2,
+                 "--warmup: 4 steps exceed --steps 3");
     expect_error("new --model llama3:debugmodel --on-nonfinite ignore -o x.pb", 2,
                  "--on-nonfinite: 'ignore' is not stop or skip");
     expect_error("new --model llama3:debugmodel --bogus 1 -o x.pb", 2, "unknown flag '--bogus'");
@@ -165,6 +167,24 @@ Test(hpctl, usage_errors_exit_2) {
     expect_error("new --model llama3:debugmodel --wat", 2, "unknown flag '--wat'");
     expect_error("inspect", 2, "which job file");
     expect_error("inspect a.pb --wat", 2, "unknown flag '--wat'");
+}
+
+/* A job hp-worker cannot train (the mlp's data inputs are not token data) is still written, for
+ * hpctl plan and inspect, with one warning line saying that hpd and hp-worker refuse it. */
+Test(hpctl, new_warns_of_an_untrainable_job) {
+    char args[512];
+    snprintf(args, sizeof args, "new --model mlp -o %s/mlp.pb", tmpdir);
+    hp_th_run r = hpctl(args);
+    cr_expect_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect(strstr(r.err, "hpctl: new: warning: data input 'x': training reads token data") &&
+                  strstr(r.err, "hpd and hp-worker refuse to train it"),
+              "stderr: %s", r.err);
+    hp_th_run_free(&r);
+    snprintf(args, sizeof args, "new --model llama3:debugmodel --steps 1 -o %s/l.pb", tmpdir);
+    r = hpctl(args);
+    cr_expect_eq(r.code, 0, "exit %d: %s", r.code, r.err);
+    cr_expect_str_empty(r.err, "a trainable job warned: %s", r.err);
+    hp_th_run_free(&r);
 }
 
 /* The common flags may come before the verb (hpctl --server X submit job.pb); anything else

@@ -393,12 +393,32 @@ Test(hpctl_plan, errors) {
     /* tensor-parallel ranks share their batch: a 1-D tp mesh does not split it, a dp x tp one
      * splits it over dp only */
     ok(hpctl("new --model llama3:debugmodel --dim 48 --heads 3 --kv-heads 3 --batch 2 --seq 16 "
-             "--mesh tp=3 --tp-plan llama -o %s/tp3.pb",
+             "--vocab 300 --ffn-hidden 96 --mesh tp=3 --tp-plan llama -o %s/tp3.pb",
              tmpdir));
     inspect_says("tp3.pb", "(2 per rank over 1 data-parallel rank)");
     expect_error(hpctl("new --model llama3:debugmodel --heads 4 --kv-heads 2 --batch 3 "
                        "--mesh dp=2,tp=2 --tp-plan llama -o x.pb"),
                  2, "--batch: 3 sequences do not split over the mesh's 2 data-parallel ranks");
+    /* a tensor-parallel split that does not divide what it splits is refused by new, naming the
+     * flag that placed it and the one that sized it, not when the job compiles */
+    expect_error(hpctl("new --model llama3:debugmodel --dim 48 --heads 3 --kv-heads 3 --vocab 301 "
+                       "--mesh tp=3 --tp-plan llama -o x.pb"),
+                 2,
+                 "--tp-plan: 'tok_embeddings.weight' splits its dim 0 of size 301 over mesh dim "
+                 "'tp' into 3 pieces, which does not divide it (sized by --vocab)");
+    expect_error(hpctl("new --model llama3:debugmodel --dim 48 --heads 6 --kv-heads 2 --vocab 300 "
+                       "--mesh tp=3 --tp-plan llama -o x.pb"),
+                 2,
+                 "'layers.0.attention.wk.weight' splits its dim 0 of size 16 over mesh dim "
+                 "'tp' into 3 pieces, which does not divide it (sized by --kv-heads)");
+    expect_error(hpctl("new --model mlp --mesh dp=2,tp=3 --place 'layers.0.weight=tp:S(1)' "
+                       "-o x.pb"),
+                 2, "--place: 'layers.0.weight' splits its dim 1 of size 784 over mesh dim 'tp'");
+    /* on dp a parameter's uneven split is FSDP's padded storage: accepted */
+    ok(hpctl(
+        "new --model mlp --batch 63 --mesh dp=3,tp=2 --place 'layers.0.weight=tp:S(0),dp:S(1)' "
+        "-o %s/m.pb",
+        tmpdir));
 }
 
 /* bytes_per_step of one collective kind in a --json report (0 when absent), and its dtype. */

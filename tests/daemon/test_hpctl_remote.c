@@ -272,16 +272,14 @@ Test(hpctl_remote, common_flags_before_the_verb) {
     json_decref(j);
 }
 
-/* `hpctl new FLAGS` (a tiny GQA Llama) then `submit`: refused with the gRPC status `code` and one
- * line holding `want`, and no job created. */
-static void expect_refused_at_submit(const char *flags, const char *code, const char *want) {
-    run r = hpctl("new --model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
-                  "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 %s -o %s/refused.pb",
-                  flags, g_dir);
-    cr_assert_eq(r.code, 0, "hpctl new %s: %s", flags, r.err);
+/* `hpctl new ARGS` then `submit`: refused with the gRPC status `code` and one line holding
+ * `want`, and no job created. */
+static void expect_job_refused_at_submit(const char *args, const char *code, const char *want) {
+    run r = hpctl("new %s -o %s/refused.pb", args, g_dir);
+    cr_assert_eq(r.code, 0, "hpctl new %s: %s", args, r.err);
     run_free(&r);
     r = hpctl("submit %s/refused.pb", g_dir);
-    cr_expect_eq(r.code, 1, "submit of a %s job: exit %d, out %s", flags, r.code, r.out);
+    cr_expect_eq(r.code, 1, "submit of a %s job: exit %d, out %s", args, r.code, r.out);
     char head[64];
     snprintf(head, sizeof head, "hpctl: submit: %s: ", code);
     cr_expect(strstr(r.err, head) && strstr(r.err, want), "stderr: %s", r.err);
@@ -293,6 +291,24 @@ static void expect_refused_at_submit(const char *flags, const char *code, const 
     cr_expect_eq(json_array_size(json_object_get(j, "jobs")), 0, "a job was created: %s", r.out);
     json_decref(j);
     run_free(&r);
+}
+
+/* The same for a tiny GQA Llama made with FLAGS. */
+static void expect_refused_at_submit(const char *flags, const char *code, const char *want) {
+    char args[1024];
+    snprintf(args, sizeof args,
+             "--model llama3:debugmodel --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+             "--ffn-hidden 96 --vocab 256 --batch 2 --seq 32 --steps 2 %s",
+             flags);
+    expect_job_refused_at_submit(args, code, want);
+}
+
+/* A graph the data loader cannot feed (the mlp's data inputs are 'x' and 'y', not token data)
+ * is refused at submit, not launched to fail at every rank's setup. */
+Test(hpctl_remote, untrainable_job_refused_at_submit) {
+    expect_job_refused_at_submit("--model mlp --steps 2", "UNIMPLEMENTED",
+                                 "data input 'x': training reads token data into inputs named "
+                                 "'tokens' and 'labels' only");
 }
 
 /* A cuda job where hpd's workers (this build's hp-worker) have no CUDA: refused at submit

@@ -192,6 +192,23 @@ Test(hpworker, cuda_job_without_cuda_fails_at_start) {
     }
 }
 
+/* A job whose graph the data loader cannot feed (the mlp reads 'x' and 'y') is refused before
+ * any rank starts, with one line naming the input. */
+Test(hpworker, untrainable_job_fails_at_start) {
+    char cmd[1024], job[300];
+    snprintf(job, sizeof job, "%s/mlp.pb", tmp);
+    snprintf(cmd, sizeof cmd, "%s/client/hpctl new --model mlp -o %s >/dev/null 2>&1",
+             HP_BINARY_DIR, job);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    for (int world = 1; world <= 2; world++) {
+        hp_th_run r = hp_th_run_bin(tmp, "worker/hp-worker",
+                                    "--standalone %s --world %d --out %s/o", job, world, tmp);
+        hp_th_expect_cli_error(r, 1, "hp-worker",
+                               "data input 'x': training reads token data into inputs named "
+                               "'tokens' and 'labels' only");
+    }
+}
+
 /* --world on a job whose mesh has more than one dim is refused before any rank starts, with
  * one line naming the mesh (a 1-D mesh is resized instead). */
 Test(hpworker, world_flag_on_an_nd_mesh_is_refused) {
