@@ -635,10 +635,10 @@ static void check_rel(hp_backend *be, hp_th *h, hp_value v, double tol, double r
     cc_result_free(&r);
 }
 
-/* The tensor-core attention (bf16, head dims 16, 32, 64, 96 and 128) over several key tiles (each
- * kernel's double-buffered stages reused several times): rows and keys past a tile's end, GQA, T !=
- * S (causal with S > T: key blocks no query sees, whose dK and dV are zeros), and scores of a wide
- * range (the online softmax rescales). */
+/* The tensor-core attention (bf16, head dims 16, 32, 48, 64, 80, 96 and 128) over several key tiles
+ * (each kernel's double-buffered stages reused several times): rows and keys past a tile's end,
+ * GQA, T != S (causal with S > T: key blocks no query sees, whose dK and dV are zeros), and scores
+ * of a wide range (the online softmax rescales). */
 Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
     hp_backend *be = cu_backend();
     static const struct {
@@ -650,6 +650,7 @@ Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
         {2, 4, 2, 150, 150, 128, 1, 1}, {1, 2, 1, 64, 64, 64, 1, 4},
         {1, 2, 1, 70, 200, 64, 1, 2},   {2, 4, 2, 100, 100, 16, 1, 3},
         {1, 3, 1, 90, 150, 32, 0, 2},   {1, 2, 1, 140, 140, 96, 1, 3},
+        {1, 4, 2, 130, 130, 48, 1, 3},  {1, 2, 1, 100, 170, 80, 0, 2},
     };
     for (size_t i = 0; i < HP_ARRAY_LEN(ac); i++) {
         hp_th h;

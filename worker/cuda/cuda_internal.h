@@ -141,8 +141,8 @@ HP__CUDA_ENTRY(hp__cuda_rotary);
 HP__CUDA_ENTRY(hp__cuda_sdpa);
 HP__CUDA_ENTRY(hp__cuda_sdpa_backward);
 /* sdpa / its backward with bf16 operands that k_flash.cu's tensor-core kernels take as they are
- * (head dims 16, 32, 64, 96, 128; aligned; a device of compute capability 8 or later): launched
- * without f32 staging. */
+ * (head dims 16, 32, 48, 64, 80, 96, 128; aligned; a device of compute capability 8 or later):
+ * launched without f32 staging. */
 bool hp__cuda_sdpa_native(const hp__cuda *cu, const hp_kernel_call *c);
 /* Any call whose bf16 operands the kernels take as they are (RMSNorm, rotary, the above). */
 bool hp__cuda_native_bf16(const hp__cuda *cu, const hp_kernel_call *c);

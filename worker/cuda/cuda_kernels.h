@@ -275,7 +275,7 @@ int hp__cu_dropout_backward(cudaStream_t s, float *gx, const float *g, const uin
 /* ---- k_flash.cu ---------------------------------------------------------------------------- */
 
 /* The tensor-core attention for bf16 q, k, v, out (lse f32): 1 when it takes these shapes
- * (head dims 16, 32, 64, 96 or 128, d == dv). */
+ * (head dims 16, 32, 48, 64, 80, 96 or 128, d == dv). */
 int hp__cu_flash_ok(const hp__cu_attn *a);
 /* As hp__cu_attention, bf16 operands (s ≥ 1, every pointer 16-byte aligned). */
 int hp__cu_flash(cudaStream_t s, const hp__cu_attn *a, void *out, float *lse, const void *q,

@@ -1,8 +1,8 @@
 /* worker/cuda/k_flash.cu — fused causal attention on the tensor cores, bf16 q/k/v/out with f32
  * softmax statistics and accumulators (FlashAttention-2's algorithm; mma.sync m16n8k16 through
- * k_mma.cuh). Head dims 16, 32, 64, 96 and 128 (d == dv; FLASH_DIMS), grouped-query heads (query
- * head h reads kv head h / (H / Hkv)), causal or not, any T and S (rows past the end read zeros and
- * are not stored). The T x S matrix never exists.
+ * k_mma.cuh). Head dims 16, 32, 48, 64, 80, 96 and 128 (d == dv; FLASH_DIMS), grouped-query heads
+ * (query head h reads kv head h / (H / Hkv)), causal or not, any T and S (rows past the end read
+ * zeros and are not stored). The T x S matrix never exists.
  *
  * Forward: a block of 4 warps per (batch, head, 64 queries), each warp 16 query rows; K and V
  * tiles of 64 keys in shared memory (rows padded by 16 bytes: ldmatrix without bank
@@ -529,7 +529,7 @@ static int grid_of(int64_t rows, int64_t heads, int64_t batch, dim3 *g) {
 }
 
 /* The head dims the kernels are built for (multiples of 16: the mma's k step). */
-#define FLASH_DIMS(X) X(16) X(32) X(64) X(96) X(128)
+#define FLASH_DIMS(X) X(16) X(32) X(48) X(64) X(80) X(96) X(128)
 
 extern "C" int hp__cu_flash_ok(const hp__cu_attn *a) {
     bool dim = false;
