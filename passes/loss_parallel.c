@@ -20,6 +20,12 @@
  * compared in f32 too. Targets outside [0, V) that are not ignore_index contribute 0 here
  * where the reference evaluator refuses them.
  *
+ * Under a bf16 policy (f32_logits) the logits are cast to f32 first, as torchtitan's
+ * `pred.float()`: the mixed-precision pass, which runs after spmd, narrows everything computed
+ * from the parameters but keeps that cast, so the max, the sum of exponentials, their
+ * all-reduces and the gradient of the logits stay f32 (that gradient is narrowed where it meets
+ * the output projection's bf16 weight).
+ *
  * What it does not do: the vocab-parallel embedding (docs/placements.md says why), and any
  * placement: the pass is global (1 rank), and equals the original on the reference evaluator.
  */
@@ -39,6 +45,7 @@ typedef struct lp {
     hp__rewrite rw;
     hp_value vocab_index; /* in the new graph */
     int64_t vocab;
+    bool f32_logits;
     onehot_entry cache[8];
     int n_cache;
 } lp;
@@ -106,6 +113,7 @@ static void rewrite(lp *s, int id) {
     switch (n->op) {
     case HP_OP_LOG_SOFTMAX: {
         hp_value z = get(s, n->in[0]);
+        if (s->f32_logits) z = hp_to(g, z, HP_F32); /* kept by mixed precision, which narrows z */
         int64_t d = hp_node_int(n, HP_ATTR_DIM, -1);
         hp_value zs = hp_sub(g, z, hp_amax(g, z, 1, &d, true));
         r0 = hp_sub(g, zs, hp_log(g, hp_sum(g, hp_exp(g, zs), 1, &d, true)));
@@ -150,7 +158,7 @@ hp_status hp_pass_loss_parallel(const hp_graph *in, const hp_loss_parallel_opts 
     const char *fqn = o && o->vocab_index_fqn ? o->vocab_index_fqn : HP_VOCAB_INDEX_FQN;
     if (in->mesh.ndim)
         return hp_errf(err, HP_INVALID, "loss_parallel: the input graph is already placed");
-    lp s = {.vocab_index = HP_NO_VALUE};
+    lp s = {.vocab_index = HP_NO_VALUE, .f32_logits = o && o->f32_logits};
     HP_TRY(find_vocab(in, &s.vocab, err));
     if (!s.vocab) { /* no cross entropy: nothing to do */
         *out = hp_graph_clone(in);
@@ -193,6 +201,7 @@ hp_status hp_pass_loss_parallel(const hp_graph *in, const hp_loss_parallel_opts 
 
 hp_status hp_pass_loss_parallel_run(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
                                     hp_err *err) {
-    (void)ctx;
-    return hp_pass_loss_parallel(in, NULL, out, err);
+    hp_loss_parallel_opts o = {.f32_logits =
+                                   ctx && ctx->job && ctx->job->plan.param_dtype != HP_F32};
+    return hp_pass_loss_parallel(in, &o, out, err);
 }

@@ -28,7 +28,9 @@
  * On a placed graph (tensor parallelism, N-D meshes: the spmd pass's output) every node keeps
  * its placements and a cast takes its input's (elementwise, so Partial stays Partial); the
  * all-reduces of Partial activations then run in reduce_dtype too (the shm communicator
- * reduces f32 only). The pipeline refuses loss parallel with a policy (check_world).
+ * reduces f32 only). Loss parallel's cross entropy, decomposed before spmd, starts from the
+ * logits cast to f32 (passes/loss_parallel.c, f32_logits): that cast is kept like any other, so
+ * the vocab-sharded loss runs in f32 as the fused one does.
  *
  * (f32, f32) returns a clone: the pass is the identity.
  */

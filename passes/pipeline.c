@@ -355,13 +355,6 @@ static hp_status check_world(const hp_job *job, int world, const hp_graph *g, bo
     HP_TRY(hp_plan_check_precision(job->plan.param_dtype, job->plan.reduce_dtype, err));
     if (mixed_on(&probe)) {
         const hp__pass_entry *mp = hp__pass_find("mixed_precision");
-        if (loss_parallel_on(&probe))
-            return hp_errf(err, HP_UNSUPPORTED,
-                           "plan (mesh %s): mixed precision (param_dtype %s) with loss parallel is "
-                           "not supported yet (its vocab-sharded cross entropy would run in %s); "
-                           "drop --loss-parallel or use param_dtype f32",
-                           mesh, hp_dtype_name(job->plan.param_dtype),
-                           hp_dtype_name(job->plan.param_dtype));
         if (mp && !pass_on(mp, &probe))
             return hp_errf(err, HP_INVALID,
                            "passes: mixed_precision is switched off but the plan sets "

@@ -130,10 +130,16 @@ hp_status hp_pass_spmd_ex(const hp_graph *in, const hp_graph_mesh *mesh, const h
  * tp:Shard(0) with output.weight, each rank holds its own vocab range). The result equals `in`
  * on the reference evaluator; a graph without nll_loss is returned as a clone. HP_UNSUPPORTED:
  * nll ops of different class counts, V >= 2^24; HP_INVALID: `in` already placed, or already
- * holding a placeholder of that FQN. */
+ * holding a placeholder of that FQN. As a pipeline pass it sets f32_logits under a bf16
+ * policy. */
 #define HP_VOCAB_INDEX_FQN "hp.vocab_index"
 typedef struct hp_loss_parallel_opts {
     const char *vocab_index_fqn; /* NULL: HP_VOCAB_INDEX_FQN */
+    /* the logits cast to f32 before the cross entropy (torchtitan's `pred.float()`): a cast
+     * that changes nothing in an f32 graph, where the mixed-precision pass will narrow the
+     * logits to bf16 (plan.param_dtype), and keeps the whole vocab-sharded loss, its
+     * collectives and its first gradients in f32 there */
+    bool f32_logits;
 } hp_loss_parallel_opts;
 hp_status hp_pass_loss_parallel(const hp_graph *in, const hp_loss_parallel_opts *o, hp_graph **out,
                                 hp_err *err);

@@ -281,3 +281,62 @@ Test(pipeline, mixed_precision_world_1_ddp_and_switches) {
     hp_job_free(ddp);
     hp_job_free(f);
 }
+
+/* Loss parallel under the bf16 policy (torchtitan's FSDP x TP with loss parallel and bf16
+ * parameters): the vocab-sharded logits (bf16, from the bf16 output projection) are cast to f32
+ * once, and the cross entropy's ops after that cast, their all-reduces (row max, sum of
+ * exponentials, the loss) and the logits' gradient up to the output projection run in f32.
+ * The f32 plan gets no such cast. */
+Test(pipeline, loss_parallel_runs_in_f32_under_bf16) {
+    hp_err err = {0};
+    hp_job *jobs[2];
+    hp_compiled *c[2];
+    for (int k = 0; k < 2; k++) {
+        hp_job *job = jobs[k] = make_job(&TINY, 2, false);
+        snprintf(job->plan.mesh[0].name, sizeof job->plan.mesh[0].name, "tp");
+        hp_placement col = HP_SHARD(0), row = HP_SHARD(1);
+        static const char *const cols[] = {
+            "layers.*.attention.wq.weight",    "layers.*.attention.wk.weight",
+            "layers.*.attention.wv.weight",    "layers.*.feed_forward.w1.weight",
+            "layers.*.feed_forward.w3.weight", "output.weight"};
+        for (size_t i = 0; i < HP_ARRAY_LEN(cols); i++)
+            cr_assert_eq(hp_job_add_place_pattern(job, cols[i], &col, 1, &err), HP_OK, "%s",
+                         err.msg);
+        cr_assert_eq(hp_job_add_place_pattern(job, "layers.*.attention.wo.weight", &row, 1, &err),
+                     HP_OK);
+        cr_assert_eq(
+            hp_job_add_place_pattern(job, "layers.*.feed_forward.w2.weight", &row, 1, &err), HP_OK);
+        job->plan.loss_parallel = true;
+        if (k) job->plan.param_dtype = HP_BF16;
+        c[k] = compile_ok(job, 2);
+    }
+    const int64_t n = TINY.batch * TINY.seq, v = TINY.vocab / 2;
+    for (int k = 0; k < 2; k++) {
+        const hp_graph *g = c[k]->graph;
+        int logits_casts = 0, f32_max = 0;
+        for (int i = 0; i < g->n_nodes; i++) {
+            const hp_node *nd = &g->nodes[i];
+            const hp_type *in0 = nd->n_in ? hp_graph_type(g, nd->in[0]) : NULL;
+            if (nd->op == HP_OP_TO_COPY && nd->out[0].rank == 2 && nd->out[0].shape[0] == n &&
+                nd->out[0].shape[1] == v && nd->out[0].dtype == HP_F32 && in0->dtype == HP_BF16)
+                logits_casts++;
+            int64_t numel = hp_type_numel(&nd->out[0]);
+            if ((nd->op == HP_OP_AMAX || nd->op == HP_OP_EXP || nd->op == HP_OP_LOG) &&
+                (numel == n || numel == n * v)) { /* the cross entropy's */
+                cr_expect_eq(nd->out[0].dtype, HP_F32, "plan %d: node %d (%s) in %s", k, i,
+                             hp_op_get(nd->op)->name, hp_dtype_name(nd->out[0].dtype));
+                f32_max += nd->op == HP_OP_AMAX;
+            }
+            if (nd->op == HP_OP_ALL_REDUCE && hp_type_numel(&nd->out[0]) <= n)
+                cr_expect_eq(in0->dtype, HP_F32, "plan %d: all-reduce %d of %lld in %s", k, i,
+                             (long long)hp_type_numel(&nd->out[0]), hp_dtype_name(in0->dtype));
+        }
+        cr_expect_eq(logits_casts, k, "plan %d: %d casts of the bf16 logits to f32", k,
+                     logits_casts);
+        cr_expect_geq(f32_max, 1, "plan %d: the row max", k);
+    }
+    for (int k = 0; k < 2; k++) {
+        hp_compiled_free(c[k]);
+        hp_job_free(jobs[k]);
+    }
+}

@@ -5,9 +5,9 @@
  * split over dp, gathered before use) with and without resharding after the forward. A
  * checkpoint written at step 5 on dp=2 x tp=2 resumes at dp=4 (FSDP) and at world 1 and ends
  * where the uninterrupted world-1 run does. Under the bf16 mixed-precision policy, tp=2 and
- * dp=2 x tp=2 with FSDP equal world 1 under the same policy within bf16 tolerance. Auto-sharded
- * plans on dp=2 x tp=2 too. dp=2 x tp=2 over the tcp communicator equals the shm run bit for
- * bit. */
+ * dp=2 x tp=2 with FSDP (with loss parallel too) equal world 1 under the same policy within bf16
+ * tolerance. Auto-sharded plans on dp=2 x tp=2 too. dp=2 x tp=2 over the tcp communicator equals
+ * the shm run bit for bit. */
 #include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
 
@@ -163,6 +163,12 @@ static void expect_world1_bf16(const char *name, const char *plan) {
 Test(tp_train, bf16_tp2_and_dp2_tp2_fsdp_equal_world1) {
     expect_world1_bf16("tp2bf16", "--mesh tp=2 --tp-plan llama");
     expect_world1_bf16("dp2tp2bf16", "--mesh dp=2,tp=2 --tp-plan llama " FSDP);
+}
+
+/* Loss parallel under the policy: the vocab-sharded cross entropy runs in f32 from the logits'
+ * cast (passes/loss_parallel.c), as the fused one does at world 1. */
+Test(tp_train, bf16_loss_parallel_equals_world1) {
+    expect_world1_bf16("lpbf16", "--mesh dp=2,tp=2 --tp-plan llama --loss-parallel " FSDP);
 }
 
 /* dp=2 x tp=2 with FSDP over the tcp communicator (its mesh groups are tcp splits) logs the
