@@ -28,7 +28,8 @@
 #        profile beside torch.mm's on the same shape and layout (bench/gpu/torch_gemm.py); the
 #        profiled run tunes its GEMMs (HP_CUDA_GEMM_TUNE=1) and the summary says what that
 #        saves a step against cuBLASLt's first candidate (the timed run does not tune).
-#        TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
+#        It runs the forward attention's other shape too (HP_CUDA_FLASH_ROWS=16, 3 steps) and
+#        prints both rates. TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
 #        are on by default here and HP_CUDA_TF32=0 turns them off)
@@ -210,22 +211,10 @@ else
 fi
 
 # ---- 4b. where the ~1B step's device time goes (ONE_B_PROFILE=1) -----------------------------
-if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
-    PS=${PROFILE_STEPS:-6}
-    say "~1B profile, $PS steps, HP_CUDA_PROFILE=1"
-    if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$PS" \
-            "${POLICY[@]}" --log-interval 1 --name llama-1b-profile -o "$OUT/1b-prof.pb" >/dev/null &&
-        HP_CUDA_PROFILE=1 HP_CUDA_GEMM_TUNE=1 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 \
-            "$BUILD/worker/hp-worker" \
-            --standalone "$OUT/1b-prof.pb" --out "$OUT/1b-prof" >"$OUT/1b-profile.log" 2>&1; then
-        sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | head -32
-        top=$(sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | sed -n '3,6p' |
-              awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $5}')
-        row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
-        # attention's rate: causal forward 2·B·H·T²·D FLOPs a call, backward 2.5 times that
-        # (FlashAttention's accounting), over the device time the profile gives the op
-        read -r HP_AF HP_AB < <(python3 - "$OUT/1b-profile.log" "$B" "$HEADS" "$SEQ" \
-            "$((DIM / HEADS))" <<'PY'
+# attention's rates from a HP_CUDA_PROFILE=1 log: causal forward 2·B·H·T²·D FLOPs a call,
+# backward 2.5 times that (FlashAttention's accounting), over the op's profiled device time
+attention_rates() {
+    python3 - "$1" "$B" "$HEADS" "$SEQ" "$((DIM / HEADS))" <<'PY'
 import sys
 b, h, t, d = (int(x) for x in sys.argv[2:6])
 fwd = 2.0 * b * h * t * t * d
@@ -239,9 +228,32 @@ for line in open(sys.argv[1]):
         rate[f[0].endswith("backward")] = calls * flops / (ms / 1e3) / 1e12 if ms > 0 else 0
 print("%.1f %.1f" % (rate[False], rate[True]))
 PY
-)
+}
+if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
+    PS=${PROFILE_STEPS:-6}
+    say "~1B profile, $PS steps, HP_CUDA_PROFILE=1"
+    if "$BUILD/client/hpctl" new --model llama3:debugmodel "${SHAPE[@]}" --device cuda --steps "$PS" \
+            "${POLICY[@]}" --log-interval 1 --name llama-1b-profile -o "$OUT/1b-prof.pb" >/dev/null &&
+        HP_CUDA_PROFILE=1 HP_CUDA_GEMM_TUNE=1 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 300 \
+            "$BUILD/worker/hp-worker" \
+            --standalone "$OUT/1b-prof.pb" --out "$OUT/1b-prof" >"$OUT/1b-profile.log" 2>&1; then
+        sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | head -32
+        top=$(sed -n '/^cuda profile/,$p' "$OUT/1b-profile.log" | sed -n '3,6p' |
+              awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $5}')
+        row "~1B profile   top device time: $top ($OUT/1b-profile.log)"
+        read -r HP_AF HP_AB < <(attention_rates "$OUT/1b-profile.log")
         row "$(printf '~1B attention hp: forward %s TFLOP/s, backward %s (the profiled device time)' \
             "${HP_AF:-?}" "${HP_AB:-?}")"
+        # the forward's other shape (16 query rows a warp, 64 a block: HP_CUDA_FLASH_ROWS=16)
+        # on the same job, 3 steps: which one the default should be
+        if HP_CUDA_PROFILE=1 HP_CUDA_FLASH_ROWS=16 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 120 \
+                "$BUILD/worker/hp-worker" --standalone "$OUT/1b-prof.pb" --steps 3 \
+                --out "$OUT/1b-prof16" >"$OUT/1b-profile-rows16.log" 2>&1; then
+            read -r HP_AF16 _ < <(attention_rates "$OUT/1b-profile-rows16.log")
+            row "~1B attention forward at 16 rows a warp: ${HP_AF16:-?} TFLOP/s (default 32: ${HP_AF:-?})"
+        else
+            fail "~1B attention forward at 16 rows a warp FAILED: $(tail -1 "$OUT/1b-profile-rows16.log")"
+        fi
         # the profiled run tuned its GEMMs (HP_CUDA_GEMM_TUNE=1; the timed run above did not):
         # what the kept candidates save a step against cuBLASLt's first
         tune=$(python3 - "$OUT/1b-profile.log" "$PS" <<'PY'

@@ -638,7 +638,8 @@ static void check_rel(hp_backend *be, hp_th *h, hp_value v, double tol, double r
 /* The tensor-core attention (bf16, head dims 16, 32, 48, 64, 80, 96 and 128) over several key tiles
  * (each kernel's double-buffered stages reused several times): rows and keys past a tile's end,
  * GQA, T != S (causal with S > T: key blocks no query sees, whose dK and dV are zeros), and scores
- * of a wide range (the online softmax rescales). */
+ * of a wide range (the online softmax rescales); the forward in both of its shapes (32 query rows
+ * a warp, the default, and 16: HP_CUDA_FLASH_ROWS). */
 Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
     hp_backend *be = cu_backend();
     static const struct {
@@ -652,18 +653,21 @@ Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
         {1, 3, 1, 90, 150, 32, 0, 2},   {1, 2, 1, 140, 140, 96, 1, 3},
         {1, 4, 2, 130, 130, 48, 1, 3},  {1, 2, 1, 100, 170, 80, 0, 2},
     };
-    for (size_t i = 0; i < HP_ARRAY_LEN(ac); i++) {
+    /* both forward shapes: 32 query rows a warp (the default) and 16 */
+    for (size_t i = 0; i < 2 * HP_ARRAY_LEN(ac); i++) {
+        if (i % HP_ARRAY_LEN(ac) == 0) setenv("HP_CUDA_FLASH_ROWS", i ? "16" : "32", 1);
+        size_t c = i % HP_ARRAY_LEN(ac);
         hp_th h;
         hp_th_init(&h);
-        double x = ac[i].range;
-        hp_value go = cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].h, ac[i].t, ac[i].d), 11, -1, 1);
-        hp_value q = cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].h, ac[i].t, ac[i].d), 12, -x, x);
+        double x = ac[c].range;
+        hp_value go = cc_rand_input(&h, TY(HP_BF16, ac[c].b, ac[c].h, ac[c].t, ac[c].d), 11, -1, 1);
+        hp_value q = cc_rand_input(&h, TY(HP_BF16, ac[c].b, ac[c].h, ac[c].t, ac[c].d), 12, -x, x);
         hp_value k =
-            cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].hkv, ac[i].s, ac[i].d), 13, -x, x);
+            cc_rand_input(&h, TY(HP_BF16, ac[c].b, ac[c].hkv, ac[c].s, ac[c].d), 13, -x, x);
         hp_value v =
-            cc_rand_input(&h, TY(HP_BF16, ac[i].b, ac[i].hkv, ac[i].s, ac[i].d), 14, -1, 1);
-        hp_attr a[2] = {hp_attr_float(HP_ATTR_SCALE, 1.0 / sqrt((double)ac[i].d)),
-                        hp_attr_int(HP_ATTR_CAUSAL, ac[i].causal)};
+            cc_rand_input(&h, TY(HP_BF16, ac[c].b, ac[c].hkv, ac[c].s, ac[c].d), 14, -1, 1);
+        hp_attr a[2] = {hp_attr_float(HP_ATTR_SCALE, 1.0 / sqrt((double)ac[c].d)),
+                        hp_attr_int(HP_ATTR_CAUSAL, ac[c].causal)};
         hp_value o = node1(&h, HP_OP_SDPA, (hp_value[]){q, k, v}, 3, a, 2);
         round_inputs(&h);
         check_rel(be, &h, o, TOL_BF16, 1e-2);
@@ -672,6 +676,7 @@ Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
         check_rel(be, &h, gb, TOL_BF16, 1e-2);
         hp_th_fini(&h);
     }
+    unsetenv("HP_CUDA_FLASH_ROWS");
     hp_backend_free(be);
 }
 

@@ -299,5 +299,12 @@ Test(cuda_train, profile_tables_and_gemm_tuning) {
     cr_expect_neq(r.code, 0);
     cr_expect(strstr(r.err, "HP_CUDA_GEMM_TUNE must be 0 or 1, not '2'"), "%s", r.err);
     hp_th_run_free(&r);
+    setenv("HP_CUDA_FLASH_ROWS", "24", 1); /* the forward attention's rows a warp: 16 or 32 */
+    r = hp_th_run_bin_timeout(tmp, 300, "worker/hp-worker",
+                              "--standalone %s/prof.pb --threads 1 --out %s/out-bad", tmp, tmp);
+    unsetenv("HP_CUDA_FLASH_ROWS");
+    cr_expect_neq(r.code, 0);
+    cr_expect(strstr(r.err, "HP_CUDA_FLASH_ROWS must be 16 or 32, not '24'"), "%s", r.err);
+    hp_th_run_free(&r);
     teardown();
 }

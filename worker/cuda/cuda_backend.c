@@ -908,6 +908,10 @@ hp_status hp_cuda_backend_new(int device, hp_backend **out, hp_err *err) {
     if (pf && *pf && strcmp(pf, "0") && strcmp(pf, "1"))
         return hp_errf(err, HP_INVALID, "device cuda: HP_CUDA_PROFILE must be 0 or 1, not '%s'",
                        pf);
+    const char *fr = getenv("HP_CUDA_FLASH_ROWS"); /* read by k_flash.cu at each launch */
+    if (fr && *fr && strcmp(fr, "16") && strcmp(fr, "32"))
+        return hp_errf(err, HP_INVALID,
+                       "device cuda: HP_CUDA_FLASH_ROWS must be 16 or 32, not '%s'", fr);
     hp__cuda *cu = hp_calloc(1, sizeof *cu);
     if (!cu) return hp_errf(err, HP_NOMEM, "cuda backend: out of memory");
     cu->tf32 = tf && !strcmp(tf, "1");

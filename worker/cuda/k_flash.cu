@@ -4,10 +4,11 @@
  * (query head h reads kv head h / (H / Hkv)), causal or not, any T and S (rows past the end read
  * zeros and are not stored). The T x S matrix never exists.
  *
- * Forward: a block of 4 warps per (batch, head, 64 queries), each warp 16 query rows; K and V
- * tiles of 64 keys in shared memory (rows padded by 16 bytes: ldmatrix without bank
- * conflicts); S = Q·Kᵀ in registers, the online softmax in the log2 domain, P rounded to bf16
- * and fed back as the A operand of P·V. lse = ln Σ exp(scale·s), f32.
+ * Forward: a block of 4 warps per (batch, head, 128 queries), each warp 32 query rows (two
+ * 16-row atoms sharing every K and V fragment; 64 queries and 16 rows with HP_CUDA_FLASH_ROWS=16);
+ * K and V tiles of 64 keys (32 at D = 128 with 32 rows: fwd_kn) in shared memory (rows padded by
+ * 16 bytes: ldmatrix without bank conflicts); S = Q·Kᵀ in registers, the online softmax in the log2
+ * domain, P rounded to bf16 and fed back as the A operand of P·V. lse = ln Σ exp(scale·s), f32.
  * Every kernel double-buffers its streamed tiles: the next tile's cp.async copies are in flight
  * while the tensor cores work on this one (k_mma.cuh; two stages, one commit group a tile).
  * Causal query blocks run longest first (the grid's first blocks take the last queries), so
@@ -27,6 +28,8 @@
 #include "worker/cuda/k_mma.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define PAD   8 /* bf16 per shared-memory row beyond the head dim: 16 bytes */
 #define NT    128
@@ -142,118 +145,171 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16 *p, float lo, float hi)
 
 /* ---- forward -------------------------------------------------------------------------------- */
 
-template <int D>
+/* MA 16-row atoms a warp, KN keys a tile: a block of 4 warps takes 64·MA queries. At MA = 2
+ * (FlashAttention-2's 128-query blocks) every K and V fragment a warp loads from shared memory
+ * serves two atoms, and each K/V tile read from global memory serves twice the queries. At MA = 1
+ * a warp reads 62 bytes of K and V fragments per KFLOP, by estimate about what a multiprocessor's
+ * shared memory delivers at the mma rate; at MA = 2 with Q read again each tile, 47 (D = 128, KN
+ * = 32) or 39 (KN = 64). Q stays in shared memory at MA = 2 (at D = 128 its fragments beside two
+ * atoms' accumulators would not fit the registers); at MA = 1 it is held in registers.
+ * Unmeasured on a device yet: HP_CUDA_FLASH_ROWS=16 keeps MA = 1 for comparison. */
+template <int D, int MA, int KN>
 __global__ void __launch_bounds__(NT)
     flash_fwd_k(hp__cu_attn a, __nv_bfloat16 *out, float *lse, const __nv_bfloat16 *q,
                 const __nv_bfloat16 *k, const __nv_bfloat16 *v) {
-    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = BQ * LD;
+    constexpr int LD = D + PAD, KC = D / 16, NO = D / 8, TILE = KN * LD, QB = BQ * MA;
+    constexpr bool QREG = MA == 1;
+    static_assert(!QREG || KN == BQ, "at MA 1, Q passes through a K tile of BQ rows");
     extern __shared__ uint4 fl_sm[];
-    __nv_bfloat16 *sm = (__nv_bfloat16 *)fl_sm; /* stage i: K at 2i tiles, V at 2i + 1 */
+    __nv_bfloat16 *sm = (__nv_bfloat16 *)fl_sm;     /* stage i: K at 2i tiles, V at 2i + 1 */
+    __nv_bfloat16 *sq = sm + (QREG ? 2 : 4) * TILE; /* Q: through stage 1 (MA 1), or after it */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
-    int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BQ;
+    int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * QB;
     int64_t hk = h / (a.h / a.hkv);
     const __nv_bfloat16 *qb = q + (b * a.h + h) * a.t * D;
     const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
     const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
-    int64_t t_last = t0 + BQ - 1 < a.t - 1 ? t0 + BQ - 1 : a.t - 1;
+    int64_t t_last = t0 + QB - 1 < a.t - 1 ? t0 + QB - 1 : a.t - 1;
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
-    int64_t tiles = (kend + BQ - 1) / BQ;
+    int64_t tiles = (kend + KN - 1) / KN;
+    int64_t w0 = t0 + warp * 16 * MA; /* the warp's first query */
 
-    /* Q through stage 1's K tile into registers, with stage 0's K and V */
-    load_rows<D, BQ>(sm + 2 * TILE, qb, t0, a.t);
-    load_kv_stage<D, BQ>(sm, 0, kb, vb, 0, a.s);
+    load_rows<D, QB>(sq, qb, t0, a.t);
+    load_kv_stage<D, KN>(sm, 0, kb, vb, 0, a.s);
     hp__cp_async_wait<0>();
     __syncthreads();
-    uint32_t qa[KC][4];
-    HP__UNROLL
-    for (int kc = 0; kc < KC; kc++)
-        hp__ldsm_x4(qa[kc], a_addr<LD>(sm + 2 * TILE, warp * 16, kc * 16));
-    __syncthreads();
+    [[maybe_unused]] uint32_t qa[QREG ? KC : 1][4];
+    if constexpr (QREG) {
+        HP__UNROLL
+        for (int kc = 0; kc < KC; kc++) hp__ldsm_x4(qa[kc], a_addr<LD>(sq, warp * 16, kc * 16));
+        __syncthreads(); /* Q's rows are stage 1's K tile */
+    }
 
-    float o[NO][4];
+    float o[MA][NO][4];
+    float m[MA][2], l[MA][2];
     HP__UNROLL
-    for (int n = 0; n < NO; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int ma = 0; ma < MA; ma++) {
+        HP__UNROLL
+        for (int n = 0; n < NO; n++) o[ma][n][0] = o[ma][n][1] = o[ma][n][2] = o[ma][n][3] = 0.0f;
+        m[ma][0] = m[ma][1] = -INFINITY;
+        l[ma][0] = l[ma][1] = 0.0f;
+    }
     const float c2 = a.scale * LOG2E;
-    int64_t row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
     for (int64_t j = 0; j < tiles; j++) {
-        int64_t s0 = j * BQ;
+        int64_t s0 = j * KN;
         if (j + 1 < tiles) /* the next K and V tiles into the other stage */
-            load_kv_stage<D, BQ>(sm, (int)((j + 1) & 1), kb, vb, s0 + BQ, a.s);
+            load_kv_stage<D, KN>(sm, (int)((j + 1) & 1), kb, vb, s0 + KN, a.s);
         tile_ready(j, tiles);
         const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
-        float sc[8][4];
+        float sc[MA][KN / 8][4];
         HP__UNROLL
-        for (int n = 0; n < 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        for (int ma = 0; ma < MA; ma++) {
+            HP__UNROLL
+            for (int n = 0; n < KN / 8; n++)
+                sc[ma][n][0] = sc[ma][n][1] = sc[ma][n][2] = sc[ma][n][3] = 0.0f;
+        }
         HP__UNROLL
         for (int kc = 0; kc < KC; kc++) {
+            uint32_t qf[MA][4];
             HP__UNROLL
-            for (int np = 0; np < 4; np++) {
+            for (int ma = 0; ma < MA; ma++) {
+                if constexpr (QREG) {
+                    HP__UNROLL
+                    for (int e = 0; e < 4; e++) qf[ma][e] = qa[kc][e];
+                } else {
+                    hp__ldsm_x4(qf[ma], a_addr<LD>(sq, warp * 16 * MA + ma * 16, kc * 16));
+                }
+            }
+            HP__UNROLL
+            for (int np = 0; np < KN / 16; np++) {
                 uint32_t bf[4];
                 hp__ldsm_x4(bf, b_addr<LD>(ks, np * 16, kc * 16));
-                hp__mma_bf16(sc[2 * np], qa[kc], bf[0], bf[1]);
-                hp__mma_bf16(sc[2 * np + 1], qa[kc], bf[2], bf[3]);
+                HP__UNROLL
+                for (int ma = 0; ma < MA; ma++) {
+                    hp__mma_bf16(sc[ma][2 * np], qf[ma], bf[0], bf[1]);
+                    hp__mma_bf16(sc[ma][2 * np + 1], qf[ma], bf[2], bf[3]);
+                }
             }
         }
-        bool mask = s0 + BQ > a.s || (a.causal && s0 + BQ - 1 > t0 + warp * 16);
-        float mx[2] = {-INFINITY, -INFINITY};
+        uint32_t pa[MA][KN / 16][4]; /* P in bf16, the A fragments of P·V */
         HP__UNROLL
-        for (int n = 0; n < 8; n++) {
+        for (int ma = 0; ma < MA; ma++) {
+            bool mask = s0 + KN > a.s || (a.causal && s0 + KN - 1 > w0 + ma * 16);
+            float mx[2] = {-INFINITY, -INFINITY};
             HP__UNROLL
-            for (int e = 0; e < 4; e++) {
-                int r = e / 2;
-                int64_t key = s0 + n * 8 + 2 * qd + (e % 2);
-                float x = sc[n][e] * c2;
-                if (mask && (key >= a.s || (a.causal && key > row[r]))) x = -INFINITY;
-                sc[n][e] = x;
-                mx[r] = fmaxf(mx[r], x);
+            for (int n = 0; n < KN / 8; n++) {
+                HP__UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int r = e / 2;
+                    int64_t key = s0 + n * 8 + 2 * qd + (e % 2);
+                    float x = sc[ma][n][e] * c2;
+                    if (mask && (key >= a.s || (a.causal && key > w0 + ma * 16 + g + 8 * r)))
+                        x = -INFINITY;
+                    sc[ma][n][e] = x;
+                    mx[r] = fmaxf(mx[r], x);
+                }
             }
-        }
-        float base[2], corr[2], ls[2] = {0.0f, 0.0f};
-        HP__UNROLL
-        for (int r = 0; r < 2; r++) {
-            float mn = fmaxf(m[r], quad_max(mx[r]));
-            base[r] = mn == -INFINITY ? 0.0f : mn; /* a row that sees no key yet: p = 0 */
-            corr[r] = exp2f(m[r] - base[r]);
-            m[r] = mn;
-        }
-        HP__UNROLL
-        for (int n = 0; n < 8; n++) {
+            float base[2], corr[2], ls[2] = {0.0f, 0.0f};
             HP__UNROLL
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(sc[n][e] - base[e / 2]);
-                sc[n][e] = p;
-                ls[e / 2] += p;
+            for (int r = 0; r < 2; r++) {
+                float mn = fmaxf(m[ma][r], quad_max(mx[r]));
+                base[r] = mn == -INFINITY ? 0.0f : mn; /* a row that sees no key yet: p = 0 */
+                corr[r] = exp2f(m[ma][r] - base[r]);
+                m[ma][r] = mn;
             }
+            HP__UNROLL
+            for (int n = 0; n < KN / 8; n++) {
+                HP__UNROLL
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(sc[ma][n][e] - base[e / 2]);
+                    sc[ma][n][e] = p;
+                    ls[e / 2] += p;
+                }
+            }
+            HP__UNROLL
+            for (int r = 0; r < 2; r++) l[ma][r] = l[ma][r] * corr[r] + ls[r];
+            HP__UNROLL
+            for (int n = 0; n < NO; n++) {
+                o[ma][n][0] *= corr[0];
+                o[ma][n][1] *= corr[0];
+                o[ma][n][2] *= corr[1];
+                o[ma][n][3] *= corr[1];
+            }
+            HP__UNROLL
+            for (int kc = 0; kc < KN / 16; kc++)
+                a_of_c(pa[ma][kc], sc[ma][2 * kc], sc[ma][2 * kc + 1]);
         }
         HP__UNROLL
-        for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + ls[r];
-        HP__UNROLL
-        for (int n = 0; n < NO; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-        HP__UNROLL
-        for (int kc = 0; kc < 4; kc++) { /* O += P·V, P in bf16 */
-            uint32_t pa[4];
-            a_of_c(pa, sc[2 * kc], sc[2 * kc + 1]);
-            mma_rows<D, LD>(o, pa, vs, kc * 16);
+        for (int kc = 0; kc < KN / 16; kc++) { /* O += P·V: each V fragment serves every atom */
+            HP__UNROLL
+            for (int n = 0; n < D / 16; n++) {
+                uint32_t bf[4];
+                hp__ldsm_x4_t(bf, bt_addr<LD>(vs, kc * 16, n * 16));
+                HP__UNROLL
+                for (int ma = 0; ma < MA; ma++) {
+                    hp__mma_bf16(o[ma][2 * n], pa[ma][kc], bf[0], bf[1]);
+                    hp__mma_bf16(o[ma][2 * n + 1], pa[ma][kc], bf[2], bf[3]);
+                }
+            }
         }
         __syncthreads(); /* this stage's readers are done before the next prefetch lands in it */
     }
     HP__UNROLL
-    for (int r = 0; r < 2; r++) {
-        float sum = quad_sum(l[r]);
-        if (row[r] >= a.t) continue;
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        __nv_bfloat16 *orow = out + ((b * a.h + h) * a.t + row[r]) * D;
+    for (int ma = 0; ma < MA; ma++) {
         HP__UNROLL
-        for (int n = 0; n < NO; n++)
-            store_pair(orow + n * 8 + 2 * qd, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        if (qd == 0)
-            lse[(b * a.h + h) * a.t + row[r]] = sum > 0.0f ? (m[r] + log2f(sum)) * LN2 : -INFINITY;
+        for (int r = 0; r < 2; r++) {
+            float sum = quad_sum(l[ma][r]);
+            int64_t row = w0 + ma * 16 + g + 8 * r;
+            if (row >= a.t) continue;
+            float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            __nv_bfloat16 *orow = out + ((b * a.h + h) * a.t + row) * D;
+            HP__UNROLL
+            for (int n = 0; n < NO; n++)
+                store_pair(orow + n * 8 + 2 * qd, o[ma][n][2 * r] * inv, o[ma][n][2 * r + 1] * inv);
+            if (qd == 0)
+                lse[(b * a.h + h) * a.t + row] =
+                    sum > 0.0f ? (m[ma][r] + log2f(sum)) * LN2 : -INFINITY;
+        }
     }
 }
 
@@ -503,8 +559,14 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
-template <int D> constexpr size_t fwd_smem() { /* two stages of K and V */
-    return (size_t)4 * BQ * (D + PAD) * sizeof(__nv_bfloat16);
+/* Keys per forward tile at MA 2: 32 at D = 128, where the scores of two atoms over 64 keys
+ * would spill registers (ptxas, sm_90), else 64; BQ at MA 1. */
+template <int D, int MA> constexpr int fwd_kn() {
+    return MA == 2 && D == 128 ? 32 : BQ;
+}
+template <int D, int MA> constexpr size_t fwd_smem() { /* two stages of K and V; Q at MA 2 */
+    return (size_t)(4 * fwd_kn<D, MA>() + (MA == 1 ? 0 : BQ * MA)) * (D + PAD) *
+           sizeof(__nv_bfloat16);
 }
 template <int D> constexpr size_t dq_smem() { /* two stages of K and V; Q and dO before them */
     return (size_t)4 * KT * (D + PAD) * sizeof(__nv_bfloat16);
@@ -521,8 +583,8 @@ template <class K> static int smem_limit(K *kernel, size_t bytes) {
                                      (int)bytes);
 }
 
-static int grid_of(int64_t rows, int64_t heads, int64_t batch, dim3 *g) {
-    int64_t x = (rows + BQ - 1) / BQ;
+static int grid_of(int64_t rows, int64_t heads, int64_t batch, dim3 *g, int64_t per = BQ) {
+    int64_t x = (rows + per - 1) / per;
     if (x < 1 || x > 0x7fffffff || heads > 65535 || batch > 65535) return 0;
     *g = dim3((unsigned)x, (unsigned)heads, (unsigned)batch);
     return 1;
@@ -542,13 +604,23 @@ extern "C" int hp__cu_flash_ok(const hp__cu_attn *a) {
 typedef const __nv_bfloat16 *cbf;
 typedef __nv_bfloat16 *bfp;
 
-template <int D>
-static int flash_fwd(cudaStream_t s, dim3 g, const hp__cu_attn *a, void *out, float *lse,
-                     const void *q, const void *k, const void *v) {
-    constexpr size_t SM = fwd_smem<D>();
-    int e = smem_limit(flash_fwd_k<D>, SM);
+/* Query rows a forward warp takes: 32 (two atoms; FlashAttention-2's 128-query blocks) by
+ * default, 16 where $HP_CUDA_FLASH_ROWS=16 (the kernel before, for comparison; bench/gpu). */
+static int fwd_atoms() {
+    const char *v = getenv("HP_CUDA_FLASH_ROWS");
+    return v && !strcmp(v, "16") ? 1 : 2;
+}
+
+template <int D, int MA>
+static int flash_fwd(cudaStream_t s, const hp__cu_attn *a, void *out, float *lse, const void *q,
+                     const void *k, const void *v) {
+    constexpr size_t SM = fwd_smem<D, MA>();
+    dim3 g;
+    if (!grid_of(a->t, a->h, a->b, &g, (int64_t)BQ * MA)) return (int)cudaErrorInvalidConfiguration;
+    constexpr int KN = fwd_kn<D, MA>();
+    int e = smem_limit(flash_fwd_k<D, MA, KN>, SM);
     if (e) return e;
-    flash_fwd_k<D><<<g, NT, SM, s>>>(*a, (bfp)out, lse, (cbf)q, (cbf)k, (cbf)v);
+    flash_fwd_k<D, MA, KN><<<g, NT, SM, s>>>(*a, (bfp)out, lse, (cbf)q, (cbf)k, (cbf)v);
     return HP__CU_LAUNCHED();
 }
 
@@ -576,7 +648,8 @@ extern "C" int hp__cu_flash(cudaStream_t s, const hp__cu_attn *a, void *out, flo
     switch (a->d) {
 #define FWD(D)                                                                                     \
     case D:                                                                                        \
-        return flash_fwd<D>(s, g, a, out, lse, q, k, v);
+        return fwd_atoms() == 2 ? flash_fwd<D, 2>(s, a, out, lse, q, k, v)                         \
+                                : flash_fwd<D, 1>(s, a, out, lse, q, k, v);
         FLASH_DIMS(FWD)
 #undef FWD
     }
