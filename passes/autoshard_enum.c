@@ -480,14 +480,19 @@ static hp_status placeholder_strats(enum_ctx *e, int c, hp_err *err) {
             if (extent_without(a, t, s.out[0], s.out[0][i].dim, i) % a->mesh.size[i]) ok = false;
         }
         if (!ok) continue;
+        bool fsdp = param && e->marked[p] && dp >= 0 && t->rank > 0;
         if (k >= 0) { /* a constraint fixes the storage */
             const hp_place_constraint *pc = &e->job->plan.constraints[k];
             for (int i = 0; i < nd && ok; i++) {
                 hp_placement want = a->mesh.size[i] == 1 ? HP_REPLICATE : pc->placements[i];
+                /* a marked parameter the constraint leaves Replicate on dp is stored split
+                 * there, the dim free, as the hand-written plan does (passes/pipeline.c):
+                 * --tp-plan with --fsdp means FSDP over dp and TP over tp in either mode */
+                if (fsdp && i == dp && want.kind == HP_PLACE_REPLICATE) continue;
                 ok = hp_placement_eq(want, s.store[i]);
             }
         }
-        if (param && e->marked[p] && dp >= 0 && t->rank > 0) /* FSDP: stored split, gathered */
+        if (fsdp) /* FSDP: stored split, gathered */
             ok =
                 ok && s.store[dp].kind == HP_PLACE_SHARD && s.out[0][dp].kind == HP_PLACE_REPLICATE;
         if (!ok) continue;

@@ -342,6 +342,35 @@ Test(autoshard, constraints_hold_and_explain_says_why) {
     hp_job_free(job);
 }
 
+/* A constraint that leaves dp Replicate on a parameter FSDP marks (--tp-plan with --fsdp) keeps
+ * its tp placement and is stored split over dp, as the hand-written plan does: not refused as
+ * a contradiction. */
+Test(autoshard, an_fsdp_mark_splits_over_dp_what_a_constraint_leaves_replicate) {
+    int sizes[] = {2, 2};
+    hp_job *job = make_job(&LLAMA2, 2, DPTP, sizes);
+    hp_err err = {0};
+    hp_placement col[2] = {HP_REPLICATE, HP_SHARD(0)};
+    cr_assert_eq(hp_job_add_place_pattern(job, "layers.*.attention.wq.weight", col, 2, &err), HP_OK,
+                 "%s", err.msg);
+    cr_assert_eq(hp_job_add_fsdp_pattern(job, "layers.*", &err), HP_OK, "%s", err.msg);
+    hp_autoshard *a = solve(job, -1);
+    int seen = 0;
+    for (int i = 0; i < n_params(job); i++) {
+        hp_placement st[2], cp[2];
+        hp_autoshard_placeholder(a, i, st, cp);
+        if (strncmp(fqn(job, i), "layers.", 7)) continue;
+        cr_expect(st[0].kind == HP_PLACE_SHARD && cp[0].kind == HP_PLACE_REPLICATE,
+                  "%s: FSDP: stored split on dp, gathered", fqn(job, i));
+        if (!strstr(fqn(job, i), "attention.wq")) continue;
+        seen++;
+        cr_expect(hp_placement_eq(st[1], col[1]), "%s: tp:S(0) as constrained", fqn(job, i));
+        cr_expect(st[0].dim != 0, "%s: dp splits a dim tp does not", fqn(job, i));
+    }
+    cr_expect_eq(seen, 2);
+    hp_autoshard_free(a);
+    hp_job_free(job);
+}
+
 Test(autoshard, the_pipeline_compiles_an_auto_plan) {
     int sizes[] = {2, 2};
     hp_job *job = make_job(&LLAMA2, 2, DPTP, sizes);

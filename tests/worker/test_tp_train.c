@@ -106,6 +106,13 @@ Test(tp_train, auto_dp2_tp2_equals_world1) {
     expect_world1("auto22", "--mesh dp=2,tp=2 --mode auto --device-profile h100");
 }
 
+/* --tp-plan and --fsdp in auto mode: the plan's tp placements and FSDP over dp fixed, the
+ * solver choosing the rest */
+Test(tp_train, auto_with_tp_plan_and_fsdp_equals_world1) {
+    expect_world1("auto22tf", "--mesh dp=2,tp=2 --mode auto --device-profile h100 --tp-plan llama "
+                              "--loss-parallel " FSDP);
+}
+
 /* Resumes the checkpoint of step 5 in `from` under plan `plan` into tmp/name. */
 static const char *resume(const char *from, const char *name, const char *plan) {
     static char out[512];
