@@ -35,9 +35,13 @@ Test(cuda_nccl, one_rank_collectives_run_on_nccl) {
     cr_assert(cu->nccl, "no NCCL communicator");
     const hp_op ops[] = {HP_OP_ALL_GATHER, HP_OP_REDUCE_SCATTER, HP_OP_ALL_REDUCE, HP_OP_ALL_TO_ALL,
                          HP_OP_LOCAL_CHUNK};
-    const hp_dtype dts[] = {HP_F32, HP_BF16};
+    /* gathers and all-to-alls move any dtype's bytes (bool: loss parallel's masks, which an
+     * auto plan may gather); reductions take NCCL's float types */
+    const hp_dtype dts[] = {HP_F32, HP_BF16, HP_BOOL, HP_I64};
     for (size_t o = 0; o < HP_ARRAY_LEN(ops); o++)
         for (size_t d = 0; d < HP_ARRAY_LEN(dts); d++) {
+            bool reduces = ops[o] == HP_OP_REDUCE_SCATTER || ops[o] == HP_OP_ALL_REDUCE;
+            if (reduces && (dts[d] == HP_BOOL || dts[d] == HP_I64)) continue;
             hp_th h;
             hp_th_init(&h);
             hp_value x = cc_rand_input(&h, TY(dts[d], 64, 33), 5 + o, -3, 3);
@@ -74,6 +78,29 @@ Test(cuda_nccl, one_rank_collectives_run_on_nccl) {
             hp_th_fini(&h);
         }
     cr_expect_gt(be->vt->comm_busy(be), 0, "no comm time measured");
+    { /* a reduction NCCL has no type for is refused naming it */
+        hp_th h;
+        hp_th_init(&h);
+        hp_value x = cc_rand_input(&h, TY(HP_BOOL, 8), 1, 0, 1);
+        hp_attr a[2] = {hp_attr_int(HP_ATTR_GROUP_SIZE, 1), hp_attr_int(HP_ATTR_REDUCE_OP, 1)};
+        hp_value v = hp_build(h.g, HP_OP_ALL_REDUCE, &x, 1, a, 2);
+        cr_assert(!hp_graph_failed(h.g), "%s", h.g->err.msg);
+        void *buf = NULL;
+        cr_assert_eq(be->vt->alloc(be, 8, &buf, &e), HP_OK);
+        hp_type t = h.in[0].type;
+        hp_kernel_call c = {.node = &h.g->nodes[v.node],
+                            .n_in = 1,
+                            .n_out = 1,
+                            .in = (const void *const[]){buf},
+                            .in_type = &t,
+                            .out = (void *const[]){buf},
+                            .out_type = &t};
+        cr_expect_eq(hp__cuda_nccl_collective(cu, &c, &e), HP_UNSUPPORTED);
+        cr_expect(strstr(e.msg, "all_reduce of dtype bool: NCCL has no type to reduce it in"), "%s",
+                  e.msg);
+        be->vt->free(be, buf);
+        hp_th_fini(&h);
+    }
     hp_backend_free(be);
     hp_comm_free(world);
 #endif

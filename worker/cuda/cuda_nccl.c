@@ -222,9 +222,13 @@ hp_status hp__cuda_nccl_collective(hp__cuda *cu, const hp_kernel_call *c, hp_err
     nccl_group *g;
     HP_TRY(group_of(q, n, &g, err));
     hp_dtype dt = c->in_type[0].dtype;
-    ncclDataType_t nt;
-    if (!nccl_type(dt, &nt))
-        return hp_errf(err, HP_UNSUPPORTED, "dtype %s has no NCCL type", hp_dtype_name(dt));
+    /* gathers and all-to-alls move bytes (any dtype, bool masks included); reductions need
+     * NCCL's type */
+    ncclDataType_t nt = ncclUint8;
+    bool reduces = n->op == HP_OP_REDUCE_SCATTER || n->op == HP_OP_ALL_REDUCE;
+    if (reduces && !nccl_type(dt, &nt))
+        return hp_errf(err, HP_UNSUPPORTED, "%s of dtype %s: NCCL has no type to reduce it in",
+                       hp_op_get(n->op)->name, hp_dtype_name(dt));
     cudaStream_t s = cu->stream[HP_STREAM_COMM];
     size_t es = hp_dtype_size(dt);
     int64_t in_n = hp_type_numel(&c->in_type[0]), out_n = hp_type_numel(&c->out_type[0]);
