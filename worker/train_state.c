@@ -141,8 +141,10 @@ hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
             break;
         }
         st = hp_st_to_f32(w, full, n, err);
+        /* training from a non-finite weight would only ever report loss NaN; a buffer may
+         * hold infinities (an additive mask's -inf), never NaN */
         for (int64_t k = 0; st == HP_OK && k < n; k++)
-            if (!isfinite(full[k])) /* training from it would only ever report loss NaN */
+            if (buffer ? isnan(full[k]) : !isfinite(full[k]))
                 st = hp_errf(err, HP_INVALID, "%s: tensor '%s' holds %g at element %lld", path,
                              ps->fqn, (double)full[k], (long long)k);
         float *dst = buffer ? hp_exec_ptr(t->ex, ps->buffer) : hp__train_param(t, i);

@@ -87,6 +87,18 @@ def _is_causal_tril(t):
     return bool((t.reshape(n, n) == torch.tril(torch.ones(n, n, dtype=t.dtype))).all())
 
 
+def _is_causal_additive(t):
+    """A [1, ..., 1, T, T] float buffer of 0 on and below the diagonal, -inf above: the additive
+    causal mask (triu(full(-inf), 1), as nn.Transformer.generate_square_subsequent_mask)."""
+    if not t.is_floating_point() or t.dim() < 2 or t.shape[-1] != t.shape[-2] or \
+            any(s != 1 for s in t.shape[:-2]):
+        return False
+    n = t.shape[-1]
+    x = t.reshape(n, n)
+    upper = torch.ones(n, n, dtype=torch.bool).triu(1)
+    return bool((x[~upper] == 0).all()) and bool((x[upper] == float("-inf")).all()) and n > 1
+
+
 def _buffer_init(name, t):
     x = t.detach()
     if x.numel() == 0 or bool((x == 0).all()):
@@ -278,7 +290,7 @@ class _Convert:
             elif k < np_ + nb:
                 fqn, b = cap.buffers[k - np_]
                 try:
-                    if _is_causal_tril(b):
+                    if _is_causal_tril(b) or _is_causal_additive(b):
                         causal.append((n, b))
                         a = {"kind": "buffer", "fqn": fqn, "init": "zeros"}
                     else:
@@ -290,12 +302,16 @@ class _Convert:
                 a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
             self.vals[n] = self.g.node("placeholder", [], [t], a)
         for n, b in causal:
-            # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)): the same
-            # values as tril(ones) in the graph, which the compiler can see is causal (and
-            # fuse the attention reading it); the placeholder stays, unused
+            # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)), or the
+            # additive mask triu(full(-inf), 1): the same values computed in the graph from
+            # tril(ones), which the compiler can see is causal; the placeholder stays, unused
             d, s = dtype_name(b.dtype), b.shape[-1]
             m = self.g.node("ones", [], [(d, (s, s))], {"shape": [s, s], "dtype": d})
             m = self.g.node("tril", [m], [(d, (s, s))])
+            if _is_causal_additive(b):  # 0 where tril is 1, -inf where it is 0
+                above = self.g.node("eq", [m, self.full(0.0, d)], [("bool", (s, s))])
+                m = self.g.node("where", [above, self.full(float("-inf"), d), self.full(0.0, d)],
+                                [(d, (s, s))])
             if b.dim() != 2:
                 m = self.g.node("view", [m], [(d, tuple(b.shape))], {"shape": list(b.shape)})
             self.vals[n] = m

@@ -18,6 +18,9 @@ Most entries are one-to-one (hp's op names follow ATen). The others:
                                       overwritten input afterwards (make_fx's decompositions
                                       of silu_backward); refused otherwise
   masked_fill.Scalar                  where(mask, full(value), x)
+  triu(x, k)                          where(tril(ones, k - 1) == 1, 0, x)
+  baddbmm(input, b1, b2)              add(beta·input, alpha·bmm(b1, b2)) (nn.MultiheadAttention's
+                                      masked scores)
   div by a scalar, eq.Scalar          the scalar as a 0-d full
   add/sub/mul by a scalar             add_scalar / mul_scalar
   ones_like/zeros_like/full_like      ones / zeros / full of the input's shape
@@ -304,6 +307,22 @@ def _addmm(cx, node, args, kw):
     return cx.g.node("addmm", [cx.v(x) for x in args[:3]], [_t(cx, node)], a)
 
 
+def _baddbmm(cx, node, args, kw):
+    """beta·input + alpha·(b1 @ b2), input broadcast (nn.MultiheadAttention's masked scores)."""
+    beta = kw.get("beta", args[3] if len(args) > 3 else 1)
+    alpha = kw.get("alpha", args[4] if len(args) > 4 else 1)
+    t = _t(cx, node)
+    prod = cx.g.node("bmm", [cx.v(args[1]), cx.v(args[2])], [t])
+    if alpha != 1:
+        prod = cx.g.node("mul_scalar", [prod], [t], {"value": alpha})
+    if beta == 0:  # torch ignores input then, NaNs included
+        return prod
+    inp = cx.v(args[0])
+    if beta != 1:
+        inp = cx.g.node("mul_scalar", [inp], [(inp.dtype, inp.shape)], {"value": beta})
+    return cx.g.node("add", [inp, prod], [t])
+
+
 def _embedding(cx, node, args, kw):
     pad = args[2] if len(args) > 2 else kw.get("padding_idx", -1)
     if (args[3] if len(args) > 3 else kw.get("scale_grad_by_freq", False)):
@@ -406,6 +425,18 @@ def _tril(cx, node, args, kw):
     return cx.g.node("tril", [cx.v(args[0])], [_t(cx, node)], {"diagonal": k} if k else {})
 
 
+def _triu(cx, node, args, kw):
+    """triu(x, k) = where(tril(ones, k - 1) == 1, 0, x): hp has tril only (the mask over the
+    last two dims, broadcast; the causal additive mask triu(full(-inf), 1) comes out of it)."""
+    k = args[1] if len(args) > 1 else kw.get("diagonal", 0)
+    t = _t(cx, node)
+    d, shape = t[0], tuple(t[1][-2:])
+    ones = cx.g.node("ones", [], [(d, shape)], {"shape": list(shape), "dtype": d})
+    below = cx.g.node("tril", [ones], [(d, shape)], {"diagonal": k - 1} if k != 1 else {})
+    drop = cx.g.node("eq", [below, cx.full(1, d)], [("bool", shape)])
+    return cx.g.node("where", [drop, cx.full(0, d), cx.v(args[0])], [t])
+
+
 def _masked_fill(cx, node, args, kw):
     x, mask, value = cx.v(args[0]), cx.v(args[1]), args[2]
     return cx.g.node("where", [mask, cx.full(value, x.dtype), x], [_t(cx, node)])
@@ -502,6 +533,7 @@ TABLE = {
     aten.mm.default: _one("mm"),
     aten.bmm.default: _one("bmm"),
     aten.addmm.default: _addmm,
+    aten.baddbmm.default: _baddbmm,
     aten.transpose.int: _transpose,
     aten.permute.default: _permute,
     aten.view.default: _shape_op("view"),
@@ -581,6 +613,7 @@ TABLE = {
     aten.zeros_like.default: _like("zeros"),
     aten.full_like.default: _like("full"),
     aten.tril.default: _tril,
+    aten.triu.default: _triu,
     aten.bitwise_not.default: _one("bitwise_not"),
     aten.logical_not.default: _one("bitwise_not"),
     aten.masked_fill.Scalar: _masked_fill,

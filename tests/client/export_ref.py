@@ -1,19 +1,22 @@
 #!/usr/bin/python3
 """tests/client/export_ref.py — PyTorch's side of test_hp_export.c.
 
-  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer] [--dropout P] [HPCTL FLAGS...]
+  export_ref.py export DIR AUTODIFF [--as NAME] [--bias-buffer | --mha] [--dropout P] [HPCTL FLAGS...]
                   exports the GPT-2-style model below with hp_export (autodiff torch | hp) to
                   DIR/job-AUTODIFF.pb (or DIR/job-NAME.pb), its weights to
                   DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer;
+                  --mha: the attention as nn.MultiheadAttention with an additive mask buffer;
+                  --mha-forward-mask: the same, its mask made in forward by triu;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
                   residual branches) with p = P (default 0: they fold away);
                   --native-dropout (after --dropout): through torch.native_dropout
-  export_ref.py train DIR STEPS [--dropout P]        trains the same model from
+  export_ref.py train DIR STEPS [--mha] [--dropout P]  trains the same model from
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --dropout P: with
-                  nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
+                  and DIR/ref/model.safetensors (the final weights); --mha: the export's
+                  --mha model; --dropout P: with nanoGPT's dropouts drawing hp's masks
+                  (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
                   to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
@@ -167,6 +170,31 @@ class BiasAttention(Attention):
         return self.c_proj(y)
 
 
+class MhaAttention(nn.Module):
+    """torch's own nn.MultiheadAttention (packed in_proj_weight, make_fx's baddbmm of the mask)
+    with the additive causal mask as a buffer, triu(full(-inf), 1) as
+    nn.Transformer.generate_square_subsequent_mask makes it; no biases (the key bias's gradient
+    is zero in exact arithmetic, see Attention)."""
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(C, H, bias=False, batch_first=True)
+        self.register_buffer("mask", torch.triu(torch.full((T, T), float("-inf")), 1))
+
+    def forward(self, x):
+        t = x.size(1)
+        y, _ = self.mha(x, x, x, attn_mask=self.mask[:t, :t], need_weights=False)
+        return y
+
+
+class MhaForwardMask(MhaAttention):
+    """The same with the mask made in forward: triu(full(-inf), 1), make_fx's full and triu."""
+    def forward(self, x):
+        t = x.size(1)
+        mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        y, _ = self.mha(x, x, x, attn_mask=mask, need_weights=False)
+        return y
+
+
 class MLP(nn.Module):
     def __init__(self):
         super().__init__()
@@ -287,6 +315,10 @@ def do_export(d, autodiff, flags):
         name, flags = flags[1], flags[2:]
     if flags[:1] == ["--bias-buffer"]:  # nanoGPT's registered causal mask
         attn, flags = BiasAttention, flags[1:]
+    if flags[:1] == ["--mha"]:  # nn.MultiheadAttention with an additive mask buffer
+        attn, flags = MhaAttention, flags[1:]
+    if flags[:1] == ["--mha-forward-mask"]:  # the same mask made in forward (triu)
+        attn, flags = MhaForwardMask, flags[1:]
     global DROPOUT, NATIVE_DROPOUT
     if flags[:1] == ["--dropout"]:
         DROPOUT, flags = float(flags[1]), flags[2:]
@@ -303,9 +335,12 @@ def do_export(d, autodiff, flags):
 
 def do_train(d, steps, flags=()):
     global DROPOUT, HP_MASK
+    attn = Attention
+    if list(flags[:1]) == ["--mha"]:
+        attn, flags = MhaAttention, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
-    m = make()
+    m = make(attn)
     for name, mod in m.named_modules():
         if isinstance(mod, HpMaskDropout):
             mod.fqn = name + "#0"
