@@ -19,6 +19,11 @@ Most entries are one-to-one (hp's op names follow ATen). The others:
                                       of silu_backward); refused otherwise
   masked_fill.Scalar                  where(mask, full(value), x)
   triu(x, k)                          where(tril(ones, k - 1) == 1, 0, x)
+  gt / ge / le                        lt swapped / not lt / not swapped lt
+  logical_and(a, b)                   where(a, b, false)
+  clamp, clamp_min, clamp_max         where(x < lo, lo, where(hi < x, hi, x))
+  leaky_relu, softplus (+ backward)   where, mul_scalar, exp, log, sigmoid (torch's threshold)
+  var(x, dims, correction)            Σ (x − mean)² / (n − correction)
   baddbmm(input, b1, b2)              add(beta·input, alpha·bmm(b1, b2)) (nn.MultiheadAttention's
                                       masked scores)
   div by a scalar, eq.Scalar          the scalar as a 0-d full
@@ -118,6 +123,124 @@ def _compare(op):
         b = cx.v(args[1]) if _is_node(args[1]) else cx.full(args[1], a.dtype)
         return cx.g.node(op, [a, b], [_t(cx, node)])
     return f
+
+
+def _operand(cx, a, dtype):
+    return cx.v(a) if _is_node(a) else cx.full(a, dtype)
+
+
+def _not_compare(op, swap):
+    """ge (not lt), le (not swapped lt), gt (swapped lt): hp compares with eq and lt only
+    (NaN compares false in both, so ge/le of a NaN come out true here where torch says false)."""
+    def f(cx, node, args, kw):
+        a = cx.v(args[0])
+        b = _operand(cx, args[1], a.dtype)
+        x, y = (b, a) if swap else (a, b)
+        t = _t(cx, node)
+        r = cx.g.node("lt", [x, y], [t])
+        return cx.g.node("bitwise_not", [r], [t]) if op == "not" else r
+    return f
+
+
+def _logical_and(cx, node, args, kw):
+    a, b = cx.v(args[0]), cx.v(args[1])
+    t = _t(cx, node)
+    if a.dtype != "bool" or b.dtype != "bool":
+        raise Unsupported("logical_and of non-bool tensors")
+    return cx.g.node("where", [a, b, cx.full(False, "bool")], [t])
+
+
+def _scalar_tensor(cx, node, args, kw):
+    t = _t(cx, node)
+    return cx.full(args[0], t[0])
+
+
+def _clamp(cx, node, args, kw):
+    """clamp(x, lo, hi) = where(x < lo, lo, where(hi < x, hi, x)); either bound may be None."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    lo = args[1] if len(args) > 1 else kw.get("min")
+    hi = args[2] if len(args) > 2 else kw.get("max")
+    y = x
+    if hi is not None:
+        h = _operand(cx, hi, t[0])
+        y = cx.g.node("where", [cx.g.node("lt", [h, y], [("bool", t[1])]), h, y], [t])
+    if lo is not None:
+        m = _operand(cx, lo, t[0])
+        y = cx.g.node("where", [cx.g.node("lt", [x, m], [("bool", t[1])]), m, y], [t])
+    return y
+
+
+def _clamp_min(cx, node, args, kw):
+    return _clamp(cx, node, [args[0], args[1], None], {})
+
+
+def _clamp_max(cx, node, args, kw):
+    return _clamp(cx, node, [args[0], None, args[1]], {})
+
+
+def _leaky_relu(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    slope = args[1] if len(args) > 1 else kw.get("negative_slope", 0.01)
+    neg = cx.g.node("lt", [x, cx.full(0.0, t[0])], [("bool", t[1])])
+    return cx.g.node("where", [neg, cx.g.node("mul_scalar", [x], [t], {"value": slope}), x], [t])
+
+
+def _leaky_relu_backward(cx, node, args, kw):
+    """grad where x > 0, else grad · slope (torch's rule: x == 0 takes the slope)."""
+    g, x, slope = cx.v(args[0]), cx.v(args[1]), args[2]
+    t = _t(cx, node)
+    pos = cx.g.node("lt", [cx.full(0.0, x.dtype), x], [("bool", x.shape)])
+    return cx.g.node("where", [pos, g, cx.g.node("mul_scalar", [g], [t], {"value": slope})], [t])
+
+
+def _softplus(cx, node, args, kw):
+    """log(1 + exp(beta·x)) / beta, x itself where beta·x > threshold (torch's rule)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    beta = args[1] if len(args) > 1 else kw.get("beta", 1)
+    thr = args[2] if len(args) > 2 else kw.get("threshold", 20)
+    bx = cx.g.node("mul_scalar", [x], [t], {"value": beta}) if beta != 1 else x
+    big = cx.g.node("lt", [cx.full(thr, t[0]), bx], [("bool", t[1])])
+    sp = cx.g.node("log", [cx.g.node("add_scalar", [cx.g.node("exp", [bx], [t])], [t],
+                                     {"value": 1.0})], [t])
+    if beta != 1:
+        sp = cx.g.node("mul_scalar", [sp], [t], {"value": 1.0 / beta})
+    return cx.g.node("where", [big, x, sp], [t])
+
+
+def _softplus_backward(cx, node, args, kw):
+    """grad · sigmoid(beta·x), grad itself where beta·x > threshold."""
+    g, x, beta, thr = cx.v(args[0]), cx.v(args[1]), args[2], args[3]
+    t = _t(cx, node)
+    bx = cx.g.node("mul_scalar", [x], [t], {"value": beta}) if beta != 1 else x
+    big = cx.g.node("lt", [cx.full(thr, t[0]), bx], [("bool", t[1])])
+    gs = cx.g.node("mul", [g, cx.g.node("sigmoid", [bx], [t])], [t])
+    return cx.g.node("where", [big, g, gs], [t])
+
+
+def _var(cx, node, args, kw):
+    """var(x, dims, correction, keepdim) = Σ (x − mean)² / (n − correction), over dims (all
+    when None)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    dims = args[1] if len(args) > 1 else kw.get("dim")
+    corr = kw.get("correction", args[2] if len(args) > 2 else 1)
+    corr = 1 if corr is None else corr
+    keep = kw.get("keepdim", args[3] if len(args) > 3 else False)
+    rank = len(x.shape)
+    dims = list(range(rank)) if dims is None or dims == [] else [d % rank for d in dims]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    if n - corr <= 0:
+        raise Unsupported("var over %d elements with correction %s" % (n, corr))
+    kshape = tuple(1 if i in dims else s for i, s in enumerate(x.shape))
+    mu = cx.g.node("mean", [x], [(x.dtype, kshape)], {"dims": dims, "keepdim": 1})
+    dev = cx.g.node("sub", [x, mu], [(x.dtype, x.shape)])
+    sq = cx.g.node("mul", [dev, dev], [(x.dtype, x.shape)])
+    a = {"dims": dims}
+    if keep:
+        a["keepdim"] = 1
+    s = cx.g.node("sum", [sq], [t], a)
+    return cx.g.node("mul_scalar", [s], [t], {"value": 1.0 / (n - corr)})
 
 
 _APPROX = {"none": 0, "tanh": 1}
@@ -575,6 +698,25 @@ TABLE = {
     aten.eq.Scalar: _compare("eq"),
     aten.lt.Tensor: _compare("lt"),
     aten.lt.Scalar: _compare("lt"),
+    aten.gt.Tensor: _not_compare("lt", True),
+    aten.gt.Scalar: _not_compare("lt", True),
+    aten.ge.Tensor: _not_compare("not", False),
+    aten.ge.Scalar: _not_compare("not", False),
+    aten.le.Tensor: _not_compare("not", True),
+    aten.le.Scalar: _not_compare("not", True),
+    aten.logical_and.default: _logical_and,
+    aten.logical_and_.default: _inplace(_logical_and),
+    aten.scalar_tensor.default: _scalar_tensor,
+    aten.clamp.default: _clamp,
+    aten.clamp.Tensor: _clamp,
+    aten.clamp_min.default: _clamp_min,
+    aten.clamp_max.default: _clamp_max,
+    aten.leaky_relu.default: _leaky_relu,
+    aten.leaky_relu_backward.default: _leaky_relu_backward,
+    aten.softplus.default: _softplus,
+    aten.softplus_backward.default: _softplus_backward,
+    aten.var.correction: _var,
+    aten.var.dim: _var,
     aten.where.self: _where,
     aten.neg.default: _one("neg"),
     aten.exp.default: _one("exp"),

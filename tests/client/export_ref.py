@@ -7,6 +7,7 @@
                   DIR/init.safetensors; --bias-buffer: the causal mask as nanoGPT's buffer;
                   --mha: the attention as nn.MultiheadAttention with an additive mask buffer;
                   --mha-forward-mask: the same, its mask made in forward by triu;
+                  --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
                   residual branches) with p = P (default 0: they fold away);
                   --native-dropout (after --dropout): through torch.native_dropout
@@ -14,8 +15,8 @@
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --mha: the export's
-                  --mha model; --dropout P: with nanoGPT's dropouts drawing hp's masks
+                  and DIR/ref/model.safetensors (the final weights); --mha, --ops: the
+                  export's models; --dropout P: with nanoGPT's dropouts drawing hp's masks
                   (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
@@ -245,6 +246,36 @@ def make(attn=Attention):
     return m
 
 
+class OpsNet(nn.Module):
+    """Ops hp_export decomposes rather than maps one to one (aten_map's second table): a
+    hand-written RMSNorm (pow, mean, rsqrt) and LayerNorm (mean, var), a gated MLP (chunk,
+    sigmoid, silu, tanh, relu), leaky_relu, clamp, softplus; their backwards as torch records
+    them (ge, le, logical_and_, scalar_tensor, leaky_relu_backward, softplus_backward)."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.g1 = nn.Parameter(1 + 0.1 * torch.randn(C))
+        self.g2, self.b2 = nn.Parameter(1 + 0.1 * torch.randn(C)), nn.Parameter(torch.zeros(C))
+        self.a, self.b = nn.Linear(C, 2 * C), nn.Linear(C, C)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.g1
+        u, g = self.a(h).chunk(2, dim=-1)
+        x = x + self.b(u * torch.sigmoid(g) + 0.1 * F.silu(g) + torch.tanh(u) * F.relu(g))
+        x = x + 0.5 * F.leaky_relu(x, 0.2) + 0.3 * torch.clamp(x, -0.5, 0.5)
+        mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
+        x = (x - mu) / torch.sqrt(var + 1e-5) * self.g2 + self.b2
+        x = x + 0.2 * F.softplus(x, beta=2.0, threshold=1.0)
+        return self.out(x)
+
+
+def make_ops():
+    torch.manual_seed(77)
+    return OpsNet()
+
+
 class ConvNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -324,8 +355,11 @@ def do_export(d, autodiff, flags):
         DROPOUT, flags = float(flags[1]), flags[2:]
     if flags[:1] == ["--native-dropout"]:
         NATIVE_DROPOUT, flags = True, flags[1:]
+    model = None
+    if flags[:1] == ["--ops"]:  # OpsNet instead of the GPT
+        model, flags = make_ops(), flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
-    hp_export.export(make(attn), (x, x.clone()), hp_export.default_loss,
+    hp_export.export(model or make(attn), (x, x.clone()), hp_export.default_loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
                      autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
                      train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
@@ -335,12 +369,14 @@ def do_export(d, autodiff, flags):
 
 def do_train(d, steps, flags=()):
     global DROPOUT, HP_MASK
-    attn = Attention
+    attn, ops = Attention, False
     if list(flags[:1]) == ["--mha"]:
         attn, flags = MhaAttention, flags[1:]
+    if list(flags[:1]) == ["--ops"]:
+        ops, flags = True, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
-    m = make(attn)
+    m = make_ops() if ops else make(attn)
     for name, mod in m.named_modules():
         if isinstance(mod, HpMaskDropout):
             mod.fqn = name + "#0"

@@ -305,6 +305,38 @@ Test(hp_export, gpt_with_multihead_attention_trains_like_pytorch) {
     }
 }
 
+/* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt, logical_and, triu,
+ * scalar_tensor; export_ref.py's OpsNet), exported both ways, train to PyTorch's losses and
+ * weights. */
+Test(hp_export, decomposed_ops_train_like_pytorch) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    const char *modes[] = {"torch", "hp"};
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        snprintf(args, sizeof args, "export '%s' %s --as ops-%s --ops --steps %d", dir, modes[i],
+                 modes[i], STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "export (%s autodiff) failed:\n%s", modes[i],
+                     hp_th_slurp_or_empty(out));
+    }
+    snprintf(args, sizeof args, "train '%s' %d --ops", dir, STEPS);
+    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    char ref_dir[320], hp_dir[320];
+    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
+    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
+        char job[64], run[64];
+        snprintf(job, sizeof job, "job-ops-%s.pb", modes[i]);
+        snprintf(run, sizeof run, "ops-%s", modes[i]);
+        train_hp(job, run, 1);
+        snprintf(hp_dir, sizeof hp_dir, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(hp_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(ref_dir, hp_dir, 0, 1e-4, modes[i]);
+        hp_th_expect_weights_close(ref_dir, hp_dir, 1e-7, 1e-4, modes[i]);
+    }
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024], out[320];
