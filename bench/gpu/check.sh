@@ -28,7 +28,7 @@
 #        profile beside torch.mm's on the same shape and layout (bench/gpu/torch_gemm.py); the
 #        profiled run tunes its GEMMs (HP_CUDA_GEMM_TUNE=1) and the summary says what that
 #        saves a step against cuBLASLt's first candidate (the timed run does not tune).
-#        It runs the forward attention's other shape too (HP_CUDA_FLASH_ROWS=16, 3 steps) and
+#        It runs the forward attention's other shape too (HP_CUDA_FLASH_ROWS=16, 2 steps) and
 #        prints both rates. TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
@@ -245,9 +245,9 @@ if [ "${ONE_B_PROFILE:-0}" = 1 ]; then
         row "$(printf '~1B attention hp: forward %s TFLOP/s, backward %s (the profiled device time)' \
             "${HP_AF:-?}" "${HP_AB:-?}")"
         # the forward's other shape (16 query rows a warp, 64 a block: HP_CUDA_FLASH_ROWS=16)
-        # on the same job, 3 steps: which one the default should be
-        if HP_CUDA_PROFILE=1 HP_CUDA_FLASH_ROWS=16 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 120 \
-                "$BUILD/worker/hp-worker" --standalone "$OUT/1b-prof.pb" --steps 3 \
+        # on the same job, 2 steps: which one the default should be
+        if HP_CUDA_PROFILE=1 HP_CUDA_FLASH_ROWS=16 HP_CUDA_TF32=${HP_CUDA_TF32:-1} timeout 150 \
+                "$BUILD/worker/hp-worker" --standalone "$OUT/1b-prof.pb" --steps 2 \
                 --out "$OUT/1b-prof16" >"$OUT/1b-profile-rows16.log" 2>&1; then
             read -r HP_AF16 _ < <(attention_rates "$OUT/1b-profile-rows16.log")
             row "~1B attention forward at 16 rows a warp: ${HP_AF16:-?} TFLOP/s (default 32: ${HP_AF:-?})"
