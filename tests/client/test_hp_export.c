@@ -269,72 +269,55 @@ Test(hp_export, gpt_with_nanogpt_bias_buffer_fuses_too) {
     hp_th_expect_losses_close(a, b, 0, 1e-6, "bias buffer");
 }
 
+/* Exports export_ref.py's model with each of n `variants[k]` flags under autodiff `modes[k]`
+ * (job-NAME-k.pb), trains PyTorch's run of `train_flags` once, and expects every export to
+ * train to its losses and weights. */
+static void expect_exports_train_like_pytorch(const char *name, const char *const *modes,
+                                              const char *const *variants, size_t n,
+                                              const char *train_flags) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    for (size_t k = 0; k < n; k++) {
+        snprintf(args, sizeof args, "export '%s' %s --as %s-%zu %s --steps %d", dir, modes[k], name,
+                 k, variants[k], STEPS);
+        int rc = ref(args);
+        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+        cr_assert_eq(rc, 0, "export %s (%s autodiff) failed:\n%s", variants[k], modes[k],
+                     hp_th_slurp_or_empty(out));
+    }
+    snprintf(args, sizeof args, "train '%s' %d %s", dir, STEPS, train_flags);
+    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    char ref_dir[320], hp_dir[320], job[64], run[64];
+    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
+    for (size_t k = 0; k < n; k++) {
+        snprintf(job, sizeof job, "job-%s-%zu.pb", name, k);
+        snprintf(run, sizeof run, "%s-%zu", name, k);
+        train_hp(job, run, 1);
+        snprintf(hp_dir, sizeof hp_dir, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(hp_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+        hp_th_expect_losses_close(ref_dir, hp_dir, 0, 1e-4, run);
+        hp_th_expect_weights_close(ref_dir, hp_dir, 1e-7, 1e-4, run);
+    }
+}
+
 /* torch's nn.MultiheadAttention with an additive causal mask buffer (triu(full(-inf), 1)):
  * make_fx records baddbmm(mask, q, kᵀ), which hp_export maps to bmm + add; the mask, recognized
  * as causal, is computed in the graph, and its -inf values load as a buffer's from the weights
  * file. Exported both ways, and with the mask made in forward (triu), the model trains to
  * PyTorch's losses and weights. */
 Test(hp_export, gpt_with_multihead_attention_trains_like_pytorch) {
-    write_tokens();
-    char args[1024], out[320];
-    snprintf(out, sizeof out, "%s/py.out", dir);
-    /* the buffer both ways; the mask made in forward (full, triu) once */
     const char *modes[] = {"torch", "hp", "hp"},
-               *flags[] = {"--mha", "--mha", "--mha-forward-mask"};
-    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
-        snprintf(args, sizeof args, "export '%s' %s --as mha-%zu %s --steps %d", dir, modes[i], i,
-                 flags[i], STEPS);
-        int rc = ref(args);
-        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
-        cr_assert_eq(rc, 0, "export (%s autodiff) failed:\n%s", modes[i],
-                     hp_th_slurp_or_empty(out));
-    }
-    snprintf(args, sizeof args, "train '%s' %d --mha", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
-    char ref_dir[320], hp_dir[320];
-    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
-    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
-        char job[64], run[64];
-        snprintf(job, sizeof job, "job-mha-%zu.pb", i);
-        snprintf(run, sizeof run, "mha-%zu", i);
-        train_hp(job, run, 1);
-        snprintf(hp_dir, sizeof hp_dir, "%s/%s", dir, run);
-        cr_assert_eq(hp_th_read_losses(hp_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
-        hp_th_expect_losses_close(ref_dir, hp_dir, 0, 1e-4, modes[i]);
-        hp_th_expect_weights_close(ref_dir, hp_dir, 1e-7, 1e-4, modes[i]);
-    }
+               *variants[] = {"--mha", "--mha", "--mha-forward-mask"};
+    expect_exports_train_like_pytorch("mha", modes, variants, HP_ARRAY_LEN(modes), "--mha");
 }
 
-/* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt, logical_and, triu,
+/* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt, logical_and,
  * scalar_tensor; export_ref.py's OpsNet), exported both ways, train to PyTorch's losses and
  * weights. */
 Test(hp_export, decomposed_ops_train_like_pytorch) {
-    write_tokens();
-    char args[1024], out[320];
-    snprintf(out, sizeof out, "%s/py.out", dir);
-    const char *modes[] = {"torch", "hp"};
-    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
-        snprintf(args, sizeof args, "export '%s' %s --as ops-%s --ops --steps %d", dir, modes[i],
-                 modes[i], STEPS);
-        int rc = ref(args);
-        cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
-        cr_assert_eq(rc, 0, "export (%s autodiff) failed:\n%s", modes[i],
-                     hp_th_slurp_or_empty(out));
-    }
-    snprintf(args, sizeof args, "train '%s' %d --ops", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
-    char ref_dir[320], hp_dir[320];
-    snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
-    for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
-        char job[64], run[64];
-        snprintf(job, sizeof job, "job-ops-%s.pb", modes[i]);
-        snprintf(run, sizeof run, "ops-%s", modes[i]);
-        train_hp(job, run, 1);
-        snprintf(hp_dir, sizeof hp_dir, "%s/%s", dir, run);
-        cr_assert_eq(hp_th_read_losses(hp_dir, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
-        hp_th_expect_losses_close(ref_dir, hp_dir, 0, 1e-4, modes[i]);
-        hp_th_expect_weights_close(ref_dir, hp_dir, 1e-7, 1e-4, modes[i]);
-    }
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops", "--ops"};
+    expect_exports_train_like_pytorch("ops", modes, variants, HP_ARRAY_LEN(modes), "--ops");
 }
 
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
