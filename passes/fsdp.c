@@ -51,6 +51,8 @@ typedef struct fsdp {
     int32_t *derived; /* [in->n_nodes]: the marked parameter a forward view is of, -1 none */
     int32_t *recomp;  /* [in->n_nodes]: a derived view recomputed for the backward, -1 none */
     int8_t *sd;       /* [in->n_nodes * HP_MAX_OUTS]: the batch dim of each value, -1 none */
+    int64_t *sq;      /* [the same]: the batch's inner factor in that dim (see view_batch_dim) */
+    int64_t batch;    /* the global batch (the data inputs' dim 0), 0 if they disagree */
     int32_t *gathers; /* [in->n_nodes]: first gather event before the node (2*param+region) */
     int32_t *gnext;   /* [2 * n_params] */
     int32_t *chains;  /* [in->n_nodes]: first graph output whose collectives follow the node */
@@ -129,6 +131,10 @@ static hp_status add_comm_wait(fsdp *f, hp_op op, hp_value x, bool avg, hp_value
 
 static int8_t *sd_of(fsdp *f, hp_value v) {
     return &f->sd[(size_t)v.node * HP_MAX_OUTS + (size_t)v.out];
+}
+
+static int64_t *sq_of(fsdp *f, hp_value v) {
+    return &f->sq[(size_t)v.node * HP_MAX_OUTS + (size_t)v.out];
 }
 
 /* ---- the plan: which parameters are sharded ------------------------------------------------- */
@@ -287,6 +293,9 @@ static hp_status copy_placeholder(fsdp *f, int i, hp_err *err) {
                            fqn_of(nd), (long long)t.shape[0], (long long)f->n);
         t.shape[0] /= f->n;
         *sd_of(f, (hp_value){i, 0}) = 0;
+        *sq_of(f, (hp_value){i, 0}) = 1;
+        if (f->batch >= 0)
+            f->batch = !f->batch || f->batch == nd->out[0].shape[0] ? nd->out[0].shape[0] : -1;
         shard = true;
     }
     if (shard) {
@@ -351,30 +360,58 @@ static int norm_dim(int64_t d, int rank) {
     return (int)(d < 0 ? d + rank : d);
 }
 
-/* For a view of `in` (batch in dim k) as `out`: the output dim that takes the batch, the first
- * one starting at the same element offset as dim k with a size N divides; -1 if none. */
-static int view_batch_dim(const hp_type *in, int k, const hp_type *out, int64_t n) {
-    int64_t outer = 1, acc = 1;
-    for (int d = 0; d < k; d++) outer *= in->shape[d];
-    for (int j = 0; j < out->rank && acc <= outer; j++) {
-        if (acc == outer && out->shape[j] > 0 && out->shape[j] % n == 0) return j;
+/* For a view of `in` (batch in dim k) as `out`: the output dim that holds the batch, and its
+ * inner factor there (*q), -1 if none. A batch dim may be merged with others (nn.MultiheadAttention
+ * views [T, B, C] as [T, B·H, C/H] and [T·B, C]): the dim's index is then a·(B·q) + b·q + c for
+ * batch index b, q the inner factor (H above, and 1 in [T·B]). In the flat order the batch index
+ * steps by q_in · (the size of the dims after k); the output dim that takes it is the first whose
+ * stride does not exceed that step, if its stride divides the step (q = step / stride) and its
+ * size is a multiple of q·B: then each rank's slice of the batch is that dim divided by N, as
+ * every rank computes the same view of its own contiguous batch slice. B unknown (0: data
+ * inputs of different batches): only an unmerged dim at the same offset. */
+static int view_batch_dim(const hp_type *in, int k, int64_t q_in, const hp_type *out, int64_t n,
+                          int64_t batch, int64_t *q) {
+    *q = 1;
+    if (batch <= 0) {
+        int64_t outer = 1, acc = 1;
+        for (int d = 0; d < k; d++) outer *= in->shape[d];
+        for (int j = 0; j < out->rank && acc <= outer; j++) {
+            if (acc == outer && out->shape[j] > 0 && out->shape[j] % n == 0) return j;
+            acc *= out->shape[j];
+        }
+        return -1;
+    }
+    int64_t step = q_in, st[HP_MAX_RANK];
+    for (int d = k + 1; d < in->rank; d++) step *= in->shape[d];
+    int64_t acc = 1;
+    for (int j = out->rank - 1; j >= 0; j--) {
+        st[j] = acc;
         acc *= out->shape[j];
+    }
+    for (int j = 0; j < out->rank; j++) {
+        if (st[j] > step) continue; /* dim j is above the batch */
+        if (step % st[j]) return -1;
+        *q = step / st[j];
+        return out->shape[j] % (*q * batch) == 0 ? j : -1;
     }
     return -1;
 }
 
 /* Rewrites the attributes of node i (a copy in attrs) that spell a batch-carrying size; k is
- * the batch dim of its input 0 (-1 if that input has none). */
-static hp_status rewrite_attrs(fsdp *f, int i, int k, hp_attr *attrs, int na, hp_err *err) {
+ * the batch dim of its input 0 (-1 if that input has none) and q_in its inner factor; *q_out
+ * is the output's (a view's own, else q_in). */
+static hp_status rewrite_attrs(fsdp *f, int i, int k, int64_t q_in, hp_attr *attrs, int na,
+                               int64_t *q_out, hp_err *err) {
     const hp_node *nd = &f->in->nodes[i];
     const hp_type *in0 = nd->n_in ? hp_graph_type(f->in, nd->in[0]) : NULL;
     const char *name = op_name(nd->op);
     if (k < 0) return HP_OK;
     hp_attr *shape = find_attr(attrs, na, HP_ATTR_SHAPE);
+    *q_out = q_in;
     switch (nd->op) {
     case HP_OP_VIEW:
     case HP_OP_RESHAPE: {
-        int j = view_batch_dim(in0, k, &nd->out[0], f->n);
+        int j = view_batch_dim(in0, k, q_in, &nd->out[0], f->n, f->batch, q_out);
         if (j < 0)
             return hp_errf(err, HP_UNSUPPORTED,
                            "node %d (%s): cannot find the batch (dim %d of its input) in its "
@@ -463,10 +500,12 @@ static hp_status map_input(fsdp *f, int i, hp_value v, hp_value *m, hp_err *err)
 static hp_status copy_node(fsdp *f, int i, hp_err *err) {
     const hp_node *nd = &f->in->nodes[i];
     int k0 = -1;
+    int64_t q = 1; /* the inner factor of the first batched input's batch dim */
     bool batched = false;
     for (int k = 0; k < nd->n_in; k++) {
         HP_TRY(map_input(f, i, nd->in[k], &f->ins[k], err));
         int8_t s = *sd_of(f, nd->in[k]);
+        if (s >= 0 && !batched) q = *sq_of(f, nd->in[k]);
         if (s >= 0) batched = true;
         if (k == 0) k0 = s;
     }
@@ -480,7 +519,9 @@ static hp_status copy_node(fsdp *f, int i, hp_err *err) {
     }
     hp_attr attrs[HP_ATTR_COUNT];
     if (nd->n_attrs) memcpy(attrs, nd->attrs, (size_t)nd->n_attrs * sizeof *attrs);
-    HP_TRY(rewrite_attrs(f, i, k0, attrs, nd->n_attrs, err));
+    int64_t q_out = q;
+    HP_TRY(rewrite_attrs(f, i, k0, k0 >= 0 ? *sq_of(f, nd->in[0]) : 1, attrs, nd->n_attrs, &q_out,
+                         err));
     int na = nd->n_attrs;
     if (nd->op == HP_OP_NATIVE_DROPOUT && !find_attr(attrs, na, HP_ATTR_GLOBAL_SHAPE))
         /* its mask is drawn at global indices: the runtime places the local batch in it */
@@ -511,6 +552,7 @@ static hp_status copy_node(fsdp *f, int i, hp_err *err) {
                            hp_type_str(gl, b, sizeof b), (long long)f->n);
         }
         *sd_of(f, (hp_value){i, o}) = (int8_t)at;
+        *sq_of(f, (hp_value){i, o}) = q_out;
     }
     return HP_OK;
 }
@@ -537,6 +579,7 @@ static void fsdp_fini(fsdp *f) {
     hp_free(f->derived);
     hp_free(f->recomp);
     hp_free(f->sd);
+    hp_free(f->sq);
     hp_free(f->gathers);
     hp_free(f->gnext);
     hp_free(f->chains);
@@ -568,6 +611,7 @@ static hp_status fsdp_init(fsdp *f, const hp_graph *in, hp_pass_ctx *ctx, hp_err
     f->derived = hp_calloc(nn + 1, sizeof *f->derived);
     f->recomp = hp_calloc(nn + 1, sizeof *f->recomp);
     f->sd = hp_calloc(nn + 1, HP_MAX_OUTS);
+    f->sq = hp_calloc((nn + 1) * HP_MAX_OUTS, sizeof *f->sq);
     f->gathers = hp_calloc(nn + 1, sizeof *f->gathers);
     f->gnext = hp_calloc(2 * np, sizeof *f->gnext);
     f->chains = hp_calloc(nn + 1, sizeof *f->chains);
@@ -575,8 +619,8 @@ static hp_status fsdp_init(fsdp *f, const hp_graph *in, hp_pass_ctx *ctx, hp_err
     f->outs = hp_calloc(no, sizeof *f->outs);
     f->ins = hp_calloc((size_t)max_in, sizeof *f->ins);
     f->types = hp_calloc((size_t)max_in, sizeof *f->types);
-    if (!f->p || !f->newid || !f->derived || !f->recomp || !f->sd || !f->gathers || !f->gnext ||
-        !f->chains || !f->cnext || !f->outs || !f->ins || !f->types)
+    if (!f->p || !f->newid || !f->derived || !f->recomp || !f->sd || !f->sq || !f->gathers ||
+        !f->gnext || !f->chains || !f->cnext || !f->outs || !f->ins || !f->types)
         return hp_errf(err, HP_NOMEM, "out of memory (%d nodes)", in->n_nodes);
     for (int j = 0; j < f->n_params; j++) {
         f->p[j].first_use[0] = f->p[j].first_use[1] = -1;

@@ -312,6 +312,31 @@ Test(hp_export, gpt_with_multihead_attention_trains_like_pytorch) {
     expect_exports_train_like_pytorch("mha", modes, variants, HP_ARRAY_LEN(modes), "--mha");
 }
 
+/* nn.MultiheadAttention merges the batch with other dims in its views ([T, B, C] as
+ * [T, B·H, C/H], then [T·B, C]): FSDP at world 2 follows the batch through them (passes/fsdp.c's
+ * view_batch_dim) and trains to world 1's losses. */
+Test(hp_export, multihead_attention_fsdp_world_2_equals_world_1) {
+    write_tokens();
+    char args[1024], out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    snprintf(args, sizeof args, "export '%s' torch --as mha1 --mha --steps %d", dir, STEPS);
+    int rc = ref(args);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    snprintf(args, sizeof args,
+             "export '%s' torch --as mha2 --mha --steps %d --mesh dp=2 --fsdp 'transformer.h.*'",
+             dir, STEPS);
+    cr_assert_eq(ref(args), 0, "export (dp=2) failed:\n%s", hp_th_slurp_or_empty(out));
+    train_hp("job-mha1.pb", "w1", 1);
+    train_hp("job-mha2.pb", "w2", 2);
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/w1", dir);
+    snprintf(b, sizeof b, "%s/w2", dir);
+    cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(a, b, 0, 1e-5, "dp=2");
+    hp_th_expect_weights_close(a, b, 1e-7, 1e-4, "dp=2");
+}
+
 /* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt, logical_and,
  * scalar_tensor; export_ref.py's OpsNet), exported both ways, train to PyTorch's losses and
  * weights. */
