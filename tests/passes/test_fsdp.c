@@ -502,6 +502,39 @@ Test(fsdp, simulated_rank_view_chain) {
     hp_graph_free(g);
 }
 
+/* nn.MultiheadAttention's views, which merge the batch with other dims: x [B, 3, 6] ->
+ * transpose -> [3, B, 6] -> view [3, B·2, 3] (the batch outer, inner factor 2) -> transpose ->
+ * [B·2, 3, 3] -> bmm with itself transposed -> transpose back -> view [3·B, 6] (the batch
+ * inner: [T·B]) -> @ w -> view [3, B, 5] -> transpose -> view [B·3, 5] -> log_softmax -> nll
+ * against labels [B, 3] viewed [B·3]. FSDP finds the batch through every view. */
+static hp_graph *merged_views(int64_t batch) {
+    hp_graph *g = hp_graph_new();
+    hp_init init = {.kind = HP_INIT_ZEROS};
+    hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w", TY(HP_F32, 6, 5), &init);
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x", TY(HP_F32, batch, 3, 6), NULL);
+    hp_value y = hp_build_placeholder(g, HP_INPUT_DATA, "labels", TY(HP_I64, batch, 3), NULL);
+    hp_value h = hp_view(g, hp_transpose(g, x, 0, 1), 3, (int64_t[]){3, batch * 2, 3});
+    hp_value a = hp_transpose(g, h, 0, 1); /* [B·2, 3, 3] */
+    a = hp_bmm(g, a, hp_transpose(g, a, 1, 2));
+    hp_value z = hp_view(g, hp_transpose(g, a, 0, 1), 2, (int64_t[]){3 * batch, 6}); /* [T·B] */
+    z = hp_mm(g, hp_relu(g, z), w);
+    z = hp_transpose(g, hp_view(g, z, 3, (int64_t[]){3, batch, 5}), 0, 1); /* [B, 3, 5] */
+    z = hp_view(g, z, 2, (int64_t[]){batch * 3, 5});
+    hp_value logp = hp_un1(g, HP_OP_LOG_SOFTMAX, z, hp_attr_int(HP_ATTR_DIM, 1));
+    hp_value t = hp_view(g, y, 1, (int64_t[]){batch * 3});
+    hp_value loss = hp_bin(g, HP_OP_NLL_LOSS_FORWARD, logp, t);
+    hp_err err = {0};
+    cr_assert_eq(hp_autodiff(g, loss, &err), HP_OK, "%s", err.msg);
+    return g;
+}
+
+Test(fsdp, simulated_rank_merged_batch_views) {
+    static const char *const w[] = {"w"};
+    model m = {merged_views, 4, 5};
+    check_simulated_ranks(m, 2, w, 1, true);
+    check_simulated_ranks(m, 4, w, 1, false);
+}
+
 /* ---- world 1, bad input, faults -------------------------------------------------------------- */
 
 Test(fsdp, world1_is_a_copy) {
