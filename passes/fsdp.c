@@ -52,7 +52,7 @@ typedef struct fsdp {
     int32_t *recomp;  /* [in->n_nodes]: a derived view recomputed for the backward, -1 none */
     int8_t *sd;       /* [in->n_nodes * HP_MAX_OUTS]: the batch dim of each value, -1 none */
     int64_t *sq;      /* [the same]: the batch's inner factor in that dim (see view_batch_dim) */
-    int64_t batch;    /* the global batch (the data inputs' dim 0), 0 if they disagree */
+    int64_t batch;    /* the global batch (the data inputs' dim 0); -1 if they disagree */
     int32_t *gathers; /* [in->n_nodes]: first gather event before the node (2*param+region) */
     int32_t *gnext;   /* [2 * n_params] */
     int32_t *chains;  /* [in->n_nodes]: first graph output whose collectives follow the node */
@@ -367,13 +367,15 @@ static int norm_dim(int64_t d, int rank) {
  * steps by q_in · (the size of the dims after k); the output dim that takes it is the first whose
  * stride does not exceed that step, if its stride divides the step (q = step / stride) and its
  * size is a multiple of q·B: then each rank's slice of the batch is that dim divided by N, as
- * every rank computes the same view of its own contiguous batch slice. B unknown (0: data
- * inputs of different batches): only an unmerged dim at the same offset. */
+ * every rank computes the same view of its own contiguous batch slice. B unknown (data inputs
+ * of different batches) or an empty tensor: only an unmerged dim at the same offset. */
 static int view_batch_dim(const hp_type *in, int k, int64_t q_in, const hp_type *out, int64_t n,
                           int64_t batch, int64_t *q) {
     *q = 1;
-    if (batch <= 0) {
-        int64_t outer = 1, acc = 1;
+    int64_t step = q_in, st[HP_MAX_RANK], acc = 1;
+    for (int d = k + 1; d < in->rank; d++) step *= in->shape[d];
+    if (batch <= 0 || step <= 0) { /* unknown B, or an empty tensor: the same offset only */
+        int64_t outer = 1;
         for (int d = 0; d < k; d++) outer *= in->shape[d];
         for (int j = 0; j < out->rank && acc <= outer; j++) {
             if (acc == outer && out->shape[j] > 0 && out->shape[j] % n == 0) return j;
@@ -381,16 +383,13 @@ static int view_batch_dim(const hp_type *in, int k, int64_t q_in, const hp_type 
         }
         return -1;
     }
-    int64_t step = q_in, st[HP_MAX_RANK];
-    for (int d = k + 1; d < in->rank; d++) step *= in->shape[d];
-    int64_t acc = 1;
     for (int j = out->rank - 1; j >= 0; j--) {
         st[j] = acc;
         acc *= out->shape[j];
     }
     for (int j = 0; j < out->rank; j++) {
         if (st[j] > step) continue; /* dim j is above the batch */
-        if (step % st[j]) return -1;
+        if (st[j] == 0 || step % st[j]) return -1;
         *q = step / st[j];
         return out->shape[j] % (*q * batch) == 0 ? j : -1;
     }

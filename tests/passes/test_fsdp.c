@@ -563,6 +563,35 @@ Test(fsdp, batch_not_divisible) {
     hp_graph_free(g);
 }
 
+/* Views of an empty batch-carrying tensor (a zero-size dim): one that keeps the batch at its
+ * offset is followed ([4, 0, 3] as [4, 0]); one that moves it is refused naming the node; never
+ * a division by zero. */
+Test(fsdp, empty_tensor_views) {
+    hp_graph *g = hp_graph_new();
+    hp_init init = {.kind = HP_INIT_ZEROS};
+    hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w", TY(HP_F32, 3, 2), &init);
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x", TY(HP_F32, 4, 0, 3), NULL);
+    hp_value e = hp_view(g, x, 2, (int64_t[]){4, 0}); /* followed: the batch stays in dim 0 */
+    hp_value y =
+        hp_mm(g, hp_view(g, hp_view(g, e, 3, (int64_t[]){4, 0, 3}), 2, (int64_t[]){0, 3}), w);
+    hp_value loss = hp_reduce(g, HP_OP_SUM, y, 0, NULL, false);
+    hp_err err = {0};
+    cr_assert(!hp_graph_failed(g), "%s", g->err.msg);
+    cr_assert_eq(hp_autodiff(g, loss, &err), HP_OK, "%s", err.msg);
+    static const char *const pat[] = {"w"};
+    hp_job *job = make_job(pat, 1, true);
+    hp_pass_ctx *ctx = make_ctx(job, 2);
+    hp_graph *out = NULL;
+    cr_assert_eq(hp_pass_fsdp(g, ctx, &out, &err), HP_UNSUPPORTED);
+    cr_assert_null(out);
+    cr_expect(strstr(err.msg, "cannot find the batch (dim 0 of its input)") &&
+                  strstr(err.msg, "(view)"),
+              "%s", err.msg);
+    free(ctx);
+    hp_job_free(job);
+    hp_graph_free(g);
+}
+
 Test(fsdp, unmatched_pattern_warns) {
     hp_graph *g = tiny_llama(BATCH);
     const char *pats[] = {"layers.*", "layer.*", "nothing?"};
