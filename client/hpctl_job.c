@@ -290,13 +290,7 @@ static int check_even_splits(const char *verb, const hp_job *job, bool built) {
     for (int i = 0; i < gi.n_params; i++) {
         const hp_attr *fqn = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
         if (!fqn || !fqn->s) continue;
-        int hit = -1; /* the last matching constraint wins, as in passes/pipeline.c */
-        for (int k = 0; k < p->n_constraints; k++) {
-            const hp_place_constraint *c = &p->constraints[k];
-            if (c->input_fqn &&
-                (c->pattern ? hp_fqn_match(c->input_fqn, fqn->s) : !strcmp(c->input_fqn, fqn->s)))
-                hit = k;
-        }
+        int hit = hp_plan_constraint_for(p, fqn->s); /* as the passes place it */
         if (hit < 0) continue;
         const hp_place_constraint *c = &p->constraints[hit];
         const hp_type *t = &g->nodes[i].out[0];

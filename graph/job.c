@@ -219,6 +219,17 @@ hp_status hp_job_check_trainable(const hp_job *job, hp_err *err) {
     return HP_OK;
 }
 
+int hp_plan_constraint_for(const hp_plan *plan, const char *fqn) {
+    int hit = -1;
+    for (int k = 0; fqn && k < plan->n_constraints; k++) {
+        const hp_place_constraint *c = &plan->constraints[k];
+        if (c->input_fqn &&
+            (c->pattern ? hp_fqn_match(c->input_fqn, fqn) : !strcmp(c->input_fqn, fqn)))
+            hit = k;
+    }
+    return hit;
+}
+
 /* ---- FQN patterns ---------------------------------------------------------------------------- */
 
 /* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more

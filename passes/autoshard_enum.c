@@ -247,17 +247,6 @@ static uint64_t hash_sig(const sigbuf *b) {
     return h ^ (h >> 29);
 }
 
-/* The constraint (last match) naming placeholder fqn, -1 none. */
-static int constraint_of(const hp_job *job, const char *fqn) {
-    int hit = -1;
-    for (int k = 0; fqn && k < job->plan.n_constraints; k++) {
-        const hp_place_constraint *c = &job->plan.constraints[k];
-        if (!c->input_fqn) continue;
-        if (c->pattern ? hp_fqn_match(c->input_fqn, fqn) : !strcmp(c->input_fqn, fqn)) hit = k;
-    }
-    return hit;
-}
-
 typedef struct enum_ctx {
     hp_autoshard *a;
     const hp_job *job;
@@ -810,7 +799,7 @@ static hp_status prepare(enum_ctx *e, hp_err *err) {
         }
     for (int i = 0; i < a->v.n_ph; i++) {
         const hp_attr *fqn = hp_node_attr(&g->nodes[i], HP_ATTR_FQN);
-        e->constraint[i] = constraint_of(e->job, fqn ? fqn->s : NULL);
+        e->constraint[i] = hp_plan_constraint_for(&e->job->plan, fqn ? fqn->s : NULL);
     }
     for (int i = 0; i < nn; i++) e->out_k[i] = -1;
     for (int k = no - 1; k >= 0; k--) {

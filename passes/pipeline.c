@@ -151,13 +151,8 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
         hp_placement *row = pl + (size_t)i * (size_t)nd;
         for (int d = 0; d < nd; d++) row[d] = HP_REPLICATE;
         const hp_attr *fqn = hp_node_attr(&in->nodes[i], HP_ATTR_FQN);
-        for (int k = 0; fqn && fqn->s && k < p->n_constraints; k++) {
-            const hp_place_constraint *c = &p->constraints[k];
-            if (!c->input_fqn) continue;
-            bool hit =
-                c->pattern ? hp_fqn_match(c->input_fqn, fqn->s) : !strcmp(c->input_fqn, fqn->s);
-            if (hit) memcpy(row, c->placements, sizeof *row * (size_t)nd);
-        }
+        int k = hp_plan_constraint_for(p, fqn ? fqn->s : NULL);
+        if (k >= 0) memcpy(row, p->constraints[k].placements, sizeof *row * (size_t)nd);
         if (i >= gi.n_params + gi.n_buffers && dp >= 0 && in->nodes[i].out[0].rank >= 1)
             row[dp] = HP_SHARD(0);
         if (fqn && fqn->s && !strcmp(fqn->s, HP_VOCAB_INDEX_FQN)) /* loss parallel's vocab */

@@ -117,16 +117,16 @@ def _pow(cx, node, args, kw):
     return cx.g.node("pow", [cx.v(args[0])], [_t(cx, node)], {"exponent": args[1]})
 
 
+def _operand(cx, a, dtype):
+    return cx.v(a) if _is_node(a) else cx.full(a, dtype)
+
+
 def _compare(op):
     def f(cx, node, args, kw):
         a = cx.v(args[0])
-        b = cx.v(args[1]) if _is_node(args[1]) else cx.full(args[1], a.dtype)
+        b = _operand(cx, args[1], a.dtype)
         return cx.g.node(op, [a, b], [_t(cx, node)])
     return f
-
-
-def _operand(cx, a, dtype):
-    return cx.v(a) if _is_node(a) else cx.full(a, dtype)
 
 
 def _not_compare(op, swap):
@@ -568,8 +568,7 @@ def _masked_fill(cx, node, args, kw):
 def _where(cx, node, args, kw):
     c = cx.v(args[0])
     t = _t(cx, node)
-    a = cx.v(args[1]) if _is_node(args[1]) else cx.full(args[1], t[0])
-    b = cx.v(args[2]) if _is_node(args[2]) else cx.full(args[2], t[0])
+    a, b = _operand(cx, args[1], t[0]), _operand(cx, args[2], t[0])
     return cx.g.node("where", [c, a, b], [t])
 
 

@@ -186,6 +186,10 @@ bool hp_plan_uses_placements(const hp_job *job, int world);
  * one over the mesh dim named "dp" (1 without one: tensor-parallel ranks share their batch). */
 int hp_job_dp_size(const hp_job *job);
 
+/* The placement constraint that holds graph input `fqn`: the last of plan's constraints whose
+ * exact FQN or glob names it (the order the flags gave them), -1 for none or a NULL fqn. */
+int hp_plan_constraint_for(const hp_plan *plan, const char *fqn);
+
 /* Does an FSDP pattern match an FQN? '*' matches any run of characters (dots included:
  * "layers.*" matches "layers.3.attention.wq.weight"), '?' any one character, everything else
  * itself. Linear-time in practice, quadratic at worst: safe on patterns from files. */

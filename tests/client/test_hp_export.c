@@ -72,6 +72,20 @@ static void train_hp(const char *job, const char *out, int world) {
     hp_th_run_free(&r);
 }
 
+/* Trains `one` at world 1 and `many` at `world` ranks; expects the same losses (1e-5) and
+ * weights. */
+static void expect_trains_like_world_1(const char *one, const char *many, int world,
+                                       const char *what) {
+    train_hp(one, "w1", 1);
+    train_hp(many, "wn", world);
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/w1", dir);
+    snprintf(b, sizeof b, "%s/wn", dir);
+    cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(a, b, 0, 1e-5, what);
+    hp_th_expect_weights_close(a, b, 1e-7, 1e-4, what);
+}
+
 static void inspect_ok(const char *job) {
     hp_th_run r = hp_th_hpctl(dir, 60, "inspect '%s/%s'", dir, job);
     cr_assert_eq(r.code, 0, "hpctl inspect %s: %s", job, r.err);
@@ -233,14 +247,7 @@ Test(hp_export, gpt_mlp_tp_2_plan_matches_world_1) {
     cr_expect(strstr(r.out, "{tp:S(1)} -> f32[32,64]"), "c_proj row-parallel: %s", r.out);
     cr_expect(strstr(r.out, "communication on mesh dim tp (2 ranks): "), "%s", r.out);
     hp_th_run_free(&r);
-    train_hp("job-torch.pb", "w1", 1);
-    train_hp("job-tp.pb", "tp2", 2);
-    char w1[320], tp2[320];
-    snprintf(w1, sizeof w1, "%s/w1", dir);
-    snprintf(tp2, sizeof tp2, "%s/tp2", dir);
-    cr_assert_eq(hp_th_read_losses(tp2, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
-    hp_th_expect_losses_close(w1, tp2, 0, 1e-5, "tp=2");
-    hp_th_expect_weights_close(w1, tp2, 1e-7, 1e-4, "tp=2");
+    expect_trains_like_world_1("job-torch.pb", "job-tp.pb", 2, "tp=2");
 }
 
 /* nanoGPT's own mask, a tril(ones) buffer compared with 0: hp_export computes it in the graph,
@@ -327,14 +334,7 @@ Test(hp_export, multihead_attention_fsdp_world_2_equals_world_1) {
              "export '%s' torch --as mha2 --mha --steps %d --mesh dp=2 --fsdp 'transformer.h.*'",
              dir, STEPS);
     cr_assert_eq(ref(args), 0, "export (dp=2) failed:\n%s", hp_th_slurp_or_empty(out));
-    train_hp("job-mha1.pb", "w1", 1);
-    train_hp("job-mha2.pb", "w2", 2);
-    char a[320], b[320];
-    snprintf(a, sizeof a, "%s/w1", dir);
-    snprintf(b, sizeof b, "%s/w2", dir);
-    cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
-    hp_th_expect_losses_close(a, b, 0, 1e-5, "dp=2");
-    hp_th_expect_weights_close(a, b, 1e-7, 1e-4, "dp=2");
+    expect_trains_like_world_1("job-mha1.pb", "job-mha2.pb", 2, "dp=2");
 }
 
 /* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt, logical_and,
