@@ -196,6 +196,13 @@ static hp_status build(hp_autoshard *a, glp_prob *lp, bool with_budget, hp_err *
     return ok ? HP_OK : hp_errf(err, HP_NOMEM, "autoshard: out of memory building the ILP");
 }
 
+/* glp_intopt's returns after which its incumbent, if any, stands: a finished search, and the
+ * searches stopped at the time limit or at the requested MIP gap (GLP_EMIPGAP is how GLPK
+ * reports "gap reached", not a failure) */
+static bool intopt_stopped_sound(int ret) {
+    return ret == 0 || ret == GLP_ETMLIM || ret == GLP_EMIPGAP;
+}
+
 static int solve(glp_prob *lp, const hp_autoshard_opts *opts, cb_state *cb) {
     glp_iocp parm;
     glp_init_iocp(&parm);
@@ -227,7 +234,7 @@ static hp_status infeasible(hp_autoshard *a, const hp_autoshard_opts *opts, hp_e
         cb_state cb = {0};
         hp_status st = build(a, lp, false, err);
         int ret = st == HP_OK ? solve(lp, opts, &cb) : -1;
-        int status = ret == 0 ? glp_mip_status(lp) : GLP_UNDEF;
+        int status = intopt_stopped_sound(ret) ? glp_mip_status(lp) : GLP_UNDEF;
         glp_delete_prob(lp);
         HP_TRY(st);
         if (status == GLP_OPT || status == GLP_FEAS)
@@ -466,7 +473,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
         parm.cb_func = heur_callback;
         parm.cb_info = &hs;
         ret = glp_intopt(lp, &parm);
-        status = ret == 0 || ret == GLP_ETMLIM ? glp_mip_status(lp) : GLP_UNDEF;
+        status = intopt_stopped_sound(ret) ? glp_mip_status(lp) : GLP_UNDEF;
         if (status == GLP_OPT || status == GLP_FEAS) {
             for (int c = 0; c < a->n_cls; c++) {
                 const as_class *cl = &a->cls[c];

@@ -390,3 +390,33 @@ Test(autoshard, the_pipeline_compiles_an_auto_plan) {
     cr_expect(strstr(err.msg, "only honoured by auto-sharding"), "%s", err.msg);
     hp_job_free(job);
 }
+
+/* A plan whose LP relaxation is fractional and whose branch and bound stops at the requested
+ * MIP gap (GLPK's GLP_EMIPGAP, its "gap reached" return): the incumbent is the plan. It was
+ * discarded as "cannot be met together", so `--mode auto` refused every (dp=8, tp=4) Llama on
+ * a cpu job. Priced on the unprobed cpu profile's figures (fixed here, not this machine's),
+ * each of 32 ranks on a share of one host. */
+Test(autoshard, a_search_stopped_at_the_mip_gap_keeps_its_plan) {
+    static const model_case m = {"llama3:debugmodel", 256, 1, 8, 8, 768, 4096, 64, 2048};
+    int sizes[] = {8, 4};
+    hp_job *job = make_job(&m, 2, DPTP, sizes);
+    hp_device_profile cpu = {.name = "cpu",
+                             .peak_flops = 1e11 / 32,
+                             .efficiency = 0.8,
+                             .mem_bw = 1e10 / 32,
+                             .kernel_s = 5e-6,
+                             .intra = {4e9, 30e-6},
+                             .inter = {4e9, 30e-6}};
+    hp_autoshard_opts o = {.mip_gap = 0.02, .time_limit_s = 60};
+    hp_autoshard *a = NULL;
+    hp_err err = {0};
+    cr_assert_eq(hp_autoshard_solve(job->graph, job, &cpu, &o, &a, &err), HP_OK, "%s", err.msg);
+    const hp_autoshard_stats *st = hp_autoshard_get_stats(a);
+    cr_expect(isfinite(st->objective_s) && st->objective_s > 0, "objective %g", st->objective_s);
+    cr_expect(st->gap <= 0.02 + 1e-12, "gap %g", st->gap);
+    hp_graph *placed = NULL;
+    cr_expect_eq(hp_autoshard_apply(a, &placed, &err), HP_OK, "%s", err.msg);
+    hp_graph_free(placed);
+    hp_autoshard_free(a);
+    hp_job_free(job);
+}
