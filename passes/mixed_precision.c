@@ -108,11 +108,36 @@ static int narrowest(const hp_type *t, int n) {
     return mixed ? lo : -1;
 }
 
+/* Whether n hands its one input on unchanged in values and dtype: a view, a collective that
+ * moves or chunks it (not a reduction), the wait for one, a clone. */
+static bool moves_data(const hp_graph *g, const hp_node *n) {
+    if (n->n_in != 1 || n->n_out != 1) return false;
+    if (hp_graph_type(g, n->in[0])->dtype != n->out[0].dtype) return false;
+    unsigned f = hp_op_get(n->op)->flags;
+    if (f & HP_OPF_VIEW) return true;
+    switch (n->op) {
+    case HP_OP_ALL_GATHER:
+    case HP_OP_ALL_TO_ALL:
+    case HP_OP_LOCAL_CHUNK:
+    case HP_OP_WAIT_TENSOR:
+    case HP_OP_CLONE:
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* A value an op makes wider than its floating inputs on purpose (RMSNorm's saved rstd,
- * attention's logsumexp: f32 from bf16 inputs): harmonizing never narrows it. */
+ * attention's logsumexp: f32 from bf16 inputs): harmonizing never narrows it, nor what views
+ * and redistributions of it an N-D plan reads (the rstd chunked over 'tp' for a sequence-
+ * parallel backward, say). */
 static bool wide_by_design(const mp *m, hp_value v) {
     const hp_graph *g = m->rw.out;
     const hp_node *n = &g->nodes[v.node];
+    while (moves_data(g, n)) {
+        v = n->in[0];
+        n = &g->nodes[v.node];
+    }
     if (n->op == HP_OP_TO_COPY || !n->n_in) return false;
     size_t have = hp_dtype_size(n->out[v.out].dtype);
     for (int k = 0; k < n->n_in; k++) {
@@ -120,6 +145,24 @@ static bool wide_by_design(const mp *m, hp_value v) {
         if (hp_dtype_is_float(d) && hp_dtype_size(d) < have) return true;
     }
     return false;
+}
+
+/* Whether operand k of op is f32 by the op's contract whatever its other operands are (the
+ * statistics a forward saved for its backward): harmonizing never narrows it. An N-D plan can
+ * run a forward in f32 (its inputs f32 out of an f32 reduction) and its backward in bf16. */
+static bool f32_operand(hp_op op, int k) {
+    switch (op) {
+    case HP_OP_RMS_NORM_BACKWARD:
+        return k == 3; /* rstd */
+    case HP_OP_LAYER_NORM_BACKWARD:
+        return k == 2 || k == 3; /* mean, rstd */
+    case HP_OP_SDPA_BACKWARD:
+        return k == 5; /* logsumexp */
+    case HP_OP_FUSED_CROSS_ENTROPY_BACKWARD:
+        return k == 0 || k == 3 || k == 4;
+    default:
+        return false;
+    }
 }
 
 static hp_status infer(const hp_node *nd, const hp_type *in, hp_type *out, hp_err *err) {
@@ -156,7 +199,7 @@ static hp_status rewrite_node(mp *m, int i, hp_value *ins, hp_type *types, hp_er
         }
         for (int k = 0; k < nd->n_in; k++) {
             if (!hp_dtype_is_float(types[k].dtype) || types[k].dtype == (hp_dtype)lo) continue;
-            if (wide_by_design(m, ins[k])) continue;
+            if (f32_operand(nd->op, k) || wide_by_design(m, ins[k])) continue;
             ins[k] = cast_to(m, ins[k], (hp_dtype)lo, err);
             if (!hp_value_ok(ins[k])) return err->status;
             types[k].dtype = (hp_dtype)lo;

@@ -5,7 +5,8 @@
  * with <case>.out.hpir exactly. Optional files beside it:
  *   <case>.job   key=value lines for the job the pass sees: world=N (a dp=N mesh), fsdp=A,B
  *                (globs become patterns, other names exact FQNs), reshard=0|1, overlap=0|1,
- *                prefetch=N, bucket_mb=X, bucket_bytes=N; '#' starts a comment.
+ *                prefetch=N, bucket_mb=X, bucket_bytes=N, param_dtype=bf16; '#' starts a
+ *                comment.
  *   <case>.err   the pass must fail, with this text in its message (no .out.hpir then).
  *   <case>.warn  the pass's warnings, one per line, exactly (a case that warns needs one).
  * HP_UPDATE_GOLDEN=1 rewrites .out.hpir and .warn from what the passes do now (review the diff).
@@ -89,6 +90,9 @@ static bool read_job(const char *path, const char *text, hp_job *job) {
             job->passes.bucket_bytes = (int64_t)(atof(val) * (1 << 20));
         } else if (!strcmp(key, "bucket_bytes")) {
             job->passes.bucket_bytes = atoll(val);
+        } else if (!strcmp(key, "param_dtype")) {
+            cr_assert_eq(hp_dtype_parse(val, &job->plan.param_dtype, &e), HP_OK, "%s:%d: %s", path,
+                         no, e.msg);
         } else {
             cr_expect_fail("%s:%d: unknown key '%s'", path, no, key);
             return false;
