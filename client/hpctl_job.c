@@ -5,6 +5,7 @@
 #include "hp/device.h"
 #include "hp/job.h"
 #include "hp/models.h"
+#include "hp/passes.h"
 #include "hp/text.h"
 
 #include <jansson.h>
@@ -669,6 +670,16 @@ built:;
     else
         printf("wrote %s (%s:%s, %lld parameters, %d nodes)\n", out, job->model.family,
                job->model.flavor, (long long)hp_graph_param_count(job->graph), job->graph->n_nodes);
+    /* the plan as hpd and every rank will compile it, said now rather than by each rank at
+     * its setup; a warning, not a refusal: the job file is still what was asked for (hpctl
+     * plan --world N may compile it for another world) */
+    hp_compiled *compiled = NULL;
+    if (hp_compile(job, 0, &compiled, &err) != HP_OK)
+        fprintf(stderr,
+                "hpctl: new: warning: the plan does not compile: %s; hpctl plan, hpd and "
+                "hp-worker refuse it\n",
+                err.msg);
+    hp_compiled_free(compiled);
     /* a job only planned (hpctl plan) needs no token data: a warning, not a refusal */
     if (hp_job_check_trainable(job, &err) != HP_OK)
         fprintf(stderr,

@@ -586,6 +586,15 @@ int main(int argc, char **argv) {
         return usage_error("%s", "--rank needs --comm NAME (the launcher sets both)");
     }
     if (o.world > 1 && !rank_given) {
+        /* a plan that cannot compile is one line here, not one from each rank's setup */
+        hp_compiled *compiled = NULL;
+        hp_status cst = hp_compile(job, o.world, &compiled, &err);
+        hp_compiled_free(compiled);
+        if (cst != HP_OK) {
+            fprintf(stderr, "hp-worker: %s\n", err.msg);
+            hp_job_free(job);
+            return hp_status_exit(cst);
+        }
         hp_job_free(job);
         int threads = o.threads > 0 ? o.threads : hp_default_threads() / o.world;
         char world_s[16];

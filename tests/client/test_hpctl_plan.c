@@ -351,9 +351,16 @@ Test(hpctl_plan, errors) {
              "--fsdp layers -o %s/nd.pb",
              tmpdir));
     ok(hpctl("plan %s/nd.pb", tmpdir));
-    ok(hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 --tp-plan llama "
-             "--fsdp layers -o %s/nodp.pb",
-             tmpdir));
+    /* new writes the job as asked and warns, in one line, that the plan does not compile */
+    hp_th_run w = hpctl("new --model llama3:debugmodel --batch 4 --seq 16 --mesh tp=2 "
+                        "--tp-plan llama --fsdp layers -o %s/nodp.pb",
+                        tmpdir);
+    cr_assert_eq(w.code, 0, "exit %d: %s", w.code, w.err);
+    cr_expect(strstr(w.err, "hpctl: new: warning: the plan does not compile: plan (mesh "
+                            "tp=2): FSDP marks shard parameters over the mesh dim named dp") &&
+                  strchr(w.err, '\n') == w.err + strlen(w.err) - 1,
+              "%s", w.err);
+    hp_th_run_free(&w);
     expect_error(hpctl("plan %s/nodp.pb", tmpdir), 1,
                  "FSDP marks shard parameters over the mesh dim named dp");
     /* a dim nothing is placed on would only repeat work; one named for a parallelism hp does

@@ -209,6 +209,26 @@ Test(hpworker, untrainable_job_fails_at_start) {
     }
 }
 
+/* A plan that cannot compile (FSDP marks on a mesh with no dp dim) is refused by the --world
+ * launcher before any rank starts: one line, not one from each rank's setup. */
+Test(hpworker, uncompilable_plan_fails_at_start) {
+    char cmd[2048], job[300];
+    snprintf(job, sizeof job, "%s/nodp.pb", tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new --model llama3:debugmodel --dim 64 --layers 1 --heads 4 "
+             "--kv-heads 2 --ffn-hidden 96 --vocab 256 --batch 4 --seq 16 --steps 2 "
+             "--mesh tp=2 --tp-plan llama --fsdp 'layers.*' -o %s >/dev/null 2>&1",
+             HP_BINARY_DIR, job);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    hp_th_run r = hp_th_run_bin(tmp, "worker/hp-worker", "--standalone %s --out %s/o", job, tmp);
+    hp_th_expect_cli_error(r, 1, "hp-worker",
+                           "plan (mesh tp=2): FSDP marks shard parameters over the mesh dim "
+                           "named dp");
+    char out[320];
+    snprintf(out, sizeof out, "%s/o", tmp);
+    cr_expect_eq(count_lines(out), 0, "a rank trained");
+}
+
 /* --world on a job whose mesh has more than one dim is refused before any rank starts, with
  * one line naming the mesh (a 1-D mesh is resized instead). */
 Test(hpworker, world_flag_on_an_nd_mesh_is_refused) {
