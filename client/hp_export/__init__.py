@@ -229,6 +229,8 @@ class _Convert:
         self.results = {}
         self.unmapped = collections.OrderedDict()  # (path, op, reason) -> count
         self.where = {}  # (path, op, reason) -> the user's file:line of each, in order
+        self.token_inputs = set()  # the tokens and labels placeholders (token ids, >= 0)
+        self.known_masks = {}  # FX node -> True / False: a bool mask that everywhere
 
     # the context aten_map's entries see
     def value_of(self, a):
@@ -249,7 +251,7 @@ class _Convert:
         r = self.results[node]
         if not torch.is_tensor(r):
             raise Unsupported("a non-tensor result")
-        return (dtype_name(r.dtype), tuple(r.shape))
+        return (_scalar_dtype(r), tuple(r.shape))
 
     def types_of(self, node):
         r = self.results[node]
@@ -300,6 +302,7 @@ class _Convert:
                     a = {"kind": "buffer", "fqn": fqn}
             else:
                 a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
+                self.token_inputs.add(n)
             self.vals[n] = self.g.node("placeholder", [], [t], a)
         for n, b in causal:
             # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)), or the
@@ -317,6 +320,13 @@ class _Convert:
             self.vals[n] = m
         for n in nodes:
             if n.op in ("placeholder", "output"):
+                continue
+            if n.op == "get_attr" and _is_scalar(self.results.get(n)):
+                # a 0-d constant the trace captured (a loss's scale factor, a fill value)
+                r = self.results[n]
+                v = r.item()
+                self.vals[n] = self.full(v if r.dtype != torch.bool else float(v),
+                                         _scalar_dtype(r))
                 continue
             if n.op != "call_function":
                 self._fail(n, "%s %s" % (n.op, n.target), "a constant tensor captured in the graph")
@@ -383,6 +393,18 @@ def _user_line(n):
 
 class _Skip(Exception):
     pass
+
+
+def _is_scalar(r):
+    return torch.is_tensor(r) and r.dim() == 0
+
+
+def _scalar_dtype(r):
+    """r's dtype name; a 0-d f64 (torch promotes two 0-d operands, one of them a captured
+    Python float, to f64: label smoothing's scale factors) computes in f32, hp's widest."""
+    if r.dtype == torch.float64 and r.dim() == 0:
+        return "f32"
+    return dtype_name(r.dtype)
 
 
 class _nullcontext:

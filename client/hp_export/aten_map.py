@@ -18,8 +18,13 @@ Most entries are one-to-one (hp's op names follow ATen). The others:
                                       overwritten input afterwards (make_fx's decompositions
                                       of silu_backward); refused otherwise
   masked_fill.Scalar                  where(mask, full(value), x)
+  index_put(_)(x, [mask], v)          where(mask, v, x) for one bool mask of x's shape, v scalar
+  masked_select, masked_scatter       a view, where the mask is known true everywhere: the
+                                      negation of `labels == c` with c < 0 (token ids never
+                                      are), as label smoothing's loss has it; else refused
+  lift_fresh_copy                     folds away
   triu(x, k)                          where(tril(ones, k - 1) == 1, 0, x)
-  gt / ge / le                        lt swapped / not lt / not swapped lt
+  gt / ge / le / ne                   lt swapped / not lt / not swapped lt / not eq
   logical_and(a, b)                   where(a, b, false)
   clamp, clamp_min, clamp_max         where(x < lo, lo, where(hi < x, hi, x))
   leaky_relu, softplus (+ backward)   where, mul_scalar, exp, log, sigmoid (torch's threshold)
@@ -572,6 +577,105 @@ def _where(cx, node, args, kw):
     return cx.g.node("where", [c, a, b], [t])
 
 
+# ---- masks whose values the data fixes -------------------------------------------------------
+#
+# The data loader fills `tokens` and `labels` with token ids, never negative: `labels == -100`
+# (cross entropy's ignore_index) is false everywhere, whatever the batch. torch 1.13 records
+# label smoothing's loss with such masks and ops whose output size depends on the mask
+# (masked_select, masked_scatter); with the mask's values known they are views.
+
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
+          aten.clone.default, aten.detach.default, aten.alias.default, aten.expand.default,
+          aten.slice.Tensor, aten.select.int, aten.squeeze.dim, aten.unsqueeze.default,
+          aten.t.default, aten.transpose.int, aten.permute.default}
+
+
+def _token_ids(cx, a):
+    """Whether FX value a is (a view of) the tokens or labels the loader fills."""
+    while _is_node(a) and a.op == "call_function" and a.target in _VIEWS:
+        a = a.args[0]
+    return _is_node(a) and a in cx.token_inputs
+
+
+def _known_mask(cx, a):
+    """True / False when bool FX value a is that everywhere for any batch, else None."""
+    return cx.known_masks.get(a) if _is_node(a) else None
+
+
+def _eq_scalar(cx, node, args, kw):
+    v = _compare("eq")(cx, node, args, kw)
+    if _token_ids(cx, args[0]) and isinstance(args[1], (int, float)) and args[1] < 0:
+        cx.known_masks[node] = False  # a token id is never negative
+    return v
+
+
+def _ne(cx, node, args, kw):
+    """a != b: not (a == b) (a NaN compares unequal in both)."""
+    t = _t(cx, node)
+    a = cx.v(args[0])
+    e = cx.g.node("eq", [a, _operand(cx, args[1], a.dtype)], [t])
+    v = cx.g.node("bitwise_not", [e], [t])
+    if _token_ids(cx, args[0]) and isinstance(args[1], (int, float)) and args[1] < 0:
+        cx.known_masks[node] = True  # a token id is never negative
+    return v
+
+
+def _not(cx, node, args, kw):
+    v = cx.g.node("bitwise_not", [cx.v(args[0])], [_t(cx, node)])
+    m = _known_mask(cx, args[0])
+    if m is not None:
+        cx.known_masks[node] = not m
+    return v
+
+
+def _index_put(cx, node, args, kw):
+    """x[mask] = value with one bool mask of x's shape and a scalar value: where(mask, value,
+    x) (x + value where accumulating). Other index forms are refused."""
+    x, indices, value = args[0], args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kw.get("accumulate", False)
+    t = _t(cx, node)
+    if len(indices) != 1 or not _is_node(indices[0]):
+        raise Unsupported("index_put with other than one mask")
+    m = indices[0]
+    mt = _t(cx, m)
+    if mt[0] != "bool" or tuple(mt[1]) != tuple(t[1]):
+        raise Unsupported("index_put with an index that is not a bool mask of the input's shape")
+    if _t(cx, value)[1] != ():
+        raise Unsupported("index_put of a tensor of values (only a scalar)")
+    if _known_mask(cx, m) is False:
+        return cx.v(x)  # nothing is written
+    xv = cx.v(x)
+    val = cx.v(value)
+    if val.dtype != t[0]:
+        val = cx.g.node("_to_copy", [val], [(t[0], ())], {"dtype": t[0]})
+    if accumulate:
+        val = cx.g.node("add", [xv, val], [t])
+    return cx.g.node("where", [cx.v(m), val, xv], [t])
+
+
+def _masked_select(cx, node, args, kw):
+    x, m = args[0], args[1]
+    xt, t = _t(cx, x), _t(cx, node)
+    if _known_mask(cx, m) is not True or tuple(_t(cx, m)[1]) != tuple(xt[1]):
+        raise Unsupported("its output's size depends on the mask's values")
+    return cx.g.node("view", [cx.v(x)], [t], {"shape": list(t[1])})
+
+
+def _masked_scatter(cx, node, args, kw):
+    z, m, src = args[0], args[1], args[2]
+    t = _t(cx, node)
+    n = 1
+    for d in t[1]:
+        n *= d
+    st = _t(cx, src)
+    sn = 1
+    for d in st[1]:
+        sn *= d
+    if _known_mask(cx, m) is not True or tuple(_t(cx, m)[1]) != tuple(t[1]) or sn != n:
+        raise Unsupported("where it writes depends on the mask's values")
+    return cx.g.node("view", [cx.v(src)], [t], {"shape": list(t[1])})
+
+
 def _arange(cx, node, args, kw):
     t = _t(cx, node)
     if node.target == aten.arange.default:
@@ -694,7 +798,9 @@ TABLE = {
     aten.pow.Tensor_Scalar: _pow,
     aten.maximum.default: _one("maximum"),
     aten.eq.Tensor: _compare("eq"),
-    aten.eq.Scalar: _compare("eq"),
+    aten.eq.Scalar: _eq_scalar,
+    aten.ne.Tensor: _ne,
+    aten.ne.Scalar: _ne,
     aten.lt.Tensor: _compare("lt"),
     aten.lt.Scalar: _compare("lt"),
     aten.gt.Tensor: _not_compare("lt", True),
@@ -755,8 +861,13 @@ TABLE = {
     aten.full_like.default: _like("full"),
     aten.tril.default: _tril,
     aten.triu.default: _triu,
-    aten.bitwise_not.default: _one("bitwise_not"),
-    aten.logical_not.default: _one("bitwise_not"),
+    aten.bitwise_not.default: _not,
+    aten.logical_not.default: _not,
+    aten.index_put_.default: _inplace(_index_put),
+    aten.index_put.default: _index_put,
+    aten.masked_select.default: _masked_select,
+    aten.masked_scatter.default: _masked_scatter,
+    aten.lift_fresh_copy.default: _fold,
     aten.masked_fill.Scalar: _masked_fill,
     aten.arange.default: _arange,
     aten.arange.start: _arange,

@@ -8,6 +8,7 @@
                   --mha: the attention as nn.MultiheadAttention with an additive mask buffer;
                   --mha-forward-mask: the same, its mask made in forward by triu;
                   --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
+                  --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
                   residual branches) with p = P (default 0: they fold away);
                   --native-dropout (after --dropout): through torch.native_dropout
@@ -15,8 +16,8 @@
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --mha, --ops: the
-                  export's models; --dropout P: with nanoGPT's dropouts drawing hp's masks
+                  and DIR/ref/model.safetensors (the final weights); --mha, --ops,
+                  --label-smoothing E: the export's models and loss; --dropout P: with nanoGPT's dropouts drawing hp's masks
                   (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
@@ -249,8 +250,9 @@ def make(attn=Attention):
 class OpsNet(nn.Module):
     """Ops hp_export decomposes rather than maps one to one (aten_map's second table): a
     hand-written RMSNorm (pow, mean, rsqrt) and LayerNorm (mean, var), a gated MLP (chunk,
-    sigmoid, silu, tanh, relu), leaky_relu, clamp, softplus; their backwards as torch records
-    them (ge, le, logical_and_, scalar_tensor, leaky_relu_backward, softplus_backward)."""
+    sigmoid, silu, tanh, relu), leaky_relu, clamp, softplus, a masked assignment (index_put_),
+    ne; their backwards as torch records them (ge, le, logical_and_, scalar_tensor,
+    leaky_relu_backward, softplus_backward, index_put)."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
@@ -268,6 +270,8 @@ class OpsNet(nn.Module):
         mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, unbiased=False)
         x = (x - mu) / torch.sqrt(var + 1e-5) * self.g2 + self.b2
         x = x + 0.2 * F.softplus(x, beta=2.0, threshold=1.0)
+        x[x > 1.0] = 1.0  # index_put_ (its backward: index_put of the gradient)
+        x = torch.where(idx.unsqueeze(-1) != 3, x, 0.5 * x)  # ne
         return self.out(x)
 
 
@@ -340,6 +344,15 @@ def batch(d):
     return x, y
 
 
+def smoothed_loss(eps):
+    """Cross entropy with label smoothing: torch 1.13 records its ignore_index handling with
+    index_put_, masked_select and (backward) masked_scatter."""
+    def loss(logits, labels):
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                               label_smoothing=eps)
+    return loss
+
+
 def do_export(d, autodiff, flags):
     name, attn = autodiff, Attention
     if flags[:1] == ["--as"]:
@@ -358,8 +371,11 @@ def do_export(d, autodiff, flags):
     model = None
     if flags[:1] == ["--ops"]:  # OpsNet instead of the GPT
         model, flags = make_ops(), flags[1:]
+    loss = hp_export.default_loss
+    if flags[:1] == ["--label-smoothing"]:
+        loss, flags = smoothed_loss(float(flags[1])), flags[2:]
     x = torch.zeros(B, T, dtype=torch.int64)
-    hp_export.export(model or make(attn), (x, x.clone()), hp_export.default_loss,
+    hp_export.export(model or make(attn), (x, x.clone()), loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
                      autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
                      train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,
@@ -376,6 +392,9 @@ def do_train(d, steps, flags=()):
         ops, flags = True, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
+    loss_fn = hp_export.default_loss
+    if list(flags[:1]) == ["--label-smoothing"]:
+        loss_fn = smoothed_loss(float(flags[1]))
     m = make_ops() if ops else make(attn)
     for name, mod in m.named_modules():
         if isinstance(mod, HpMaskDropout):
@@ -397,7 +416,7 @@ def do_train(d, steps, flags=()):
             if HP_MASK:
                 x, y = hp_batch(d, s + 1)
             opt.zero_grad()
-            loss = hp_export.default_loss(m(x), y)
+            loss = loss_fn(m(x), y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, CLIP)
             opt.step()

@@ -337,12 +337,23 @@ Test(hp_export, multihead_attention_fsdp_world_2_equals_world_1) {
     expect_trains_like_world_1("job-mha1.pb", "job-mha2.pb", 2, "dp=2");
 }
 
-/* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt, logical_and,
- * scalar_tensor; export_ref.py's OpsNet), exported both ways, train to PyTorch's losses and
- * weights. */
+/* The ops hp_export decomposes (var, clamp, leaky_relu, softplus, ge/le/gt/ne, logical_and,
+ * scalar_tensor, index_put with a bool mask; export_ref.py's OpsNet), exported both ways, train
+ * to PyTorch's losses and weights. */
 Test(hp_export, decomposed_ops_train_like_pytorch) {
     const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops", "--ops"};
     expect_exports_train_like_pytorch("ops", modes, variants, HP_ARRAY_LEN(modes), "--ops");
+}
+
+/* Cross entropy with label smoothing (0.1), which torch 1.13 records with index_put_,
+ * masked_select, masked_scatter over `labels == -100` and 0-d f64 constants: exported both ways,
+ * the GPT trains to PyTorch's losses and weights (the mask is false everywhere for token ids,
+ * so the data-dependent ops are views). */
+Test(hp_export, label_smoothing_trains_like_pytorch) {
+    const char *modes[] = {"torch", "hp"},
+               *variants[] = {"--label-smoothing 0.1", "--label-smoothing 0.1"};
+    expect_exports_train_like_pytorch("ls", modes, variants, HP_ARRAY_LEN(modes),
+                                      "--label-smoothing 0.1");
 }
 
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
