@@ -209,17 +209,23 @@ Test(hpworker, untrainable_job_fails_at_start) {
     }
 }
 
+/* TMP/NAME.pb: a 1-layer debugmodel job (dim 64, batch 4 x seq 16) with the plan in flags. */
+static void new_small_job(char *job, size_t cap, const char *name, const char *flags) {
+    char cmd[2048];
+    snprintf(job, cap, "%s/%s.pb", tmp, name);
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new --model llama3:debugmodel --dim 64 --layers 1 --heads 4 "
+             "--kv-heads 2 --ffn-hidden 96 --vocab 256 --batch 4 --seq 16 --steps 4 %s -o %s "
+             ">/dev/null 2>&1",
+             HP_BINARY_DIR, flags, job);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
 /* A plan that cannot compile (FSDP marks on a mesh with no dp dim) is refused by the --world
  * launcher before any rank starts: one line, not one from each rank's setup. */
 Test(hpworker, uncompilable_plan_fails_at_start) {
-    char cmd[2048], job[300];
-    snprintf(job, sizeof job, "%s/nodp.pb", tmp);
-    snprintf(cmd, sizeof cmd,
-             "%s/client/hpctl new --model llama3:debugmodel --dim 64 --layers 1 --heads 4 "
-             "--kv-heads 2 --ffn-hidden 96 --vocab 256 --batch 4 --seq 16 --steps 2 "
-             "--mesh tp=2 --tp-plan llama --fsdp 'layers.*' -o %s >/dev/null 2>&1",
-             HP_BINARY_DIR, job);
-    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char job[300];
+    new_small_job(job, sizeof job, "nodp", "--mesh tp=2 --tp-plan llama --fsdp 'layers.*'");
     hp_th_run r = hp_th_run_bin(tmp, "worker/hp-worker", "--standalone %s --out %s/o", job, tmp);
     hp_th_expect_cli_error(r, 1, "hp-worker",
                            "plan (mesh tp=2): FSDP marks shard parameters over the mesh dim "
@@ -232,14 +238,8 @@ Test(hpworker, uncompilable_plan_fails_at_start) {
 /* --world on a job whose mesh has more than one dim is refused before any rank starts, with
  * one line naming the mesh (a 1-D mesh is resized instead). */
 Test(hpworker, world_flag_on_an_nd_mesh_is_refused) {
-    char cmd[2048], job[300];
-    snprintf(job, sizeof job, "%s/dptp.pb", tmp);
-    snprintf(cmd, sizeof cmd,
-             "%s/client/hpctl new --model llama3:debugmodel --dim 64 --layers 1 --heads 4 "
-             "--kv-heads 2 --ffn-hidden 96 --vocab 256 --batch 4 --seq 16 --steps 4 "
-             "--mesh dp=2,tp=2 --tp-plan llama -o %s >/dev/null",
-             HP_BINARY_DIR, job);
-    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    char job[300];
+    new_small_job(job, sizeof job, "dptp", "--mesh dp=2,tp=2 --tp-plan llama");
     hp_th_run r =
         hp_th_run_bin(tmp, "worker/hp-worker", "--standalone %s --world 2 --out %s/o", job, tmp);
     hp_th_expect_cli_error(r, 2, "hp-worker", "--world 2: the job's mesh (dp=2,tp=2) has 4 ranks");
