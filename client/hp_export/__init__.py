@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -495,6 +496,8 @@ def export(model, example_inputs, loss_fn=default_loss, plan=None, train=None, o
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode != 0:
             raise ExportError(r.stderr.strip() or "hpctl new failed (exit %d)" % r.returncode)
+        if r.stderr.strip():  # hpctl's warnings (a plan that does not compile, say)
+            sys.stderr.write(r.stderr if r.stderr.endswith("\n") else r.stderr + "\n")
         shutil.move(wtmp, weights)
         shutil.move(ir, hpir_path)
     finally:
