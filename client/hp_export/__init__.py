@@ -231,7 +231,7 @@ class _Convert:
         self.unmapped = collections.OrderedDict()  # (path, op, reason) -> count
         self.where = {}  # (path, op, reason) -> the user's file:line of each, in order
         self.token_inputs = set()  # the tokens and labels placeholders (token ids, >= 0)
-        self.known_masks = {}  # FX node -> True / False: a bool mask that everywhere
+        self.known_masks = {}  # FX node -> True / False: a bool mask with that value everywhere
 
     # the context aten_map's entries see
     def value_of(self, a):

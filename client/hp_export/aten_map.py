@@ -640,7 +640,7 @@ def _index_put(cx, node, args, kw):
     mt = _t(cx, m)
     if mt[0] != "bool" or tuple(mt[1]) != tuple(t[1]):
         raise Unsupported("index_put with an index that is not a bool mask of the input's shape")
-    if _t(cx, value)[1] != ():
+    if not _is_node(value) or _t(cx, value)[1] != ():
         raise Unsupported("index_put of a tensor of values (only a scalar)")
     if _known_mask(cx, m) is False:
         return cx.v(x)  # nothing is written

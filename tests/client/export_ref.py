@@ -17,8 +17,8 @@
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
                   and DIR/ref/model.safetensors (the final weights); --mha, --ops,
-                  --label-smoothing E: the export's models and loss; --dropout P: with nanoGPT's dropouts drawing hp's masks
-                  (include/hp/rng.h, seed 0)
+                  --label-smoothing E: the export's models and loss; --dropout P: with
+                  nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
                   to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
