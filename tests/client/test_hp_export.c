@@ -49,6 +49,15 @@ static int ref(const char *args) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* ref(args), which must succeed; `what` names the step in the failure, with py.out. */
+static void ref_ok(const char *args, const char *what) {
+    int rc = ref(args);
+    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
+    char out[320];
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    cr_assert_eq(rc, 0, "%s failed:\n%s", what, hp_th_slurp_or_empty(out));
+}
+
 /* exactly B windows of T+1 tokens: every step's batch is the same samples */
 static void write_tokens(void) {
     uint32_t toks[B * T + 1];
@@ -105,9 +114,9 @@ Test(hp_export, gpt_both_ways_trains_like_pytorch) {
     snprintf(out, sizeof out, "%s/py.out", dir);
     cr_assert_eq(rc, 0, "export (torch autodiff) failed:\n%s", hp_th_slurp_or_empty(out));
     snprintf(args, sizeof args, "export '%s' hp --steps %d", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "export (hp autodiff) failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export (hp autodiff)");
     snprintf(args, sizeof args, "train '%s' %d", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "PyTorch's run");
     char ref_dir[320], hp_dir[320];
     snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
     const char *modes[] = {"torch", "hp"};
@@ -231,16 +240,14 @@ Test(hp_export, gpt_mlp_tp_2_plan_matches_world_1) {
     char args[1024], out[320];
     snprintf(out, sizeof out, "%s/py.out", dir);
     snprintf(args, sizeof args, "export '%s' torch --steps %d", dir, STEPS);
-    int rc = ref(args);
-    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
-    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export");
     snprintf(args, sizeof args,
              "export '%s' torch --as tp --steps %d --mesh tp=2 "
              "--place 'transformer.h.*.mlp.c_fc.weight=tp:S(0)' "
              "--place 'transformer.h.*.mlp.c_fc.bias=tp:S(0)' "
              "--place 'transformer.h.*.mlp.c_proj.weight=tp:S(1)'",
              dir, STEPS);
-    cr_assert_eq(ref(args), 0, "export (tp) failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export (tp)");
     hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-tp.pb'", dir);
     cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
     cr_expect(strstr(r.out, "{tp:S(0)} -> f32[64,32]"), "c_fc column-parallel: %s", r.out);
@@ -257,11 +264,9 @@ Test(hp_export, gpt_with_nanogpt_bias_buffer_fuses_too) {
     char args[1024], out[320];
     snprintf(out, sizeof out, "%s/py.out", dir);
     snprintf(args, sizeof args, "export '%s' torch --steps %d", dir, STEPS);
-    int rc = ref(args);
-    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
-    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export");
     snprintf(args, sizeof args, "export '%s' torch --as bias --bias-buffer --steps %d", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "export (bias buffer) failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export (bias buffer)");
     hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/job-bias.pb'", dir);
     cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
     cr_expect(strstr(r.out, "fuse_attention: fused 2 causal attentions and 2 backwards"), "%s",
@@ -294,7 +299,7 @@ static void expect_exports_train_like_pytorch(const char *name, const char *cons
                      hp_th_slurp_or_empty(out));
     }
     snprintf(args, sizeof args, "train '%s' %d %s", dir, STEPS, train_flags);
-    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "PyTorch's run");
     char ref_dir[320], hp_dir[320], job[64], run[64];
     snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
     for (size_t k = 0; k < n; k++) {
@@ -324,16 +329,13 @@ Test(hp_export, gpt_with_multihead_attention_trains_like_pytorch) {
  * view_batch_dim) and trains to world 1's losses. */
 Test(hp_export, multihead_attention_fsdp_world_2_equals_world_1) {
     write_tokens();
-    char args[1024], out[320];
-    snprintf(out, sizeof out, "%s/py.out", dir);
+    char args[1024];
     snprintf(args, sizeof args, "export '%s' torch --as mha1 --mha --steps %d", dir, STEPS);
-    int rc = ref(args);
-    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
-    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export");
     snprintf(args, sizeof args,
              "export '%s' torch --as mha2 --mha --steps %d --mesh dp=2 --fsdp 'transformer.h.*'",
              dir, STEPS);
-    cr_assert_eq(ref(args), 0, "export (dp=2) failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export (dp=2)");
     expect_trains_like_world_1("job-mha1.pb", "job-mha2.pb", 2, "dp=2");
 }
 
@@ -358,15 +360,12 @@ Test(hp_export, label_smoothing_trains_like_pytorch) {
 
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
-    char args[1024], out[320];
-    snprintf(out, sizeof out, "%s/py.out", dir);
+    char args[1024];
     snprintf(args, sizeof args, "export '%s' torch --steps %d --mesh dp=2 --fsdp 'transformer.*'",
              dir, STEPS);
-    int rc = ref(args);
-    cr_assert_neq(rc, 3, "python3-torch is missing: run scripts/install-deps.sh");
-    cr_assert_eq(rc, 0, "export failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export");
     snprintf(args, sizeof args, "train '%s' %d", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "PyTorch's run");
     train_hp("job-torch.pb", "hp", 2);
     char ref_dir[320], hp_dir[320];
     snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
@@ -419,7 +418,7 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
                      1, "%s", modes[i]);
     }
     snprintf(args, sizeof args, "export '%s' torch --as p0 --steps %d", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "export (p = 0) failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export (p = 0)");
     cr_expect_eq(count_in("job-p0.hpir", "native_dropout"), 0, "p = 0 folds away");
     for (size_t i = 0; i < HP_ARRAY_LEN(modes); i++) {
         snprintf(args, sizeof args,
@@ -436,7 +435,7 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
              "--place 'transformer.h.*.mlp.c_fc.bias=tp:S(0)' "
              "--place 'transformer.h.*.mlp.c_proj.weight=tp:S(1)'",
              dir, STEPS);
-    cr_assert_eq(ref(args), 0, "export (tp) failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "export (tp)");
     train_hp("job-tp.pb", "tp2", 2);
     cr_expect_eq(count_in("job-native-torch.hpir", " = native_dropout_backward("), 7);
     cr_expect_eq(count_in("job-native-hp.hpir", " = native_dropout("), 7);
@@ -466,7 +465,7 @@ Test(hp_export, gpt_dropout_world_2_fsdp_drops_what_world_1_drops) {
     /* PyTorch's own AdamW run, its dropouts drawing hp's masks (a port of hp/rng.h) on hp's
      * sample order: the same losses and weights as hp's */
     snprintf(args, sizeof args, "train '%s' %d --dropout 0.1", dir, STEPS);
-    cr_assert_eq(ref(args), 0, "PyTorch's run failed:\n%s", hp_th_slurp_or_empty(out));
+    ref_ok(args, "PyTorch's run");
     char ref_dir[320];
     snprintf(ref_dir, sizeof ref_dir, "%s/ref", dir);
     hp_th_expect_losses_close(ref_dir, a, 0, 1e-4, "PyTorch with hp's masks");
