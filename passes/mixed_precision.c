@@ -108,36 +108,11 @@ static int narrowest(const hp_type *t, int n) {
     return mixed ? lo : -1;
 }
 
-/* Whether n hands its one input on unchanged in values and dtype: a view, a collective that
- * moves or chunks it (not a reduction), the wait for one, a clone. */
-static bool moves_data(const hp_graph *g, const hp_node *n) {
-    if (n->n_in != 1 || n->n_out != 1) return false;
-    if (hp_graph_type(g, n->in[0])->dtype != n->out[0].dtype) return false;
-    unsigned f = hp_op_get(n->op)->flags;
-    if (f & HP_OPF_VIEW) return true;
-    switch (n->op) {
-    case HP_OP_ALL_GATHER:
-    case HP_OP_ALL_TO_ALL:
-    case HP_OP_LOCAL_CHUNK:
-    case HP_OP_WAIT_TENSOR:
-    case HP_OP_CLONE:
-        return true;
-    default:
-        return false;
-    }
-}
-
 /* A value an op makes wider than its floating inputs on purpose (RMSNorm's saved rstd,
- * attention's logsumexp: f32 from bf16 inputs): harmonizing never narrows it, nor what views
- * and redistributions of it an N-D plan reads (the rstd chunked over 'tp' for a sequence-
- * parallel backward, say). */
+ * attention's logsumexp: f32 from bf16 inputs): harmonizing never narrows it. */
 static bool wide_by_design(const mp *m, hp_value v) {
     const hp_graph *g = m->rw.out;
     const hp_node *n = &g->nodes[v.node];
-    while (moves_data(g, n)) {
-        v = n->in[0];
-        n = &g->nodes[v.node];
-    }
     if (n->op == HP_OP_TO_COPY || !n->n_in) return false;
     size_t have = hp_dtype_size(n->out[v.out].dtype);
     for (int k = 0; k < n->n_in; k++) {
@@ -148,8 +123,10 @@ static bool wide_by_design(const mp *m, hp_value v) {
 }
 
 /* Whether operand k of op is f32 by the op's contract whatever its other operands are (the
- * statistics a forward saved for its backward): harmonizing never narrows it. An N-D plan can
- * run a forward in f32 (its inputs f32 out of an f32 reduction) and its backward in bf16. */
+ * statistics a forward saved for its backward): harmonizing never narrows it. In an N-D plan
+ * such a statistic may reach its backward through a redistribution (the rstd chunked over 'tp'
+ * for a sequence-parallel backward), or its forward may run in f32 (its inputs out of an f32
+ * reduction) and its backward in bf16. */
 static bool f32_operand(hp_op op, int k) {
     switch (op) {
     case HP_OP_RMS_NORM_BACKWARD:
