@@ -117,21 +117,28 @@ static hp_status find_data(trainer *t, hp_err *err) {
     return HP_OK;
 }
 
+/* The node a value of g comes from past the ops that only move or retype it: collectives,
+ * their waits, local chunks and casts (a plan may gather the tokens, or shard, cast or gather
+ * the embedding's weight, before the lookup). */
+static const hp_node *moved_from(const hp_graph *g, hp_value v) {
+    const hp_node *n = &g->nodes[v.node];
+    while (n->n_in == 1 &&
+           (n->op == HP_OP_WAIT_TENSOR || n->op == HP_OP_ALL_GATHER || n->op == HP_OP_ALL_TO_ALL ||
+            n->op == HP_OP_LOCAL_CHUNK || n->op == HP_OP_TO_COPY))
+        n = &g->nodes[n->in[0].node];
+    return n;
+}
+
 /* The parameter an embedding of the data input `tokens` looks up (-1 if none): an exported
- * model names its embedding as it likes (transformer.wte.weight). The weight may reach the
- * embedding through its FSDP all-gather. */
+ * model names its embedding as it likes (transformer.wte.weight). */
 static int token_embedding(const trainer *t) {
     const hp_graph *g = t->prog->graph;
     for (int i = 0; i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];
         if (n->op != HP_OP_EMBEDDING) continue;
-        const hp_node *idx = &g->nodes[n->in[1].node];
-        const hp_attr *f = hp_node_attr(idx, HP_ATTR_FQN);
+        const hp_node *idx = moved_from(g, n->in[1]), *w = moved_from(g, n->in[0]);
+        const hp_attr *f = hp_node_attr(idx, HP_ATTR_FQN), *wf = hp_node_attr(w, HP_ATTR_FQN);
         if (idx->op != HP_OP_PLACEHOLDER || !f || strcmp(f->s, "tokens")) continue;
-        const hp_node *w = &g->nodes[n->in[0].node];
-        while ((w->op == HP_OP_WAIT_TENSOR || w->op == HP_OP_ALL_GATHER) && w->n_in == 1)
-            w = &g->nodes[w->in[0].node];
-        const hp_attr *wf = hp_node_attr(w, HP_ATTR_FQN);
         if (w->op != HP_OP_PLACEHOLDER || !wf) continue;
         for (int k = 0; k < t->prog->n_params; k++)
             if (!strcmp(t->prog->params[k].fqn, wf->s)) return k;
