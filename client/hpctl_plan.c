@@ -216,6 +216,9 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         if (r->fused_swiglu)
             printf("%s: fused %d MLP gate%s (silu, mul and their backwards) into swiglu\n", r->name,
                    r->fused_swiglu, r->fused_swiglu == 1 ? "" : "s");
+        if (r->placed_by_spmd[0])
+            printf("%s: placed by spmd, since the per-rank batch rewrite refuses the graph: %s\n",
+                   r->name, r->placed_by_spmd);
     }
     if (c->n_warnings) {
         printf("\nwarnings\n");
@@ -306,14 +309,16 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                             "latency", job->plan.mesh[d].link.latency));
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
-        json_array_append_new(
-            passes, json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i, s:i, s:i}", "name",
-                              r->name, "ran", r->ran, "nodes_in", r->nodes_in, "nodes_out",
-                              r->nodes_out, "collectives", r->collectives, "comm_bytes",
-                              (json_int_t)r->comm_bytes, "seconds", r->seconds, "fused_attention",
-                              r->fused_attention, "fused_attention_backward",
-                              r->fused_attention_backward, "fused_cross_entropy",
-                              r->fused_cross_entropy, "fused_swiglu", r->fused_swiglu));
+        json_t *pass = json_pack("{s:s, s:b, s:i, s:i, s:i, s:I, s:f, s:i, s:i, s:i, s:i}", "name",
+                                 r->name, "ran", r->ran, "nodes_in", r->nodes_in, "nodes_out",
+                                 r->nodes_out, "collectives", r->collectives, "comm_bytes",
+                                 (json_int_t)r->comm_bytes, "seconds", r->seconds,
+                                 "fused_attention", r->fused_attention, "fused_attention_backward",
+                                 r->fused_attention_backward, "fused_cross_entropy",
+                                 r->fused_cross_entropy, "fused_swiglu", r->fused_swiglu);
+        if (r->placed_by_spmd[0])
+            json_object_set_new(pass, "placed_by_spmd", json_string(r->placed_by_spmd));
+        json_array_append_new(passes, pass);
     }
     for (int i = 0; i < c->n_warnings; i++)
         json_array_append_new(warnings, json_string(c->warnings[i]));

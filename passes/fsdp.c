@@ -16,9 +16,11 @@
  * downstream of a data input are re-inferred at the local batch, each value tracking which of
  * its dims carries the batch. Attributes that spell a batch-carrying size are rewritten
  * (view/reshape/expand/slice_backward shapes); what cannot be re-specialised safely is refused
- * naming the node: a slice of the batch dim, and a mean over the batch dim in a graph with
- * gradients (its gradient's 1/count is a constant of the global batch). Losses that are a mean
- * must come from nll_loss_forward's mean, whose divisor is computed at run time.
+ * naming the node: a slice of the batch dim, a mean over the batch dim in a graph with
+ * gradients (its gradient's 1/count is a constant of the global batch), and any other forward
+ * reduction over the batch (a sum: each rank would sum its slice). Losses that are a mean must
+ * come from nll_loss_forward's mean, whose divisor is computed at run time. The pipeline places
+ * a graph this pass refuses with spmd instead (passes/pipeline.c).
  *
  * Collectives go right after the value they reduce and gathers right before their use;
  * the overlap and bucketing passes move and merge them. The input graph is not modified.
@@ -445,7 +447,7 @@ static hp_status rewrite_attrs(fsdp *f, int i, int k, int64_t q_in, hp_attr *att
         if (reduces && f->in->n_outputs > 1)
             return hp_errf(err, HP_UNSUPPORTED,
                            "node %d (mean): a mean over the batch dim; its gradient's 1/count is "
-                           "fixed for the global batch (use nll_loss_forward's mean)",
+                           "fixed for the global batch",
                            i);
         return HP_OK;
     }
@@ -496,6 +498,27 @@ static hp_status map_input(fsdp *f, int i, hp_value v, hp_value *m, hp_err *err)
     return HP_OK;
 }
 
+/* A forward node that takes the batch and gives values without it reduces over the batch: each
+ * rank reduces only its slice, and the loss's all_reduce(avg) and the gradients' avg are world
+ * 1's values only for a mean whose divisor is the local count: nll_loss_forward's mean, and a
+ * mean in a graph without gradients (mean's own gradient is refused in rewrite_attrs). A sum
+ * over the batch (reduction='sum', an auxiliary x.sum()), a max, or a product contracting the
+ * batch would train on 1/N of the loss's value and gradient: refused, so the pipeline places the
+ * graph with spmd, whose Partial placements keep world 1's values. */
+static hp_status check_forward_reduction(fsdp *f, int i, hp_err *err) {
+    const hp_node *nd = &f->in->nodes[i];
+    if (i > f->loss || nd->n_out == 0) return HP_OK;
+    for (int o = 0; o < nd->n_out; o++)
+        if (*sd_of(f, (hp_value){i, o}) >= 0) return HP_OK;
+    if (nd->op == HP_OP_MEAN || (nd->op == HP_OP_NLL_LOSS_FORWARD &&
+                                 hp_node_int(nd, HP_ATTR_REDUCTION, HP_NLL_MEAN) == HP_NLL_MEAN))
+        return HP_OK;
+    return hp_errf(err, HP_UNSUPPORTED,
+                   "node %d (%s): reduces over the batch dim in the forward, so each rank would "
+                   "reduce only its slice (only a mean averages across ranks)",
+                   i, op_name(nd->op));
+}
+
 static hp_status copy_node(fsdp *f, int i, hp_err *err) {
     const hp_node *nd = &f->in->nodes[i];
     int k0 = -1;
@@ -527,10 +550,10 @@ static hp_status copy_node(fsdp *f, int i, hp_err *err) {
         attrs[na++] = hp_attr_ints(HP_ATTR_GLOBAL_SHAPE, nd->out[0].rank, nd->out[0].shape);
     hp_status st = add_node(f, nd->op, f->ins, nd->n_in, attrs, na, NULL, &id, err);
     if (st == HP_NOMEM || st == HP_LIMIT) return st;
-    if (st != HP_OK) {
+    if (st != HP_OK) { /* the graph is valid at the global batch: what fails is the rewrite's */
         hp_err_prefix(err, "node %d (%s) at the local batch (1/%lld)", i, op_name(nd->op),
                       (long long)f->n);
-        return st;
+        return err->status = HP_UNSUPPORTED; /* (a constant of the global batch's shape, say) */
     }
     f->newid[i] = id;
     const hp_node *got = &f->out->nodes[id];
@@ -553,7 +576,7 @@ static hp_status copy_node(fsdp *f, int i, hp_err *err) {
         *sd_of(f, (hp_value){i, o}) = (int8_t)at;
         *sq_of(f, (hp_value){i, o}) = q_out;
     }
-    return HP_OK;
+    return check_forward_reduction(f, i, err);
 }
 
 /* ---- the pass -------------------------------------------------------------------------------- */

@@ -47,7 +47,7 @@ static bool always(const hp_pass_ctx *ctx) {
  * replicated with all-reduced gradients, data is split on the batch dim (plain data
  * parallelism when nothing is marked). */
 static bool placed(const hp_pass_ctx *ctx) {
-    return hp_plan_uses_placements(ctx->job, ctx->world);
+    return hp_plan_uses_placements(ctx->job, ctx->world) || ctx->fsdp_placed_by_spmd;
 }
 static bool loss_parallel_on(const hp_pass_ctx *ctx) {
     return ctx->job->plan.loss_parallel && placed(ctx);
@@ -127,16 +127,10 @@ static hp_status pass_autoshard(const hp_graph *in, hp_pass_ctx *ctx, hp_graph *
  * over the mesh dim named "dp"; buffers are replicated. A parameter the FSDP marks select is
  * stored Shard(fsdp_dim) on dp, and one a constraint places Shard on dp keeps that storage:
  * either is gathered before use (computed Replicate on dp), its gradient reduce-scattered. */
-static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
+static hp_status place(const hp_graph *in, hp_pass_ctx *ctx, const hp_graph_mesh *mesh, int dp,
+                       hp_graph **out, hp_err *err) {
     const hp_plan *p = &ctx->job->plan;
-    if (p->mode == HP_PLAN_AUTO) return pass_autoshard(in, ctx, out, err);
-    hp_graph_mesh mesh = {.ndim = p->n_mesh};
-    int dp = -1, nd = p->n_mesh;
-    for (int d = 0; d < p->n_mesh; d++) {
-        snprintf(mesh.name[d], sizeof mesh.name[d], "%s", p->mesh[d].name);
-        mesh.size[d] = p->mesh[d].size;
-        if (!strcmp(p->mesh[d].name, "dp") && p->mesh[d].size > 1) dp = d;
-    }
+    int nd = mesh->ndim;
     hp_graph_inputs gi = hp_graph_count_inputs(in);
     int n_ph = gi.n_params + gi.n_buffers + gi.n_data;
     size_t n_pl = (size_t)(n_ph ? n_ph : 1) * (size_t)nd;
@@ -178,13 +172,60 @@ static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
         if (i < gi.n_params && fqn && fqn->s && !strcmp(fqn->s, "output.weight")) vocab_row = crow;
     }
     hp_spmd_opts opts = {.compute = compute, .reshard_after_forward = p->reshard_after_forward};
-    if (st == HP_OK) st = hp_pass_spmd_ex(in, &mesh, pl, NULL, &opts, out, err);
+    if (st == HP_OK) st = hp_pass_spmd_ex(in, mesh, pl, NULL, &opts, out, err);
     hp_free(pl);
     hp_free(compute);
     hp_free(marked);
     if (st != HP_OK && err && !strncmp(err->msg, "spmd: ", 6)) /* the manager names the pass */
         memmove(err->msg, err->msg + 6, strlen(err->msg + 6) + 1);
     return st;
+}
+
+/* The plan's mesh, its dim named "dp" the data-parallel one. */
+static hp_status pass_spmd(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
+    const hp_plan *p = &ctx->job->plan;
+    if (p->mode == HP_PLAN_AUTO) return pass_autoshard(in, ctx, out, err);
+    hp_graph_mesh mesh = {.ndim = p->n_mesh};
+    int dp = -1;
+    for (int d = 0; d < p->n_mesh; d++) {
+        snprintf(mesh.name[d], sizeof mesh.name[d], "%s", p->mesh[d].name);
+        mesh.size[d] = p->mesh[d].size;
+        if (!strcmp(p->mesh[d].name, "dp") && p->mesh[d].size > 1) dp = d;
+    }
+    return place(in, ctx, &mesh, dp, out, err);
+}
+
+/* A 1-D data-parallel plan: the FSDP pass, which runs the graph on each rank's slice of the
+ * batch. A graph it refuses, whose values a rank cannot compute from its slice alone (a sum or
+ * a plain mean over the batch: reduction='sum', label smoothing's mean; a slice of the batch),
+ * gets the same plan from spmd: one mesh dim of the world's ranks, the data split on it,
+ * marked parameters stored sharded on it; its Partial placements keep world 1's values. The
+ * later passes then see a placed graph. Both refusing: FSDP's reason, then spmd's. */
+static hp_status pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err) {
+    hp_err why = {0};
+    hp_status st = hp_pass_fsdp(in, ctx, out, &why);
+    if (st != HP_UNSUPPORTED) {
+        if (st != HP_OK && err) *err = why;
+        return st;
+    }
+    const hp_plan *p = &ctx->job->plan;
+    hp_graph_mesh mesh = {.ndim = 1, .size = {ctx->world}};
+    snprintf(mesh.name[0], sizeof mesh.name[0], "%s",
+             p->n_mesh == 1 && p->mesh[0].name[0] ? p->mesh[0].name : "dp");
+    hp_err spmd = {0};
+    st = place(in, ctx, &mesh, 0, out, &spmd);
+    if (st == HP_OK) {
+        ctx->fsdp_placed_by_spmd = true;
+        if (ctx->report)
+            snprintf(ctx->report->placed_by_spmd, sizeof ctx->report->placed_by_spmd, "%s",
+                     why.msg);
+        return HP_OK;
+    }
+    if (st != HP_UNSUPPORTED) { /* out of memory, say: that is the error */
+        if (err) *err = spmd;
+        return st;
+    }
+    return hp_errf(err, st, "%.240s (placing it with spmd instead: %.240s)", why.msg, spmd.msg);
 }
 
 static const hp__pass_entry pipeline[] = {
@@ -194,7 +235,7 @@ static const hp__pass_entry pipeline[] = {
     {"fuse_attention", hp_pass_fuse_attention, always, NULL},
     {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on, NULL},
     {"spmd", pass_spmd, placed, NULL},
-    {"fsdp", hp_pass_fsdp, multi_rank, NULL},
+    {"fsdp", pass_fsdp, multi_rank, NULL},
     {"mixed_precision", hp_pass_mixed_precision, mixed_on, NULL},
     {"fuse_cross_entropy", hp_pass_fuse_cross_entropy, unplaced, NULL},
     {"fuse_swiglu", hp_pass_fuse_swiglu, unplaced, NULL},
@@ -316,7 +357,7 @@ static void same_count(const hp_compiled *c, hp_pass_report *r, const hp_graph *
 static bool pass_on(const hp__pass_entry *e, const hp_pass_ctx *ctx) {
     const hp_pass_config *c = &ctx->job->passes;
     /* a placed graph runs spmd, never fsdp (which does not place values) */
-    if (placed(ctx) && e->fn == hp_pass_fsdp) return false;
+    if (placed(ctx) && e->fn == pass_fsdp) return false;
     for (int i = 0; i < c->n_switches; i++)
         if (!strcmp(c->switches[i].name, e->name)) return c->switches[i].enabled;
     return e->wanted(ctx);

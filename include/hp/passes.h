@@ -42,6 +42,8 @@ typedef struct hp_pass_report {
     int fused_cross_entropy;
     /* fuse_swiglu: MLP gates (silu, mul and their backward) it made swiglu */
     int fused_swiglu;
+    /* fsdp: why the 1-D FSDP rewrite refused the graph, which spmd then placed ("": it did not) */
+    char placed_by_spmd[HP_ERR_MSG_MAX];
 } hp_pass_report;
 
 /* Everything a pass may read: the job (plan, pass config), the world size, and where to put
@@ -55,6 +57,8 @@ typedef struct hp_pass_ctx {
     hp_pass_report *report;
     /* plan.mode auto: the solved problem (hp/autoshard.h), which hp_compile keeps */
     struct hp_autoshard *autoshard;
+    /* the fsdp pass handed a graph it refuses to spmd: the later passes see a placed graph */
+    bool fsdp_placed_by_spmd;
 } hp_pass_ctx;
 
 /* A pass: reads `in`, returns a new verified-shape graph in *out (which may be a clone of in

@@ -9,6 +9,7 @@
                   --mha-forward-mask: the same, its mask made in forward by triu;
                   --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
+                  --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
                   residual branches) with p = P (default 0: they fold away);
                   --native-dropout (after --dropout): through torch.native_dropout
@@ -353,6 +354,12 @@ def smoothed_loss(eps):
     return loss
 
 
+def sum_loss(logits, labels):
+    """The mean cross entropy written as a sum over the batch (reduction='sum') over B·T."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                           reduction="sum") / labels.numel()
+
+
 def do_export(d, autodiff, flags):
     name, attn = autodiff, Attention
     if flags[:1] == ["--as"]:
@@ -374,6 +381,8 @@ def do_export(d, autodiff, flags):
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
+    if flags[:1] == ["--sum-loss"]:
+        loss, flags = sum_loss, flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
     hp_export.export(model or make(attn), (x, x.clone()), loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",

@@ -358,6 +358,41 @@ Test(hp_export, label_smoothing_trains_like_pytorch) {
                                       "--label-smoothing 0.1");
 }
 
+/* Graphs the per-rank batch rewrite (passes/fsdp.c) cannot split, data-parallel at world 2:
+ * label smoothing's plain mean over the batch; a sum over it (reduction='sum'), which the
+ * rewrite once averaged over the ranks, training on half the loss; OpsNet's constant of the
+ * global batch's shape. Each plan is placed by spmd instead (hpctl plan says so) and trains to
+ * world 1's losses and weights, with FSDP and without. So does a plan.mode auto one, which
+ * looks the token embedding up through the tokens' redistribution. */
+Test(hp_export, losses_over_the_batch_train_at_world_2_like_world_1) {
+    write_tokens();
+    static const struct {
+        const char *name, *loss, *plan;
+    } cases[] = {
+        {"ls", "--label-smoothing 0.1", "--mesh dp=2 --fsdp 'transformer.*'"},
+        {"sum", "--sum-loss", "--mesh dp=2"},
+        {"ops", "--ops", "--mesh dp=2 --fsdp '*'"}, /* a full() of the global batch's shape */
+        {"auto", "", "--mesh dp=2 --mode auto"},
+    };
+    for (size_t i = 0; i < HP_ARRAY_LEN(cases); i++) {
+        char args[1024], one[64], many[64];
+        snprintf(args, sizeof args, "export '%s' torch --as %s1 %s --steps %d", dir, cases[i].name,
+                 cases[i].loss, STEPS);
+        ref_ok(args, "export (world 1)");
+        snprintf(args, sizeof args, "export '%s' torch --as %s2 %s --steps %d %s", dir,
+                 cases[i].name, cases[i].loss, STEPS, cases[i].plan);
+        ref_ok(args, "export (world 2)");
+        snprintf(one, sizeof one, "job-%s1.pb", cases[i].name);
+        snprintf(many, sizeof many, "job-%s2.pb", cases[i].name);
+        hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/%s'", dir, many);
+        cr_assert_eq(r.code, 0, "hpctl plan %s: %s", many, r.err);
+        if (strcmp(cases[i].name, "auto"))
+            cr_expect(strstr(r.out, "fsdp: placed by spmd"), "%s: %s", many, r.out);
+        hp_th_run_free(&r);
+        expect_trains_like_world_1(one, many, 2, cases[i].name);
+    }
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024];

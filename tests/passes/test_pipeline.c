@@ -395,6 +395,39 @@ Test(pipeline, fsdp_marks_need_a_dp_dim) {
     hp_job_free(job);
 }
 
+/* The joint graph of loss(x·w), x the data [4, 3], w the parameter [3, 2], as a job. */
+static hp_job *graph_job(hp_value (*loss)(hp_graph *, hp_value), int world) {
+    hp_job *job = make_job(&MLP, world, false);
+    hp_graph_free(job->graph);
+    hp_graph *g = job->graph = hp_graph_new();
+    hp_init init = {.kind = HP_INIT_ZEROS};
+    hp_value w = hp_build_placeholder(g, HP_INPUT_PARAM, "w", TY(HP_F32, 3, 2), &init);
+    hp_value x = hp_build_placeholder(g, HP_INPUT_DATA, "x", TY(HP_F32, 4, 3), NULL);
+    hp_err err = {0};
+    cr_assert_eq(hp_autodiff(g, loss(g, hp_mm(g, x, w)), &err), HP_OK, "%s", err.msg);
+    return job;
+}
+static hp_value sum_all(hp_graph *g, hp_value v) {
+    return hp_sum(g, v, 0, NULL, false);
+}
+
+/* A 1-D data-parallel plan whose graph the FSDP rewrite refuses (a sum over the batch, which
+ * each rank would sum over its slice alone) is placed by spmd, the report saying why. */
+Test(pipeline, fsdp_refusals_are_placed_by_spmd) {
+    hp_job *job = graph_job(sum_all, 2);
+    hp_compiled *c = compile_ok(job, 2);
+    check_reports(c, job, 2);
+    const hp_pass_report *r = report(c, "fsdp");
+    cr_expect(r->ran && strstr(r->placed_by_spmd, "(sum): reduces over the batch dim"), "%s",
+              r->placed_by_spmd);
+    cr_expect_eq(c->graph->mesh.ndim, 1);
+    cr_expect_str_eq(c->graph->mesh.name[0], "dp");
+    cr_expect_eq(c->graph->mesh.size[0], 2);
+    cr_expect(!report(c, "fuse_cross_entropy")->ran, "a placed graph keeps its unfused loss");
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
 Test(pipeline, batch_must_divide_by_the_world) {
     model_case m = TINY;
     m.batch = 2;
