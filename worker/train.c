@@ -129,33 +129,38 @@ static const hp_node *moved_from(const hp_graph *g, hp_value v) {
     return n;
 }
 
-/* The parameter an embedding of the data input `tokens` looks up (-1 if none): an exported
- * model names its embedding as it likes (transformer.wte.weight). */
-static int token_embedding(const trainer *t) {
-    const hp_graph *g = t->prog->graph;
-    for (int i = 0; i < g->n_nodes; i++) {
+/* The global rows of the parameter an embedding of the data input `tokens` looks up in g (-1
+ * if none): an exported model names its embedding as it likes (transformer.wte.weight). */
+static int64_t token_vocab(const hp_graph *g) {
+    for (int i = 0; g && i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];
         if (n->op != HP_OP_EMBEDDING) continue;
         const hp_node *idx = moved_from(g, n->in[1]), *w = moved_from(g, n->in[0]);
-        const hp_attr *f = hp_node_attr(idx, HP_ATTR_FQN), *wf = hp_node_attr(w, HP_ATTR_FQN);
+        const hp_attr *f = hp_node_attr(idx, HP_ATTR_FQN);
         if (idx->op != HP_OP_PLACEHOLDER || !f || strcmp(f->s, "tokens")) continue;
-        if (w->op != HP_OP_PLACEHOLDER || !wf) continue;
-        for (int k = 0; k < t->prog->n_params; k++)
-            if (!strcmp(t->prog->params[k].fqn, wf->s)) return k;
+        if (w->op != HP_OP_PLACEHOLDER || hp_node_int(w, HP_ATTR_KIND, -1) != HP_INPUT_PARAM)
+            continue;
+        const hp_attr *gs = hp_node_attr(w, HP_ATTR_GLOBAL_SHAPE); /* a shard's */
+        return gs && gs->ints.n > 0 ? gs->ints.v[0] : w->out[0].shape[0];
     }
     return -1;
 }
 
 static hp_status open_data(trainer *t, hp_err *err) {
-    /* the vocabulary is the embedding's global rows (its placeholder may be a shard) */
-    int e = -1;
+    /* the vocabulary: the embedding's global rows. A builtin model's is tok_embeddings; an
+     * exported one's is found in the job's graph, where the lookup reads the placeholders
+     * (the compiled graph may reach them through gathered buckets), else in the compiled one */
+    int64_t vocab = -1;
     for (int i = 0; i < t->prog->n_params; i++)
-        if (!strcmp(t->prog->params[i].fqn, "tok_embeddings.weight")) e = i;
-    if (e < 0) e = token_embedding(t);
-    if (e < 0) return hp_errf(err, HP_UNSUPPORTED, "no embedding of 'tokens' to size the vocab");
+        if (!strcmp(t->prog->params[i].fqn, "tok_embeddings.weight"))
+            vocab = t->prog->params[i].global.shape[0];
+    if (vocab < 0) vocab = token_vocab(t->job->graph);
+    if (vocab < 0) vocab = token_vocab(t->prog->graph);
+    if (vocab < 0)
+        return hp_errf(err, HP_UNSUPPORTED, "no embedding of 'tokens' to size the vocab");
     const char *path = t->opts->data ? t->opts->data : t->job->train.data_path;
     hp_data_config dc = {.path = path && path[0] ? path : NULL,
-                         .vocab = t->prog->params[e].global.shape[0],
+                         .vocab = vocab,
                          .batch = t->batch,
                          .seq = t->seq,
                          .world = t->data_world,

@@ -393,6 +393,28 @@ Test(hp_export, losses_over_the_batch_train_at_world_2_like_world_1) {
     }
 }
 
+/* bf16 FSDP of an exported GPT: bucketing gathers the embedding's bf16 shard with others into
+ * one flat buffer, so the lookup reads a view of a slice of it; the worker sizes the vocab from
+ * the job's own graph (it once failed: "no embedding of 'tokens'"). World 2 trains to world
+ * 1's losses with the same policy, within bf16's rounding of differently ordered sums. */
+Test(hp_export, gpt_bf16_fsdp_world_2_trains_like_world_1) {
+    write_tokens();
+    char args[1024];
+    snprintf(args, sizeof args, "export '%s' torch --as bf1 --steps %d --param-dtype bf16", dir,
+             STEPS);
+    ref_ok(args, "export (world 1)");
+    snprintf(args, sizeof args,
+             "export '%s' torch --as bf2 --steps %d --param-dtype bf16 --mesh dp=2 --fsdp '*'", dir,
+             STEPS);
+    ref_ok(args, "export (world 2)");
+    train_hp("job-bf1.pb", "w1", 1);
+    train_hp("job-bf2.pb", "wn", 2);
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/w1", dir);
+    snprintf(b, sizeof b, "%s/wn", dir);
+    hp_th_expect_losses_close(a, b, 0, 2e-3, "bf16 fsdp world 2");
+}
+
 Test(hp_export, gpt_fsdp_world_2_trains_like_pytorch) {
     write_tokens();
     char args[1024];
