@@ -78,16 +78,23 @@ def _reshape_alias(cx, node, args, kw):
     return cx.g.node("view", [cx.v(args[0])], [t], {"shape": t[1]})
 
 
+def _as(cx, v, dtype):
+    """v cast to dtype (torch's type promotion made explicit: hp's operands share one dtype)."""
+    if v.dtype == dtype:
+        return v
+    return cx.g.node("_to_copy", [v], [(dtype, v.shape)], {"dtype": dtype})
+
+
 def _binary(op, scalar_op):
     def f(cx, node, args, kw):
         a, b = args[0], args[1]
         alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
         t = _t(cx, node)
         if _is_node(a) and _is_node(b):
-            vb = cx.v(b)
+            vb = _as(cx, cx.v(b), t[0])
             if alpha != 1:
                 vb = cx.g.node("mul_scalar", [vb], [(vb.dtype, vb.shape)], {"value": alpha})
-            return cx.g.node(op, [cx.v(a), vb], [t])
+            return cx.g.node(op, [_as(cx, cx.v(a), t[0]), vb], [t])
         if op == "div":
             if not _is_node(a):
                 raise Unsupported("a scalar divided by a tensor")
@@ -248,6 +255,229 @@ def _var(cx, node, args, kw):
     return cx.g.node("mul_scalar", [s], [t], {"value": 1.0 / (n - corr)})
 
 
+# ---- decompositions of elementwise and reduction ops hp has no kernel of its own for ------------
+
+def _lt(cx, a, b):
+    return cx.g.node("lt", [a, b], [("bool", _bshape(a, b))])
+
+
+def _bshape(a, b):
+    """The broadcast shape of two values."""
+    ra, rb = list(a.shape), list(b.shape)
+    n = max(len(ra), len(rb))
+    ra, rb = [1] * (n - len(ra)) + ra, [1] * (n - len(rb)) + rb
+    return tuple(max(x, y) if min(x, y) != 0 else 0 for x, y in zip(ra, rb))
+
+
+def _abs_of(cx, x):
+    t = (x.dtype, x.shape)
+    return cx.g.node("where", [_lt(cx, x, cx.full(0.0, x.dtype)), cx.g.node("neg", [x], [t]), x],
+                     [t])
+
+
+def _abs(cx, node, args, kw):
+    """abs(x) = where(x < 0, -x, x) (NaN stays NaN)."""
+    return _abs_of(cx, cx.v(args[0]))
+
+
+def _sign(cx, node, args, kw):
+    """sign(x) = (0 < x) − (x < 0) in x's dtype (0 at 0; sgn is the same for real x)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    zero = cx.full(0.0, x.dtype)
+    pos = _as(cx, _lt(cx, zero, x), t[0])
+    neg = _as(cx, _lt(cx, x, zero), t[0])
+    return cx.g.node("sub", [pos, neg], [t])
+
+
+def _minimum(cx, node, args, kw):
+    """minimum(a, b) = −maximum(−a, −b): negation is exact, NaN propagates as in maximum."""
+    t = _t(cx, node)
+    a, b = _as(cx, cx.v(args[0]), t[0]), _as(cx, cx.v(args[1]), t[0])
+    na = cx.g.node("neg", [a], [(t[0], a.shape)])
+    nb = cx.g.node("neg", [b], [(t[0], b.shape)])
+    return cx.g.node("neg", [cx.g.node("maximum", [na, nb], [t])], [t])
+
+
+def _maximum(cx, node, args, kw):
+    t = _t(cx, node)
+    return cx.g.node("maximum", [_as(cx, cx.v(args[0]), t[0]), _as(cx, cx.v(args[1]), t[0])], [t])
+
+
+def _reciprocal(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    return cx.g.node("div", [cx.full(1.0, t[0]), x], [t])
+
+
+_FINITE_MAX = {"f32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "f16": 65504.0}
+
+
+def _reduce_dims(x, dims):
+    rank = len(x.shape)
+    if dims is None or len(dims) == 0:
+        return list(range(rank))
+    return sorted(d % rank for d in dims) if rank else []
+
+
+def _logsumexp(cx, node, args, kw):
+    """logsumexp(x, dims, keepdim) = m + log(Σ exp(x − m)), m = amax(x) clamped to the finite
+    range: a row of −inf gives −inf (not NaN), +inf gives +inf, as torch's."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    dims = _reduce_dims(x, args[1] if len(args) > 1 else kw.get("dim"))
+    keep = args[2] if len(args) > 2 else kw.get("keepdim", False)
+    if x.dtype not in _FINITE_MAX:
+        raise Unsupported("logsumexp of %s" % x.dtype)
+    kshape = tuple(1 if i in dims else n for i, n in enumerate(x.shape))
+    kt = (x.dtype, kshape)
+    m = cx.g.node("amax", [x], [kt], {"dims": dims, "keepdim": 1})
+    big = _FINITE_MAX[x.dtype]
+    hi, lo = cx.full(big, x.dtype), cx.full(-big, x.dtype)
+    m = cx.g.node("where", [_lt(cx, hi, m), hi, m], [kt])
+    m = cx.g.node("where", [_lt(cx, m, lo), lo, m], [kt])
+    e = cx.g.node("exp", [cx.g.node("sub", [x, m], [(x.dtype, x.shape)])], [(x.dtype, x.shape)])
+    s = cx.g.node("log", [cx.g.node("sum", [e], [kt], {"dims": dims, "keepdim": 1})], [kt])
+    r = cx.g.node("add", [s, m], [kt])
+    return r if keep else cx.g.node("view", [r], [t], {"shape": list(t[1])})
+
+
+def _std(cx, node, args, kw):
+    """std = sqrt(var), var as _var decomposes it."""
+    v = _var(cx, node, args, kw)
+    return cx.g.node("sqrt", [v], [_t(cx, node)])
+
+
+def _norm(cx, node, args, kw):
+    """The 2-norm (and 1-norm) over dims: sqrt(Σ x²), Σ |x|. Other orders are refused."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    p = args[1] if len(args) > 1 else kw.get("p", 2)
+    p = 2 if p is None else p
+    dims = _reduce_dims(x, args[2] if len(args) > 2 else kw.get("dim"))
+    keep = args[3] if len(args) > 3 else kw.get("keepdim", False)
+    a = {"dims": dims}
+    if keep:
+        a["keepdim"] = 1
+    if p == 1:
+        return cx.g.node("sum", [_abs_of(cx, x)], [t], a)
+    if p != 2:
+        raise Unsupported("norm of order %s (hp takes 1 and 2)" % p)
+    sq = cx.g.node("mul", [x, x], [(x.dtype, x.shape)])
+    return cx.g.node("sqrt", [cx.g.node("sum", [sq], [t], a)], [t])
+
+
+def _pad(cx, node, args, kw):
+    """constant_pad_nd(x, pad, value): per dim from the last, a negative pad slices, a positive
+    one concatenates a block of the value."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    pad = list(args[1])
+    value = args[2] if len(args) > 2 else kw.get("value", 0)
+    y = x
+    for k in range(len(pad) // 2):
+        dim = len(x.shape) - 1 - k
+        before, after = pad[2 * k], pad[2 * k + 1]
+        n = y.shape[dim]
+        start, end = max(0, -before), n - max(0, -after)
+        if start > 0 or end < n:
+            shape = list(y.shape)
+            shape[dim] = max(0, end - start)
+            y = cx.g.node("slice", [y], [(y.dtype, tuple(shape))],
+                          {"dim": dim, "start": start, "end": max(start, end)})
+        parts = []
+        for amount in (before, after):
+            if amount > 0:
+                shape = list(y.shape)
+                shape[dim] = amount
+                parts.append(cx.g.node("full", [], [(y.dtype, tuple(shape))],
+                                       {"shape": shape, "value": value, "dtype": y.dtype}))
+            else:
+                parts.append(None)
+        if parts[0] is not None or parts[1] is not None:
+            seq = [v for v in (parts[0], y, parts[1]) if v is not None]
+            shape = list(y.shape)
+            shape[dim] = sum(v.shape[dim] for v in seq)
+            y = cx.g.node("cat", seq, [(y.dtype, tuple(shape))], {"dim": dim})
+    if tuple(y.shape) != tuple(t[1]):
+        raise Unsupported("constant_pad_nd to %s" % (t[1],))
+    return y
+
+
+def _roll(cx, node, args, kw):
+    """roll(x, shifts, dims): per dim, the last `shift` elements moved to the front (a cat of
+    two slices). A roll of the flattened tensor (no dims) is refused."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    shifts = list(args[1]) if isinstance(args[1], (list, tuple)) else [args[1]]
+    dims = args[2] if len(args) > 2 else kw.get("dims", [])
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
+    if len(dims) != len(shifts) or not dims:
+        raise Unsupported("roll without a dim per shift")
+    y = x
+    for shift, dim in zip(shifts, dims):
+        dim %= len(x.shape)
+        n = y.shape[dim]
+        s = shift % n if n else 0
+        if s == 0:
+            continue
+        head = list(y.shape)
+        head[dim] = s
+        tail = list(y.shape)
+        tail[dim] = n - s
+        a = cx.g.node("slice", [y], [(y.dtype, tuple(head))], {"dim": dim, "start": n - s, "end": n})
+        b = cx.g.node("slice", [y], [(y.dtype, tuple(tail))], {"dim": dim, "start": 0, "end": n - s})
+        y = cx.g.node("cat", [a, b], [(y.dtype, tuple(y.shape))], {"dim": dim})
+    return y
+
+
+def _hardtanh(cx, node, args, kw):
+    lo = args[1] if len(args) > 1 else kw.get("min_val", -1.0)
+    hi = args[2] if len(args) > 2 else kw.get("max_val", 1.0)
+    return _clamp(cx, node, [args[0], lo, hi], {})
+
+
+def _hardtanh_backward(cx, node, args, kw):
+    """grad where min < x < max, else 0 (torch's rule)."""
+    g, x, lo, hi = cx.v(args[0]), cx.v(args[1]), args[2], args[3]
+    t = _t(cx, node)
+    above, below = _lt(cx, cx.full(lo, x.dtype), x), _lt(cx, x, cx.full(hi, x.dtype))
+    inside = cx.g.node("where", [above, below, cx.full(False, "bool")], [("bool", x.shape)])
+    return cx.g.node("where", [inside, g, cx.full(0.0, t[0])], [t])
+
+
+def _elu(cx, node, args, kw):
+    """scale · (x where x > 0, else alpha · (exp(input_scale · x) − 1))."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    alpha, scale, iscale = (list(args[1:4]) + [1.0, 1.0, 1.0][len(args) - 1:])[:3]
+    xs = cx.g.node("mul_scalar", [x], [t], {"value": iscale}) if iscale != 1 else x
+    em1 = cx.g.node("add_scalar", [cx.g.node("exp", [xs], [t])], [t], {"value": -1.0})
+    neg = cx.g.node("mul_scalar", [em1], [t], {"value": alpha * scale})
+    pos = cx.g.node("mul_scalar", [x], [t], {"value": scale}) if scale != 1 else x
+    return cx.g.node("where", [_lt(cx, cx.full(0.0, x.dtype), x), pos, neg], [t])
+
+
+def _elu_backward(cx, node, args, kw):
+    """grad · scale where the input (or result) > 0, else grad · alpha · scale · input_scale ·
+    exp(input_scale · x) (from the result y: grad · input_scale · (y + alpha · scale))."""
+    g, alpha, scale, iscale, is_result, xy = args[:6]
+    g, xy, t = cx.v(g), cx.v(xy), _t(cx, node)
+    if is_result:
+        d = cx.g.node("mul_scalar", [cx.g.node("add_scalar", [xy], [t], {"value": alpha * scale})],
+                      [t], {"value": iscale})
+    else:
+        xs = cx.g.node("mul_scalar", [xy], [t], {"value": iscale}) if iscale != 1 else xy
+        d = cx.g.node("mul_scalar", [cx.g.node("exp", [xs], [t])], [t],
+                      {"value": alpha * scale * iscale})
+    neg = cx.g.node("mul", [g, d], [t])
+    pos = cx.g.node("mul_scalar", [g], [t], {"value": scale}) if scale != 1 else g
+    return cx.g.node("where", [_lt(cx, cx.full(0.0, xy.dtype), xy), pos, neg], [t])
+
+
+def _mish(cx, node, args, kw):
+    """x · tanh(softplus(x)), softplus with torch's threshold 20."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    big = _lt(cx, cx.full(20.0, x.dtype), x)
+    sp = cx.g.node("log", [cx.g.node("add_scalar", [cx.g.node("exp", [x], [t])], [t],
+                                     {"value": 1.0})], [t])
+    sp = cx.g.node("where", [big, x, sp], [t])
+    return cx.g.node("mul", [x, cx.g.node("tanh", [sp], [t])], [t])
+
+
 _APPROX = {"none": 0, "tanh": 1}
 
 
@@ -276,7 +506,8 @@ def _reduce(op):
         a = {"dims": dims}
         if keep:
             a["keepdim"] = 1
-        return cx.g.node(op, [cx.v(args[0])], [_t(cx, node)], a)
+        t = _t(cx, node)  # a sum of bools counts them in i64, as torch's
+        return cx.g.node(op, [_as(cx, cx.v(args[0]), t[0])], [t], a)
     return f
 
 
@@ -796,7 +1027,24 @@ TABLE = {
     aten.div.Scalar: _binary("div", None),
     aten.rsub.Scalar: _rsub,
     aten.pow.Tensor_Scalar: _pow,
-    aten.maximum.default: _one("maximum"),
+    aten.maximum.default: _maximum,
+    aten.minimum.default: _minimum,
+    aten.abs.default: _abs,
+    aten.sign.default: _sign,
+    aten.sgn.default: _sign,
+    aten.reciprocal.default: _reciprocal,
+    aten.logsumexp.default: _logsumexp,
+    aten.std.correction: _std,
+    aten.std.dim: _std,
+    aten.norm.ScalarOpt_dim: _norm,
+    aten.constant_pad_nd.default: _pad,
+    aten.roll.default: _roll,
+    aten.hardtanh.default: _hardtanh,
+    aten.hardtanh_backward.default: _hardtanh_backward,
+    aten.elu.default: _elu,
+    aten.elu_backward.default: _elu_backward,
+    aten.mish.default: _mish,
+    aten.masked_fill_.Scalar: _inplace(_masked_fill),
     aten.eq.Tensor: _compare("eq"),
     aten.eq.Scalar: _eq_scalar,
     aten.ne.Tensor: _ne,

@@ -8,6 +8,7 @@
                   --mha: the attention as nn.MultiheadAttention with an additive mask buffer;
                   --mha-forward-mask: the same, its mask made in forward by triu;
                   --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
+                  --ops2: OpsNet2, more of them;
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
@@ -17,7 +18,7 @@
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --mha, --ops,
+                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2,
                   --label-smoothing E: the export's models and loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
@@ -281,6 +282,35 @@ def make_ops():
     return OpsNet()
 
 
+class OpsNet2(nn.Module):
+    """More decompositions (aten_map's third block): abs, sign, minimum/maximum of tensors,
+    reciprocal, logsumexp, std, F.normalize (norm), F.pad, roll, hardtanh, elu, mish, a max
+    subtracted (amax, whose backward counts the maxima with a sum of bools), and their
+    backwards as torch records them (sgn, masked_fill_, hardtanh_backward, elu_backward)."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.a, self.b = nn.Linear(C, C), nn.Linear(C, C)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        u, w = self.a(x), self.b(x)
+        x = x + 0.3 * torch.abs(u) * torch.sign(w) + 0.2 * torch.minimum(u, w)
+        x = x + 0.2 * torch.maximum(u, 0.5 * w) + 0.1 * torch.reciprocal(torch.abs(u) + 1.0)
+        x = x - 0.1 * torch.logsumexp(u, dim=-1, keepdim=True) + 0.1 * torch.logsumexp(w, -1)[..., None]
+        x = x + 0.2 * F.normalize(u, dim=-1) + 0.1 * u / (u.std(-1, keepdim=True) + 1.0)
+        x = x + 0.2 * F.pad(w, (0, 0, 1, 0))[:, :-1] + 0.1 * torch.roll(u, 2, dims=1)
+        x = x + 0.2 * F.hardtanh(w, -0.3, 0.4) + 0.2 * F.elu(u, alpha=0.7) + 0.1 * F.mish(w)
+        x = x - 0.5 * x.amax(-1, keepdim=True)
+        return self.out(x)
+
+
+def make_ops2():
+    torch.manual_seed(78)
+    return OpsNet2()
+
+
 class ConvNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -378,6 +408,8 @@ def do_export(d, autodiff, flags):
     model = None
     if flags[:1] == ["--ops"]:  # OpsNet instead of the GPT
         model, flags = make_ops(), flags[1:]
+    if flags[:1] == ["--ops2"]:  # OpsNet2 instead of the GPT
+        model, flags = make_ops2(), flags[1:]
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
@@ -394,17 +426,19 @@ def do_export(d, autodiff, flags):
 
 def do_train(d, steps, flags=()):
     global DROPOUT, HP_MASK
-    attn, ops = Attention, False
+    attn, ops = Attention, None
     if list(flags[:1]) == ["--mha"]:
         attn, flags = MhaAttention, flags[1:]
     if list(flags[:1]) == ["--ops"]:
-        ops, flags = True, flags[1:]
+        ops, flags = make_ops, flags[1:]
+    if list(flags[:1]) == ["--ops2"]:
+        ops, flags = make_ops2, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss
     if list(flags[:1]) == ["--label-smoothing"]:
         loss_fn = smoothed_loss(float(flags[1]))
-    m = make_ops() if ops else make(attn)
+    m = ops() if ops else make(attn)
     for name, mod in m.named_modules():
         if isinstance(mod, HpMaskDropout):
             mod.fqn = name + "#0"

@@ -347,6 +347,14 @@ Test(hp_export, decomposed_ops_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops", modes, variants, HP_ARRAY_LEN(modes), "--ops");
 }
 
+/* OpsNet2's decompositions (abs, sign, minimum/maximum, reciprocal, logsumexp, std, normalize,
+ * pad, roll, hardtanh, elu, mish, amax with its sum-of-bools backward), exported both ways,
+ * train to PyTorch's losses and weights. */
+Test(hp_export, more_decomposed_ops_train_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops2", "--ops2"};
+    expect_exports_train_like_pytorch("ops2", modes, variants, HP_ARRAY_LEN(modes), "--ops2");
+}
+
 /* Cross entropy with label smoothing (0.1), which torch 1.13 records with index_put_,
  * masked_select, masked_scatter over `labels == -100` and 0-d f64 constants: exported both ways,
  * the GPT trains to PyTorch's losses and weights (the mask is false everywhere for token ids,
