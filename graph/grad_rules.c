@@ -186,6 +186,18 @@ hp_status hp__grad_rsqrt(hp_graph *g, const hp_grad_node *fwd, const hp_value *g
     return HP_OK;
 }
 
+/* grad · cos(x) */
+hp_status hp__grad_sin(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
+    gin[0] = hp_mul(g, gout[0], hp_un(g, HP_OP_COS, fwd->node.in[0]));
+    return HP_OK;
+}
+
+/* −grad · sin(x) */
+hp_status hp__grad_cos(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
+    gin[0] = hp_neg(g, hp_mul(g, gout[0], hp_un(g, HP_OP_SIN, fwd->node.in[0])));
+    return HP_OK;
+}
+
 hp_status hp__grad_tanh(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
     gin[0] = hp_bin(g, HP_OP_TANH_BACKWARD, gout[0], hp__grad_self(fwd, 0));
     return HP_OK;

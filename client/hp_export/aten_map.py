@@ -1077,6 +1077,8 @@ TABLE = {
     aten.sqrt.default: _one("sqrt"),
     aten.rsqrt.default: _one("rsqrt"),
     aten.tanh.default: _one("tanh"),
+    aten.sin.default: _one("sin"),
+    aten.cos.default: _one("cos"),
     aten.sigmoid.default: _one("sigmoid"),
     aten.silu.default: _one("silu"),
     aten.relu.default: _one("relu"),

@@ -169,6 +169,12 @@ HP__EVAL_KERNEL(hp__eval_unary) {
         case HP_OP_TANH:
             r = tanh(a);
             break;
+        case HP_OP_SIN:
+            r = sin(a);
+            break;
+        case HP_OP_COS:
+            r = cos(a);
+            break;
         case HP_OP_SIGMOID:
             r = sigmoid(a);
             break;

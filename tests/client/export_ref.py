@@ -283,7 +283,8 @@ def make_ops():
 
 
 class OpsNet2(nn.Module):
-    """More decompositions (aten_map's third block): abs, sign, minimum/maximum of tensors,
+    """Rotary embeddings computed in forward (sin, cos), and more decompositions: abs, sign,
+    minimum/maximum of tensors,
     reciprocal, logsumexp, std, F.normalize (norm), F.pad, roll, hardtanh, elu, mish, a max
     subtracted (amax, whose backward counts the maxima with a sum of bools), and their
     backwards as torch records them (sgn, masked_fill_, hardtanh_backward, elu_backward)."""
@@ -292,10 +293,17 @@ class OpsNet2(nn.Module):
         self.emb = nn.Embedding(V, C)
         self.a, self.b = nn.Linear(C, C), nn.Linear(C, C)
         self.out = nn.Linear(C, V)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, C, 2).float() / C)))
 
     def forward(self, idx):
         x = self.emb(idx)
+        # rotary embedding as Hugging Face's Llama computes it, in forward: cos/sin of angles
+        ang = torch.arange(idx.shape[1], dtype=torch.float32)[:, None] * self.inv_freq[None, :]
+        ang = torch.cat([ang, ang], dim=-1)
+        half = torch.cat([-x[..., C // 2:], x[..., :C // 2]], dim=-1)
+        x = x * ang.cos() + half * ang.sin()
         u, w = self.a(x), self.b(x)
+        x = x + 0.2 * torch.sin(u) + 0.2 * torch.cos(w)
         x = x + 0.3 * torch.abs(u) * torch.sign(w) + 0.2 * torch.minimum(u, w)
         x = x + 0.2 * torch.maximum(u, 0.5 * w) + 0.1 * torch.reciprocal(torch.abs(u) + 1.0)
         x = x - 0.1 * torch.logsumexp(u, dim=-1, keepdim=True) + 0.1 * torch.logsumexp(w, -1)[..., None]

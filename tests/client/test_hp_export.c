@@ -347,9 +347,10 @@ Test(hp_export, decomposed_ops_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops", modes, variants, HP_ARRAY_LEN(modes), "--ops");
 }
 
-/* OpsNet2's decompositions (abs, sign, minimum/maximum, reciprocal, logsumexp, std, normalize,
- * pad, roll, hardtanh, elu, mish, amax with its sum-of-bools backward), exported both ways,
- * train to PyTorch's losses and weights. */
+/* OpsNet2: rotary embeddings computed in forward as Hugging Face's Llama does (sin, cos of
+ * position × inv_freq), sin and cos of activations, and the decompositions (abs, sign,
+ * minimum/maximum, reciprocal, logsumexp, std, normalize, pad, roll, hardtanh, elu, mish, amax
+ * with its sum-of-bools backward), exported both ways, train to PyTorch's losses and weights. */
 Test(hp_export, more_decomposed_ops_train_like_pytorch) {
     const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops2", "--ops2"};
     expect_exports_train_like_pytorch("ops2", modes, variants, HP_ARRAY_LEN(modes), "--ops2");

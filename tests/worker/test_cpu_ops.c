@@ -168,6 +168,11 @@ static void case_unary(hp_backend *be, hp_op op) {
     case HP_OP_EXP:
         unary_range(be, op, NULL, 0, -20, 20);
         break;
+    case HP_OP_SIN: /* RoPE's angles: position × frequency, up to thousands */
+    case HP_OP_COS:
+        unary_range(be, op, NULL, 0, -8, 8);
+        unary_range(be, op, NULL, 0, -3000, 3000);
+        break;
     case HP_OP_GELU:
         for (int ap = 0; ap < 2; ap++) {
             hp_attr a = hp_attr_int(HP_ATTR_APPROXIMATE, ap);
@@ -773,6 +778,8 @@ static const op_case cases[] = {
     {HP_OP_SQRT, case_unary},
     {HP_OP_RSQRT, case_unary},
     {HP_OP_TANH, case_unary},
+    {HP_OP_SIN, case_unary},
+    {HP_OP_COS, case_unary},
     {HP_OP_SIGMOID, case_unary},
     {HP_OP_SILU, case_unary},
     {HP_OP_GELU, case_unary},

@@ -100,6 +100,8 @@ enum {
     HP__CU_SILU,
     HP__CU_GELU,
     HP__CU_RELU,
+    HP__CU_SIN,
+    HP__CU_COS,
 };
 int hp__cu_unary(cudaStream_t s, int op, int dtype, void *y, const void *x, double p, int64_t n);
 

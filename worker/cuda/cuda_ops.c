@@ -131,6 +131,12 @@ HP__CUDA_ENTRY(hp__cuda_unary) {
     case HP_OP_TANH:
         op = HP__CU_TANH;
         break;
+    case HP_OP_SIN:
+        op = HP__CU_SIN;
+        break;
+    case HP_OP_COS:
+        op = HP__CU_COS;
+        break;
     case HP_OP_SIGMOID:
         op = HP__CU_SIGMOID;
         break;

@@ -224,6 +224,10 @@ __device__ __forceinline__ float unary_op(int op, float x, double p) {
         return (float)(1.0 / sqrt((double)x));
     case HP__CU_TANH:
         return tanhf(x);
+    case HP__CU_SIN: /* full-range reduction (not __sinf): RoPE's angles reach thousands */
+        return sinf(x);
+    case HP__CU_COS:
+        return cosf(x);
     case HP__CU_SIGMOID:
         return sigmoid_f(x);
     case HP__CU_SILU:
