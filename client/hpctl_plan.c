@@ -171,6 +171,9 @@ static void print_autoshard(const hp_job *job, const hp_autoshard *a) {
            st->gap * 100);
     printf("  modelled step %s = compute %s + redistribution %s + optimizer %s\n",
            SECONDS(st->objective_s), SECONDS(comp), SECONDS(comm), SECONDS(opt));
+    if (st->refolded)
+        printf("  every node decided its placement: with views and one-input elementwise ops "
+               "following their inputs, no plan was found\n");
 }
 
 static void print_text(const hp_job *job, const hp_compiled *c) {
@@ -417,15 +420,15 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
         json_object_set_new(
             root, "solver",
             json_pack("{s:s, s:b, s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:f, s:f, s:f, "
-                      "s:f, s:b, s:b, s:f, s:f, s:f}",
+                      "s:f, s:b, s:b, s:b, s:f, s:f, s:f}",
                       "profile", prof.name, "profile_measured", prof.measured, "nodes", st->nodes,
                       "classes", st->classes, "strategies", st->strategies, "variables",
                       st->variables, "binaries", st->binaries, "constraints", st->constraints,
                       "presolve", "on", "enumerate_s", st->enumerate_s, "build_s", st->build_s,
                       "solve_s", st->solve_s, "apply_s", st->apply_s, "objective_s",
                       st->objective_s, "gap", st->gap, "optimal", st->optimal, "time_limited",
-                      st->time_limited, "compute_s", comp, "redistribution_s", comm, "optimizer_s",
-                      opt));
+                      st->time_limited, "refolded", st->refolded, "compute_s", comp,
+                      "redistribution_s", comm, "optimizer_s", opt));
     }
     int rc = HPCTL_OK;
     if (json_dumpf(root, stdout, JSON_INDENT(2)) != 0)

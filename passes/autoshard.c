@@ -86,12 +86,28 @@ hp_status hp_autoshard_solve(const hp_graph *g, const hp_job *job, const hp_devi
         }
     }
     if (st == HP_OK) st = hp__as_enumerate(a, job, err);
-    if (st == HP_OK) st = hp__as_fold(a, err);
+    if (st == HP_OK) st = hp__as_fold(a, true, err);
     a->stats.enumerate_s = now_s() - t0;
     a->stats.nodes = g->n_nodes;
     a->stats.classes = a->n_cls;
     a->stats.strategies = a->n_st;
-    if (st == HP_OK) st = hp__as_ilp(a, opts, err);
+    bool solved = false;
+    if (st == HP_OK) st = hp__as_ilp(a, opts, err), solved = true;
+    if (solved && (st == HP_UNSUPPORTED || st == HP_LIMIT || st == HP_INVALID)) {
+        /* A follower takes its cheapest placement given its leader's; that greedy choice can
+         * leave no way on (an expand of a replicated value split over one tensor dim by two
+         * mesh dims, which nothing redistributes): every class decides, once more. */
+        hp_err again = {0};
+        hp__as_unfold(a);
+        double t1 = now_s();
+        hp_status st2 = hp__as_fold(a, false, &again);
+        a->stats.enumerate_s += now_s() - t1;
+        if (st2 == HP_OK) st2 = hp__as_ilp(a, opts, &again);
+        /* a named budget or constraint stays the reason; else the plain problem's */
+        if (st2 != HP_OK && st != HP_INVALID && err) *err = again;
+        if (st2 == HP_OK || st != HP_INVALID) st = st2;
+        a->stats.refolded = true;
+    }
     if (st != HP_OK) {
         hp_err_prefix(err, "autoshard");
         if (!strncmp(err->msg, "autoshard: autoshard: ", 22))

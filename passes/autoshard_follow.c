@@ -56,7 +56,25 @@ static int remap(const hp_autoshard *a, int c, const int *of, int n_groups, int 
     return n;
 }
 
-hp_status hp__as_fold(hp_autoshard *a, hp_err *err) {
+void hp__as_unfold(hp_autoshard *a) {
+    for (int e = 0; a->ledges && e < a->n_ledges; e++) {
+        hp_free(a->ledges[e].p_of);
+        hp_free(a->ledges[e].q_of);
+        hp_free(a->ledges[e].cost);
+    }
+    hp_free(a->ledges);
+    hp_free(a->lunary);
+    a->ledges = NULL;
+    a->lunary = NULL;
+    a->n_ledges = 0;
+    for (int c = 0; a->cls && c < a->n_cls; c++) {
+        hp_free(a->cls[c].follow);
+        a->cls[c].follow = NULL;
+        a->cls[c].leader = -1;
+    }
+}
+
+hp_status hp__as_fold(hp_autoshard *a, bool follow, hp_err *err) {
     a->lunary = hp_malloc(((size_t)a->n_st + 1) * sizeof *a->lunary);
     int *in_edge = hp_malloc(((size_t)a->n_cls + 1) * sizeof *in_edge);
     int *n_in = hp_calloc((size_t)a->n_cls + 1, sizeof *n_in);
@@ -84,7 +102,7 @@ hp_status hp__as_fold(hp_autoshard *a, hp_err *err) {
     for (int c = 0; st == HP_OK && c < a->n_cls; c++) {
         as_class *cl = &a->cls[c];
         const hp_node *n = &a->g->nodes[cl->rep];
-        if (cl->placeholder || output[c] || n_in[c] != 1 || !follower_op(n)) continue;
+        if (!follow || cl->placeholder || output[c] || n_in[c] != 1 || !follower_op(n)) continue;
         const as_edge *ed = &a->edges[in_edge[c]];
         if (ed->cu == c) continue;
         int L = decider(a, ed->cu);

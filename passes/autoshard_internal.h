@@ -107,8 +107,10 @@ static inline double hp__as_unary(const as_strat *s) {
 /* What strategy s of cv needs for input j (a variadic op's inputs share in[0]). */
 const hp_placement *hp__as_want(const hp_autoshard *a, int cv, const as_strat *s, int j);
 
-/* autoshard_follow.c: lunary, ledges and the followers (after hp__as_enumerate) */
-hp_status hp__as_fold(hp_autoshard *a, hp_err *err);
+/* autoshard_follow.c: lunary, ledges and the followers (after hp__as_enumerate); with follow
+ * false every class decides. hp__as_unfold undoes it (for a fold without followers). */
+hp_status hp__as_fold(hp_autoshard *a, bool follow, hp_err *err);
+void hp__as_unfold(hp_autoshard *a);
 void hp__as_follow_choices(hp_autoshard *a);
 
 /* autoshard_solve.c */

@@ -219,6 +219,66 @@ static int solve(glp_prob *lp, const hp_autoshard_opts *opts, cb_state *cb) {
     return glp_intopt(lp, &parm);
 }
 
+/* Arc consistency over the deciding classes: a strategy stays while it has a finite unary cost
+ * and every edge offers it a partner strategy that stays. The first class left with none
+ * (*dead) and the edge that emptied it (*edge, -1: its own costs) name a node no plan can
+ * place. False when every class keeps a strategy (the infeasibility is subtler). */
+static bool dead_class(const hp_autoshard *a, int *dead, int *edge) {
+    bool *alive = hp_calloc((size_t)(a->n_st ? a->n_st : 1), sizeof *alive);
+    int max_g = 1;
+    for (int e = 0; e < a->n_ledges; e++)
+        max_g = a->ledges[e].n_p > max_g ? a->ledges[e].n_p : max_g;
+    for (int e = 0; e < a->n_ledges; e++)
+        max_g = a->ledges[e].n_q > max_g ? a->ledges[e].n_q : max_g;
+    bool *live_q = hp_calloc((size_t)max_g, sizeof *live_q);
+    bool *ok_p = hp_calloc((size_t)max_g, sizeof *ok_p);
+    bool found = false;
+    *dead = *edge = -1;
+    if (!alive || !live_q || !ok_p) goto done;
+    for (int c = 0; c < a->n_cls && !found; c++) {
+        const as_class *cl = &a->cls[c];
+        if (cl->leader >= 0) continue;
+        int n = 0;
+        for (int s = 0; s < cl->n_strat; s++)
+            n += alive[cl->strat0 + s] = isfinite(a->lunary[cl->strat0 + s]);
+        if (n == 0) found = true, *dead = c;
+    }
+    for (bool changed = !found; changed && !found;) {
+        changed = false;
+        for (int e = 0; e < a->n_ledges && !found; e++) {
+            const as_edge *ed = &a->ledges[e];
+            for (int side = 0; side < 2 && !found; side++) {
+                /* side 0 prunes the producer by the consumer's live groups, 1 the reverse */
+                const as_class *keep = &a->cls[side ? ed->cv : ed->cu];
+                const as_class *other = &a->cls[side ? ed->cu : ed->cv];
+                const int *kg = side ? ed->q_of : ed->p_of, *og = side ? ed->p_of : ed->q_of;
+                int nk = side ? ed->n_q : ed->n_p, no = side ? ed->n_p : ed->n_q;
+                memset(live_q, 0, (size_t)max_g * sizeof *live_q);
+                for (int s = 0; s < other->n_strat; s++)
+                    if (alive[other->strat0 + s] && og[s] >= 0) live_q[og[s]] = true;
+                for (int k = 0; k < nk; k++) {
+                    ok_p[k] = false;
+                    for (int o = 0; o < no && !ok_p[k]; o++)
+                        ok_p[k] = live_q[o] && isfinite(side ? ed->cost[o * ed->n_q + k]
+                                                             : ed->cost[k * ed->n_q + o]);
+                }
+                int left = 0;
+                for (int s = 0; s < keep->n_strat; s++) {
+                    bool *al = &alive[keep->strat0 + s];
+                    if (*al && (kg[s] < 0 || !ok_p[kg[s]])) *al = false, changed = true;
+                    left += *al;
+                }
+                if (left == 0) found = true, *dead = side ? ed->cv : ed->cu, *edge = e;
+            }
+        }
+    }
+done:
+    hp_free(alive);
+    hp_free(live_q);
+    hp_free(ok_p);
+    return found;
+}
+
 static hp_status infeasible(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err) {
     double lo, hi, mn, mx;
     if (hp__as_budget(a, &lo, &hi)) {
@@ -242,6 +302,25 @@ static hp_status infeasible(hp_autoshard *a, const hp_autoshard_opts *opts, hp_e
                            "plan.param_memory_budget (%g, %g) cannot be met together with the "
                            "placement constraints and FSDP marks",
                            a->v.mem_low, a->v.mem_high);
+    }
+    int dead, e;
+    if (dead_class(a, &dead, &e)) {
+        int n = a->cls[dead].rep;
+        const char *op = hp_op_get(a->g->nodes[n].op)->name;
+        if (e < 0)
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "no plan places node %d (%s): none of its placements fits what its "
+                           "inputs can be given on this mesh",
+                           n, op);
+        const as_edge *ed = &a->ledges[e];
+        int u = a->cls[ed->cu].rep, v = a->cls[ed->cv].rep;
+        return hp_errf(err, HP_UNSUPPORTED,
+                       "no plan places node %d (%s): under the data's batch split, the "
+                       "placement constraints and FSDP marks, no placement is left for it that "
+                       "the value from node %d (%s) to node %d (%s) can be redistributed "
+                       "between on this mesh",
+                       n, op, u, hp_op_get(a->g->nodes[u].op)->name, v,
+                       hp_op_get(a->g->nodes[v].op)->name);
     }
     return hp_errf(err, HP_INVALID,
                    "the placement constraints and FSDP marks cannot be met together (no plan "

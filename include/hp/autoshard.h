@@ -95,6 +95,7 @@ typedef struct hp_autoshard_stats {
     double gap;         /* relative MIP gap of the reported solution (0: proven optimal) */
     bool optimal;       /* proven within the requested gap */
     bool time_limited;  /* the solver stopped at the time limit with a feasible plan */
+    bool refolded; /* with views following their inputs no plan was found: every node decided */
 } hp_autoshard_stats;
 
 typedef struct hp_autoshard hp_autoshard;

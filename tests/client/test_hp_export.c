@@ -371,17 +371,23 @@ Test(hp_export, label_smoothing_trains_like_pytorch) {
  * label smoothing's plain mean over the batch; a sum over it (reduction='sum'), which the
  * rewrite once averaged over the ranks, training on half the loss; OpsNet's constant of the
  * global batch's shape. Each plan is placed by spmd instead (hpctl plan says so) and trains to
- * world 1's losses and weights, with FSDP and without. So does a plan.mode auto one, which
- * looks the token embedding up through the tokens' redistribution. */
-Test(hp_export, losses_over_the_batch_train_at_world_2_like_world_1) {
+ * world 1's losses and weights, with FSDP and without. So do plan.mode auto ones: at dp=2 (the
+ * worker looks the token embedding up through the tokens' redistribution) and label smoothing
+ * at dp=2 × tp=2. */
+Test(hp_export, losses_over_the_batch_train_at_world_n_like_world_1) {
     write_tokens();
     static const struct {
         const char *name, *loss, *plan;
+        int world;
     } cases[] = {
-        {"ls", "--label-smoothing 0.1", "--mesh dp=2 --fsdp 'transformer.*'"},
-        {"sum", "--sum-loss", "--mesh dp=2"},
-        {"ops", "--ops", "--mesh dp=2 --fsdp '*'"}, /* a full() of the global batch's shape */
-        {"auto", "", "--mesh dp=2 --mode auto"},
+        {"ls", "--label-smoothing 0.1", "--mesh dp=2 --fsdp 'transformer.*'", 2},
+        {"sum", "--sum-loss", "--mesh dp=2", 2},
+        {"ops", "--ops", "--mesh dp=2 --fsdp '*'", 2}, /* a full() of the global batch's shape */
+        {"auto", "", "--mesh dp=2 --mode auto", 2},
+        /* the smoothing term's gradient, a scalar expanded to [B·T] and then [B·T, V]: with
+         * views following their inputs the expand took a split over both mesh dims that
+         * nothing redistributes, and auto-sharding found no plan */
+        {"lsauto", "--label-smoothing 0.1", "--mesh dp=2,tp=2 --mode auto", 4},
     };
     for (size_t i = 0; i < HP_ARRAY_LEN(cases); i++) {
         char args[1024], one[64], many[64];
@@ -395,10 +401,10 @@ Test(hp_export, losses_over_the_batch_train_at_world_2_like_world_1) {
         snprintf(many, sizeof many, "job-%s2.pb", cases[i].name);
         hp_th_run r = hp_th_hpctl(dir, 60, "plan '%s/%s'", dir, many);
         cr_assert_eq(r.code, 0, "hpctl plan %s: %s", many, r.err);
-        if (strcmp(cases[i].name, "auto"))
+        if (cases[i].world == 2 && strcmp(cases[i].name, "auto"))
             cr_expect(strstr(r.out, "fsdp: placed by spmd"), "%s: %s", many, r.out);
         hp_th_run_free(&r);
-        expect_trains_like_world_1(one, many, 2, cases[i].name);
+        expect_trains_like_world_1(one, many, cases[i].world, cases[i].name);
     }
 }
 
