@@ -730,6 +730,52 @@ def _nll_backward(cx, node, args, kw):
                      [_t(cx, node)], {"reduction": reduction, "ignore_index": ignore})
 
 
+def _nll_2d_flat(cx, x, target):
+    """nll_loss2d's [N, C, H, W] scores and [N, H, W] targets as nll_loss's [N·H·W, C] and
+    [N·H·W] (the class dim moved last)."""
+    n, c, h, w = x.shape
+    xp = cx.g.node("permute", [x], [(x.dtype, (n, h, w, c))], {"perm": [0, 2, 3, 1]})
+    xr = cx.g.node("reshape", [xp], [(x.dtype, (n * h * w, c))], {"shape": [n * h * w, c]})
+    tr = cx.g.node("reshape", [target], [(target.dtype, (n * h * w,))], {"shape": [n * h * w]})
+    return xr, tr
+
+
+def _nll2d(cx, node, args, kw):
+    """F.cross_entropy of [N, C, d...] scores (torch views them as [N, C, 1, d]): nll_loss over
+    the flattened positions; reduction 'none' is viewed back to [N, H, W]."""
+    x, target, weight, reduction, ignore = args[:5]
+    if weight is not None:
+        raise Unsupported("class weights")
+    x, target = cx.v(x), cx.v(target)
+    if len(x.shape) != 4:
+        raise Unsupported("nll_loss2d of a rank-%d input" % len(x.shape))
+    xr, tr = _nll_2d_flat(cx, x, target)
+    types = cx.types_of(node)
+    flat = [(types[0][0], (tr.shape[0],) if reduction == 0 else ()), types[1]]
+    out = cx.g.node("nll_loss_forward", [xr, tr], flat,
+                    {"reduction": reduction, "ignore_index": ignore})
+    if reduction != 0:
+        return out
+    return [cx.g.node("reshape", [out[0]], [types[0]], {"shape": list(types[0][1])}), out[1]]
+
+
+def _nll2d_backward(cx, node, args, kw):
+    g, x, target, weight, reduction, ignore, total = args[:7]
+    if weight is not None:
+        raise Unsupported("class weights")
+    g, x, target = cx.v(g), cx.v(x), cx.v(target)
+    if len(x.shape) != 4:
+        raise Unsupported("nll_loss2d_backward of a rank-%d input" % len(x.shape))
+    n, c, h, w = x.shape
+    xr, tr = _nll_2d_flat(cx, x, target)
+    if reduction == 0:
+        g = cx.g.node("reshape", [g], [(g.dtype, (n * h * w,))], {"shape": [n * h * w]})
+    gr = cx.g.node("nll_loss_backward", [g, xr, tr, cx.v(total)], [(x.dtype, xr.shape)],
+                   {"reduction": reduction, "ignore_index": ignore})
+    gp = cx.g.node("reshape", [gr], [(x.dtype, (n, h, w, c))], {"shape": [n, h, w, c]})
+    return cx.g.node("permute", [gp], [_t(cx, node)], {"perm": [0, 3, 1, 2]})
+
+
 def _affine(cx, p, x, value):
     if p is not None:
         return cx.v(p)
@@ -1101,6 +1147,8 @@ TABLE = {
     aten._log_softmax_backward_data.default: _softmax_backward("_log_softmax_backward_data"),
     aten.nll_loss_forward.default: _nll,
     aten.nll_loss_backward.default: _nll_backward,
+    aten.nll_loss2d_forward.default: _nll2d,
+    aten.nll_loss2d_backward.default: _nll2d_backward,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten.ones.default: _creation("ones"),

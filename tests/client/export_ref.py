@@ -11,6 +11,8 @@
                   --ops2: OpsNet2, more of them;
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
+                  --loss-3d, --loss-3d-none: cross entropy of [B, V, T] scores (nll_loss2d),
+                  mean or per position then averaged;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
                   residual branches) with p = P (default 0: they fold away);
                   --native-dropout (after --dropout): through torch.native_dropout
@@ -19,7 +21,8 @@
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
                   and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2,
-                  --label-smoothing E: the export's models and loss; --dropout P: with
+                  --label-smoothing E, --sum-loss, --loss-3d(-none): the export's models and
+                  loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
@@ -392,6 +395,19 @@ def smoothed_loss(eps):
     return loss
 
 
+def loss_3d(logits, labels):
+    """Cross entropy over [B, V, T] scores (the class dim second): torch's nll_loss2d."""
+    return F.cross_entropy(logits.transpose(1, 2), labels)
+
+
+def loss_3d_none(logits, labels):
+    """The same per position (reduction='none'), then their mean."""
+    return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none").mean()
+
+
+LOSSES = {"--sum-loss": None, "--loss-3d": loss_3d, "--loss-3d-none": loss_3d_none}
+
+
 def sum_loss(logits, labels):
     """The mean cross entropy written as a sum over the batch (reduction='sum') over B·T."""
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
@@ -421,8 +437,8 @@ def do_export(d, autodiff, flags):
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
-    if flags[:1] == ["--sum-loss"]:
-        loss, flags = sum_loss, flags[1:]
+    if flags[:1] and flags[0] in LOSSES:
+        loss, flags = LOSSES[flags[0]] or sum_loss, flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
     hp_export.export(model or make(attn), (x, x.clone()), loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
@@ -446,6 +462,8 @@ def do_train(d, steps, flags=()):
     loss_fn = hp_export.default_loss
     if list(flags[:1]) == ["--label-smoothing"]:
         loss_fn = smoothed_loss(float(flags[1]))
+    if list(flags[:1]) and flags[0] in LOSSES:
+        loss_fn = LOSSES[flags[0]] or sum_loss
     m = ops() if ops else make(attn)
     for name, mod in m.named_modules():
         if isinstance(mod, HpMaskDropout):

@@ -412,6 +412,16 @@ Test(hp_export, losses_over_the_batch_train_at_world_n_like_world_1) {
  * one flat buffer, so the lookup reads a view of a slice of it; the worker sizes the vocab from
  * the job's own graph (it once failed: "no embedding of 'tokens'"). World 2 trains to world
  * 1's losses with the same policy, within bf16's rounding of differently ordered sums. */
+/* Cross entropy of [B, V, T] scores (the class dim second), which torch records as
+ * nll_loss2d_forward/backward over a [B, V, 1, T] view: exported both ways, with the mean and
+ * with reduction='none' then averaged, the GPT trains to PyTorch's losses and weights. */
+Test(hp_export, cross_entropy_over_the_class_dim_1_trains_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--loss-3d", "--loss-3d"};
+    expect_exports_train_like_pytorch("l3", modes, variants, HP_ARRAY_LEN(modes), "--loss-3d");
+    const char *none[] = {"--loss-3d-none", "--loss-3d-none"};
+    expect_exports_train_like_pytorch("l3n", modes, none, HP_ARRAY_LEN(modes), "--loss-3d-none");
+}
+
 Test(hp_export, gpt_bf16_fsdp_world_2_trains_like_world_1) {
     write_tokens();
     char args[1024];
