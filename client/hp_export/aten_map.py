@@ -776,6 +776,60 @@ def _nll2d_backward(cx, node, args, kw):
     return cx.g.node("permute", [gp], [_t(cx, node)], {"perm": [0, 3, 1, 2]})
 
 
+# gather(x, -1, idx) with one index per row picks x[..., idx]: nll_loss (reduction none) is
+# exactly −x[i, t_i] per row, with its kernels, sharding rules and gradient on every backend;
+# its backward (scatter_add into zeros) is nll_loss_backward's −grad at [i, t_i]. An index
+# outside [0, C) fails the step, naming the op, as torch's gather raises.
+_NO_IGNORE = -(2 ** 62)
+
+
+def _gather_rows(cx, x, dim, index, what):
+    """x and index flattened to [rows, C] and [rows], for a gather along the last dim with one
+    index per row; Unsupported otherwise."""
+    rank = len(x.shape)
+    if rank == 0 or dim % rank != rank - 1:
+        raise Unsupported("%s along dim %s (hp takes the last dim)" % (what, dim))
+    if x.dtype not in _FINITE_MAX:
+        raise Unsupported("%s of a %s tensor" % (what, x.dtype))
+    if tuple(index.shape) != tuple(x.shape[:-1]) + (1,):
+        raise Unsupported("%s with index %s of %s (hp takes one index per row)"
+                          % (what, list(index.shape), list(x.shape)))
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    c = x.shape[-1]
+    xr = cx.g.node("reshape", [x], [(x.dtype, (rows, c))], {"shape": [rows, c]})
+    ir = cx.g.node("reshape", [index], [(index.dtype, (rows,))], {"shape": [rows]})
+    return xr, ir, rows
+
+
+def _gather(cx, node, args, kw):
+    x, dim, index = cx.v(args[0]), args[1], cx.v(args[2])
+    xr, ir, rows = _gather_rows(cx, x, dim, index, "gather")
+    nll = cx.g.node("nll_loss_forward", [xr, ir], [(x.dtype, (rows,)), (x.dtype, ())],
+                    {"reduction": 0, "ignore_index": _NO_IGNORE})
+    picked = cx.g.node("neg", [nll[0]], [(x.dtype, (rows,))])
+    return cx.g.node("reshape", [picked], [_t(cx, node)], {"shape": list(index.shape)})
+
+
+def _scatter_add(cx, node, args, kw):
+    """scatter_add(self, -1, idx, src) with one index per row: self + the rows' src at idx."""
+    base, dim, index, src = cx.v(args[0]), args[1], cx.v(args[2]), cx.v(args[3])
+    if tuple(src.shape) != tuple(index.shape):
+        raise Unsupported("scatter_add of src %s by index %s" % (list(src.shape),
+                                                                 list(index.shape)))
+    xr, ir, rows = _gather_rows(cx, base, dim, index, "scatter_add")
+    g = cx.g.node("reshape", [src], [(src.dtype, (rows,))], {"shape": [rows]})
+    g = cx.g.node("neg", [_as(cx, g, base.dtype)], [(base.dtype, (rows,))])
+    one = cx.full(1.0, base.dtype)
+    put = cx.g.node("nll_loss_backward", [g, xr, ir, one], [(base.dtype, xr.shape)],
+                    {"reduction": 0, "ignore_index": _NO_IGNORE})
+    put = cx.g.node("reshape", [put], [(base.dtype, base.shape)], {"shape": list(base.shape)})
+    if args[0].target in (aten.new_zeros.default, aten.zeros.default, aten.zeros_like.default):
+        return put
+    return cx.g.node("add", [base, put], [_t(cx, node)])
+
+
 def _affine(cx, p, x, value):
     if p is not None:
         return cx.v(p)
@@ -1148,6 +1202,9 @@ TABLE = {
     aten.nll_loss_forward.default: _nll,
     aten.nll_loss_backward.default: _nll_backward,
     aten.nll_loss2d_forward.default: _nll2d,
+    aten.gather.default: _gather,
+    aten.scatter_add.default: _scatter_add,
+    aten.new_zeros.default: _creation("zeros"),
     aten.nll_loss2d_backward.default: _nll2d_backward,
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,

@@ -12,7 +12,8 @@
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --loss-3d, --loss-3d-none: cross entropy of [B, V, T] scores (nll_loss2d),
-                  mean or per position then averaged;
+                  mean or per position then averaged; --gather-loss: log-probabilities
+                  picked by gather;
                   --dropout P: nanoGPT's dropouts (embeddings, attention weights, both
                   residual branches) with p = P (default 0: they fold away);
                   --native-dropout (after --dropout): through torch.native_dropout
@@ -21,7 +22,7 @@
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
                   and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2,
-                  --label-smoothing E, --sum-loss, --loss-3d(-none): the export's models and
+                  --label-smoothing E, --sum-loss, --loss-3d(-none), --gather-loss: the export's models and
                   loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
@@ -405,7 +406,17 @@ def loss_3d_none(logits, labels):
     return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none").mean()
 
 
-LOSSES = {"--sum-loss": None, "--loss-3d": loss_3d, "--loss-3d-none": loss_3d_none}
+def gather_loss(logits, labels):
+    """The mean log-likelihood picked with gather (per-token log-probabilities, as RL and
+    preference losses take them), plus a little of the probabilities picked the same way."""
+    logp = F.log_softmax(logits, dim=-1)
+    picked = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    p = torch.gather(logp.exp(), 2, labels[..., None])
+    return -picked.mean() - 0.1 * p.mean()
+
+
+LOSSES = {"--sum-loss": None, "--loss-3d": loss_3d, "--loss-3d-none": loss_3d_none,
+          "--gather-loss": gather_loss}
 
 
 def sum_loss(logits, labels):

@@ -422,6 +422,21 @@ Test(hp_export, cross_entropy_over_the_class_dim_1_trains_like_pytorch) {
     expect_exports_train_like_pytorch("l3n", modes, none, HP_ARRAY_LEN(modes), "--loss-3d-none");
 }
 
+/* Log-probabilities picked with gather (and its backward, scatter_add into new_zeros), which
+ * hp_export maps to nll_loss's per-row pick: exported both ways, the GPT trains to PyTorch's
+ * losses and weights; and at dp=2 with FSDP, to world 1's (the mean over the batch is placed by
+ * spmd). */
+Test(hp_export, gathered_log_probabilities_train_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--gather-loss", "--gather-loss"};
+    expect_exports_train_like_pytorch("ga", modes, variants, HP_ARRAY_LEN(modes), "--gather-loss");
+    char args[1024];
+    snprintf(args, sizeof args,
+             "export '%s' torch --as ga2 --gather-loss --steps %d --mesh dp=2 --fsdp '*'", dir,
+             STEPS);
+    ref_ok(args, "export (dp=2)");
+    expect_trains_like_world_1("job-ga-0.pb", "job-ga2.pb", 2, "gather at dp=2");
+}
+
 Test(hp_export, gpt_bf16_fsdp_world_2_trains_like_world_1) {
     write_tokens();
     char args[1024];
