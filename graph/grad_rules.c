@@ -198,6 +198,14 @@ hp_status hp__grad_cos(hp_graph *g, const hp_grad_node *fwd, const hp_value *gou
     return HP_OK;
 }
 
+/* grad · 2/√π · exp(−x²) */
+hp_status hp__grad_erf(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
+    hp_value x = fwd->node.in[0];
+    hp_value e = hp_exp(g, hp_neg(g, hp_mul(g, x, x)));
+    gin[0] = hp_mul(g, gout[0], hp_mul_scalar(g, e, 1.1283791670955126)); /* 2/√π */
+    return HP_OK;
+}
+
 hp_status hp__grad_tanh(hp_graph *g, const hp_grad_node *fwd, const hp_value *gout, hp_value *gin) {
     gin[0] = hp_bin(g, HP_OP_TANH_BACKWARD, gout[0], hp__grad_self(fwd, 0));
     return HP_OK;

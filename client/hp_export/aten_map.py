@@ -1179,6 +1179,7 @@ TABLE = {
     aten.tanh.default: _one("tanh"),
     aten.sin.default: _one("sin"),
     aten.cos.default: _one("cos"),
+    aten.erf.default: _one("erf"),
     aten.sigmoid.default: _one("sigmoid"),
     aten.silu.default: _one("silu"),
     aten.relu.default: _one("relu"),

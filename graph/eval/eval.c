@@ -108,6 +108,7 @@ static const hp__eval_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_TANH] = hp__eval_unary,
     [HP_OP_SIN] = hp__eval_unary,
     [HP_OP_COS] = hp__eval_unary,
+    [HP_OP_ERF] = hp__eval_unary,
     [HP_OP_SIGMOID] = hp__eval_unary,
     [HP_OP_SILU] = hp__eval_unary,
     [HP_OP_GELU] = hp__eval_unary,

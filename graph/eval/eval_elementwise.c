@@ -175,6 +175,9 @@ HP__EVAL_KERNEL(hp__eval_unary) {
         case HP_OP_COS:
             r = cos(a);
             break;
+        case HP_OP_ERF:
+            r = erf(a);
+            break;
         case HP_OP_SIGMOID:
             r = sigmoid(a);
             break;

@@ -287,7 +287,8 @@ def make_ops():
 
 
 class OpsNet2(nn.Module):
-    """Rotary embeddings computed in forward (sin, cos), and more decompositions: abs, sign,
+    """Rotary embeddings computed in forward (sin, cos), a GELU written with erf, and more
+    decompositions: abs, sign,
     minimum/maximum of tensors,
     reciprocal, logsumexp, std, F.normalize (norm), F.pad, roll, hardtanh, elu, mish, a max
     subtracted (amax, whose backward counts the maxima with a sum of bools), and their
@@ -308,6 +309,7 @@ class OpsNet2(nn.Module):
         x = x * ang.cos() + half * ang.sin()
         u, w = self.a(x), self.b(x)
         x = x + 0.2 * torch.sin(u) + 0.2 * torch.cos(w)
+        x = x + 0.2 * (0.5 * w * (1.0 + torch.erf(w / math.sqrt(2.0))))  # GELU written out
         x = x + 0.3 * torch.abs(u) * torch.sign(w) + 0.2 * torch.minimum(u, w)
         x = x + 0.2 * torch.maximum(u, 0.5 * w) + 0.1 * torch.reciprocal(torch.abs(u) + 1.0)
         x = x - 0.1 * torch.logsumexp(u, dim=-1, keepdim=True) + 0.1 * torch.logsumexp(w, -1)[..., None]

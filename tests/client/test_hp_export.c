@@ -348,7 +348,8 @@ Test(hp_export, decomposed_ops_train_like_pytorch) {
 }
 
 /* OpsNet2: rotary embeddings computed in forward as Hugging Face's Llama does (sin, cos of
- * position × inv_freq), sin and cos of activations, and the decompositions (abs, sign,
+ * position × inv_freq), sin and cos of activations, a GELU written with erf, and the
+ * decompositions (abs, sign,
  * minimum/maximum, reciprocal, logsumexp, std, normalize, pad, roll, hardtanh, elu, mish, amax
  * with its sum-of-bools backward), exported both ways, train to PyTorch's losses and weights. */
 Test(hp_export, more_decomposed_ops_train_like_pytorch) {

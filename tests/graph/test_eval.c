@@ -120,8 +120,9 @@ Test(eval, unary_math) {
     struct {
         hp_op op;
         double (*f)(double);
-    } cases[] = {{HP_OP_NEG, NULL},     {HP_OP_EXP, exp},   {HP_OP_TANH, tanh}, {HP_OP_RELU, NULL},
-                 {HP_OP_SIGMOID, NULL}, {HP_OP_SILU, NULL}, {HP_OP_SIN, sin},   {HP_OP_COS, cos}};
+    } cases[] = {{HP_OP_NEG, NULL},  {HP_OP_EXP, exp},      {HP_OP_TANH, tanh},
+                 {HP_OP_RELU, NULL}, {HP_OP_SIGMOID, NULL}, {HP_OP_SILU, NULL},
+                 {HP_OP_SIN, sin},   {HP_OP_COS, cos},      {HP_OP_ERF, erf}};
     for (size_t c = 0; c < HP_ARRAY_LEN(cases); c++) {
         hp_th h;
         hp_th_init(&h);

@@ -144,8 +144,8 @@ static void build_cases(void) {
     CASE("exponent 3, negative base", HP_OP_POW, IN(P(T(F, 2, 3))), A_f(HP_ATTR_EXPONENT, 3));
 
     /* unary math */
-    hp_op un[] = {HP_OP_NEG,  HP_OP_EXP, HP_OP_TANH, HP_OP_SIGMOID,
-                  HP_OP_SILU, HP_OP_SIN, HP_OP_COS,  HP_OP_CLONE};
+    hp_op un[] = {HP_OP_NEG, HP_OP_EXP, HP_OP_TANH, HP_OP_SIGMOID, HP_OP_SILU,
+                  HP_OP_SIN, HP_OP_COS, HP_OP_ERF,  HP_OP_CLONE};
     for (unsigned i = 0; i < HP_ARRAY_LEN(un); i++) {
         CASE("[3,4]", un[i], IN(P(T(F, 3, 4))));
         CASE("scalar", un[i], IN(P(T0(F))));
@@ -428,7 +428,7 @@ static const hp_op fam_elementwise[] = {
     HP_OP_ADD,        HP_OP_SUB,        HP_OP_MUL,  HP_OP_DIV,     HP_OP_MAXIMUM, HP_OP_WHERE,
     HP_OP_ADD_SCALAR, HP_OP_MUL_SCALAR, HP_OP_POW,  HP_OP_NEG,     HP_OP_EXP,     HP_OP_LOG,
     HP_OP_SQRT,       HP_OP_RSQRT,      HP_OP_TANH, HP_OP_SIGMOID, HP_OP_SILU,    HP_OP_GELU,
-    HP_OP_RELU,       HP_OP_SIN,        HP_OP_COS,  HP_OP_TO_COPY, HP_OP_CLONE};
+    HP_OP_RELU,       HP_OP_SIN,        HP_OP_COS,  HP_OP_ERF,     HP_OP_TO_COPY, HP_OP_CLONE};
 static const hp_op fam_reductions[] = {HP_OP_SUM, HP_OP_MEAN, HP_OP_AMAX};
 static const hp_op fam_shapes[] = {HP_OP_VIEW,      HP_OP_RESHAPE, HP_OP_PERMUTE, HP_OP_TRANSPOSE,
                                    HP_OP_T,         HP_OP_EXPAND,  HP_OP_SLICE,   HP_OP_CAT,

@@ -102,6 +102,8 @@ static const shape_case cases[] = {
     {HP_OP_SIN, {"i64[2]"}, {{0}}, 0, {0}, "must be floating"},
     {HP_OP_COS, {"f32[2]"}, {{0}}, 0, {"f32[2]"}, NULL},
     {HP_OP_COS, {"i64[2]"}, {{0}}, 0, {0}, "must be floating"},
+    {HP_OP_ERF, {"f32[2]"}, {{0}}, 0, {"f32[2]"}, NULL},
+    {HP_OP_ERF, {"bool[2]"}, {{0}}, 0, {0}, "must be floating"},
     {HP_OP_SIGMOID, {"f32[2]"}, {{0}}, 0, {"f32[2]"}, NULL},
     {HP_OP_SIGMOID, {"i64[2]"}, {{0}}, 0, {0}, "must be floating"},
     {HP_OP_SILU, {"bf16[2]"}, {{0}}, 0, {"bf16[2]"}, NULL},

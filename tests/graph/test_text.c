@@ -101,6 +101,7 @@ static hp_value build_op(hp_graph *g, hp_op op) {
     case HP_OP_TANH:
     case HP_OP_SIN:
     case HP_OP_COS:
+    case HP_OP_ERF:
     case HP_OP_SIGMOID:
     case HP_OP_SILU:
     case HP_OP_RELU:

@@ -780,6 +780,7 @@ static const op_case cases[] = {
     {HP_OP_TANH, case_unary},
     {HP_OP_SIN, case_unary},
     {HP_OP_COS, case_unary},
+    {HP_OP_ERF, case_unary},
     {HP_OP_SIGMOID, case_unary},
     {HP_OP_SILU, case_unary},
     {HP_OP_GELU, case_unary},

@@ -129,6 +129,7 @@ Test(cuda_ops, unary_backward_pairs_and_casts) {
         {HP_OP_TANH, -8, 8, 0, 0},
         {HP_OP_SIN, -8, 8, 0, 0},
         {HP_OP_COS, -3000, 3000, 0, 0},
+        {HP_OP_ERF, -4, 4, 0, 0},
         {HP_OP_SIGMOID, -8, 8, 0, 0},
         {HP_OP_SILU, -8, 8, 0, 0},
         {HP_OP_GELU, -6, 6, 0, HP_ATTR_APPROXIMATE},

@@ -45,6 +45,7 @@ static const hp__cpu_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_TANH] = hp__cpu_unary,
     [HP_OP_SIN] = hp__cpu_unary,
     [HP_OP_COS] = hp__cpu_unary,
+    [HP_OP_ERF] = hp__cpu_unary,
     [HP_OP_SIGMOID] = hp__cpu_unary,
     [HP_OP_SILU] = hp__cpu_unary,
     [HP_OP_GELU] = hp__cpu_unary,

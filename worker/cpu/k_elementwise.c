@@ -439,6 +439,9 @@ HP__CPU_INLINE void unary_body(void *ctx, int64_t b, int64_t e, int thread) {
     case HP_OP_COS:
         for (int64_t i = 0; i < n; i++) y[i] = (float)cos((double)x[i]);
         break;
+    case HP_OP_ERF:
+        for (int64_t i = 0; i < n; i++) y[i] = erff(x[i]);
+        break;
     case HP_OP_SIGMOID:
         for (int64_t i = 0; i < n; i++) y[i] = sigmoidf_(x[i]);
         break;
@@ -466,8 +469,9 @@ HP__CPU_TWIN(unary_chunk, unary_body)
 
 static bool is_transcendental(hp_op op) {
     return op == HP_OP_EXP || op == HP_OP_LOG || op == HP_OP_TANH || op == HP_OP_SIGMOID ||
-           op == HP_OP_SIN || op == HP_OP_COS || op == HP_OP_SILU || op == HP_OP_GELU ||
-           op == HP_OP_POW || op == HP_OP_GELU_BACKWARD || op == HP_OP_SILU_BACKWARD;
+           op == HP_OP_SIN || op == HP_OP_COS || op == HP_OP_ERF || op == HP_OP_SILU ||
+           op == HP_OP_GELU || op == HP_OP_POW || op == HP_OP_GELU_BACKWARD ||
+           op == HP_OP_SILU_BACKWARD;
 }
 
 HP__CPU_KERNEL(hp__cpu_unary) {

@@ -40,6 +40,7 @@ static const hp__cuda_entry entries[HP_OP_COUNT] = {
     [HP_OP_TANH] = hp__cuda_unary,
     [HP_OP_SIN] = hp__cuda_unary,
     [HP_OP_COS] = hp__cuda_unary,
+    [HP_OP_ERF] = hp__cuda_unary,
     [HP_OP_SIGMOID] = hp__cuda_unary,
     [HP_OP_SILU] = hp__cuda_unary,
     [HP_OP_GELU] = hp__cuda_unary,

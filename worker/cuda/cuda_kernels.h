@@ -102,6 +102,7 @@ enum {
     HP__CU_RELU,
     HP__CU_SIN,
     HP__CU_COS,
+    HP__CU_ERF,
 };
 int hp__cu_unary(cudaStream_t s, int op, int dtype, void *y, const void *x, double p, int64_t n);
 

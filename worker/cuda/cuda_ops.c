@@ -137,6 +137,9 @@ HP__CUDA_ENTRY(hp__cuda_unary) {
     case HP_OP_COS:
         op = HP__CU_COS;
         break;
+    case HP_OP_ERF:
+        op = HP__CU_ERF;
+        break;
     case HP_OP_SIGMOID:
         op = HP__CU_SIGMOID;
         break;

@@ -228,6 +228,8 @@ __device__ __forceinline__ float unary_op(int op, float x, double p) {
         return sinf(x);
     case HP__CU_COS:
         return cosf(x);
+    case HP__CU_ERF:
+        return erff(x);
     case HP__CU_SIGMOID:
         return sigmoid_f(x);
     case HP__CU_SILU:
