@@ -25,14 +25,7 @@ void hp_autoshard_free(hp_autoshard *a) {
         hp_free(a->edges[e].cost);
     }
     hp_free(a->edges);
-    for (int e = 0; a->ledges && e < a->n_ledges; e++) {
-        hp_free(a->ledges[e].p_of);
-        hp_free(a->ledges[e].q_of);
-        hp_free(a->ledges[e].cost);
-    }
-    hp_free(a->ledges);
-    hp_free(a->lunary);
-    for (int c = 0; a->cls && c < a->n_cls; c++) hp_free(a->cls[c].follow);
+    hp__as_unfold(a);
     hp_free(a->cls);
     hp_free(a->cls_of);
     hp_free(a->st);
