@@ -86,7 +86,8 @@ hp_status hp_autoshard_solve(const hp_graph *g, const hp_job *job, const hp_devi
     a->stats.strategies = a->n_st;
     bool solved = false;
     if (st == HP_OK) st = hp__as_ilp(a, opts, err), solved = true;
-    if (solved && (st == HP_UNSUPPORTED || st == HP_LIMIT || st == HP_INVALID)) {
+    if (solved && !a->stats.lp_timed_out &&
+        (st == HP_UNSUPPORTED || st == HP_LIMIT || st == HP_INVALID)) {
         /* A follower takes its cheapest placement given its leader's; that greedy choice can
          * leave no way on (an expand of a replicated value split over one tensor dim by two
          * mesh dims, which nothing redistributes): every class decides, once more. */

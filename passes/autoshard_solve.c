@@ -395,10 +395,11 @@ static void set_price(const hp_autoshard *a, glp_prob *lp, double lambda) {
 
 /* The LP relaxation by the primal simplex; fresh: presolved, else warm from the last basis (a
  * new objective keeps it feasible: a few pivots). */
-static int simplex(glp_prob *lp, bool fresh) {
+static int simplex(glp_prob *lp, bool fresh, double limit_s) {
     glp_smcp sp;
     glp_init_smcp(&sp);
     sp.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ON : GLP_MSG_OFF;
+    sp.tm_lim = (int)fmin(fmax(limit_s, 1e-3) * 1000, 2e9);
     /* from scratch GLPK's presolver halves the simplex (or better) on the problems with few
      * repeated layers (an exported model's ~200 distinct nodes: 7.3 s to 3.4 s); a warm
      * re-solve keeps its basis instead */
@@ -411,7 +412,7 @@ static int simplex(glp_prob *lp, bool fresh) {
         fprintf(stderr, "autoshard: simplex%s: %d, status %d, basis %.3f s, %.3f s\n",
                 fresh ? " (fresh)" : "", r, glp_get_status(lp), t1 - t0, now_s() - t1);
     if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
-    if (r != 0 && !fresh) { /* a warm basis gone bad: from scratch */
+    if (r != 0 && r != GLP_ETMLIM && !fresh) { /* a warm basis gone bad: from scratch */
         glp_adv_basis(lp, 0);
         r = glp_simplex(lp, &sp);
         if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
@@ -471,9 +472,24 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
         st = hp_errf(err, HP_NOMEM, "autoshard: out of memory");
     double bound = -INFINITY; /* seconds: no plan that meets every constraint is cheaper */
     bool integral = false, lp_ok = false;
+    /* the LP relaxation's own limit: GLPK's simplex slows sharply on problems of ~10^5 columns
+     * (an exported Llama's unfused layers at dp × tp), and without one it ran for hours */
+    double lp_limit = opts && opts->lp_time_limit_s > 0
+                          ? opts->lp_time_limit_s
+                          : fmax(HP_AUTOSHARD_LP_LIMIT_S,
+                                 6 * (opts && opts->time_limit_s > 0 ? opts->time_limit_s : 5));
     if (st == HP_OK) {
         if (brow) glp_set_row_bnds(lp, brow, GLP_FR, 0, 0); /* priced instead, below */
-        lp_ok = simplex(lp, true) == 0;
+        int r = simplex(lp, true, lp_limit);
+        lp_ok = r == 0;
+        if (r == GLP_ETMLIM) {
+            a->stats.lp_timed_out = true;
+            st = hp_errf(err, HP_LIMIT,
+                         "autoshard: the LP relaxation (%d classes, %d strategies: %d rows x %d "
+                         "columns) was not solved within %.3g s; a plan written by hand "
+                         "(--tp-plan, --place, --fsdp) compiles without the solver",
+                         a->n_cls, a->n_st, glp_get_num_rows(lp), glp_get_num_cols(lp), lp_limit);
+        }
         if (getenv("HP_AUTOSHARD_TRACE"))
             fprintf(stderr, "autoshard: LP without the budget: %s\n", lp_ok ? "solved" : "failed");
         if (lp_ok) {
@@ -499,7 +515,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                 for (int it = 0; it < 60 && lp_ok; it++) {
                     double lam = found ? 0.5 * (l0 + l1) : l1;
                     set_price(a, lp, sign * lam);
-                    if (!(lp_ok = simplex(lp, false) == 0)) break;
+                    if (!(lp_ok = simplex(lp, false, lp_limit) == 0)) break;
                     read_lp(a, lp, cur.assign, &integral);
                     evaluate(a, &cur, lo, hi, true);
                     /* L(lambda) = min(cost + lambda (mem - target)) <= the constrained optimum */
@@ -542,7 +558,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     heur_state hs = {0};
     double *x0 = NULL;
     if (st == HP_OK && !done) { /* branch and bound from the incumbent */
-        if (brow) lp_ok = simplex(lp, true) == 0;
+        if (brow) lp_ok = simplex(lp, true, lp_limit) == 0;
         if (lp_ok && best.feasible) x0 = as_columns(a, lp, best.assign);
         hs.x = x0;
         glp_iocp parm;

@@ -77,8 +77,9 @@ hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err);
 
 /* Solver settings. */
 typedef struct hp_autoshard_opts {
-    double time_limit_s; /* 0: 5 s */
-    double mip_gap;      /* relative; < 0: 2%; 0: proven optimal */
+    double time_limit_s;    /* 0: 5 s */
+    double lp_time_limit_s; /* the LP relaxation's; 0: HP_AUTOSHARD_LP_LIMIT_S or 6 x the above */
+    double mip_gap;         /* relative; < 0: 2%; 0: proven optimal */
 } hp_autoshard_opts;
 
 /* What the solve did (hpctl plan --json "solver"). */
@@ -95,8 +96,13 @@ typedef struct hp_autoshard_stats {
     double gap;         /* relative MIP gap of the reported solution (0: proven optimal) */
     bool optimal;       /* proven within the requested gap */
     bool time_limited;  /* the solver stopped at the time limit with a feasible plan */
-    bool refolded; /* with views following their inputs no plan was found: every node decided */
+    bool refolded;     /* with views following their inputs no plan was found: every node decided */
+    bool lp_timed_out; /* the LP relaxation hit its limit (HP_AUTOSHARD_LP_LIMIT_S at least) */
 } hp_autoshard_stats;
+
+/* The least time the LP relaxation is given by default (six times the time limit when more),
+ * seconds. */
+#define HP_AUTOSHARD_LP_LIMIT_S 30.0
 
 typedef struct hp_autoshard hp_autoshard;
 

@@ -278,6 +278,25 @@ static void expect_solve_error(const hp_job *job, const char *want1, const char 
     hp_autoshard_free(a);
 }
 
+/* An LP relaxation past its limit (GLPK's simplex slows sharply at ~10^5 columns) is refused
+ * naming the problem's size and the way around it, not solved for hours, nor refolded. */
+Test(autoshard, an_lp_past_its_limit_is_refused) {
+    int sizes[] = {2, 2};
+    hp_job *job = make_job(&LLAMA2, 2, DPTP, sizes);
+    hp_device_profile prof;
+    hp_err err = {0};
+    cr_assert_eq(hp_device_profile_for_job(job, &prof, &err), HP_OK, "%s", err.msg);
+    hp_autoshard_opts o = {.mip_gap = -1, .lp_time_limit_s = 1e-4};
+    hp_autoshard *a = NULL;
+    cr_expect_eq(hp_autoshard_solve(job->graph, job, &prof, &o, &a, &err), HP_LIMIT);
+    cr_expect_null(a);
+    cr_expect(strstr(err.msg, "the LP relaxation (") && strstr(err.msg, "was not solved within") &&
+                  strstr(err.msg, "a plan written by hand (--tp-plan, --place, --fsdp)"),
+              "%s", err.msg);
+    hp_autoshard_free(a);
+    hp_job_free(job);
+}
+
 Test(autoshard, infeasible_constraints_name_themselves) {
     int two[] = {2}, sizes[] = {2, 2};
     hp_job *job = make_job(&LLAMA1, 1, DP, two);
