@@ -257,6 +257,10 @@ def _var(cx, node, args, kw):
 
 # ---- decompositions of elementwise and reduction ops hp has no kernel of its own for ------------
 
+# the float dtypes hp computes in, and their largest finite values
+_FINITE_MAX = {"f32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "f16": 65504.0}
+
+
 def _lt(cx, a, b):
     return cx.g.node("lt", [a, b], [("bool", _bshape(a, b))])
 
@@ -270,6 +274,8 @@ def _bshape(a, b):
 
 
 def _abs_of(cx, x):
+    if x.dtype not in _FINITE_MAX:
+        raise Unsupported("abs of a %s tensor" % x.dtype)
     t = (x.dtype, x.shape)
     return cx.g.node("where", [_lt(cx, x, cx.full(0.0, x.dtype)), cx.g.node("neg", [x], [t]), x],
                      [t])
@@ -283,6 +289,8 @@ def _abs(cx, node, args, kw):
 def _sign(cx, node, args, kw):
     """sign(x) = (0 < x) − (x < 0) in x's dtype (0 at 0; sgn is the same for real x)."""
     x, t = cx.v(args[0]), _t(cx, node)
+    if x.dtype not in _FINITE_MAX:
+        raise Unsupported("sign of a %s tensor" % x.dtype)
     zero = cx.full(0.0, x.dtype)
     pos = _as(cx, _lt(cx, zero, x), t[0])
     neg = _as(cx, _lt(cx, x, zero), t[0])
@@ -305,10 +313,7 @@ def _maximum(cx, node, args, kw):
 
 def _reciprocal(cx, node, args, kw):
     x, t = cx.v(args[0]), _t(cx, node)
-    return cx.g.node("div", [cx.full(1.0, t[0]), x], [t])
-
-
-_FINITE_MAX = {"f32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "f16": 65504.0}
+    return cx.g.node("div", [cx.full(1.0, t[0]), _as(cx, x, t[0])], [t])
 
 
 def _reduce_dims(x, dims):
