@@ -407,7 +407,7 @@ def _pad(cx, node, args, kw):
 def _roll(cx, node, args, kw):
     """roll(x, shifts, dims): per dim, the last `shift` elements moved to the front (a cat of
     two slices). A roll of the flattened tensor (no dims) is refused."""
-    x, t = cx.v(args[0]), _t(cx, node)
+    x = cx.v(args[0])
     shifts = list(args[1]) if isinstance(args[1], (list, tuple)) else [args[1]]
     dims = args[2] if len(args) > 2 else kw.get("dims", [])
     dims = list(dims) if isinstance(dims, (list, tuple)) else [dims]
@@ -998,7 +998,7 @@ def _masked_select(cx, node, args, kw):
 
 
 def _masked_scatter(cx, node, args, kw):
-    z, m, src = args[0], args[1], args[2]
+    m, src = args[1], args[2]
     t = _t(cx, node)
     n = 1
     for d in t[1]:
