@@ -225,16 +225,16 @@ static int solve(glp_prob *lp, const hp_autoshard_opts *opts, cb_state *cb) {
  * place. False when every class keeps a strategy (the infeasibility is subtler). */
 static bool dead_class(const hp_autoshard *a, int *dead, int *edge) {
     bool *alive = hp_calloc((size_t)(a->n_st ? a->n_st : 1), sizeof *alive);
-    int max_g = 1;
-    for (int e = 0; e < a->n_ledges; e++)
-        max_g = a->ledges[e].n_p > max_g ? a->ledges[e].n_p : max_g;
-    for (int e = 0; e < a->n_ledges; e++)
-        max_g = a->ledges[e].n_q > max_g ? a->ledges[e].n_q : max_g;
-    bool *live_q = hp_calloc((size_t)max_g, sizeof *live_q);
-    bool *ok_p = hp_calloc((size_t)max_g, sizeof *ok_p);
+    int max_g = 1; /* the most groups an edge end has */
+    for (int e = 0; e < a->n_ledges; e++) {
+        if (a->ledges[e].n_p > max_g) max_g = a->ledges[e].n_p;
+        if (a->ledges[e].n_q > max_g) max_g = a->ledges[e].n_q;
+    }
+    bool *live = hp_calloc((size_t)max_g, sizeof *live); /* the other end's groups still live */
+    bool *ok = hp_calloc((size_t)max_g, sizeof *ok);     /* this end's groups with a partner */
     bool found = false;
     *dead = *edge = -1;
-    if (!alive || !live_q || !ok_p) goto done;
+    if (!alive || !live || !ok) goto done;
     for (int c = 0; c < a->n_cls && !found; c++) {
         const as_class *cl = &a->cls[c];
         if (cl->leader >= 0) continue;
@@ -253,19 +253,19 @@ static bool dead_class(const hp_autoshard *a, int *dead, int *edge) {
                 const as_class *other = &a->cls[side ? ed->cu : ed->cv];
                 const int *kg = side ? ed->q_of : ed->p_of, *og = side ? ed->p_of : ed->q_of;
                 int nk = side ? ed->n_q : ed->n_p, no = side ? ed->n_p : ed->n_q;
-                memset(live_q, 0, (size_t)max_g * sizeof *live_q);
+                memset(live, 0, (size_t)max_g * sizeof *live);
                 for (int s = 0; s < other->n_strat; s++)
-                    if (alive[other->strat0 + s] && og[s] >= 0) live_q[og[s]] = true;
+                    if (alive[other->strat0 + s] && og[s] >= 0) live[og[s]] = true;
                 for (int k = 0; k < nk; k++) {
-                    ok_p[k] = false;
-                    for (int o = 0; o < no && !ok_p[k]; o++)
-                        ok_p[k] = live_q[o] && isfinite(side ? ed->cost[o * ed->n_q + k]
-                                                             : ed->cost[k * ed->n_q + o]);
+                    ok[k] = false;
+                    for (int o = 0; o < no && !ok[k]; o++)
+                        ok[k] = live[o] && isfinite(side ? ed->cost[o * ed->n_q + k]
+                                                         : ed->cost[k * ed->n_q + o]);
                 }
                 int left = 0;
                 for (int s = 0; s < keep->n_strat; s++) {
                     bool *al = &alive[keep->strat0 + s];
-                    if (*al && (kg[s] < 0 || !ok_p[kg[s]])) *al = false, changed = true;
+                    if (*al && (kg[s] < 0 || !ok[kg[s]])) *al = false, changed = true;
                     left += *al;
                 }
                 if (left == 0) found = true, *dead = side ? ed->cv : ed->cu, *edge = e;
@@ -274,8 +274,8 @@ static bool dead_class(const hp_autoshard *a, int *dead, int *edge) {
     }
 done:
     hp_free(alive);
-    hp_free(live_q);
-    hp_free(ok_p);
+    hp_free(live);
+    hp_free(ok);
     return found;
 }
 
