@@ -160,8 +160,9 @@ static void print_autoshard(const hp_job *job, const hp_autoshard *a) {
                ? " (assumed figures: `hp-worker --probe-profile` measures this machine)"
                : "");
     printf("  %d nodes in %d classes, %d strategies; ILP %d variables (%d binary), %d "
-           "constraints, presolve on\n",
-           st->nodes, st->classes, st->strategies, st->variables, st->binaries, st->constraints);
+           "constraints; LP relaxation by %s\n",
+           st->nodes, st->classes, st->strategies, st->variables, st->binaries, st->constraints,
+           !strcmp(st->lp_solver, "glpk") ? "GLPK (Clp failed)" : "Clp's dual simplex");
     printf("  enumerate %s, build %s, solve %s, apply %s; %s, gap %.3g%%\n",
            SECONDS(st->enumerate_s), SECONDS(st->build_s), SECONDS(st->solve_s),
            SECONDS(st->apply_s),
@@ -424,8 +425,8 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                       "profile", prof.name, "profile_measured", prof.measured, "nodes", st->nodes,
                       "classes", st->classes, "strategies", st->strategies, "variables",
                       st->variables, "binaries", st->binaries, "constraints", st->constraints,
-                      "presolve", "on", "enumerate_s", st->enumerate_s, "build_s", st->build_s,
-                      "solve_s", st->solve_s, "apply_s", st->apply_s, "objective_s",
+                      "lp_solver", st->lp_solver, "enumerate_s", st->enumerate_s, "build_s",
+                      st->build_s, "solve_s", st->solve_s, "apply_s", st->apply_s, "objective_s",
                       st->objective_s, "gap", st->gap, "optimal", st->optimal, "time_limited",
                       st->time_limited, "refolded", st->refolded, "compute_s", comp,
                       "redistribution_s", comm, "optimizer_s", opt));

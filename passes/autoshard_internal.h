@@ -118,4 +118,17 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
 /* The parameter bytes one rank may hold under the budget, or false when it is (0, 1). */
 bool hp__as_budget(const hp_autoshard *a, double *lo, double *hi);
 
+/* autoshard_clp.c: GLPK's LP solved by Clp, the optimal basis set in lp. From scratch (Clp's
+ * dual simplex) unless warm and the model of the last solve has lp's shape: then with lp's new
+ * objective by the primal simplex from the basis it ended on (afresh past an eighth of the
+ * iterations of the last solve from scratch). 0, GLP_ENOPFS when the LP has no feasible solution,
+ * GLP_ETMLIM past limit_s, or -1 (Clp failed: solve it with GLPK). */
+typedef struct hp_as_clp {
+    void *model;          /* Clp_Simplex: the problem as last loaded; NULL: none yet */
+    int fresh_iterations; /* the last solve from scratch took this many */
+} hp_as_clp;
+struct glp_prob;
+int hp__as_clp_simplex(hp_as_clp *c, struct glp_prob *lp, bool warm, double limit_s, bool trace);
+void hp__as_clp_free(hp_as_clp *c);
+
 #endif

@@ -393,30 +393,46 @@ static void set_price(const hp_autoshard *a, glp_prob *lp, double lambda) {
     }
 }
 
-/* The LP relaxation by the primal simplex; fresh: presolved, else warm from the last basis (a
- * new objective keeps it feasible: a few pivots). */
-static int simplex(glp_prob *lp, bool fresh, double limit_s) {
+/* The LP relaxation by Clp (autoshard_clp.c), GLPK taking its basis: fresh, from scratch by
+ * the dual simplex; else warm, the last basis with lp's new objective by the primal simplex (a
+ * few pivots). Should Clp fail, GLPK's primal simplex, warm from the last basis or presolved
+ * from scratch. 0, GLP_ENOPFS (no feasible solution), GLP_ETMLIM, or another failure;
+ * *by_glpk set when GLPK solved it alone. */
+static int simplex(hp_as_clp *clp, glp_prob *lp, bool fresh, double limit_s, bool *by_glpk) {
+    double t0 = now_s();
+    bool trace = getenv("HP_AUTOSHARD_TRACE") != NULL;
     glp_smcp sp;
     glp_init_smcp(&sp);
-    sp.msg_lev = getenv("HP_AUTOSHARD_TRACE") ? GLP_MSG_ON : GLP_MSG_OFF;
-    sp.tm_lim = (int)fmin(fmax(limit_s, 1e-3) * 1000, 2e9);
-    /* from scratch GLPK's presolver halves the simplex (or better) on the problems with few
-     * repeated layers (an exported model's ~200 distinct nodes: 7.3 s to 3.4 s); a warm
-     * re-solve keeps its basis instead */
-    if (fresh) sp.presolve = GLP_ON;
-    double t0 = now_s();
-    if (fresh) glp_adv_basis(lp, 0);
+    sp.msg_lev = trace ? GLP_MSG_ON : GLP_MSG_OFF;
+    int r = hp__as_clp_simplex(clp, lp, !fresh, limit_s, trace);
+    if (r == GLP_ETMLIM || r == GLP_ENOPFS) return r;
     double t1 = now_s();
-    int r = glp_simplex(lp, &sp);
-    if (getenv("HP_AUTOSHARD_TRACE"))
-        fprintf(stderr, "autoshard: simplex%s: %d, status %d, basis %.3f s, %.3f s\n",
-                fresh ? " (fresh)" : "", r, glp_get_status(lp), t1 - t0, now_s() - t1);
-    if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
-    if (r != 0 && r != GLP_ETMLIM && !fresh) { /* a warm basis gone bad: from scratch */
-        glp_adv_basis(lp, 0);
+    sp.tm_lim = (int)fmin(fmax(limit_s - (t1 - t0), 1e-3) * 1000, 2e9);
+    if (r == 0) { /* GLPK's factorization of Clp's basis: optimal as it stands, or nearly */
         r = glp_simplex(lp, &sp);
-        if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
+        if (trace)
+            fprintf(stderr, "autoshard: simplex (clp%s) %.3f s, then glpk: %d, status %d, %.3f s\n",
+                    fresh ? "" : ", warm", t1 - t0, r, glp_get_status(lp), now_s() - t1);
+        if (r == 0 && glp_get_status(lp) == GLP_OPT) return 0;
+        if (r == GLP_ETMLIM) return r;
+    } else if (!fresh) {
+        r = glp_simplex(lp, &sp);
+        if (r == 0 && glp_get_status(lp) == GLP_OPT) return 0;
+        if (r == GLP_ETMLIM) return r;
     }
+    /* GLPK alone, from scratch: its presolver halves its simplex (or better) on the problems
+     * with few repeated layers (an exported model's ~200 distinct nodes: 7.3 s to 3.4 s) */
+    *by_glpk = true;
+    sp.tm_lim = (int)fmin(fmax(limit_s - (now_s() - t0), 1e-3) * 1000, 2e9);
+    sp.presolve = GLP_ON;
+    glp_adv_basis(lp, 0);
+    double t2 = now_s();
+    r = glp_simplex(lp, &sp);
+    if (trace)
+        fprintf(stderr, "autoshard: simplex (glpk): %d, status %d, %.3f s\n", r, glp_get_status(lp),
+                now_s() - t2);
+    if (r == 0 && glp_get_status(lp) == GLP_NOFEAS) return GLP_ENOPFS;
+    if (r == 0 && glp_get_status(lp) != GLP_OPT) r = -1;
     return r;
 }
 
@@ -460,6 +476,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     if (!lp) return hp_errf(err, HP_NOMEM, "autoshard: out of memory");
     double t0 = now_s(), gap_want = opts && opts->mip_gap >= 0 ? opts->mip_gap : 0.02;
     hp_status st = build(a, lp, true, err);
+    if (getenv("HP_AS_DUMP")) glp_write_mps(lp, GLP_MPS_FILE, NULL, getenv("HP_AS_DUMP"));
     double t1 = now_s();
     a->stats.build_s = t1 - t0;
     a->stats.presolved_rows = a->stats.presolved_cols = -1;
@@ -471,7 +488,8 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     if (st == HP_OK && (!cur.assign || !best.assign))
         st = hp_errf(err, HP_NOMEM, "autoshard: out of memory");
     double bound = -INFINITY; /* seconds: no plan that meets every constraint is cheaper */
-    bool integral = false, lp_ok = false;
+    bool integral = false, lp_ok = false, lp_infeasible = false, by_glpk = false;
+    hp_as_clp clp = {0};
     /* the LP relaxation's own limit: GLPK's simplex slows sharply on problems of ~10^5 columns
      * (an exported Llama's unfused layers at dp × tp), and without one it ran for hours */
     double lp_limit = opts && opts->lp_time_limit_s > 0
@@ -480,8 +498,9 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                                  6 * (opts && opts->time_limit_s > 0 ? opts->time_limit_s : 5));
     if (st == HP_OK) {
         if (brow) glp_set_row_bnds(lp, brow, GLP_FR, 0, 0); /* priced instead, below */
-        int r = simplex(lp, true, lp_limit);
+        int r = simplex(&clp, lp, true, lp_limit, &by_glpk);
         lp_ok = r == 0;
+        lp_infeasible = r == GLP_ENOPFS;
         if (r == GLP_ETMLIM) {
             a->stats.lp_timed_out = true;
             st = hp_errf(err, HP_LIMIT,
@@ -515,7 +534,7 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
                 for (int it = 0; it < 60 && lp_ok; it++) {
                     double lam = found ? 0.5 * (l0 + l1) : l1;
                     set_price(a, lp, sign * lam);
-                    if (!(lp_ok = simplex(lp, false, lp_limit) == 0)) break;
+                    if (!(lp_ok = simplex(&clp, lp, false, lp_limit, &by_glpk) == 0)) break;
                     read_lp(a, lp, cur.assign, &integral);
                     evaluate(a, &cur, lo, hi, true);
                     /* L(lambda) = min(cost + lambda (mem - target)) <= the constrained optimum */
@@ -557,8 +576,12 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     int ret = 0, status = GLP_UNDEF;
     heur_state hs = {0};
     double *x0 = NULL;
-    if (st == HP_OK && !done) { /* branch and bound from the incumbent */
-        if (brow) lp_ok = simplex(lp, true, lp_limit) == 0;
+    if (st == HP_OK && !done && brow && !lp_infeasible) {
+        int r = simplex(&clp, lp, true, lp_limit, &by_glpk);
+        lp_ok = r == 0;
+        lp_infeasible = r == GLP_ENOPFS;
+    }
+    if (st == HP_OK && !done && !lp_infeasible) { /* branch and bound from the incumbent */
         if (lp_ok && best.feasible) x0 = as_columns(a, lp, best.assign);
         hs.x = x0;
         glp_iocp parm;
@@ -592,6 +615,8 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
         }
     }
     a->stats.solve_s = now_s() - t1;
+    hp__as_clp_free(&clp);
+    snprintf(a->stats.lp_solver, sizeof a->stats.lp_solver, "%s", by_glpk ? "glpk" : "clp");
     hp_free(x0);
     if (st == HP_OK && !best.feasible) {
         glp_delete_prob(lp);

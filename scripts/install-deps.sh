@@ -16,7 +16,7 @@ pkgs=(
     libuv1-dev
     libgrpc-dev
     libsqlite3-dev
-    libglpk-dev
+    libglpk-dev coinor-libclp-dev
     libjansson-dev
     libmicrohttpd-dev
     python3 python3-numpy python3-torch python3-grpcio python3-protobuf

@@ -91,6 +91,7 @@ typedef struct hp_autoshard_stats {
     int binaries;    /* of which binary */
     int constraints; /* rows */
     int presolved_rows, presolved_cols; /* -1: not reported */
+    char lp_solver[8]; /* "clp" (its dual simplex); "glpk" where Clp failed and GLPK solved it */
     double enumerate_s, build_s, solve_s, apply_s;
     double objective_s; /* modelled step time of the chosen plan, seconds */
     double gap;         /* relative MIP gap of the reported solution (0: proven optimal) */

@@ -232,6 +232,30 @@ Test(hp_export, llama_in_torchtitan_fqns_trains_like_hp_llama3) {
     }
 }
 
+/* Auto-sharding of the exported Llama at dp=2 x tp=2: its unfused layers (RoPE as real and
+ * imaginary products, RMSNorm as mul/rsqrt/mean) make an LP of 20k rows x 142k columns, past
+ * GLPK's simplex in minutes; Clp's dual simplex plans it in seconds (autoshard_clp.c). The
+ * plan trains to world 1's losses and weights. */
+Test(hp_export, llama_auto_sharded_at_dp_2_tp_2_trains_like_world_1) {
+    write_tokens();
+    char args[1024];
+    snprintf(args, sizeof args, "llama '%s' torch --steps %d", dir, STEPS);
+    ref_ok(args, "llama export (world 1)");
+    char from[320], to[320];
+    snprintf(from, sizeof from, "%s/job-llama-torch.pb", dir);
+    snprintf(to, sizeof to, "%s/job-llama-1.pb", dir);
+    cr_assert_eq(rename(from, to), 0);
+    snprintf(args, sizeof args, "llama '%s' torch --steps %d --mesh dp=2,tp=2 --mode auto", dir,
+             STEPS);
+    ref_ok(args, "llama export (dp=2 x tp=2, auto)");
+    hp_th_run r = hp_th_hpctl(dir, 120, "plan '%s/job-llama-torch.pb'", dir);
+    cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
+    cr_expect(strstr(r.out, "LP relaxation by Clp's dual simplex") && strstr(r.out, "optimal"),
+              "%s", r.out);
+    hp_th_run_free(&r);
+    expect_trains_like_world_1("job-llama-1.pb", "job-llama-torch.pb", 4, "llama auto dp x tp");
+}
+
 /* TP placements by FQN apply to an exported job: the GPT-2 MLP column-parallel (c_fc weight and
  * bias Shard(0)) and row-parallel (c_proj weight Shard(1)) at tp=2 trains to the world-1 run's
  * losses and weights. */
