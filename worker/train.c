@@ -409,6 +409,40 @@ static hp_status log_metrics(trainer *t, const hp_metrics_window *w, hp_err *err
 
 /* One communicator per mesh dim of more than one rank (every rank splits the world the same
  * way, in mesh order): the ranks that share every other coordinate, ordered by this one. */
+/* A fingerprint of the program as rank 0 holds it (FNV-1a over its packed message). */
+static hp_status program_fingerprint(hp_program *p, int rank, uint64_t *fp, hp_err *err) {
+    HP_TRY(hp_program_set_rank(p, 0, err));
+    uint8_t *data = NULL;
+    size_t len = 0;
+    hp_status st = hp_program_pack(p, &data, &len, err);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; st == HP_OK && i < len; i++) h = (h ^ data[i]) * 1099511628211ull;
+    hp_free(data);
+    *fp = h;
+    if (st == HP_OK) st = hp_program_set_rank(p, rank, err);
+    return st;
+}
+
+/* Ranks that compiled the job themselves (standalone, a launcher's ranks) must run one
+ * program: an auto plan whose solver stopped at its time limit, or two hp versions, can differ,
+ * and mismatched collectives would time out or mix shards. Each compares its fingerprint with
+ * rank 0's. */
+static hp_status check_same_program(trainer *t, uint64_t fp, hp_err *err) {
+    uint64_t *all = hp_calloc((size_t)t->world, sizeof *all);
+    if (!all) return hp_errf(err, HP_NOMEM, "out of memory");
+    hp_status st = t->comm->vt->all_gather(t->comm, &fp, all, sizeof fp, err);
+    for (int r = 1; st == HP_OK && r < t->world; r++)
+        if (all[r] != all[0])
+            st = hp_errf(err, HP_INVALID,
+                         "rank %d compiled a different program than rank 0 (fingerprint %016llx, "
+                         "rank 0's %016llx): the ranks must run the same hp on the same job; an "
+                         "auto plan stopped at the solver's time limit can differ between them: "
+                         "compile once (hpd does) or give the solver more time",
+                         r, (unsigned long long)all[r], (unsigned long long)all[0]);
+    hp_free(all);
+    return st;
+}
+
 static hp_status split_mesh(trainer *t, hp_err *err) {
     const hp_program *p = t->prog;
     if (p->graph->mesh.ndim == 0) return HP_OK; /* FSDP: the world is the one group */
@@ -451,6 +485,8 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
         HP_TRY(hp_compile(job, t->world, &t->compiled, err));
         t->prog = t->compiled->program;
     }
+    uint64_t fp = 0;
+    if (!o->program && t->world > 1) HP_TRY(program_fingerprint(t->prog, t->rank, &fp, err));
     HP_TRY(hp_program_set_rank(t->prog, t->rank, err));
     hp_program_data_rank(t->prog, t->rank, &t->data_rank, &t->data_world);
     if (t->world > 1) {
@@ -467,6 +503,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
             HP_TRY(hp_shm_comm_new(o->comm_name, t->rank, t->world, timeout, &t->comm, err));
             t->owns_comm = true;
         }
+        if (!o->program) HP_TRY(check_same_program(t, fp, err));
         HP_TRY(split_mesh(t, err));
     }
     if (o->backend) { /* the caller's (tests): borrowed */

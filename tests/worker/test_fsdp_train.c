@@ -129,6 +129,42 @@ Test(fsdp_train, tcp_world_2_equals_shm_bitwise) {
     expect_files_equal(a, c);
 }
 
+/* Ranks that compile the job themselves must run one program: two ranks started by hand on
+ * different plans (one without the overlap pass) both refuse to train, naming the rank whose
+ * program differs, instead of meeting in mismatched collectives. */
+Test(fsdp_train, ranks_with_different_programs_refuse_to_run) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s/client/hpctl new " MODEL " " MARKS " --mesh dp=2 -o %s/a.pb >/dev/null && "
+             "%s/client/hpctl new " MODEL " " MARKS " --mesh dp=2 --no-overlap -o %s/b.pb "
+             ">/dev/null",
+             hp_th_binary_dir(), tmp, hp_th_binary_dir(), tmp);
+    run(cmd);
+    snprintf(cmd, sizeof cmd,
+             "cd %s && P=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", "
+             "0)); print(s.getsockname()[1])') && export HP_COMM_SECRET=0123456789abcdef0123 && "
+             "(%s/worker/hp-worker --standalone a.pb --threads 1 --world 2 --rank 0 "
+             "--comm-backend tcp --comm-addr 127.0.0.1:$P --out r0 2>r0.err & "
+             "%s/worker/hp-worker --standalone b.pb --threads 1 --world 2 --rank 1 "
+             "--comm-backend tcp --comm-addr 127.0.0.1:$P --out r1 2>r1.err & "
+             "wait %%1; e0=$?; wait %%2; e1=$?; echo $e0 $e1 >codes)",
+             tmp, hp_th_binary_dir(), hp_th_binary_dir());
+    run(cmd);
+    char path[512];
+    snprintf(path, sizeof path, "%s/codes", tmp);
+    char *codes = hp_th_slurp_or_empty(path);
+    cr_expect(codes[0] != '0' && strchr(codes, ' ') && strchr(codes, ' ')[1] != '0',
+              "both ranks fail: %s", codes);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/r%d.err", tmp, r);
+        char *err = hp_th_slurp_or_empty(path);
+        cr_expect(strstr(err, "rank 1 compiled a different program than rank 0"), "rank %d: %s", r,
+                  err);
+        free(err);
+    }
+    free(codes);
+}
+
 /* ---- mixed precision (--param-dtype bf16 --reduce-dtype f32) -------------------------------- */
 
 static void run_in(const char *dir, const char *model, const char *extra) {
