@@ -177,6 +177,42 @@ static void print_autoshard(const hp_job *job, const hp_autoshard *a) {
                "following their inputs, no plan was found\n");
 }
 
+/* The estimate's compute by op, dearest first: its kernels, roofline time and share, the rate
+ * its FLOPs run at and the bytes it moves (the floor a device profile measures against). */
+static void print_compute_by_op(const hp_cost_estimate *e) {
+    int order[HP_OP_COUNT], n = 0;
+    for (int op = 0; op < HP_OP_COUNT; op++)
+        if (e->by_op[op].count) order[n++] = op;
+    for (int i = 1; i < n; i++) /* insertion sort by time, ties by op: a stable listing */
+        for (int j = i; j > 0 && e->by_op[order[j]].seconds > e->by_op[order[j - 1]].seconds; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    if (!n || e->compute_s <= 0) return;
+    printf("            compute by op (roofline):\n");
+    int shown = n > 10 ? 9 : n;
+    for (int i = 0; i < shown; i++) {
+        int op = order[i];
+        double t = e->by_op[op].seconds, f = e->by_op[op].flops;
+        printf("              %-34s %5d  %9s  %5.1f%%", hp_op_get((hp_op)op)->name,
+               e->by_op[op].count, SECONDS(t), 100 * t / e->compute_s);
+        if (f > 0) printf("  %.3g TFLOP", f / 1e12);
+        printf("  %s\n", HUMAN((int64_t)e->by_op[op].bytes));
+    }
+    if (shown < n) {
+        double t = 0, b = 0;
+        int k = 0;
+        for (int i = shown; i < n; i++)
+            t += e->by_op[order[i]].seconds, b += e->by_op[order[i]].bytes,
+                k += e->by_op[order[i]].count;
+        char what[40];
+        snprintf(what, sizeof what, "(%d other ops)", n - shown);
+        printf("              %-34s %5d  %9s  %5.1f%%  %s\n", what, k, SECONDS(t),
+               100 * t / e->compute_s, HUMAN((int64_t)b));
+    }
+}
+
 static void print_text(const hp_job *job, const hp_compiled *c) {
     if (job->model.family[0])
         printf("job         %s (%s:%s), world %d, mesh", job->name, job->model.family,
@@ -298,6 +334,7 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
                ? " (assumed: `hp-worker --probe-profile` measures it)"
                : "",
            e->peak_flops, e->efficiency, e->mem_bw);
+    print_compute_by_op(e);
     if (c->autoshard) print_autoshard(job, c->autoshard);
     printf("\nassumptions\n");
     for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++) print_wrapped(assumptions[i]);
@@ -401,15 +438,23 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                         json_pack("{s:I, s:i, s:o, s:o}", "bytes_per_step",
                                   (json_int_t)last->comm_bytes, "collectives", last->collectives,
                                   "by_op", kinds, "by_mesh_dim", by_dim));
+    json_t *by_op = json_object();
+    for (int op = 0; op < HP_OP_COUNT; op++)
+        if (e->by_op[op].count)
+            json_object_set_new(by_op, hp_op_get((hp_op)op)->name,
+                                json_pack("{s:i, s:f, s:f, s:f}", "kernels", e->by_op[op].count,
+                                          "seconds", e->by_op[op].seconds, "flops",
+                                          e->by_op[op].flops, "bytes", e->by_op[op].bytes));
     json_object_set_new(root, "estimate",
                         json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:s, "
-                                  "s:b}",
+                                  "s:b, s:o}",
                                   "step_s", e->step_s, "compute_s", e->compute_s, "comm_s",
                                   e->comm_s, "exposed_comm_s", e->exposed_comm_s, "optimizer_s",
                                   e->optimizer_s, "flops", e->flops, "peak_flops", e->peak_flops,
                                   "efficiency", e->efficiency, "memory_bandwidth", e->mem_bw,
                                   "bandwidth", e->bandwidth, "latency", e->latency, "profile",
-                                  e->profile, "profile_measured", e->profile_measured));
+                                  e->profile, "profile_measured", e->profile_measured,
+                                  "compute_by_op", by_op));
     json_object_set_new(root, "assumptions", assume);
     if (c->autoshard) {
         const hp_autoshard_stats *st = hp_autoshard_get_stats(c->autoshard);

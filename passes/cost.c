@@ -114,7 +114,8 @@ static int mesh_dim(const hp_plan *plan, const char *group) {
  * its rate) and its bytes (inputs read, outputs written, local shapes; a materialized view: its
  * output copied) at memory bandwidth, plus one launch (the same roofline auto-sharding prices
  * strategies with). */
-static double node_time(const hp_graph *g, int id, const hp_device_profile *p, double flops) {
+static double node_time(const hp_graph *g, int id, const hp_device_profile *p, double flops,
+                        double *bytes_out) {
     const hp_node *n = &g->nodes[id];
     double bytes = 0;
     if (hp_op_get(n->op)->flags & HP_OPF_VIEW) {
@@ -134,6 +135,7 @@ static double node_time(const hp_graph *g, int id, const hp_device_profile *p, d
     }
     double t = flops / rate;
     if (bytes / p->mem_bw > t) t = bytes / p->mem_bw;
+    *bytes_out = bytes;
     return t + p->kernel_s;
 }
 
@@ -188,10 +190,16 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
                 t_compute = ready;
             }
         } else if (runs[i]) {
-            double f = hp__node_flops(g, i), t = node_time(g, i, &prof, f);
+            double f = hp__node_flops(g, i), bytes = 0, t = node_time(g, i, &prof, f, &bytes);
             c->flops += f;
             c->compute_s += t;
             t_compute += t;
+            if (n->op >= 0 && n->op < HP_OP_COUNT) {
+                c->by_op[n->op].count++;
+                c->by_op[n->op].seconds += t;
+                c->by_op[n->op].flops += f;
+                c->by_op[n->op].bytes += bytes;
+            }
         }
     }
     /* the optimizer: AdamW over every local parameter element (4 f32 reads, 3 writes) */

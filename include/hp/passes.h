@@ -176,6 +176,11 @@ typedef struct hp_cost_estimate {
     double bandwidth, latency;             /* of the mesh's dp link */
     char profile[16];                      /* the profile's name (hp/autoshard.h) */
     bool profile_measured;                 /* cpu: probed on this machine */
+    /* compute_s by op: the kernels of each op, their roofline time, FLOPs and bytes moved */
+    struct {
+        int count;
+        double seconds, flops, bytes;
+    } by_op[HP_OP_COUNT];
 } hp_cost_estimate;
 
 typedef struct hp_compiled {

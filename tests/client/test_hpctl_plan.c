@@ -6,6 +6,7 @@
 #include "tests/util/cli_harness.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,6 +79,7 @@ Test(hpctl_plan, text_report) {
                                        "communication per step per rank",
                                        "estimate",
                                        "step ",
+                                       "compute by op (roofline):",
                                        "assumptions",
                                        "(N-1)/N"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
@@ -269,6 +271,21 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     cr_expect_gt(json_integer_value(json_object_get(c2, "collectives")), 0);
     json_t *e2 = json_object_get(w2, "estimate");
     cr_expect_gt(json_real_value(json_object_get(e2, "step_s")), 0);
+    /* the compute time by op adds up to the compute time; the GEMMs hold every FLOP but the
+     * attention's (the debugmodel's is fused) */
+    json_t *by_op = json_object_get(e2, "compute_by_op"), *v;
+    const char *op;
+    double sum = 0, flops = 0;
+    json_object_foreach(by_op, op, v) {
+        cr_expect_gt(json_integer_value(json_object_get(v, "kernels")), 0, "%s", op);
+        sum += json_real_value(json_object_get(v, "seconds"));
+        if (strcmp(op, "mm") && !strstr(op, "attention"))
+            flops += json_real_value(json_object_get(v, "flops"));
+    }
+    double compute = json_real_value(json_object_get(e2, "compute_s"));
+    cr_expect(fabs(sum - compute) <= 1e-9 * compute, "by op %.9g s, compute %.9g s", sum, compute);
+    cr_expect_eq(flops, 0);
+    cr_expect_gt(json_real_value(json_object_get(json_object_get(by_op, "mm"), "flops")), 0);
     cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
     cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 12); /* 11 passes + lower */
     json_decref(w1);
