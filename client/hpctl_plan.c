@@ -29,7 +29,8 @@ static const char *const assumptions[] = {
     "reduce-scatter sends (N-1)/N of its input, all-reduce 2(N-1)/N of its tensor",
     "one compute and one comm stream in graph order; a wait_tensor stalls compute until its "
     "collective is done, and that stall is the exposed communication",
-    "the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element)",
+    "the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element, "
+    "2 more where it rewrites a bf16 parameter copy: those casts are not in the step)",
     "memory: parameters and gradients at their local (sharded) size, AdamW's two f32 moments "
     "per local element, activations as the liveness-planned arena",
 };
@@ -195,7 +196,7 @@ static void print_compute_by_op(const hp_cost_estimate *e) {
     for (int i = 0; i < shown; i++) {
         int op = order[i];
         double t = e->by_op[op].seconds, f = e->by_op[op].flops;
-        printf("              %-34s %5d  %9s  %5.1f%%", hp_op_get((hp_op)op)->name,
+        printf("              %-44s %5d  %9s  %5.1f%%", hp_op_get((hp_op)op)->name,
                e->by_op[op].count, SECONDS(t), 100 * t / e->compute_s);
         if (f > 0) printf("  %.3g TFLOP", f / 1e12);
         printf("  %s\n", HUMAN((int64_t)e->by_op[op].bytes));
@@ -208,7 +209,7 @@ static void print_compute_by_op(const hp_cost_estimate *e) {
                 k += e->by_op[order[i]].count;
         char what[40];
         snprintf(what, sizeof what, "(%d other ops)", n - shown);
-        printf("              %-34s %5d  %9s  %5.1f%%  %s\n", what, k, SECONDS(t),
+        printf("              %-44s %5d  %9s  %5.1f%%  %s\n", what, k, SECONDS(t),
                100 * t / e->compute_s, HUMAN((int64_t)b));
     }
 }

@@ -20,7 +20,8 @@
  *     when both its input is ready (the compute stream has reached it) and the comm stream is
  *     free; a wait_tensor stalls the compute stream until its collective is done. The stall
  *     is the exposed communication.
- *   * the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element).
+ *   * the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element,
+ *     and 2 more where it rewrites a parameter's bf16 copy; those casts are not the step's).
  *   step time = compute + exposed communication + optimizer.
  * It does not model contention between the streams, nor the host's own work per step.
  */
@@ -164,9 +165,18 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
     }
     for (int i = 0; i < g->n_nodes; i++)
         runs[i] = !prog && !(hp_op_get(g->nodes[i].op)->flags & HP_OPF_VIEW);
-    for (int k = 0; prog && k < prog->n_instrs; k++)
-        if (prog->instrs[k].node >= 0 && prog->instrs[k].node < g->n_nodes)
-            runs[prog->instrs[k].node] = true;
+    /* a parameter's bf16 copy is written by the optimizer's update (2 bytes an element more
+     * there), not by its cast in the step: the executor skips those while the copies are
+     * current */
+    double copy_bytes = 0;
+    for (int k = 0; prog && k < prog->n_instrs; k++) {
+        const hp_instr *ins = &prog->instrs[k];
+        if (ins->node < 0 || ins->node >= g->n_nodes) continue;
+        if (ins->flags & HP_INSTR_PARAM_CAST)
+            copy_bytes += (double)type_bytes(&g->nodes[ins->node].out[0]);
+        else
+            runs[ins->node] = true;
+    }
     double t_compute = 0, t_comm = 0; /* when each stream is next free */
     for (int i = 0; i < g->n_nodes; i++) {
         const hp_node *n = &g->nodes[i];
@@ -202,12 +212,14 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
             }
         }
     }
-    /* the optimizer: AdamW over every local parameter element (4 f32 reads, 3 writes) */
+    /* the optimizer: AdamW over every local parameter element (4 f32 reads, 3 writes), and the
+     * bf16 copies it rewrites */
     hp_graph_inputs gi = hp_graph_count_inputs(g);
     for (int i = 0; i < gi.n_params; i++) {
         double t = (double)hp_type_numel(&g->nodes[i].out[0]) * 28.0 / prof.mem_bw;
         c->optimizer_s += t;
     }
+    c->optimizer_s += copy_bytes / prof.mem_bw;
     /* collectives nobody waited for still finish within the step */
     if (t_comm > t_compute) c->exposed_comm_s += t_comm - t_compute;
     c->step_s = c->compute_s + c->exposed_comm_s + c->optimizer_s;
