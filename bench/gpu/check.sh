@@ -29,7 +29,8 @@
 #        profiled run tunes its GEMMs (HP_CUDA_GEMM_TUNE=1) and the summary says what that
 #        saves a step against cuBLASLt's first candidate (the timed run does not tune).
 #        It runs the forward attention's other shape too (HP_CUDA_FLASH_ROWS=16, 2 steps) and
-#        prints both rates. TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
+#        prints both rates, and each op's time a kernel against its roofline on the device's
+#        planning profile (bench/gpu/roofline.py over hpctl plan's estimate.compute_by_op). TORCH_PEER=0 skips the PyTorch runs (a quick check of hp alone).
 #        (the ~1B run uses the mixed-precision policy: --param-dtype bf16 --reduce-dtype f32, bf16
 #        GEMMs on cuBLASLt, f32 master weights; ONE_B_DTYPE=f32 runs it in f32, where TF32 GEMMs
 #        are on by default here and HP_CUDA_TF32=0 turns them off)
@@ -278,6 +279,29 @@ print("tuning saves %.2f ms a step against cuBLASLt's first candidate (%d shapes
 PY
 )
         row "~1B GEMM tune $tune"
+        # each op's measured time a kernel against its roofline on this device's planning
+        # profile (hpctl plan's estimate.compute_by_op: FLOPs and bytes per kernel)
+        case "$GPUNAME" in
+            *H200*) RPROF=h200 ;; *H100*) RPROF=h100 ;; *A100*) RPROF=a100 ;; *B200*) RPROF=b200 ;;
+            *) RPROF="" ;;
+        esac
+        if [ -n "$RPROF" ] &&
+            "$BUILD/client/hpctl" plan --json --device-profile "$RPROF" "$OUT/1b-prof.pb" \
+                >"$OUT/1b-plan.json" 2>"$OUT/1b-plan.err" &&
+            python3 bench/gpu/roofline.py "$OUT/1b-profile.log" "$OUT/1b-plan.json" \
+                >"$OUT/1b-roofline.txt" 2>&1; then
+            head -16 "$OUT/1b-roofline.txt"
+            r=$(python3 -c 'import json, sys
+j = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print("%.1f ms a step of device time where the roofline is %.1f ms: %.0f%% of it" % (
+    j["measured_ms_per_step"], j["roofline_ms_per_step"], 100 * j["fraction"]))' \
+                "$OUT/1b-roofline.txt")
+            row "~1B roofline  $r (profile $RPROF; per op: $OUT/1b-roofline.txt)"
+        elif [ -z "$RPROF" ]; then
+            row "~1B roofline  not compared: no planning profile for $GPUNAME"
+        else
+            row "~1B roofline  not compared: $(cat "$OUT/1b-plan.err" "$OUT/1b-roofline.txt" 2>/dev/null | tail -2 | tr '\n' ' ')"
+        fi
     else
         fail "~1B profile   FAILED: $(tail -1 "$OUT/1b-profile.log")"
     fi
