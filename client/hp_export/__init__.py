@@ -9,9 +9,10 @@ forward + backward graph of `functional_call` and `torch.autograd.grad` (autodif
 or the forward only, hp's autodiff deriving the backward (autodiff="hp"). Placeholders are
 the parameters in FQN order (tied weights once: one parameter, gradients summed), the
 buffers, then the data `tokens` and `labels`; outputs the loss, then one gradient per
-parameter. The ATen graph is mapped to hp's ops (aten_map.TABLE) and written as hp's text
-IR; `hpctl new --graph` builds the job from it with all of hpctl's flags and checks. The
-model's state goes to safetensors under its own FQNs and is the job's --init-from.
+parameter. The ATen graph is mapped to hp's ops (aten_map.TABLE, aten_extra.TABLE) and
+written as hp's text IR; `hpctl new --graph` builds the job from it with all of hpctl's flags
+and checks. The model's state goes to safetensors under its own FQNs and is the job's
+--init-from.
 
 An op hp cannot represent fails the export with one message listing every such op, its count
 and the module it came from; nothing is written then.
@@ -31,7 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils import stateless
 import torch.utils._python_dispatch as _pd
 
-from . import aten_map, hpir, safetensors
+from . import aten_extra, aten_map, hpir, safetensors
 from .hpir import Unsupported, dtype_name
 
 __all__ = ["export", "capture", "to_hpir", "ExportError", "default_loss"]
@@ -332,7 +333,7 @@ class _Convert:
             if n.op != "call_function":
                 self._fail(n, "%s %s" % (n.op, n.target), "a constant tensor captured in the graph")
                 continue
-            fn = aten_map.TABLE.get(n.target)
+            fn = aten_map.TABLE.get(n.target) or aten_extra.TABLE.get(n.target)
             if fn is None:
                 self._fail(n, aten_map.op_name(n.target), None)
                 continue

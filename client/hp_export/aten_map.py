@@ -1021,6 +1021,16 @@ def _arange(cx, node, args, kw):
         step = args[2] if len(args) > 2 else kw.get("step", 1)
     if not all(isinstance(v, int) for v in (start, end, step)):
         raise Unsupported("non-integer bounds")
+    if step < 0:
+        # hp's arange counts up: start + step · arange(n), in f32 (exact below 2^24)
+        n = t[1][0]
+        if max(abs(start), abs(end)) >= 1 << 24:
+            raise Unsupported("a descending arange past 2^24")
+        up = cx.g.node("arange", [], [("f32", (n,))], {"start": 0, "end": n, "dtype": "f32"})
+        v = cx.g.node("add_scalar", [cx.g.node("mul_scalar", [up], [("f32", (n,))],
+                                               {"value": float(step)})],
+                      [("f32", (n,))], {"value": float(start)})
+        return _as(cx, v, t[0])
     a = {"start": start, "end": end, "dtype": t[0]}
     if step != 1:
         a["step"] = step

@@ -8,7 +8,7 @@
                   --mha: the attention as nn.MultiheadAttention with an additive mask buffer;
                   --mha-forward-mask: the same, its mask made in forward by triu;
                   --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
-                  --ops2: OpsNet2, more of them;
+                  --ops2: OpsNet2, more of them; --ops3: OpsNet3, the less common ones;
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --loss-3d, --loss-3d-none: cross entropy of [B, V, T] scores (nll_loss2d),
@@ -21,7 +21,7 @@
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2,
+                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2, --ops3,
                   --label-smoothing E, --sum-loss, --loss-3d(-none), --gather-loss: the export's models and
                   loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
@@ -325,6 +325,35 @@ def make_ops2():
     return OpsNet2()
 
 
+class OpsNet3(nn.Module):
+    """The less common ops hp_export decomposes (aten_extra.py): index_select of a parameter
+    table by the tokens and of a dim by a constant reversed index (their backward index_add),
+    cumsum and flip over the positions, repeat, amin, log1p, expm1, logsigmoid, hardswish,
+    hardsigmoid, and their backwards as torch records them."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.table = nn.Parameter(0.5 * torch.randn(V, C))
+        self.a, self.b = nn.Linear(C, C), nn.Linear(C, C)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        x = x + 0.5 * torch.index_select(self.table, 0, idx.reshape(-1)).reshape(x.shape)
+        u, w = self.a(x), self.b(x)
+        x = x + 0.2 * torch.cumsum(u, dim=1) / idx.shape[1] + 0.2 * torch.flip(w, [1])
+        x = x + 0.2 * u.repeat(1, 1, 2)[..., C // 2:C // 2 + C] - 0.1 * u.amin(-1, keepdim=True)
+        x = x + 0.2 * torch.log1p(u.abs()) + 0.2 * torch.expm1(0.3 * w)
+        x = x + 0.2 * F.logsigmoid(u) + 0.2 * F.hardswish(w) + 0.2 * F.hardsigmoid(u)
+        x = x + 0.1 * torch.index_select(w, 2, torch.arange(C - 1, -1, -1))
+        return self.out(x)
+
+
+def make_ops3():
+    torch.manual_seed(79)
+    return OpsNet3()
+
+
 class ConvNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -447,6 +476,8 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops(), flags[1:]
     if flags[:1] == ["--ops2"]:  # OpsNet2 instead of the GPT
         model, flags = make_ops2(), flags[1:]
+    if flags[:1] == ["--ops3"]:  # OpsNet3 instead of the GPT
+        model, flags = make_ops3(), flags[1:]
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
@@ -470,6 +501,8 @@ def do_train(d, steps, flags=()):
         ops, flags = make_ops, flags[1:]
     if list(flags[:1]) == ["--ops2"]:
         ops, flags = make_ops2, flags[1:]
+    if list(flags[:1]) == ["--ops3"]:
+        ops, flags = make_ops3, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss

@@ -381,6 +381,15 @@ Test(hp_export, more_decomposed_ops_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops2", modes, variants, HP_ARRAY_LEN(modes), "--ops2");
 }
 
+/* OpsNet3: the less common ops (client/hp_export/aten_extra.py): index_select of a parameter
+ * table by the tokens and of a dim by a descending arange (index_add backwards), cumsum and
+ * flip over the positions, repeat, amin, log1p, expm1, logsigmoid, hardswish, hardsigmoid,
+ * exported both ways, train to PyTorch's losses and weights. */
+Test(hp_export, less_common_ops_train_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops3", "--ops3"};
+    expect_exports_train_like_pytorch("ops3", modes, variants, HP_ARRAY_LEN(modes), "--ops3");
+}
+
 /* Cross entropy with label smoothing (0.1), which torch 1.13 records with index_put_,
  * masked_select, masked_scatter over `labels == -100` and 0-d f64 constants: exported both ways,
  * the GPT trains to PyTorch's losses and weights (the mask is false everywhere for token ids,

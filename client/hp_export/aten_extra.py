@@ -1,0 +1,308 @@
+"""Decompositions of less common ATen ops into hp's (graph/ops.def), beside aten_map.py's table
+(which holds the common ones and the helpers these use). hp_export looks an op up in both.
+
+  amin(x, dims, keepdim)              −amax(−x)
+  log1p(x)                            where(u == 1, x, log(u) · x / (u − 1)), u = 1 + x
+                                      (Goldberg's formula: as exact as log near 0, where
+                                      log(1 + x) is not)
+  expm1(x)                            its Taylor polynomial to x⁷ where |x| < 0.1, else
+                                      exp(x) − 1
+  log_sigmoid_forward (+ backward)    min(x, 0) − log1p(exp(−|x|)); grad · sigmoid(−x)
+  hardsigmoid, hardswish (+ backward) clamp(x + 3, 0, 6) / 6 and x times it; their slopes
+                                      (1/6 inside (−3, 3); x/3 + 1/2 on [−3, 3] for hardswish)
+  cumsum(x, dim)                      a product with the upper-triangular ones over that dim
+                                      (float x; sums in another order than torch's, to rounding)
+  flip(x, dims)                       a product with the anti-identity per dim (float x; each
+                                      output one input times 1 plus zeros: exact for finite x)
+  index_select(x, dim, idx)           embedding of x with dim moved first and the rest flattened
+  index_add(zeros, dim, idx, src)     embedding_dense_backward (index_select's backward), added
+                                      to self when self is not new zeros
+  repeat(x, reps)                     x viewed with a unit dim before each, expanded, reshaped
+"""
+import torch
+import torch.fx
+
+from .aten_map import Unsupported, _FINITE_MAX, _as, _lt, _t
+
+aten = torch.ops.aten
+
+
+def _float(x, what):
+    if x.dtype not in _FINITE_MAX:
+        raise Unsupported("%s of a %s tensor (hp decomposes it for floats)" % (what, x.dtype))
+
+
+def _amin(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    _float(x, "amin")
+    dims = list(args[1]) if len(args) > 1 and args[1] is not None else []
+    keep = args[2] if len(args) > 2 else kw.get("keepdim", False)
+    a = {"dims": dims}
+    if keep:
+        a["keepdim"] = 1
+    nx = cx.g.node("neg", [x], [(x.dtype, x.shape)])
+    return cx.g.node("neg", [cx.g.node("amax", [nx], [t], a)], [t])
+
+
+def _log1p_of(cx, x):
+    t = (x.dtype, x.shape)
+    u = cx.g.node("add_scalar", [x], [t], {"value": 1.0})
+    one = cx.g.node("eq", [u, cx.full(1.0, x.dtype)], [("bool", x.shape)])
+    um1 = cx.g.node("add_scalar", [u], [t], {"value": -1.0})
+    # where u == 1 the quotient's 0/0 is not taken, but computed: divide by 1 there instead
+    den = cx.g.node("where", [one, cx.full(1.0, x.dtype), um1], [t])
+    q = cx.g.node("div", [cx.g.node("mul", [cx.g.node("log", [u], [t]), x], [t]), den], [t])
+    return cx.g.node("where", [one, x, q], [t])
+
+
+def _log1p(cx, node, args, kw):
+    x = cx.v(args[0])
+    _float(x, "log1p")
+    return _log1p_of(cx, x)
+
+
+def _expm1(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    _float(x, "expm1")
+    # x (1 + x/2 (1 + x/3 (1 + ... (1 + x/7)))): truncation below 1e-9 of x for |x| < 0.1
+    p = cx.full(1.0, x.dtype)
+    for k in range(7, 1, -1):
+        p = cx.g.node("add_scalar", [cx.g.node("mul", [cx.g.node("mul_scalar", [x], [t],
+                                                                 {"value": 1.0 / k}), p], [t])],
+                      [t], {"value": 1.0})
+    small = cx.g.node("mul", [x, p], [t])
+    big = cx.g.node("add_scalar", [cx.g.node("exp", [x], [t])], [t], {"value": -1.0})
+    ax = cx.g.node("where", [_lt(cx, x, cx.full(0.0, x.dtype)), cx.g.node("neg", [x], [t]), x],
+                   [t])
+    return cx.g.node("where", [_lt(cx, ax, cx.full(0.1, x.dtype)), small, big], [t])
+
+
+def _log_sigmoid_forward(cx, node, args, kw):
+    """(min(x, 0) − log1p(exp(−|x|)), buffer): the buffer (empty on the CPU) is zeros."""
+    x = cx.v(args[0])
+    _float(x, "log_sigmoid")
+    t = (x.dtype, x.shape)
+    neg = _lt(cx, x, cx.full(0.0, x.dtype))
+    mn = cx.g.node("where", [neg, x, cx.full(0.0, x.dtype)], [t])
+    nabs = cx.g.node("where", [neg, x, cx.g.node("neg", [x], [t])], [t])  # −|x|
+    out = cx.g.node("sub", [mn, _log1p_of(cx, cx.g.node("exp", [nabs], [t]))], [t])
+    types = cx.types_of(node)
+    if len(types) != 2 or types[1] is None:
+        raise Unsupported("log_sigmoid_forward without its buffer")
+    bt = types[1]
+    buf = cx.g.node("zeros", [], [bt], {"shape": list(bt[1]), "dtype": bt[0]})
+    return [out, buf]
+
+
+def _log_sigmoid_backward(cx, node, args, kw):
+    g, x, t = cx.v(args[0]), cx.v(args[1]), _t(cx, node)
+    s = cx.g.node("sigmoid", [cx.g.node("neg", [x], [(x.dtype, x.shape)])], [(x.dtype, x.shape)])
+    return cx.g.node("mul", [g, s], [t])
+
+
+def _hardsigmoid_of(cx, x):
+    t = (x.dtype, x.shape)
+    y = cx.g.node("add_scalar", [x], [t], {"value": 3.0})
+    zero, six = cx.full(0.0, x.dtype), cx.full(6.0, x.dtype)
+    y = cx.g.node("where", [_lt(cx, y, zero), zero, y], [t])
+    y = cx.g.node("where", [_lt(cx, six, y), six, y], [t])
+    return cx.g.node("mul_scalar", [y], [t], {"value": 1.0 / 6.0})
+
+
+def _hardsigmoid(cx, node, args, kw):
+    x = cx.v(args[0])
+    _float(x, "hardsigmoid")
+    return _hardsigmoid_of(cx, x)
+
+
+def _inside(cx, x, lo, hi, closed):
+    """lo < x < hi (closed: lo <= x <= hi) as bools."""
+    t = ("bool", x.shape)
+    lo_v, hi_v = cx.full(lo, x.dtype), cx.full(hi, x.dtype)
+    if closed:  # not (x < lo) and not (hi < x)
+        a = cx.g.node("bitwise_not", [_lt(cx, x, lo_v)], [t])
+        b = cx.g.node("bitwise_not", [_lt(cx, hi_v, x)], [t])
+    else:
+        a, b = _lt(cx, lo_v, x), _lt(cx, x, hi_v)
+    return cx.g.node("where", [a, b, cx.full(False, "bool")], [t])
+
+
+def _hardsigmoid_backward(cx, node, args, kw):
+    """grad / 6 inside (−3, 3), else 0 (torch's rule)."""
+    g, x, t = cx.v(args[0]), cx.v(args[1]), _t(cx, node)
+    d = cx.g.node("mul_scalar", [g], [t], {"value": 1.0 / 6.0})
+    return cx.g.node("where", [_inside(cx, x, -3.0, 3.0, False), d, cx.full(0.0, t[0])], [t])
+
+
+def _hardswish(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    _float(x, "hardswish")
+    return cx.g.node("mul", [x, _hardsigmoid_of(cx, x)], [t])
+
+
+def _hardswish_backward(cx, node, args, kw):
+    """grad · (x/3 + 1/2) on [−3, 3], grad where x > 3, 0 where x < −3 (torch's rule)."""
+    g, x, t = cx.v(args[0]), cx.v(args[1]), _t(cx, node)
+    xt = (x.dtype, x.shape)
+    slope = cx.g.node("add_scalar", [cx.g.node("mul_scalar", [x], [xt], {"value": 1.0 / 3.0})],
+                      [xt], {"value": 0.5})
+    mid = cx.g.node("mul", [g, slope], [t])
+    above = _lt(cx, cx.full(3.0, x.dtype), x)
+    outer = cx.g.node("where", [above, g, cx.full(0.0, t[0])], [t])
+    return cx.g.node("where", [_inside(cx, x, -3.0, 3.0, True), mid, outer], [t])
+
+
+def _last_dim_product(cx, x, dim, mat):
+    """x with dim moved last, times the [n, n] matrix mat (x's dtype), moved back."""
+    r = len(x.shape)
+    n = x.shape[dim]
+    shape = list(x.shape)
+    if dim != r - 1:
+        shape[dim], shape[-1] = shape[-1], shape[dim]
+        x = cx.g.node("transpose", [x], [(x.dtype, tuple(shape))], {"dim0": dim, "dim1": r - 1})
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    flat = cx.g.node("view", [x], [(x.dtype, (rows, n))], {"shape": [rows, n]})
+    y = cx.g.node("mm", [flat, mat], [(x.dtype, (rows, n))])
+    y = cx.g.node("view", [y], [(x.dtype, tuple(shape))], {"shape": shape})
+    if dim != r - 1:
+        back = list(shape)
+        back[dim], back[-1] = back[-1], back[dim]
+        y = cx.g.node("transpose", [y], [(x.dtype, tuple(back))], {"dim0": dim, "dim1": r - 1})
+    return y
+
+
+def _index_matrix(cx, n, dtype, relation):
+    """The [n, n] matrix of relation(i, j) over row i and column j, as 0/1 of dtype:
+    "le" (i <= j: the upper triangle, a cumsum's), "anti" (i + j == n − 1: a flip's)."""
+    if n >= 1 << 24:
+        raise Unsupported("a dim of %d elements (its index matrix counts in f32)" % n)
+    col = cx.g.node("arange", [], [("f32", (n,))], {"start": 0, "end": n, "dtype": "f32"})
+    row = cx.g.node("view", [col], [("f32", (n, 1))], {"shape": [n, 1]})
+    if relation == "le":  # not (j < i)
+        m = cx.g.node("bitwise_not", [cx.g.node("lt", [col, row], [("bool", (n, n))])],
+                      [("bool", (n, n))])
+    else:  # j == n − 1 − i, exact in f32 below 2^24
+        rev = cx.g.node("add_scalar", [cx.g.node("neg", [row], [("f32", (n, 1))])],
+                        [("f32", (n, 1))], {"value": n - 1})
+        m = cx.g.node("eq", [col, rev], [("bool", (n, n))])
+    return _as(cx, m, dtype)
+
+
+def _cumsum(cx, node, args, kw):
+    x = cx.v(args[0])
+    if kw.get("dtype") is not None and kw["dtype"] != x.dtype:
+        raise Unsupported("cumsum with dtype=%s" % kw["dtype"])
+    _float(x, "cumsum")
+    if not x.shape:
+        return x
+    dim = args[1] % len(x.shape)
+    n = x.shape[dim]
+    return _last_dim_product(cx, x, dim, _index_matrix(cx, n, x.dtype, "le"))
+
+
+def _flip(cx, node, args, kw):
+    x = cx.v(args[0])
+    _float(x, "flip")
+    y = x
+    for d in sorted({d % len(x.shape) for d in args[1]}):
+        if x.shape[d] > 1:
+            y = _last_dim_product(cx, y, d, _index_matrix(cx, x.shape[d], x.dtype, "anti"))
+    return y
+
+
+def _rows_first(cx, x, dim):
+    """x with dim moved first and the other dims flattened: [n, rest] (and rest's shape)."""
+    r = len(x.shape)
+    shape = list(x.shape)
+    if dim != 0:
+        shape[0], shape[dim] = shape[dim], shape[0]
+        x = cx.g.node("transpose", [x], [(x.dtype, tuple(shape))], {"dim0": 0, "dim1": dim})
+    rest = 1
+    for s in shape[1:]:
+        rest *= s
+    if r != 2:
+        x = cx.g.node("view", [x], [(x.dtype, (shape[0], rest))], {"shape": [shape[0], rest]})
+    return x, shape[1:]
+
+
+def _rows_back(cx, y, n, rest_shape, dim, t):
+    """The inverse of _rows_first for a [n, rest] value: reshaped, dim moved back."""
+    shape = [n] + list(rest_shape)
+    if len(shape) != 2:
+        y = cx.g.node("view", [y], [(t[0], tuple(shape))], {"shape": shape})
+    if dim != 0:
+        shape[0], shape[dim] = shape[dim], shape[0]
+        y = cx.g.node("transpose", [y], [(t[0], tuple(shape))], {"dim0": 0, "dim1": dim})
+    return y
+
+
+def _index_select(cx, node, args, kw):
+    x, idx, t = cx.v(args[0]), cx.v(args[2]), _t(cx, node)
+    if not x.shape or len(idx.shape) != 1:
+        raise Unsupported("index_select of a 0-d tensor or with a non-vector index")
+    dim = args[1] % len(x.shape)
+    w, rest = _rows_first(cx, x, dim)
+    k = idx.shape[0]
+    y = cx.g.node("embedding", [w, idx], [(x.dtype, (k, w.shape[1]))])
+    return _rows_back(cx, y, k, rest, dim, t)
+
+
+def _is_new_zeros(node):
+    """Whether an FX node is a fresh tensor of zeros (new_zeros, zeros, zeros_like)."""
+    return isinstance(node, torch.fx.Node) and node.target in (
+        aten.new_zeros.default, aten.zeros.default, aten.zeros_like.default)
+
+
+def _index_add(cx, node, args, kw):
+    self_, dim, idx, src = args[:4]
+    alpha = args[4] if len(args) > 4 else kw.get("alpha", 1)
+    s, i, g, t = cx.v(self_), cx.v(idx), cx.v(src), _t(cx, node)
+    if not s.shape or len(i.shape) != 1:
+        raise Unsupported("index_add into a 0-d tensor or with a non-vector index")
+    dim %= len(s.shape)
+    if alpha != 1:
+        g = cx.g.node("mul_scalar", [g], [(g.dtype, g.shape)], {"value": alpha})
+    rows, rest = _rows_first(cx, g, dim)
+    n = s.shape[dim]
+    acc = cx.g.node("embedding_dense_backward", [rows, i], [(g.dtype, (n, rows.shape[1]))],
+                    {"num_weights": n})
+    y = _rows_back(cx, acc, n, rest, dim, (g.dtype, None))
+    y = _as(cx, y, t[0])
+    return y if _is_new_zeros(self_) else cx.g.node("add", [s, y], [t])
+
+
+def _repeat(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    reps = list(args[1])
+    shape = [1] * (len(reps) - len(x.shape)) + list(x.shape)
+    if len(reps) < len(x.shape):
+        raise Unsupported("repeat with fewer repeats than dims")
+    unit = []
+    for s in shape:
+        unit += [1, s]
+    big = []
+    for r, s in zip(reps, shape):
+        big += [r, s]
+    v = cx.g.node("view", [x], [(x.dtype, tuple(unit))], {"shape": unit})
+    e = cx.g.node("expand", [v], [(x.dtype, tuple(big))], {"shape": big})
+    return cx.g.node("view", [e], [t], {"shape": list(t[1])})
+
+
+TABLE = {
+    aten.amin.default: _amin,
+    aten.log1p.default: _log1p,
+    aten.expm1.default: _expm1,
+    aten.log_sigmoid_forward.default: _log_sigmoid_forward,
+    aten.log_sigmoid_backward.default: _log_sigmoid_backward,
+    aten.hardsigmoid.default: _hardsigmoid,
+    aten.hardsigmoid_backward.default: _hardsigmoid_backward,
+    aten.hardswish.default: _hardswish,
+    aten.hardswish_backward.default: _hardswish_backward,
+    aten.cumsum.default: _cumsum,
+    aten.flip.default: _flip,
+    aten.index_select.default: _index_select,
+    aten.index_add.default: _index_add,
+    aten.repeat.default: _repeat,
+}
