@@ -18,6 +18,10 @@
   index_add(zeros, dim, idx, src)     embedding_dense_backward (index_select's backward), added
                                       to self when self is not new zeros
   repeat(x, reps)                     x viewed with a unit dim before each, expanded, reshaped
+  index.Tensor(x, [..., idx])         x[:, idx]: one integer index after full slices, an
+                                      embedding of x with that dim moved first
+  index_put(x, [..., idx], v, True)   its backward: embedding_dense_backward (aten_map's
+                                      index_put hands this form over)
 """
 import torch
 import torch.fx
@@ -273,6 +277,94 @@ def _index_add(cx, node, args, kw):
     return y if _is_new_zeros(self_) else cx.g.node("add", [s, y], [t])
 
 
+def _one_index(cx, indices):
+    """(k, index node) for indices [None] * k + [an integer tensor], as x[:, ..., idx] records
+    them; None for any other form."""
+    indices = list(indices)
+    k = 0
+    while k < len(indices) and indices[k] is None:
+        k += 1
+    if k != len(indices) - 1 or not isinstance(indices[k], torch.fx.Node):
+        return None
+    if cx.type_of(indices[k])[0] not in ("i64", "i32"):
+        return None
+    return k, indices[k]
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _index(cx, node, args, kw):
+    """x[..., idx] (index.Tensor with one integer index after full slices): an embedding of x
+    with that dim moved first and the others flattened, the index's dims put back in its
+    place."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    one = _one_index(cx, args[1])
+    if one is None or not x.shape:
+        raise Unsupported("indexing by other than one integer tensor after full slices")
+    k, inode = one
+    idx = cx.v(inode)
+    q, m = len(idx.shape), _numel(idx.shape)
+    others = [d for d in range(len(x.shape)) if d != k]
+    rest = [x.shape[d] for d in others]
+    w = x
+    if k != 0:
+        w = cx.g.node("permute", [x], [(x.dtype, tuple([x.shape[k]] + rest))],
+                      {"perm": [k] + others})
+    w = cx.g.node("view", [w], [(x.dtype, (x.shape[k], _numel(rest)))],
+                  {"shape": [x.shape[k], _numel(rest)]})
+    flat = idx if q == 1 else cx.g.node("view", [idx], [(idx.dtype, (m,))], {"shape": [m]})
+    y = cx.g.node("embedding", [w, flat], [(x.dtype, (m, _numel(rest)))])
+    shape = list(idx.shape) + rest  # the index's dims, then x's others in order
+    y = cx.g.node("view", [y], [(x.dtype, tuple(shape))], {"shape": shape})
+    if k == 0:
+        return y
+    perm = [q + i for i in range(k)] + list(range(q)) + [q + i for i in range(k, len(rest))]
+    return cx.g.node("permute", [y], [t], {"perm": perm})
+
+
+def index_put_by_index(cx, node, args, kw):
+    """x.index_put([..., idx], values, accumulate=True) (index.Tensor's backward, into new
+    zeros): values summed into the rows the index names, by embedding_dense_backward over x's
+    dim; added to x unless x is new zeros. A write without accumulate is refused (with a
+    repeated index torch keeps one of the values, unspecified which). None: not this form."""
+    self_, indices, values = args[0], args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kw.get("accumulate", False)
+    one = _one_index(cx, indices)
+    if one is None:
+        return None
+    if not accumulate:
+        raise Unsupported("index_put by an integer index without accumulate=True")
+    s, v, t = cx.v(self_), cx.v(values), _t(cx, node)
+    k, inode = one
+    idx = cx.v(inode)
+    q, m = len(idx.shape), _numel(idx.shape)
+    others = [d for d in range(len(s.shape)) if d != k]
+    rest = [s.shape[d] for d in others]
+    if tuple(v.shape) != tuple(list(s.shape[:k]) + list(idx.shape) + list(s.shape[k + 1:])):
+        raise Unsupported("index_put of values that are not the indexed shape")
+    v = _as(cx, v, t[0])
+    if k != 0:  # the index's dims first, then the others in order
+        perm = list(range(k, k + q)) + list(range(k)) + list(range(k + q, len(v.shape)))
+        v = cx.g.node("permute", [v], [(t[0], tuple(list(idx.shape) + rest))], {"perm": perm})
+    v = cx.g.node("view", [v], [(t[0], (m, _numel(rest)))], {"shape": [m, _numel(rest)]})
+    flat = idx if q == 1 else cx.g.node("view", [idx], [(idx.dtype, (m,))], {"shape": [m]})
+    n = s.shape[k]
+    acc = cx.g.node("embedding_dense_backward", [v, flat], [(t[0], (n, _numel(rest)))],
+                    {"num_weights": n})
+    acc = cx.g.node("view", [acc], [(t[0], tuple([n] + rest))], {"shape": [n] + rest})
+    if k != 0:
+        inv = [0] * len(s.shape)
+        for i, d in enumerate([k] + others):
+            inv[d] = i
+        acc = cx.g.node("permute", [acc], [t], {"perm": inv})
+    return acc if _is_new_zeros(self_) else cx.g.node("add", [s, acc], [t])
+
+
 def _repeat(cx, node, args, kw):
     x, t = cx.v(args[0]), _t(cx, node)
     reps = list(args[1])
@@ -305,4 +397,5 @@ TABLE = {
     aten.index_select.default: _index_select,
     aten.index_add.default: _index_add,
     aten.repeat.default: _repeat,
+    aten.index.Tensor: _index,
 }

@@ -966,7 +966,12 @@ def _not(cx, node, args, kw):
 
 def _index_put(cx, node, args, kw):
     """x[mask] = value with one bool mask of x's shape and a scalar value: where(mask, value,
-    x) (x + value where accumulating). Other index forms are refused."""
+    x) (x + value where accumulating); x[..., idx] += values by an integer index:
+    aten_extra.index_put_by_index. Other index forms are refused."""
+    from .aten_extra import index_put_by_index  # x[..., idx] += v: aten_extra's
+    by_index = index_put_by_index(cx, node, args, kw)
+    if by_index is not None:
+        return by_index
     x, indices, value = args[0], args[1], args[2]
     accumulate = args[3] if len(args) > 3 else kw.get("accumulate", False)
     t = _t(cx, node)

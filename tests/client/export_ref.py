@@ -328,6 +328,7 @@ def make_ops2():
 class OpsNet3(nn.Module):
     """The less common ops hp_export decomposes (aten_extra.py): index_select of a parameter
     table by the tokens and of a dim by a constant reversed index (their backward index_add),
+    indexing (table[idx], u[:, reversed positions]; backward index_put with accumulate),
     cumsum and flip over the positions, repeat, amin, log1p, expm1, logsigmoid, hardswish,
     hardsigmoid, and their backwards as torch records them."""
     def __init__(self):
@@ -346,6 +347,7 @@ class OpsNet3(nn.Module):
         x = x + 0.2 * torch.log1p(u.abs()) + 0.2 * torch.expm1(0.3 * w)
         x = x + 0.2 * F.logsigmoid(u) + 0.2 * F.hardswish(w) + 0.2 * F.hardsigmoid(u)
         x = x + 0.1 * torch.index_select(w, 2, torch.arange(C - 1, -1, -1))
+        x = x + 0.3 * self.table[idx] + 0.1 * u[:, torch.arange(idx.shape[1] - 1, -1, -1)]
         return self.out(x)
 
 

@@ -382,7 +382,8 @@ Test(hp_export, more_decomposed_ops_train_like_pytorch) {
 }
 
 /* OpsNet3: the less common ops (client/hp_export/aten_extra.py): index_select of a parameter
- * table by the tokens and of a dim by a descending arange (index_add backwards), cumsum and
+ * table by the tokens and of a dim by a descending arange (index_add backwards), indexing by
+ * an integer tensor (table[idx], u[:, positions]; index_put backwards), cumsum and
  * flip over the positions, repeat, amin, log1p, expm1, logsigmoid, hardswish, hardsigmoid,
  * exported both ways, train to PyTorch's losses and weights. */
 Test(hp_export, less_common_ops_train_like_pytorch) {
