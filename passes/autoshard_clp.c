@@ -1,12 +1,14 @@
-/* passes/autoshard_clp.c — the auto-sharding LP relaxation from scratch by COIN-OR Clp's dual
- * simplex, its optimal basis handed back to GLPK (docs/autoshard.md, "Solve").
+/* passes/autoshard_clp.c — the auto-sharding LP relaxation by COIN-OR Clp, its optimal basis
+ * handed back to GLPK (docs/autoshard.md, "Solve").
  *
  * GLPK's simplex, primal or dual, stalls on the larger problems: an exported Llama's unfused
  * layers at dp=2 x tp=2 (20k rows x 142k columns) ran past five minutes, while Clp's dual
- * simplex (with its presolve) solves the same LP in about 2 s. The rest of the solver (the
- * Lagrangian re-solves of a budget, glp_intopt's branch and bound) stays GLPK's: it continues
- * from the basis Clp ends on, which GLPK takes as a warm start (a refactorization, rarely a
- * pivot). Clp sees GLPK's problem exactly: the same columns, rows, bounds and objective.
+ * simplex solves the same LP in 2-3 s. Clp solves it from scratch (the dual simplex, without
+ * its presolve) and, for the budget's search, again with a new objective from the last basis
+ * (the primal simplex); the Lagrangian bookkeeping and glp_intopt's branch and bound stay
+ * GLPK's, continuing from the basis Clp ends on, which GLPK takes as it stands (a
+ * refactorization, no pivots). Clp sees GLPK's problem exactly: the same columns, rows,
+ * bounds and objective.
  */
 #include "passes/autoshard_internal.h"
 
@@ -94,9 +96,11 @@ static Clp_Simplex *load(glp_prob *lp) {
     return model;
 }
 
-static double now_s(void) {
+/* The process's CPU seconds: Clp's own limit counts them too (CoinCpuTime), so that a loaded
+ * machine (ranks compiling side by side on few cores) does not cut a solve short. */
+static double cpu_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -108,7 +112,7 @@ int hp__as_clp_simplex(hp_as_clp *c, glp_prob *lp, bool warm, double limit_s, bo
      * those */
     for (int j = 1; j <= n; j++)
         if (!(fabs(glp_get_obj_coef(lp, j)) < 1e20)) return -1;
-    double t0 = now_s();
+    double t0 = cpu_s();
     Clp_Simplex *model = c->model;
     int status = -1;
     if (warm && model && Clp_numberRows(model) == m && Clp_numberColumns(model) == n) {
@@ -131,14 +135,14 @@ int hp__as_clp_simplex(hp_as_clp *c, glp_prob *lp, bool warm, double limit_s, bo
         if (trace)
             fprintf(stderr,
                     "autoshard: clp (warm): status %d, %d iterations, objective %.10g, "
-                    "%.3f s\n",
-                    status, Clp_numberIterations(model), Clp_objectiveValue(model), now_s() - t0);
+                    "%.3f s CPU\n",
+                    status, Clp_numberIterations(model), Clp_objectiveValue(model), cpu_s() - t0);
         if (status == 3 && Clp_numberIterations(model) >= cap) status = -1;
     }
     if (status < 0) {
         hp__as_clp_free(c);
         if (!(model = c->model = load(lp))) return -1;
-        double t1 = now_s();
+        double t1 = cpu_s();
         Clp_setLogLevel(model, trace ? 1 : 0);
         Clp_setMaximumSeconds(model, fmax(limit_s - (t1 - t0), 1e-3));
         /* without Clp's presolve: the basis its postsolve left took GLPK ~1300 more pivots on
@@ -147,8 +151,9 @@ int hp__as_clp_simplex(hp_as_clp *c, glp_prob *lp, bool warm, double limit_s, bo
         status = Clp_status(model);
         c->fresh_iterations = Clp_numberIterations(model);
         if (trace)
-            fprintf(stderr, "autoshard: clp: status %d, %d iterations, objective %.10g, %.3f s\n",
-                    status, c->fresh_iterations, Clp_objectiveValue(model), now_s() - t1);
+            fprintf(stderr,
+                    "autoshard: clp: status %d, %d iterations, objective %.10g, %.3f s CPU\n",
+                    status, c->fresh_iterations, Clp_objectiveValue(model), cpu_s() - t1);
     }
     if (status == 1 || status == 3) return status == 1 ? GLP_ENOPFS : GLP_ETMLIM;
     if (status != 0) return -1; /* GLPK's own simplex says what is wrong */

@@ -78,7 +78,8 @@ hp_status hp_cpu_profile_store(const hp_device_profile *p, hp_err *err);
 /* Solver settings. */
 typedef struct hp_autoshard_opts {
     double time_limit_s;    /* 0: 5 s */
-    double lp_time_limit_s; /* the LP relaxation's; 0: HP_AUTOSHARD_LP_LIMIT_S or 6 x the above */
+    double lp_time_limit_s; /* the LP relaxation's, CPU seconds (not wall: load does not cut
+                             * it short); 0: HP_AUTOSHARD_LP_LIMIT_S or 6 x the above */
     double mip_gap;         /* relative; < 0: 2%; 0: proven optimal */
 } hp_autoshard_opts;
 
