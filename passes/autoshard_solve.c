@@ -497,7 +497,9 @@ hp_status hp__as_ilp(hp_autoshard *a, const hp_autoshard_opts *opts, hp_err *err
     if (!lp) return hp_errf(err, HP_NOMEM, "autoshard: out of memory");
     double t0 = now_s(), gap_want = opts && opts->mip_gap >= 0 ? opts->mip_gap : 0.02;
     hp_status st = build(a, lp, true, err);
-    if (getenv("HP_AS_DUMP")) glp_write_mps(lp, GLP_MPS_FILE, NULL, getenv("HP_AS_DUMP"));
+    const char *mps = getenv("HP_AUTOSHARD_MPS"); /* the ILP for an outside solver */
+    if (st == HP_OK && mps && *mps && glp_write_mps(lp, GLP_MPS_FILE, NULL, mps) != 0)
+        fprintf(stderr, "autoshard: HP_AUTOSHARD_MPS: cannot write '%s'\n", mps);
     double t1 = now_s();
     a->stats.build_s = t1 - t0;
     a->stats.presolved_rows = a->stats.presolved_cols = -1;
