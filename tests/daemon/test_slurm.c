@@ -595,10 +595,15 @@ Test(slurm, queue_wait_is_not_late_and_node_failure_restarts) {
  * words, and restarted from the checkpoint. */
 Test(slurm, job_gone_from_slurm_while_hpd_was_down_is_lost_and_restarted) {
     NEED_SLURM();
-    new_job("g.pb", 200, "--checkpoint-interval 25 --max-restarts 2");
+    /* ~15 s at 100 steps/s: 200 steps could end between seeing step 30 and the kill (seen in
+     * an ASan CI run: SUCCEEDED, nothing lost) */
+    new_job("g.pb", 1500, "--checkpoint-interval 25 --max-restarts 2");
     char *id = submit("g.pb");
     long at = wait_step(id, 30, 60);
     cr_assert_geq(at, 30, "no progress");
+    char *before = field(id, "state");
+    cr_assert_str_eq(before, "RUNNING", "the job ended before hpd was killed (step %ld)", at);
+    free(before);
     char *ref = field(id, "launch_ref");
     cr_assert(ref[0]);
     kill(g_h.pid, SIGKILL);
