@@ -95,10 +95,18 @@ void hpd_launcher_worker_path(const char *worker_path, char *out, size_t len);
 /* The local launcher: spawns `worker --coordinator C --job ID --rank R` (the token in
  * $HP_TOKEN_FILE) in its own process group (UV_PROCESS_DETACHED), stdout and stderr appended
  * to job_dir/rank-R.log. A cuda attempt's rank R sees only its GPU: CUDA_VISIBLE_DEVICES is
- * gpu_ids[R] (an attempt without gpu_ids is refused). */
+ * gpu_ids[R], or, where hpd itself runs under a CUDA_VISIBLE_DEVICES list (read when the
+ * launcher is made), that list's entry gpu_ids[R] (an attempt without gpu_ids, or with an index
+ * past the list, is refused). */
 hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path,
                                  hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,
                                  hp_err *err);
+
+/* The GPUs a CUDA_VISIBLE_DEVICES value names, as CUDA reads it: comma-separated entries
+ * (a device index, or a GPU-/MIG- UUID or its prefix; blanks around an entry ignored), up to the
+ * first entry that is none of those ("", "-1" and "none" name no GPU). Returns how many; with
+ * index >= 0 and index < that count, copies entry `index` into out (len bytes). */
+int hpd_visible_gpus(const char *list, int index, char *out, size_t len);
 
 /* The external launcher: starts nothing (register_only). */
 hp_status hpd_launcher_external_new(hpd_launch_event_fn on_event, void *ctx, hpd_launcher **out,

@@ -32,6 +32,7 @@ typedef struct local {
     hpd_launcher base;
     uv_loop_t *loop;
     char worker[PATH_MAX];
+    char *visible; /* hpd's own CUDA_VISIBLE_DEVICES when it has one (NULL: the host's indices) */
     proc *procs;
     bool freeing;
 } local;
@@ -132,9 +133,20 @@ static hp_status local_start(hpd_launcher *base, const hpd_attempt_spec *s, hp_e
         return hp_errf(err, HP_STATE, "job %s: a cuda attempt with no GPUs allocated", s->job_id);
     hp_status st = HP_OK;
     for (int r = 0; r < s->world && st == HP_OK; r++) {
-        /* cuda: CUDA_VISIBLE_DEVICES is rank r's GPU (a cpu job's env is left as it is). */
-        char gpu[16];
-        snprintf(gpu, sizeof gpu, "%d", s->cuda ? s->gpu_ids[r] : 0);
+        /* cuda: CUDA_VISIBLE_DEVICES is rank r's GPU, an index of the host's or the entry of
+         * hpd's own list (a cpu job's env is left as it is). */
+        char gpu[128] = "0";
+        if (s->cuda && !l->visible) snprintf(gpu, sizeof gpu, "%d", s->gpu_ids[r]);
+        if (s->cuda && l->visible) {
+            int n = hpd_visible_gpus(l->visible, s->gpu_ids[r], gpu, sizeof gpu);
+            if (s->gpu_ids[r] < 0 || s->gpu_ids[r] >= n) {
+                st = hp_errf(err, HP_STATE,
+                             "job %s: rank %d was given GPU %d, but hpd's CUDA_VISIBLE_DEVICES "
+                             "'%.64s' names %d",
+                             s->job_id, r, s->gpu_ids[r], l->visible, n);
+                break;
+            }
+        }
         const char *add[] = {"HP_TOKEN_FILE",
                              s->token_file,
                              "HP_TOKEN",
@@ -174,6 +186,7 @@ static void local_free(hpd_launcher *base) {
         unlink_proc(l, p);
         uv_close((uv_handle_t *)&p->h, on_closed);
     }
+    hp_free(l->visible);
     hp_free(l);
 }
 
@@ -198,8 +211,39 @@ hp_status hpd_launcher_local_new(uv_loop_t *loop, const char *worker_path,
     l->base.ctx = ctx;
     l->loop = loop;
     hpd_launcher_worker_path(worker_path, l->worker, sizeof l->worker);
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis && !(l->visible = hp_strdup(vis))) {
+        hp_free(l);
+        return hp_errf(err, HP_NOMEM, "out of memory");
+    }
     *out = &l->base;
     return HP_OK;
+}
+
+/* An entry CUDA takes: digits, or a GPU-/MIG- UUID (or a prefix of one). */
+static bool visible_entry(const char *p, size_t n) {
+    if (n > 4 && (!strncmp(p, "GPU-", 4) || !strncmp(p, "MIG-", 4))) return true;
+    if (n == 0) return false;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] < '0' || p[i] > '9') return false;
+    return true;
+}
+
+int hpd_visible_gpus(const char *list, int index, char *out, size_t len) {
+    int n = 0;
+    for (const char *p = list ? list : ""; *p;) {
+        const char *end = strchr(p, ',');
+        if (!end) end = p + strlen(p);
+        const char *a = p, *b = end;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (!visible_entry(a, (size_t)(b - a))) break; /* CUDA stops at the first bad entry */
+        if (n == index && out && len > 0) snprintf(out, len, "%.*s", (int)(b - a), a);
+        n++;
+        if (!*end) break;
+        p = end + 1;
+    }
+    return n;
 }
 
 /* ---- external: the operator starts the workers ---------------------------------------------- */

@@ -206,7 +206,8 @@ static int load_token(const char *dir, char out[65]) {
     return 0;
 }
 
-/* The GPUs this host has: its /dev/nvidiaN device nodes (no CUDA linkage in hpd). */
+/* The GPUs this host has: its /dev/nvidiaN device nodes (no CUDA linkage in hpd); hpd's own
+ * CUDA_VISIBLE_DEVICES, where set, wins (hpd_visible_gpus). */
 static int count_gpus(void) {
     DIR *dir = opendir("/dev");
     if (!dir) return 0;
@@ -377,6 +378,18 @@ int main(int argc, char **argv) {
         return 2;
     }
 
+    /* Under a CUDA_VISIBLE_DEVICES of its own (a shared host, a scheduler's allocation) the
+     * local launcher hands out that list's GPUs, and no more than it names. */
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    int n_vis = vis ? hpd_visible_gpus(vis, -1, NULL, 0) : -1;
+    if (g_cur.launcher == HPD_LAUNCHER_LOCAL && vis && g_cur.gpus > n_vis) {
+        fprintf(stderr,
+                "hpd: gpus %d: hpd's CUDA_VISIBLE_DEVICES '%.64s' names %d GPU%s, and hpd hands "
+                "out only those\n",
+                g_cur.gpus, vis, n_vis, n_vis == 1 ? "" : "s");
+        return 2;
+    }
+
     char state[PATH_MAX];
     const char *env = getenv("HP_STATE_DIR"), *home = getenv("HOME");
     if (o.state_dir)
@@ -413,7 +426,9 @@ int main(int argc, char **argv) {
     hpd_config cfg = {
         .state_dir = state,
         .slots = o.slots,
-        .gpus = g_cur.gpus >= 0 ? g_cur.gpus : count_gpus(),
+        .gpus = g_cur.gpus >= 0 ? g_cur.gpus
+                : vis           ? n_vis
+                                : count_gpus(),
         .worker_path = o.worker,
         .heartbeat_ms = g_cur.heartbeat_ms > 0 ? g_cur.heartbeat_ms : g_hb_env,
         .on_sigterm = (int)g_cur.on_sigterm,

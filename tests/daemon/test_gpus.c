@@ -131,7 +131,7 @@ Test(gpus, local_launcher_gives_rank_r_its_gpu_and_leaves_cpu_jobs_alone) {
     hp_th_tmpdir_make(g_dir, sizeof g_dir, "hp-gpus");
     char script[300];
     write_script(script, sizeof script);
-    setenv("CUDA_VISIBLE_DEVICES", "7", 1); /* hpd's own: a cpu job's ranks inherit it */
+    unsetenv("CUDA_VISIBLE_DEVICES"); /* hpd has none: the ranks get the host's indices */
     uv_loop_t loop;
     cr_assert_eq(uv_loop_init(&loop), 0);
     hpd_launcher *l = NULL;
@@ -156,8 +156,8 @@ Test(gpus, local_launcher_gives_rank_r_its_gpu_and_leaves_cpu_jobs_alone) {
     cpu.job_id = "j-cpu", cpu.cuda = false, cpu.gpu_ids = NULL;
     run_attempt(&loop, l, &cpu);
     r0 = seen("j-cpu", 0), r1 = seen("j-cpu", 1);
-    cr_expect_str_eq(r0, "0 7\n");
-    cr_expect_str_eq(r1, "1 7\n");
+    cr_expect_str_eq(r0, "0 unset\n");
+    cr_expect_str_eq(r1, "1 unset\n");
     free(r0), free(r1);
 
     /* A cuda attempt the scheduler placed on no GPU is refused, and nothing starts. */
@@ -168,9 +168,68 @@ Test(gpus, local_launcher_gives_rank_r_its_gpu_and_leaves_cpu_jobs_alone) {
     cr_expect(strstr(e2.msg, "job j-none: a cuda attempt with no GPUs allocated"), "%s", e2.msg);
     cr_expect_eq(l->vt->alive(l, "j-none", 0), 0);
 
-    unsetenv("CUDA_VISIBLE_DEVICES");
     l->vt->free(l);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_expect_eq(uv_loop_close(&loop), 0);
     hp_th_tmpdir_remove(g_dir);
+}
+
+/* hpd started under its own CUDA_VISIBLE_DEVICES (a shared host, a scheduler's allocation):
+ * GPU index i of its count is that list's entry i, as CUDA numbers them; a cpu job inherits
+ * the list untouched; an index past the list is refused before anything starts. */
+Test(gpus, local_launcher_maps_gpu_indices_through_hpds_own_visible_devices) {
+    hp_th_tmpdir_make(g_dir, sizeof g_dir, "hp-gpus-vis");
+    char script[300];
+    write_script(script, sizeof script);
+    setenv("CUDA_VISIBLE_DEVICES", "7, GPU-5ab3,2,9", 1);
+    uv_loop_t loop;
+    cr_assert_eq(uv_loop_init(&loop), 0);
+    hpd_launcher *l = NULL;
+    hp_err e = {0};
+    cr_assert_eq(hpd_launcher_local_new(&loop, script, on_event, NULL, &l, &e), HP_OK, "%s", e.msg);
+    unsetenv("CUDA_VISIBLE_DEVICES"); /* read when the launcher was made */
+    int ids[2] = {3, 1};
+    hpd_attempt_spec s = {.job_id = "j-cuda",
+                          .world = 2,
+                          .token_file = "/dev/null",
+                          .coordinator = "127.0.0.1:1",
+                          .job_dir = g_dir,
+                          .attempt_dir = g_dir,
+                          .cuda = true,
+                          .gpu_ids = ids};
+    run_attempt(&loop, l, &s);
+    char *r0 = seen("j-cuda", 0), *r1 = seen("j-cuda", 1);
+    cr_expect_str_eq(r0, "0 9\n");
+    cr_expect_str_eq(r1, "1 GPU-5ab3\n");
+    free(r0), free(r1);
+
+    int past[2] = {0, 4};
+    hpd_attempt_spec bad = s;
+    bad.job_id = "j-past", bad.gpu_ids = past;
+    hp_err e2 = {0};
+    cr_expect_eq(l->vt->start(l, &bad, &e2), HP_STATE);
+    cr_expect(strstr(e2.msg, "job j-past: rank 1 was given GPU 4, but hpd's CUDA_VISIBLE_DEVICES "
+                             "'7, GPU-5ab3,2,9' names 4"),
+              "%s", e2.msg);
+    cr_expect_eq(l->vt->alive(l, "j-past", 0), 0);
+
+    l->vt->free(l);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_expect_eq(uv_loop_close(&loop), 0);
+    hp_th_tmpdir_remove(g_dir);
+}
+
+Test(gpus, visible_devices_are_read_as_cuda_reads_them) {
+    char out[32];
+    cr_expect_eq(hpd_visible_gpus("", -1, NULL, 0), 0);
+    cr_expect_eq(hpd_visible_gpus("-1", -1, NULL, 0), 0);
+    cr_expect_eq(hpd_visible_gpus("none", -1, NULL, 0), 0);
+    cr_expect_eq(hpd_visible_gpus("0,1,2", -1, NULL, 0), 3);
+    cr_expect_eq(hpd_visible_gpus("0,1,", -1, NULL, 0), 2);
+    cr_expect_eq(hpd_visible_gpus("3,x,1", -1, NULL, 0), 1); /* stops at the first bad entry */
+    cr_expect_eq(hpd_visible_gpus("2,-1,3", -1, NULL, 0), 1);
+    cr_expect_eq(hpd_visible_gpus(" 4 ,MIG-1e2d", 1, out, sizeof out), 2);
+    cr_expect_str_eq(out, "MIG-1e2d");
+    cr_expect_eq(hpd_visible_gpus(" 4 ,MIG-1e2d", 0, out, sizeof out), 2);
+    cr_expect_str_eq(out, "4");
 }

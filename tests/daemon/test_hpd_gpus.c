@@ -43,6 +43,7 @@ static void setup(void) {
     setenv("HP_STATE_DIR", state, 1);
     unsetenv("HP_TOKEN");
     unsetenv("HPD_CONFIG");
+    unsetenv("CUDA_VISIBLE_DEVICES"); /* a test that wants hpd under one sets it */
 }
 
 static void stop_hpd(void) {
@@ -161,6 +162,20 @@ Test(hpd_gpus, by_default_hpd_counts_the_nvidia_devices) {
                              "GPU (--gpus)");
 }
 
+/* Started under a CUDA_VISIBLE_DEVICES of its own (a shared host, a scheduler's allocation),
+ * hpd counts the GPUs that list names, whatever device nodes the host has. */
+Test(hpd_gpus, hpds_own_visible_devices_are_its_gpus) {
+    setenv("CUDA_VISIBLE_DEVICES", "6", 1);
+    const char *args[] = {"--http", "127.0.0.1:0", "--slots", "8", NULL};
+    start_hpd(args);
+    new_cuda_job("two.pb", 2);
+    expect_refused("two.pb", "resources: a cuda job of 2 ranks needs 2 GPUs; this hpd has 1 "
+                             "(--gpus)");
+    char *m = http_get("/metrics");
+    cr_expect(strstr(m, "\nhp_gpus 1\n"), "%s", m);
+    free(m);
+}
+
 /* hpd ARGS must stop at the start with exit 2 and a stderr holding want. */
 static void expect_start_fails(const char *args, const char *want) {
     char cmd[800], p[300];
@@ -178,6 +193,11 @@ static void expect_start_fails(const char *args, const char *want) {
 
 Test(hpd_gpus, a_bad_gpus_value_or_gpus_with_another_launcher_stops_the_start) {
     expect_start_fails("--gpus -2", "gpus: '-2' must be an integer in [0, 4096]");
+    setenv("CUDA_VISIBLE_DEVICES", "6", 1);
+    expect_start_fails("--gpus 2", "hpd: gpus 2: hpd's CUDA_VISIBLE_DEVICES '6' names 1 GPU, and "
+                                   "hpd hands out only those");
+    unsetenv("CUDA_VISIBLE_DEVICES");
+
     expect_start_fails("--gpus 2 --launcher external",
                        "hpd: gpus 2: only the local launcher hands out GPUs; with --launcher "
                        "external its scheduler places them (leave gpus unset)");
