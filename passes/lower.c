@@ -45,6 +45,27 @@ static bool is_matrix_transpose(const hp_node *n) {
     return (a == r - 1 && b == r - 2) || (a == r - 2 && b == r - 1);
 }
 
+/* A transpose of dims 1 and 2 of a rank-4 value: [B, H, T, D] <-> [B, T, H, D] around a fused
+ * attention. */
+static bool is_head_transpose(const hp_node *n) {
+    if (n->op != HP_OP_TRANSPOSE || n->out[0].rank != 4) return false;
+    int64_t a = hp_node_int(n, HP_ATTR_DIM0, 0), b = hp_node_int(n, HP_ATTR_DIM1, 0);
+    if (a < 0) a += 4;
+    if (b < 0) b += 4;
+    return (a == 1 && b == 2) || (a == 2 && b == 1);
+}
+
+/* Operand i of a fused attention that may be stored [B, T, H, D] (HP_INSTR_BTHD_IN): q, k, v
+ * of the forward; g_out, q, k, v, out of the backward. */
+static bool is_attention_operand(const hp_node *n, int i) {
+    return (n->op == HP_OP_SDPA && i < 3) || (n->op == HP_OP_SDPA_BACKWARD && i < 5);
+}
+
+/* Outputs of a fused attention that may be written [B, T, H, D] (HP_INSTR_BTHD_OUT). */
+static int attention_outputs(const hp_node *n) {
+    return n->op == HP_OP_SDPA ? 1 : n->op == HP_OP_SDPA_BACKWARD ? 3 : 0;
+}
+
 /* Operand index i of a matrix-product node that may be given transposed (not addmm's bias). */
 static bool is_matrix_operand(const hp_node *n, int i) {
     switch (n->op) {
@@ -64,6 +85,7 @@ typedef struct lower_state {
     int32_t *slot0; /* [n_nodes] first value slot of each node */
     int32_t *buf;   /* [n_slots] buffer of each value, -1 none */
     bool *folded;   /* [n_nodes] a transpose folded into its consumers */
+    bool *bthd;     /* [n_slots] an attention output written [B, T, H, D] */
     int32_t cap_bufs, cap_instrs;
 } lower_state;
 
@@ -116,8 +138,10 @@ static hp_status add_instr(lower_state *s, int32_t node, uint32_t flags, const i
 }
 
 /* Marks the transposes that need no instruction: every consumer is a matrix product taking
- * it as an operand, or another such transpose (t(t(x)) from the backward of mm). Consumers
- * come after producers, so one pass from the end decides each node after all its users. */
+ * it as an operand (a matrix transpose), or a fused attention taking it as q, k, v, g_out or
+ * out (a head transpose), or another such transpose (t(t(x)) from the backward of mm).
+ * Consumers come after producers, so one pass from the end decides each node after all its
+ * users. */
 static hp_status find_folds(lower_state *s, hp_err *err) {
     const hp_graph *g = s->g;
     bool *ok = hp_malloc((size_t)g->n_nodes + 1);
@@ -127,7 +151,8 @@ static hp_status find_folds(lower_state *s, hp_err *err) {
         hp_free(used);
         return hp_errf(err, HP_NOMEM, "out of memory lowering");
     }
-    for (int i = 0; i < g->n_nodes; i++) ok[i] = is_matrix_transpose(&g->nodes[i]);
+    for (int i = 0; i < g->n_nodes; i++)
+        ok[i] = is_matrix_transpose(&g->nodes[i]) || is_head_transpose(&g->nodes[i]);
     for (int i = 0; i < g->n_outputs; i++) ok[g->outputs[i].node] = false;
     for (int j = g->n_nodes - 1; j >= 0; j--) {
         const hp_node *n = &g->nodes[j];
@@ -135,11 +160,40 @@ static hp_status find_folds(lower_state *s, hp_err *err) {
         for (int k = 0; k < n->n_in; k++) {
             int src = n->in[k].node;
             used[src] = true;
-            if (!is_matrix_operand(n, k) && !s->folded[j]) ok[src] = false;
+            bool takes = is_head_transpose(&g->nodes[src]) ? is_attention_operand(n, k)
+                                                           : is_matrix_operand(n, k);
+            if (!takes && !s->folded[j]) ok[src] = false;
         }
     }
     hp_free(ok);
     hp_free(used);
+    return HP_OK;
+}
+
+/* Marks the attention outputs written [B, T, H, D]: those read only by head transposes (at
+ * least one: they become aliases of the output's buffer) and as attention operands (which read
+ * it with HP_INSTR_BTHD_IN), and not graph outputs. */
+static hp_status find_bthd_outputs(lower_state *s, hp_err *err) {
+    const hp_graph *g = s->g;
+    int32_t n_slots = s->slot0[g->n_nodes];
+    unsigned char *use = hp_calloc((size_t)n_slots + 1, 1); /* 1: a transpose reads it, 2: other */
+    if (!use) return hp_errf(err, HP_NOMEM, "out of memory lowering");
+    for (int j = 0; j < g->n_nodes; j++) {
+        const hp_node *n = &g->nodes[j];
+        for (int k = 0; k < n->n_in; k++) {
+            int32_t slot = s->slot0[n->in[k].node] + n->in[k].out;
+            if (is_head_transpose(n))
+                use[slot] |= 1;
+            else if (!is_attention_operand(n, k))
+                use[slot] |= 2;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++)
+        use[s->slot0[g->outputs[i].node] + g->outputs[i].out] |= 2;
+    for (int i = 0; i < g->n_nodes; i++)
+        for (int k = 0; k < attention_outputs(&g->nodes[i]); k++)
+            s->bthd[s->slot0[i] + k] = use[s->slot0[i] + k] == 1;
+    hp_free(use);
     return HP_OK;
 }
 
@@ -158,6 +212,15 @@ static hp_status lower_nodes(lower_state *s, hp_err *err) {
             continue;
         }
         if (s->folded[i]) continue; /* its consumers read the input buffer */
+        if (is_head_transpose(n) && s->bthd[s->slot0[n->in[0].node] + n->in[0].out]) {
+            /* the attention wrote this transpose's value: its [B, T, H, D] storage */
+            int32_t src = s->buf[s->slot0[n->in[0].node] + n->in[0].out];
+            HP_ASSERT(src >= 0 && p->buffers[src].alias_of < 0);
+            vb[0] = add_buffer(s, p->buffers[src].mem, &n->out[0], src, i, 0, err);
+            if (vb[0] < 0) return err ? err->status : HP_NOMEM;
+            p->stats.n_folded_transposes++;
+            continue;
+        }
         if (is_alias_op(g, n)) {
             int32_t src = s->buf[s->slot0[n->in[0].node] + n->in[0].out];
             HP_ASSERT(src >= 0);
@@ -186,7 +249,10 @@ static hp_status lower_nodes(lower_state *s, hp_err *err) {
                 v = g->nodes[v.node].in[0];
                 flip = !flip;
             }
-            if (flip)
+            if (s->bthd[s->slot0[v.node] + v.out]) flip = !flip; /* stored [B, T, H, D] */
+            if (flip && is_attention_operand(n, k))
+                flags |= HP_INSTR_BTHD_IN(k);
+            else if (flip)
                 flags |=
                     (n->op == HP_OP_ADDMM ? k - 1 : k) == 0 ? HP_INSTR_TRANS_A : HP_INSTR_TRANS_B;
             in[k] = s->buf[s->slot0[v.node] + v.out];
@@ -201,6 +267,7 @@ static hp_status lower_nodes(lower_state *s, hp_err *err) {
         for (int k = 0; k < n->n_out; k++) {
             out[k] = vb[k] = add_buffer(s, mem, &n->out[k], -1, i, k, err);
             if (out[k] < 0) return err ? err->status : HP_NOMEM;
+            if (s->bthd[s->slot0[i] + k]) flags |= HP_INSTR_BTHD_OUT(k);
         }
         HP_TRY(add_instr(s, i, flags, in, n->n_in, out, n->n_out, err));
     }
@@ -348,7 +415,9 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
         s.slot0[i] = n_slots;
         n_slots += g->nodes[i].n_out;
     }
+    s.slot0[g->n_nodes] = n_slots;
     if (!(s.buf = hp_malloc((size_t)(n_slots + 1) * sizeof *s.buf))) goto nomem;
+    if (!(s.bthd = hp_calloc((size_t)n_slots + 1, sizeof *s.bthd))) goto nomem;
     /* at most a buffer per value and an instruction per node, plus the gradient copies */
     s.cap_bufs = n_slots + gin.n_params + 1;
     s.cap_instrs = g->n_nodes + gin.n_params + 1;
@@ -357,6 +426,7 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
     if (!p->buffers || !p->instrs) goto nomem;
     for (int32_t i = 0; i < n_slots; i++) s.buf[i] = -1;
     if ((st = find_folds(&s, err)) != HP_OK) goto fail;
+    if ((st = find_bthd_outputs(&s, err)) != HP_OK) goto fail;
     if ((st = lower_nodes(&s, err)) != HP_OK) goto fail;
     if ((st = fill_tables(&s, err)) != HP_OK) goto fail;
     if ((st = place_grads(&s, err)) != HP_OK) goto fail;
@@ -366,6 +436,7 @@ hp_status hp__lower(const hp_graph *joint, bool verified, hp_program **out, hp_e
     if ((st = hp_program_set_rank(p, 0, err)) != HP_OK) goto fail;
     hp_free(s.slot0);
     hp_free(s.folded);
+    hp_free(s.bthd);
     hp_free(s.buf);
     *out = p;
     return HP_OK;
@@ -374,6 +445,7 @@ nomem:
 fail:
     hp_free(s.slot0);
     hp_free(s.folded);
+    hp_free(s.bthd);
     hp_free(s.buf);
     hp_program_free(p);
     return st;

@@ -189,62 +189,125 @@ int32_t hp_program_param_cast(const hp_program *p, int i) {
     return -1;
 }
 
+/* t with dims 1 and 2 exchanged (rank 4). */
+static hp_type swap_heads(const hp_type *t) {
+    hp_type r = *t;
+    if (r.rank == 4) {
+        r.shape[1] = t->shape[2];
+        r.shape[2] = t->shape[1];
+    }
+    return r;
+}
+
+/* Which buffers an attention writes [B, T, H, D] (HP_INSTR_BTHD_OUT): each must be a rank-4
+ * root whose value's aliases are all head transposes (their types its dims 1 and 2 exchanged);
+ * aliases of those (views of the transposed value) share the root too. */
+static hp_status find_bthd_buffers(const hp_program *p, bool *bthd, hp_err *err) {
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        const hp_instr *ins = &p->instrs[i];
+        for (int k = 0; k < ins->n_out && k < 3; k++)
+            if ((ins->flags & HP_INSTR_BTHD_OUT(k)) && ins->out[k] >= 0 &&
+                ins->out[k] < p->n_buffers)
+                bthd[ins->out[k]] = true;
+    }
+    for (int32_t b = 0; b < p->n_buffers; b++) {
+        const hp_buffer *buf = &p->buffers[b];
+        if (bthd[b] && buf->type->rank != 4)
+            return hp_errf(err, HP_INVALID, "buffer %d: written [B, T, H, D], but of rank %d", b,
+                           buf->type->rank);
+        if (buf->alias_of < 0 || !bthd[buf->alias_of]) continue;
+        const hp_buffer *root = &p->buffers[buf->alias_of];
+        const hp_node *n = &p->graph->nodes[buf->value_node];
+        if (n->n_in < 1 || n->in[0].node != root->value_node || n->in[0].out != root->value_out)
+            continue; /* a view of a value derived from the root's: of its transpose */
+        hp_type want = swap_heads(root->type);
+        if (n->op != HP_OP_TRANSPOSE || !hp_type_eq(buf->type, &want))
+            return hp_errf(err, HP_INVALID,
+                           "buffer %d: an alias of buffer %d, which is stored [B, T, H, D], "
+                           "but not its head transpose",
+                           b, buf->alias_of);
+    }
+    return HP_OK;
+}
+
+static hp_status verify_instr(const hp_program *p, int32_t i, hp_graph_inputs gi, const bool *bthd,
+                              hp_err *err) {
+    const hp_graph *g = p->graph;
+    const hp_instr *ins = &p->instrs[i];
+    if (ins->node < 0 || ins->node >= g->n_nodes)
+        return hp_errf(err, HP_INVALID, "instruction %d: node %d of %d", i, ins->node, g->n_nodes);
+    const hp_node *n = &g->nodes[ins->node];
+    if (ins->n_in != n->n_in || ins->n_out != n->n_out)
+        return hp_errf(err, HP_INVALID,
+                       "instruction %d (%s): %d inputs, %d outputs for the "
+                       "node's %d, %d",
+                       i, hp_op_get(n->op)->name, ins->n_in, ins->n_out, n->n_in, n->n_out);
+    if (ins->stream < 0 || ins->stream > 1)
+        return hp_errf(err, HP_INVALID, "instruction %d: stream %d", i, ins->stream);
+    bool mat = n->op == HP_OP_MM || n->op == HP_OP_BMM || n->op == HP_OP_ADDMM;
+    uint32_t trans = HP_INSTR_TRANS_A | HP_INSTR_TRANS_B;
+    bool cast = ins->flags & HP_INSTR_PARAM_CAST;
+    /* the attention operands that may be stored [B, T, H, D] */
+    uint32_t bthd_ok = n->op == HP_OP_SDPA            ? 0x7u << 4 | HP_INSTR_BTHD_OUT(0)
+                       : n->op == HP_OP_SDPA_BACKWARD ? 0x1fu << 4 | 0x7u << 10
+                                                      : 0;
+    if (ins->flags & ~(trans | HP_INSTR_PARAM_CAST | bthd_ok) || ((ins->flags & trans) && !mat) ||
+        (cast && !param_cast_ok(p, ins, gi.n_params + gi.n_buffers)))
+        return hp_errf(err, HP_INVALID, "instruction %d (%s): flags 0x%x", i,
+                       hp_op_get(n->op)->name, ins->flags);
+    for (int k = 0; k < ins->n_out; k++) {
+        HP_TRY(check_buffer(p, ins->out[k], "instruction", i, err));
+        const hp_buffer *b = &p->buffers[ins->out[k]];
+        bool alias_ok = n->op == HP_OP_WAIT_TENSOR; /* its output is its input's storage */
+        if (b->value_node != ins->node || b->value_out != k || (b->alias_of >= 0 && !alias_ok) ||
+            (b->mem == HP_MEM_PARAM) != cast)
+            return hp_errf(err, HP_INVALID,
+                           "instruction %d: output %d writes buffer %d, "
+                           "which does not hold it",
+                           i, k, ins->out[k]);
+    }
+    for (int k = 0; k < ins->n_in; k++) {
+        HP_TRY(check_buffer(p, ins->in[k], "instruction", i, err));
+        const hp_buffer *b = &p->buffers[ins->in[k]];
+        const hp_type *want = hp_graph_type(g, n->in[k]);
+        hp_type got = *b->type;
+        unsigned bit = n->op == HP_OP_ADDMM ? (k == 1   ? HP_INSTR_TRANS_A
+                                               : k == 2 ? HP_INSTR_TRANS_B
+                                                        : 0)
+                                            : (k == 0 ? HP_INSTR_TRANS_A : HP_INSTR_TRANS_B);
+        if (mat && (ins->flags & bit) && got.rank >= 2) {
+            int64_t t = got.shape[got.rank - 1];
+            got.shape[got.rank - 1] = got.shape[got.rank - 2];
+            got.shape[got.rank - 2] = t;
+        }
+        /* [B, T, H, D] storage read as [B, H, T, D] (HP_INSTR_BTHD_IN): what the buffer holds
+         * (an attention's BTHD output holds its type with dims 1 and 2 exchanged) must be what
+         * the reader takes (its operand, exchanged too under the flag); a BTHD output read
+         * without the flag is its head transpose's value, through a folded transpose */
+        bool swapped = k < 5 && (ins->flags & HP_INSTR_BTHD_IN(k));
+        if ((swapped || bthd[ins->in[k]]) && (got.rank != 4 || want->rank != 4))
+            return hp_errf(err, HP_INVALID,
+                           "instruction %d (%s): input %d is read [B, T, H, D] but of rank %d", i,
+                           hp_op_get(n->op)->name, k, got.rank);
+        if (swapped != bthd[ins->in[k]]) got = swap_heads(&got);
+        if (!hp_type_eq(&got, want))
+            return hp_errf(err, HP_INVALID,
+                           "instruction %d (%s): input %d reads buffer %d "
+                           "of the wrong type",
+                           i, hp_op_get(n->op)->name, k, ins->in[k]);
+    }
+    return HP_OK;
+}
+
 static hp_status verify_instrs(const hp_program *p, hp_err *err) {
     const hp_graph *g = p->graph;
     hp_graph_inputs gi = hp_graph_count_inputs(g);
-    for (int32_t i = 0; i < p->n_instrs; i++) {
-        const hp_instr *ins = &p->instrs[i];
-        if (ins->node < 0 || ins->node >= g->n_nodes)
-            return hp_errf(err, HP_INVALID, "instruction %d: node %d of %d", i, ins->node,
-                           g->n_nodes);
-        const hp_node *n = &g->nodes[ins->node];
-        if (ins->n_in != n->n_in || ins->n_out != n->n_out)
-            return hp_errf(err, HP_INVALID,
-                           "instruction %d (%s): %d inputs, %d outputs for the "
-                           "node's %d, %d",
-                           i, hp_op_get(n->op)->name, ins->n_in, ins->n_out, n->n_in, n->n_out);
-        if (ins->stream < 0 || ins->stream > 1)
-            return hp_errf(err, HP_INVALID, "instruction %d: stream %d", i, ins->stream);
-        bool mat = n->op == HP_OP_MM || n->op == HP_OP_BMM || n->op == HP_OP_ADDMM;
-        uint32_t trans = HP_INSTR_TRANS_A | HP_INSTR_TRANS_B;
-        bool cast = ins->flags & HP_INSTR_PARAM_CAST;
-        if (ins->flags & ~(trans | HP_INSTR_PARAM_CAST) || ((ins->flags & trans) && !mat) ||
-            (cast && !param_cast_ok(p, ins, gi.n_params + gi.n_buffers)))
-            return hp_errf(err, HP_INVALID, "instruction %d (%s): flags 0x%x", i,
-                           hp_op_get(n->op)->name, ins->flags);
-        for (int k = 0; k < ins->n_out; k++) {
-            HP_TRY(check_buffer(p, ins->out[k], "instruction", i, err));
-            const hp_buffer *b = &p->buffers[ins->out[k]];
-            bool alias_ok = n->op == HP_OP_WAIT_TENSOR; /* its output is its input's storage */
-            if (b->value_node != ins->node || b->value_out != k ||
-                (b->alias_of >= 0 && !alias_ok) || (b->mem == HP_MEM_PARAM) != cast)
-                return hp_errf(err, HP_INVALID,
-                               "instruction %d: output %d writes buffer %d, "
-                               "which does not hold it",
-                               i, k, ins->out[k]);
-        }
-        for (int k = 0; k < ins->n_in; k++) {
-            HP_TRY(check_buffer(p, ins->in[k], "instruction", i, err));
-            const hp_buffer *b = &p->buffers[ins->in[k]];
-            const hp_type *want = hp_graph_type(g, n->in[k]);
-            hp_type got = *b->type;
-            unsigned bit = n->op == HP_OP_ADDMM ? (k == 1   ? HP_INSTR_TRANS_A
-                                                   : k == 2 ? HP_INSTR_TRANS_B
-                                                            : 0)
-                                                : (k == 0 ? HP_INSTR_TRANS_A : HP_INSTR_TRANS_B);
-            if (mat && (ins->flags & bit) && got.rank >= 2) {
-                int64_t t = got.shape[got.rank - 1];
-                got.shape[got.rank - 1] = got.shape[got.rank - 2];
-                got.shape[got.rank - 2] = t;
-            }
-            if (!hp_type_eq(&got, want))
-                return hp_errf(err, HP_INVALID,
-                               "instruction %d (%s): input %d reads buffer %d "
-                               "of the wrong type",
-                               i, hp_op_get(n->op)->name, k, ins->in[k]);
-        }
-    }
-    return HP_OK;
+    bool *bthd = hp_calloc((size_t)p->n_buffers + 1, sizeof *bthd);
+    if (!bthd) return hp_errf(err, HP_NOMEM, "out of memory verifying the program");
+    hp_status st = find_bthd_buffers(p, bthd, err);
+    for (int32_t i = 0; i < p->n_instrs && st == HP_OK; i++) st = verify_instr(p, i, gi, bthd, err);
+    hp_free(bthd);
+    return st;
 }
 
 hp_status hp_program_verify(const hp_program *p, hp_err *err) {
@@ -366,6 +429,14 @@ hp_status hp_program_print(const hp_program *p, char **text, hp_err *err) {
         if (ins->flags & (HP_INSTR_TRANS_A | HP_INSTR_TRANS_B))
             sb_printf(&b, " [trans%s%s]", ins->flags & HP_INSTR_TRANS_A ? " a" : "",
                       ins->flags & HP_INSTR_TRANS_B ? " b" : "");
+        if (ins->flags & HP_INSTR_BTHD_MASK) {
+            sb_printf(&b, " [bthd");
+            for (int k = 0; k < 5; k++)
+                if (ins->flags & HP_INSTR_BTHD_IN(k)) sb_printf(&b, " in%d", k);
+            for (int k = 0; k < 3; k++)
+                if (ins->flags & HP_INSTR_BTHD_OUT(k)) sb_printf(&b, " out%d", k);
+            sb_printf(&b, "]");
+        }
         if (ins->flags & HP_INSTR_PARAM_CAST) sb_printf(&b, " [param copy]");
         sb_printf(&b, "   # %s\n", hp_node_str(p->graph, ins->node, line, sizeof line));
     }

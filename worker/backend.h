@@ -42,6 +42,28 @@ enum {
     HP_CALL_TRANS_A = 1 << 0, /* mm/bmm/addmm: operand a is given transposed (last two dims) */
     HP_CALL_TRANS_B = 1 << 1, /* mm/bmm/addmm: operand b is given transposed (last two dims) */
 };
+/* Attention (SDPA and its backward): input k (q, k, v; g_out, q, k, v, out) or output k (out;
+ * gq, gk, gv) is stored [B, T, H, D], dims 1 and 2 exchanged, while its in_type/out_type is
+ * the operand's [B, H, T, D] (hp/program.h: HP_INSTR_BTHD_*, the same bits). */
+#define HP_CALL_BTHD_IN(k)  (1u << (4 + (k)))
+#define HP_CALL_BTHD_OUT(k) (1u << (10 + (k)))
+#define HP_CALL_BTHD_MASK   (0x1fu << 4 | 0x7u << 10)
+
+/* The call flags an op takes. */
+static inline unsigned hp_call_flags_allowed(hp_op op) {
+    switch (op) {
+    case HP_OP_MM:
+    case HP_OP_BMM:
+    case HP_OP_ADDMM:
+        return HP_CALL_TRANS_A | HP_CALL_TRANS_B;
+    case HP_OP_SDPA: /* q, k, v; out */
+        return 0x7u << 4 | HP_CALL_BTHD_OUT(0);
+    case HP_OP_SDPA_BACKWARD: /* g_out, q, k, v, out; gq, gk, gv */
+        return HP_CALL_BTHD_MASK;
+    default:
+        return 0;
+    }
+}
 
 /* One kernel launch: the node says the op, its attributes and its declared output types;
  * buffers are contiguous, row-major, of the types given. */

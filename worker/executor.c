@@ -125,6 +125,13 @@ void hp_exec_set_rng(hp_exec *e, uint64_t seed, uint64_t step) {
     }
 }
 
+_Static_assert((int)HP_INSTR_TRANS_A == (int)HP_CALL_TRANS_A &&
+                   (int)HP_INSTR_TRANS_B == (int)HP_CALL_TRANS_B &&
+                   HP_INSTR_BTHD_IN(0) == HP_CALL_BTHD_IN(0) &&
+                   HP_INSTR_BTHD_OUT(0) == HP_CALL_BTHD_OUT(0) &&
+                   HP_INSTR_BTHD_MASK == HP_CALL_BTHD_MASK,
+               "program and kernel call flags share their bits");
+
 hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err *err) {
     *out = NULL;
     hp_exec *e = hp_calloc(1, sizeof *e);
@@ -160,14 +167,18 @@ hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err 
         const hp_instr *ins = &p->instrs[i];
         hp_kernel_call *c = &e->calls[i].call;
         c->node = &p->graph->nodes[ins->node];
-        c->flags = ins->flags & (HP_INSTR_TRANS_A | HP_INSTR_TRANS_B); /* the kernel's */
+        /* the kernel's flags (the same bits) */
+        c->flags = ins->flags & (HP_INSTR_TRANS_A | HP_INSTR_TRANS_B | HP_INSTR_BTHD_MASK);
         c->n_in = ins->n_in;
         c->n_out = ins->n_out;
         c->in = &e->in_ptrs[ki];
         c->in_type = &e->types[kt];
         for (int k = 0; k < ins->n_in; k++) {
             e->in_ptrs[ki++] = hp_exec_ptr(e, ins->in[k]);
-            e->types[kt++] = *p->buffers[ins->in[k]].type;
+            /* an operand stored [B, T, H, D] is described as the [B, H, T, D] it stands for */
+            bool bthd = k < 5 && (ins->flags & HP_INSTR_BTHD_IN(k));
+            e->types[kt++] =
+                bthd ? *hp_graph_type(p->graph, c->node->in[k]) : *p->buffers[ins->in[k]].type;
         }
         c->out = &e->out_ptrs[ko];
         c->out_type = &e->types[kt];

@@ -56,6 +56,17 @@ enum {
      * instead of twice. */
     HP_INSTR_PARAM_CAST = 1 << 2,
 };
+/* Attention operands in [B, T, H, D] storage (same bits as the backend's HP_CALL_BTHD_*): the
+ * lowering folds the head transposes around a fused attention (transpose(x, 1, 2) of a rank-4
+ * value) into its instruction. Input k of _scaled_dot_product_flash_attention (q, k, v: k < 3)
+ * or of its backward (g_out, q, k, v, out: k < 5) with HP_INSTR_BTHD_IN(k) reads the buffer of
+ * the transpose's input (or a BTHD output's own buffer) as the [B, H, T, D] operand; output k
+ * (the forward's out, the backward's gq, gk, gv) with HP_INSTR_BTHD_OUT(k) is written in
+ * [B, T, H, D] order into its buffer, whose type stays the graph value's [B, H, T, D]; the
+ * transposes that read it are aliases of that buffer. */
+#define HP_INSTR_BTHD_IN(k)  (1u << (4 + (k)))
+#define HP_INSTR_BTHD_OUT(k) (1u << (10 + (k)))
+#define HP_INSTR_BTHD_MASK   (0x1fu << 4 | 0x7u << 10)
 
 typedef struct hp_instr {
     int32_t node;   /* graph node this runs */

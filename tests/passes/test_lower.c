@@ -145,6 +145,63 @@ Test(lower, llama_joint_graph) {
     hp_graph_free(g);
 }
 
+/* The heads' transposes around each attention (q, k, v in, out back, and the gradients' in
+ * the backward) are no instructions: the attention reads and writes [B, T, H, D] itself
+ * (HP_INSTR_BTHD_*), the transposes of its output are aliases of its buffer; the verifier
+ * refuses a program whose reader disagrees with what a buffer holds. */
+Test(lower, attention_reads_and_writes_bthd_instead_of_transposing) {
+    hp_graph *g = tiny_llama();
+    hp_program *p = NULL;
+    hp_err e;
+    cr_assert_eq(hp_lower(g, &p, &e), HP_OK, "%s", e.msg);
+    int fwd = -1, bwd = -1;
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        hp_op op = p->graph->nodes[p->instrs[i].node].op;
+        cr_expect_neq(op, HP_OP_TRANSPOSE, "instruction %d copies a transpose", i);
+        if (op == HP_OP_SDPA) {
+            cr_expect_eq(p->instrs[i].flags, HP_INSTR_BTHD_IN(0) | HP_INSTR_BTHD_IN(1) |
+                                                 HP_INSTR_BTHD_IN(2) | HP_INSTR_BTHD_OUT(0));
+            fwd = i;
+        }
+        if (op == HP_OP_SDPA_BACKWARD) {
+            cr_expect_eq(p->instrs[i].flags, HP_INSTR_BTHD_MASK);
+            bwd = i;
+        }
+    }
+    cr_assert(fwd >= 0 && bwd >= 0);
+    cr_expect_geq(p->stats.n_folded_transposes, 2 * 8, "eight head transposes a layer");
+    int aliases = 0; /* of the forward's output: its transpose to [B, T, H, D], and views of it */
+    for (int32_t b = 0; b < p->n_buffers; b++)
+        aliases += p->buffers[b].alias_of == p->instrs[fwd].out[0];
+    cr_expect_gt(aliases, 0);
+    char *text = NULL;
+    cr_assert_eq(hp_program_print(p, &text, &e), HP_OK);
+    cr_expect(strstr(text, "[bthd in0 in1 in2 out0]"), "%s", text);
+    hp_free(text);
+    cr_assert_eq(hp_program_verify(p, &e), HP_OK, "%s", e.msg);
+
+    /* the backward reading the forward's output as if it were [B, H, T, D] */
+    p->instrs[bwd].flags &= ~HP_INSTR_BTHD_IN(4);
+    cr_expect_eq(hp_program_verify(p, &e), HP_INVALID);
+    cr_expect(strstr(e.msg, "input 4 reads buffer"), "%s", e.msg);
+    p->instrs[bwd].flags |= HP_INSTR_BTHD_IN(4);
+    /* a matrix product with an attention's flag, an attention flag past its outputs */
+    for (int32_t i = 0; i < p->n_instrs; i++) {
+        if (p->graph->nodes[p->instrs[i].node].op != HP_OP_MM) continue;
+        p->instrs[i].flags |= HP_INSTR_BTHD_IN(0);
+        cr_expect_eq(hp_program_verify(p, &e), HP_INVALID);
+        cr_expect(strstr(e.msg, "flags"), "%s", e.msg);
+        p->instrs[i].flags &= ~HP_INSTR_BTHD_IN(0);
+        break;
+    }
+    p->instrs[fwd].flags |= HP_INSTR_BTHD_OUT(1);
+    cr_expect_eq(hp_program_verify(p, &e), HP_INVALID);
+    p->instrs[fwd].flags &= ~HP_INSTR_BTHD_OUT(1);
+    cr_expect_eq(hp_program_verify(p, &e), HP_OK, "%s", e.msg);
+    hp_program_free(p);
+    hp_graph_free(g);
+}
+
 Test(lower, refuses_non_joint_graphs) {
     hp_model_spec spec;
     cr_assert_eq(hp_model_spec_parse("mlp", &spec, NULL), HP_OK);

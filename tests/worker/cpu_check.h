@@ -5,7 +5,9 @@
  * The node's inputs are fed from the harness placeholders or, when an input is computed by
  * another node (sdpa_backward's out and logsumexp, say), from the evaluator's f32-rounded value
  * of it. With HP_CALL_TRANS_A/B, an operand produced by transpose/t is replaced by that
- * transpose's input and the flag tells the kernel, as the lowering does.
+ * transpose's input and the flag tells the kernel, as the lowering does. With HP_CALL_BTHD_IN(k)
+ * attention operand k is handed over in [B, T, H, D] order, and with HP_CALL_BTHD_OUT(k) output
+ * k is read back from it.
  *
  * Tolerances are hp_th_expect_close's: absolute for |want| <= 1, relative above.
  */
@@ -151,6 +153,22 @@ static inline void cc_eval(hp_th *h, int node, const hp_value *extra, int n_extr
     cr_assert_eq(hp_eval(h->g, h->in, h->n_in, &o, ref, &e), HP_OK, "eval: %s", e.msg);
 }
 
+/* Rows of d elements of esz bytes between [B, H, T, D] order (to_bthd: from it) and
+ * [B, T, H, D] order, for t of rank 4 (its [B, H, T, D] type): what an HP_CALL_BTHD_* operand
+ * holds. */
+static inline void cc_swap_heads(void *dst, const void *src, const hp_type *t, size_t esz,
+                                 bool to_bthd) {
+    int64_t B = t->shape[0], H = t->shape[1], T = t->shape[2], D = t->shape[3];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t r = 0; r < T; r++) {
+                size_t bhtd = (size_t)(((b * H + h) * T + r) * D) * esz;
+                size_t bthd = (size_t)(((b * T + r) * H + h) * D) * esz;
+                memcpy((char *)dst + (to_bthd ? bthd : bhtd),
+                       (const char *)src + (to_bthd ? bhtd : bthd), (size_t)D * esz);
+            }
+}
+
 /* Runs node `node` of h's graph on be. The evaluator's results for the node's outputs are put
  * in ref[0..n_out) when ref is not NULL (free them); with ref NULL and every input a
  * placeholder the evaluator does not run. Returns the launch status; on success *res holds the
@@ -190,6 +208,15 @@ static inline hp_status cc_run(hp_backend *be, hp_th *h, int node, unsigned flag
         int64_t numel = hp_type_numel(&tin[i]);
         size_t bytes = (size_t)numel * hp_dtype_size(tin[i].dtype);
         void *host = cc_pack(t->data, numel, tin[i].dtype);
+        if (i < 5 &&
+            (flags & HP_CALL_BTHD_IN(i))) { /* stored [B, T, H, D], as the lowering has it */
+            cr_assert_eq(tin[i].rank, 4, "BTHD flag on an operand of rank %d", tin[i].rank);
+            void *sw = malloc(bytes + 1);
+            cr_assert(sw);
+            cc_swap_heads(sw, host, &tin[i], hp_dtype_size(tin[i].dtype), true);
+            free(host);
+            host = sw;
+        }
         cr_assert_eq(vt->alloc(be, bytes, &din[i], err), HP_OK);
         cr_assert_eq(vt->copy_in(be, din[i], host, bytes, err), HP_OK);
         free(host);
@@ -225,6 +252,13 @@ static inline hp_status cc_run(hp_backend *be, hp_th *h, int node, unsigned flag
             res->bytes[k] = (size_t)hp_type_numel(&n.out[k]) * hp_dtype_size(n.out[k].dtype);
             res->out[k] = malloc(res->bytes[k] + 1);
             cr_assert_eq(vt->copy_out(be, res->out[k], dout[k], res->bytes[k], err), HP_OK);
+            if (k < 3 && (flags & HP_CALL_BTHD_OUT(k))) { /* written [B, T, H, D] */
+                void *sw = malloc(res->bytes[k] + 1);
+                cr_assert(sw);
+                cc_swap_heads(sw, res->out[k], &n.out[k], hp_dtype_size(n.out[k].dtype), false);
+                free(res->out[k]);
+                res->out[k] = sw;
+            }
         }
     }
     for (int i = 0; i < n_in; i++) vt->free(be, din[i]);

@@ -72,6 +72,37 @@ Test(cpu_attention, backward_matches_eval) {
     hp_backend_free(be);
 }
 
+/* The flag sets the lowering gives an attention whose operands are stored [B, T, H, D]
+ * (HP_CALL_BTHD_*): all of them (the Llama graphs' head transposes folded), only some, one. */
+static const unsigned bthd_fwd[] = {
+    HP_CALL_BTHD_IN(0) | HP_CALL_BTHD_IN(1) | HP_CALL_BTHD_IN(2) | HP_CALL_BTHD_OUT(0),
+    HP_CALL_BTHD_IN(1) | HP_CALL_BTHD_OUT(0),
+    HP_CALL_BTHD_IN(0) | HP_CALL_BTHD_IN(2),
+};
+static const unsigned bthd_bwd[] = {
+    HP_CALL_BTHD_MASK,
+    HP_CALL_BTHD_IN(0) | HP_CALL_BTHD_IN(4) | HP_CALL_BTHD_OUT(1),
+    HP_CALL_BTHD_IN(2) | HP_CALL_BTHD_IN(3) | HP_CALL_BTHD_OUT(0) | HP_CALL_BTHD_OUT(2),
+};
+
+/* The same values whatever the storage order; the backward in both schedules. */
+Test(cpu_attention, operands_stored_bthd_match_eval) {
+    hp_backend *be = cc_backend(3);
+    for (size_t f = 0; f < HP_ARRAY_LEN(bthd_fwd); f++)
+        for (size_t i = 0; i < HP_ARRAY_LEN(configs); i++) {
+            agraph g;
+            build(&g, &configs[i], 10 * i + f);
+            cc_check(be, &g.h, g.fwd, bthd_fwd[f], TOL_REDUCE);
+            for (int mode = 1; mode <= 2; mode++) {
+                hp__cpu_sdpa_backward_mode(mode);
+                cc_check(be, &g.h, g.bwd, bthd_bwd[f], TOL_REDUCE);
+            }
+            hp__cpu_sdpa_backward_mode(0);
+            hp_th_fini(&g.h);
+        }
+    hp_backend_free(be);
+}
+
 /* The fused and the two-pass schedules perform the same float operations: same bits. */
 Test(cpu_attention, backward_schedules_agree_bitwise) {
     hp_backend *be = cc_backend(2);

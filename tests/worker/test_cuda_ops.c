@@ -570,6 +570,15 @@ Test(cuda_ops, embedding_backward_is_deterministic_and_the_cpus) {
     hp_backend_free(be);
 }
 
+/* The call flags of an attention whose operands are stored [B, T, H, D]: none, every one (the
+ * Llama graphs, their head transposes folded by the lowering), some. */
+static const unsigned ATTN_BTHD_FWD[3] = {
+    0, HP_CALL_BTHD_IN(0) | HP_CALL_BTHD_IN(1) | HP_CALL_BTHD_IN(2) | HP_CALL_BTHD_OUT(0),
+    HP_CALL_BTHD_IN(1) | HP_CALL_BTHD_OUT(0)};
+static const unsigned ATTN_BTHD_BWD[3] = {0, HP_CALL_BTHD_MASK,
+                                          HP_CALL_BTHD_IN(0) | HP_CALL_BTHD_IN(2) |
+                                              HP_CALL_BTHD_IN(4) | HP_CALL_BTHD_OUT(1)};
+
 /* Attention: causal and not, GQA, T != S, head dims of the debugmodel (16) and the ~1B (128). */
 static void attention_in(hp_backend *be, hp_dtype fp, double tol) {
     static const struct {
@@ -591,10 +600,14 @@ static void attention_in(hp_backend *be, hp_dtype fp, double tol) {
                         hp_attr_int(HP_ATTR_CAUSAL, ac[i].causal)};
         hp_value o = node1(&h, HP_OP_SDPA, (hp_value[]){q, k, v}, 3, a, 2);
         round_inputs(&h);
-        cc_check(be, &h, o, 0, tol);
         hp_value gb =
             node1(&h, HP_OP_SDPA_BACKWARD, (hp_value[]){go, q, k, v, o, hp_out(o, 1)}, 6, a, 2);
-        cc_check(be, &h, gb, 0, tol);
+        /* [B, H, T, D] operands, then [B, T, H, D] ones (HP_CALL_BTHD_*: the lowering's folded
+         * head transposes): all of them, then a mix */
+        for (int f = 0; f < 3; f++) {
+            cc_check(be, &h, o, ATTN_BTHD_FWD[f], tol);
+            cc_check(be, &h, gb, ATTN_BTHD_BWD[f], tol);
+        }
         hp_th_fini(&h);
     }
 }
@@ -613,12 +626,13 @@ Test(cuda_ops, attention_in_bf16) {
 
 /* Runs node v and checks every output element within tol (as cc_check) and the whole within
  * rel in relative norm, ||got - ref|| / ||ref||. */
-static void check_rel(hp_backend *be, hp_th *h, hp_value v, double tol, double rel) {
+static void check_rel(hp_backend *be, hp_th *h, hp_value v, unsigned flags, double tol,
+                      double rel) {
     cc_result r;
     hp_tensor ref[HP_MAX_OUTS];
     hp_err e = {0};
     const char *name = hp_op_get(h->g->nodes[v.node].op)->name;
-    cr_assert_eq(cc_run(be, h, v.node, 0, &r, ref, &e), HP_OK, "%s: %s", name, e.msg);
+    cr_assert_eq(cc_run(be, h, v.node, flags, &r, ref, &e), HP_OK, "%s: %s", name, e.msg);
     for (int k = 0; k < r.n_out; k++) {
         int64_t n = hp_type_numel(&r.type[k]);
         double *got = malloc((size_t)(n > 0 ? n : 1) * sizeof *got), e2 = 0, r2 = 0;
@@ -673,10 +687,12 @@ Test(cuda_ops, flash_attention_in_bf16_over_tiles) {
                         hp_attr_int(HP_ATTR_CAUSAL, ac[c].causal)};
         hp_value o = node1(&h, HP_OP_SDPA, (hp_value[]){q, k, v}, 3, a, 2);
         round_inputs(&h);
-        check_rel(be, &h, o, TOL_BF16, 1e-2);
+        /* operands [B, H, T, D], then (the lowering's folded head transposes) [B, T, H, D] */
+        int f = (int)(c % 3);
+        check_rel(be, &h, o, ATTN_BTHD_FWD[f], TOL_BF16, 1e-2);
         hp_value gb =
             node1(&h, HP_OP_SDPA_BACKWARD, (hp_value[]){go, q, k, v, o, hp_out(o, 1)}, 6, a, 2);
-        check_rel(be, &h, gb, TOL_BF16, 1e-2);
+        check_rel(be, &h, gb, ATTN_BTHD_BWD[f], TOL_BF16, 1e-2);
         hp_th_fini(&h);
     }
     unsetenv("HP_CUDA_FLASH_ROWS");

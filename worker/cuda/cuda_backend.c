@@ -400,8 +400,7 @@ static hp_status check_call(const hp_kernel_call *c, hp_err *err) {
                        c->n_in, c->n_out, n->n_in, n->n_out);
     if ((c->n_in && (!c->in || !c->in_type)) || (c->n_out && (!c->out || !c->out_type)))
         return hp_errf(err, HP_INVALID, "cuda: %s: call without buffers", info->name);
-    bool mat = n->op == HP_OP_MM || n->op == HP_OP_BMM || n->op == HP_OP_ADDMM;
-    if (c->flags & ~(unsigned)(HP_CALL_TRANS_A | HP_CALL_TRANS_B) || (c->flags && !mat))
+    if (c->flags & ~hp_call_flags_allowed(n->op))
         return hp_errf(err, HP_INVALID, "cuda: %s: call flags 0x%x are not valid for this op",
                        info->name, c->flags);
     for (int k = 0; k < c->n_out; k++) {

@@ -20,6 +20,19 @@
 #define BQ   64 /* query rows (forward, gq) or key rows (gk, gv) per block: one per thread */
 #define BK   16 /* key (forward, gq) or query (gk, gv) rows per shared-memory tile */
 
+/* Row (b, h, t) of an operand laid out as l. */
+__device__ __forceinline__ float *row(const float *base, hp__cu_lay l, int64_t b, int64_t h,
+                                      int64_t t) {
+    return (float *)base + b * l.sb + h * l.sh + t * l.st;
+}
+
+/* Rows [r0, r0 + n) of w floats, ld apart from rows0, into the block's s[n][w]. */
+__device__ __forceinline__ void load_tile(float *s, const float *rows0, int64_t ld, int64_t r0,
+                                          int n, int64_t w) {
+    for (int64_t i = threadIdx.x; i < (int64_t)n * w; i += blockDim.x)
+        s[i] = rows0[(r0 + i / w) * ld + i % w];
+}
+
 /* ---- forward -------------------------------------------------------------------------------- */
 
 __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q, const float *k,
@@ -29,9 +42,8 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)blockIdx.x * BQ;
     int64_t t = t0 + threadIdx.x, hk = h / (a.h / a.hkv);
     bool live = t < a.t;
-    const float *qr = q + ((b * a.h + h) * a.t + (live ? t : 0)) * a.d;
-    const float *kb = k + (b * a.hkv + hk) * a.s * a.d;
-    const float *vb = v + (b * a.hkv + hk) * a.s * a.dv;
+    const float *qr = row(q, a.lq, b, h, live ? t : 0);
+    const float *kb = row(k, a.lk, b, hk, 0), *vb = row(v, a.lv, b, hk, 0);
     float qv[MAXD], acc[MAXD];
     for (int c = 0; c < a.d; c++) qv[c] = live ? qr[c] : 0.0f;
     for (int c = 0; c < a.dv; c++) acc[c] = 0.0f;
@@ -40,10 +52,8 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     for (int64_t s0 = 0; s0 < kend; s0 += BK) {
         int nk = kend - s0 < BK ? (int)(kend - s0) : BK;
-        for (int64_t i = threadIdx.x; i < (int64_t)nk * a.d; i += blockDim.x)
-            ks[i] = kb[s0 * a.d + i];
-        for (int64_t i = threadIdx.x; i < (int64_t)nk * a.dv; i += blockDim.x)
-            vs[i] = vb[s0 * a.dv + i];
+        load_tile(ks, kb, a.lk.st, s0, nk, a.d);
+        load_tile(vs, vb, a.lv.st, s0, nk, a.dv);
         __syncthreads();
         if (live) {
             float sc[BK];
@@ -72,7 +82,7 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
         __syncthreads();
     }
     if (live) {
-        float *orow = out + ((b * a.h + h) * a.t + t) * a.dv;
+        float *orow = row(out, a.lo, b, h, t);
         float inv = 1.0f / l;
         for (int c = 0; c < a.dv; c++) orow[c] = acc[c] * inv;
         lse[(b * a.h + h) * a.t + t] = m + logf(l);
@@ -83,9 +93,10 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
 
 __global__ void attn_delta_k(hp__cu_attn a, float *delta, const float *gout, const float *out) {
     HP__CU_FOR(r, a.b * a.h * a.t) {
+        int64_t t = r % a.t, h = r / a.t % a.h, b = r / a.t / a.h;
+        const float *g = row(gout, a.lgo, b, h, t), *o = row(out, a.lo, b, h, t);
         double acc = 0;
-        for (int64_t c = 0; c < a.dv; c++)
-            acc += (double)gout[r * a.dv + c] * (double)out[r * a.dv + c];
+        for (int64_t c = 0; c < a.dv; c++) acc += (double)g[c] * (double)o[c];
         delta[r] = (float)acc;
     }
 }
@@ -97,24 +108,22 @@ __global__ void attn_gq_k(hp__cu_attn a, float *gq, const float *gout, const flo
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)blockIdx.x * BQ;
     int64_t t = t0 + threadIdx.x, hk = h / (a.h / a.hkv);
     bool live = t < a.t;
-    int64_t row = (b * a.h + h) * a.t + (live ? t : 0);
-    const float *kb = k + (b * a.hkv + hk) * a.s * a.d;
-    const float *vb = v + (b * a.hkv + hk) * a.s * a.dv;
+    int64_t r = (b * a.h + h) * a.t + (live ? t : 0); /* lse's and delta's */
+    const float *qr = row(q, a.lq, b, h, live ? t : 0), *gr = row(gout, a.lgo, b, h, live ? t : 0);
+    const float *kb = row(k, a.lk, b, hk, 0), *vb = row(v, a.lv, b, hk, 0);
     float qv[MAXD], go[MAXD], dq[MAXD];
     for (int c = 0; c < a.d; c++) {
-        qv[c] = live ? q[row * a.d + c] : 0.0f;
+        qv[c] = live ? qr[c] : 0.0f;
         dq[c] = 0.0f;
     }
-    for (int c = 0; c < a.dv; c++) go[c] = live ? gout[row * a.dv + c] : 0.0f;
-    float ls = live ? lse[row] : 0.0f, dl = live ? delta[row] : 0.0f;
+    for (int c = 0; c < a.dv; c++) go[c] = live ? gr[c] : 0.0f;
+    float ls = live ? lse[r] : 0.0f, dl = live ? delta[r] : 0.0f;
     int64_t t_last = t0 + BQ - 1 < a.t - 1 ? t0 + BQ - 1 : a.t - 1;
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     for (int64_t s0 = 0; s0 < kend; s0 += BK) {
         int nk = kend - s0 < BK ? (int)(kend - s0) : BK;
-        for (int64_t i = threadIdx.x; i < (int64_t)nk * a.d; i += blockDim.x)
-            ks[i] = kb[s0 * a.d + i];
-        for (int64_t i = threadIdx.x; i < (int64_t)nk * a.dv; i += blockDim.x)
-            vs[i] = vb[s0 * a.dv + i];
+        load_tile(ks, kb, a.lk.st, s0, nk, a.d);
+        load_tile(vs, vb, a.lv.st, s0, nk, a.dv);
         __syncthreads();
         if (live) {
             int vis = nk;
@@ -130,8 +139,10 @@ __global__ void attn_gq_k(hp__cu_attn a, float *gq, const float *gout, const flo
         }
         __syncthreads();
     }
-    if (live)
-        for (int c = 0; c < a.d; c++) gq[row * a.d + c] = dq[c] * a.scale;
+    if (live) {
+        float *gqr = row(gq, a.lgq, b, h, t);
+        for (int c = 0; c < a.d; c++) gqr[c] = dq[c] * a.scale;
+    }
 }
 
 __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gout, const float *q,
@@ -141,14 +152,14 @@ __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gou
     int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * BQ;
     int64_t s = s_0 + threadIdx.x, group = a.h / a.hkv;
     bool live = s < a.s;
-    int64_t krow = (b * a.hkv + hk) * a.s + (live ? s : 0);
+    const float *kr = row(k, a.lk, b, hk, live ? s : 0), *vr = row(v, a.lv, b, hk, live ? s : 0);
     float kv[MAXD], vv[MAXD], dk[MAXD], dv[MAXD];
     for (int c = 0; c < a.d; c++) {
-        kv[c] = live ? k[krow * a.d + c] : 0.0f;
+        kv[c] = live ? kr[c] : 0.0f;
         dk[c] = 0.0f;
     }
     for (int c = 0; c < a.dv; c++) {
-        vv[c] = live ? v[krow * a.dv + c] : 0.0f;
+        vv[c] = live ? vr[c] : 0.0f;
         dv[c] = 0.0f;
     }
     /* causal: queries before the block's first key see none of its keys */
@@ -158,10 +169,8 @@ __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gou
         int64_t rbase = (b * a.h + h) * a.t;
         for (int64_t q0 = tbeg; q0 < a.t; q0 += BK) {
             int nq = a.t - q0 < BK ? (int)(a.t - q0) : BK;
-            for (int64_t i = threadIdx.x; i < (int64_t)nq * a.d; i += blockDim.x)
-                qs[i] = q[(rbase + q0) * a.d + i];
-            for (int64_t i = threadIdx.x; i < (int64_t)nq * a.dv; i += blockDim.x)
-                gs[i] = gout[(rbase + q0) * a.dv + i];
+            load_tile(qs, row(q, a.lq, b, h, 0), a.lq.st, q0, nq, a.d);
+            load_tile(gs, row(gout, a.lgo, b, h, 0), a.lgo.st, q0, nq, a.dv);
             for (int i = threadIdx.x; i < nq; i += blockDim.x) {
                 ls[i] = lse[rbase + q0 + i];
                 ds_[i] = delta[rbase + q0 + i];
@@ -183,8 +192,9 @@ __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gou
         }
     }
     if (live) {
-        for (int c = 0; c < a.d; c++) gk[krow * a.d + c] = dk[c] * a.scale;
-        for (int c = 0; c < a.dv; c++) gv[krow * a.dv + c] = dv[c];
+        float *gkr = row(gk, a.lgk, b, hk, s), *gvr = row(gv, a.lgv, b, hk, s);
+        for (int c = 0; c < a.d; c++) gkr[c] = dk[c] * a.scale;
+        for (int c = 0; c < a.dv; c++) gvr[c] = dv[c];
     }
 }
 

@@ -2,7 +2,9 @@
  * softmax statistics and accumulators (FlashAttention-2's algorithm; mma.sync m16n8k16 through
  * k_mma.cuh). Head dims 16, 32, 48, 64, 80, 96 and 128 (d == dv; FLASH_DIMS), grouped-query heads
  * (query head h reads kv head h / (H / Hkv)), causal or not, any T and S (rows past the end read
- * zeros and are not stored). The T x S matrix never exists.
+ * zeros and are not stored). The T x S matrix never exists. Each operand is [B, H, T, D] or
+ * [B, T, H, D] (hp__cu_lay: the lowering folds the heads' transposes into the call, and a row is
+ * D contiguous elements either way; lse and delta are [B, H, T]).
  *
  * Forward: a block of 4 warps per (batch, head, 128 queries), each warp 32 query rows (two
  * 16-row atoms sharing every K and V fragment; 64 queries and 16 rows with HP_CUDA_FLASH_ROWS=16);
@@ -47,29 +49,37 @@ template <int D> constexpr int kv_qt() {
     return D == 128 || D <= 32 ? 32 : 16;
 }
 
-/* Rows [r0, r0 + R) of a row-major [n][D] matrix into s[R][D + PAD], asynchronously (one
- * hp__cp_async16 per 16 bytes; the caller commits and waits); rows past n are zeros. */
+/* Rows [r0, r0 + R) of an [n][D] matrix whose rows start ld elements apart (ld a multiple of
+ * 8: 16-byte aligned rows) into s[R][D + PAD], asynchronously (one hp__cp_async16 per 16
+ * bytes; the caller commits and waits); rows past n are zeros. */
 template <int D, int R>
-__device__ __forceinline__ void load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t r0,
-                                          int64_t n) {
+__device__ __forceinline__ void load_rows(__nv_bfloat16 *s, const __nv_bfloat16 *g, int64_t ld,
+                                          int64_t r0, int64_t n) {
     constexpr int CH = D / 8;
     HP__UNROLL
     for (int i = threadIdx.x; i < R * CH; i += NT) {
         int r = i / CH, c = i % CH;
-        hp__cp_async16(s + r * (D + PAD) + c * 8, r0 + r < n ? g + (r0 + r) * D + c * 8 : nullptr,
+        hp__cp_async16(s + r * (D + PAD) + c * 8, r0 + r < n ? g + (r0 + r) * ld + c * 8 : nullptr,
                        g);
     }
+}
+
+/* Row (b, h, t) of an operand laid out as l (hp__cu_lay). */
+__device__ __forceinline__ __nv_bfloat16 *row_at(const __nv_bfloat16 *base, hp__cu_lay l, int64_t b,
+                                                 int64_t h, int64_t t) {
+    return (__nv_bfloat16 *)base + b * l.sb + h * l.sh + t * l.st;
 }
 
 /* Key rows [s0, s0 + R) of K and of V into stage `stage` of a two-stage buffer (K at tile
  * 2·stage, V after it), committed as one group with any copies issued before. */
 template <int D, int R>
-__device__ __forceinline__ void load_kv_stage(__nv_bfloat16 *sm, int stage, const __nv_bfloat16 *kb,
-                                              const __nv_bfloat16 *vb, int64_t s0, int64_t s) {
+__device__ __forceinline__ void load_kv_stage(__nv_bfloat16 *sm, int stage, const hp__cu_attn &a,
+                                              const __nv_bfloat16 *kb, const __nv_bfloat16 *vb,
+                                              int64_t s0) {
     constexpr int TILE = R * (D + PAD);
     __nv_bfloat16 *st = sm + stage * 2 * TILE;
-    load_rows<D, R>(st, kb, s0, s);
-    load_rows<D, R>(st + TILE, vb, s0, s);
+    load_rows<D, R>(st, kb, a.lk.st, s0, a.s);
+    load_rows<D, R>(st + TILE, vb, a.lv.st, s0, a.s);
     hp__cp_async_commit();
 }
 
@@ -166,16 +176,15 @@ __global__ void __launch_bounds__(NT)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * QB;
     int64_t hk = h / (a.h / a.hkv);
-    const __nv_bfloat16 *qb = q + (b * a.h + h) * a.t * D;
-    const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
-    const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
+    const __nv_bfloat16 *qb = row_at(q, a.lq, b, h, 0);
+    const __nv_bfloat16 *kb = row_at(k, a.lk, b, hk, 0), *vb = row_at(v, a.lv, b, hk, 0);
     int64_t t_last = t0 + QB - 1 < a.t - 1 ? t0 + QB - 1 : a.t - 1;
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     int64_t tiles = (kend + KN - 1) / KN;
     int64_t w0 = t0 + warp * 16 * MA; /* the warp's first query */
 
-    load_rows<D, QB>(sq, qb, t0, a.t);
-    load_kv_stage<D, KN>(sm, 0, kb, vb, 0, a.s);
+    load_rows<D, QB>(sq, qb, a.lq.st, t0, a.t);
+    load_kv_stage<D, KN>(sm, 0, a, kb, vb, 0);
     hp__cp_async_wait<0>();
     __syncthreads();
     [[maybe_unused]] uint32_t qa[QREG ? KC : 1][4];
@@ -198,7 +207,7 @@ __global__ void __launch_bounds__(NT)
     for (int64_t j = 0; j < tiles; j++) {
         int64_t s0 = j * KN;
         if (j + 1 < tiles) /* the next K and V tiles into the other stage */
-            load_kv_stage<D, KN>(sm, (int)((j + 1) & 1), kb, vb, s0 + KN, a.s);
+            load_kv_stage<D, KN>(sm, (int)((j + 1) & 1), a, kb, vb, s0 + KN);
         tile_ready(j, tiles);
         const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
         float sc[MA][KN / 8][4];
@@ -302,7 +311,7 @@ __global__ void __launch_bounds__(NT)
             int64_t row = w0 + ma * 16 + g + 8 * r;
             if (row >= a.t) continue;
             float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            __nv_bfloat16 *orow = out + ((b * a.h + h) * a.t + row) * D;
+            __nv_bfloat16 *orow = row_at(out, a.lo, b, h, row);
             HP__UNROLL
             for (int n = 0; n < NO; n++)
                 store_pair(orow + n * 8 + 2 * qd, o[ma][n][2 * r] * inv, o[ma][n][2 * r + 1] * inv);
@@ -315,16 +324,18 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- backward: delta ------------------------------------------------------------------------ */
 
-/* delta[r] = Σ_c gout[r, c] · out[r, c], a warp per row. */
-__global__ void flash_delta_k(float *delta, const __nv_bfloat16 *gout, const __nv_bfloat16 *out,
-                              int64_t rows, int64_t d) {
+/* delta[r] = Σ_c gout[r, c] · out[r, c] (rows r in [B, H, T] order), a warp per row. */
+__global__ void flash_delta_k(hp__cu_attn a, float *delta, const __nv_bfloat16 *gout,
+                              const __nv_bfloat16 *out) {
     int lane = threadIdx.x % 32;
-    int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32), rows = a.b * a.h * a.t, d = a.dv;
     for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
          r += warps) {
+        int64_t t = r % a.t, h = r / a.t % a.h, b = r / a.t / a.h;
+        const __nv_bfloat16 *g = row_at(gout, a.lgo, b, h, t), *o = row_at(out, a.lo, b, h, t);
         float acc = 0.0f;
         for (int64_t c = lane; c < d; c += 32)
-            acc += __bfloat162float(gout[r * d + c]) * __bfloat162float(out[r * d + c]);
+            acc += __bfloat162float(g[c]) * __bfloat162float(o[c]);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) delta[r] = acc;
     }
@@ -332,18 +343,19 @@ __global__ void flash_delta_k(float *delta, const __nv_bfloat16 *gout, const __n
 
 /* ---- backward: dK, dV ----------------------------------------------------------------------- */
 
-/* One dK/dV tile's stage: Q and dO rows [q0, q0 + QT) of row block rb, and their lse and delta
- * (zeros past T), asynchronously. */
+/* One dK/dV tile's stage: Q and dO rows [q0, q0 + QT) of batch b, query head h, and their lse
+ * and delta (zeros past T), asynchronously. */
 template <int D, int QT>
 __device__ __forceinline__ void kv_stage_load(unsigned char *st, const hp__cu_attn &a,
                                               const __nv_bfloat16 *q, const __nv_bfloat16 *gout,
-                                              const float *lse, const float *delta, int64_t rb,
-                                              int64_t q0) {
+                                              const float *lse, const float *delta, int64_t b,
+                                              int64_t h, int64_t q0) {
     constexpr int TILE = QT * (D + PAD);
     __nv_bfloat16 *qs = (__nv_bfloat16 *)st, *dos = qs + TILE;
     float *ls = (float *)(dos + TILE), *dl = ls + QT;
-    load_rows<D, QT>(qs, q + rb * D, q0, a.t);
-    load_rows<D, QT>(dos, gout + rb * D, q0, a.t);
+    int64_t rb = (b * a.h + h) * a.t; /* lse's and delta's */
+    load_rows<D, QT>(qs, row_at(q, a.lq, b, h, 0), a.lq.st, q0, a.t);
+    load_rows<D, QT>(dos, row_at(gout, a.lgo, b, h, 0), a.lgo.st, q0, a.t);
     if (threadIdx.x < QT) {
         bool in = q0 + threadIdx.x < a.t;
         hp__cp_async4(ls + threadIdx.x, in ? lse + rb + q0 + threadIdx.x : nullptr, lse);
@@ -369,16 +381,14 @@ __global__ void __launch_bounds__(NT)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * BQ;
     int64_t group = a.h / a.hkv;
-    const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
-    const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
+    const __nv_bfloat16 *kb = row_at(k, a.lk, b, hk, 0), *vb = row_at(v, a.lv, b, hk, 0);
     /* the tiles: each query head of the group, its visible queries in steps of QT (causal: a
      * query before the block's first key sees none of its keys) */
     int64_t qbeg = a.causal ? (s_0 / QT) * QT : 0;
     int64_t nq = a.t > qbeg ? (a.t - qbeg + QT - 1) / QT : 0, tiles = group * nq;
-    load_rows<D, BQ>(ks, kb, s_0, a.s);
-    load_rows<D, BQ>(vs, vb, s_0, a.s);
-    if (tiles > 0)
-        kv_stage_load<D, QT>(stages, a, q, gout, lse, delta, (b * a.h + hk * group) * a.t, qbeg);
+    load_rows<D, BQ>(ks, kb, a.lk.st, s_0, a.s);
+    load_rows<D, BQ>(vs, vb, a.lv.st, s_0, a.s);
+    if (tiles > 0) kv_stage_load<D, QT>(stages, a, q, gout, lse, delta, b, hk * group, qbeg);
     hp__cp_async_commit();
 
     float dk[NO][4], dv[NO][4];
@@ -392,8 +402,8 @@ __global__ void __launch_bounds__(NT)
     for (int64_t i = 0; i < tiles; i++) {
         if (i + 1 < tiles) {
             int64_t gh = (i + 1) / nq, q0 = qbeg + (i + 1) % nq * QT;
-            kv_stage_load<D, QT>(stages + ((i + 1) & 1) * STAGE, a, q, gout, lse, delta,
-                                 (b * a.h + hk * group + gh) * a.t, q0);
+            kv_stage_load<D, QT>(stages + ((i + 1) & 1) * STAGE, a, q, gout, lse, delta, b,
+                                 hk * group + gh, q0);
             hp__cp_async_commit();
         }
         tile_ready(i, tiles);
@@ -449,12 +459,12 @@ __global__ void __launch_bounds__(NT)
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
         if (key[r] >= a.s) continue;
-        int64_t off = ((b * a.hkv + hk) * a.s + key[r]) * D;
+        __nv_bfloat16 *gkr = row_at(gk, a.lgk, b, hk, key[r]),
+                      *gvr = row_at(gv, a.lgv, b, hk, key[r]);
         HP__UNROLL
         for (int n = 0; n < NO; n++) {
-            store_pair(gk + off + n * 8 + 2 * qd, dk[n][2 * r] * a.scale,
-                       dk[n][2 * r + 1] * a.scale);
-            store_pair(gv + off + n * 8 + 2 * qd, dv[n][2 * r], dv[n][2 * r + 1]);
+            store_pair(gkr + n * 8 + 2 * qd, dk[n][2 * r] * a.scale, dk[n][2 * r + 1] * a.scale);
+            store_pair(gvr + n * 8 + 2 * qd, dv[n][2 * r], dv[n][2 * r + 1]);
         }
     }
 }
@@ -471,16 +481,15 @@ __global__ void __launch_bounds__(NT)
     __nv_bfloat16 *sm = (__nv_bfloat16 *)fl_sm; /* stage i: K at 2i tiles, V at 2i + 1 */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BQ;
-    int64_t hk = h / (a.h / a.hkv), rb = (b * a.h + h) * a.t;
-    const __nv_bfloat16 *kb = k + (b * a.hkv + hk) * a.s * D;
-    const __nv_bfloat16 *vb = v + (b * a.hkv + hk) * a.s * D;
+    int64_t hk = h / (a.h / a.hkv), rb = (b * a.h + h) * a.t; /* rb: lse's and delta's */
+    const __nv_bfloat16 *kb = row_at(k, a.lk, b, hk, 0), *vb = row_at(v, a.lv, b, hk, 0);
     int64_t t_last = t0 + BQ - 1 < a.t - 1 ? t0 + BQ - 1 : a.t - 1;
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     int64_t tiles = (kend + KT - 1) / KT;
 
     /* Q and dO into registers through the four tiles (BQ = 2 KT rows each) */
-    load_rows<D, BQ>(sm, q + rb * D, t0, a.t);
-    load_rows<D, BQ>(sm + 2 * TILE, gout + rb * D, t0, a.t);
+    load_rows<D, BQ>(sm, row_at(q, a.lq, b, h, 0), a.lq.st, t0, a.t);
+    load_rows<D, BQ>(sm + 2 * TILE, row_at(gout, a.lgo, b, h, 0), a.lgo.st, t0, a.t);
     hp__cp_async_commit();
     hp__cp_async_wait<0>();
     __syncthreads();
@@ -491,7 +500,7 @@ __global__ void __launch_bounds__(NT)
         hp__ldsm_x4(oa[kc], a_addr<LD>(sm + 2 * TILE, warp * 16, kc * 16));
     }
     __syncthreads();
-    load_kv_stage<D, KT>(sm, 0, kb, vb, 0, a.s);
+    load_kv_stage<D, KT>(sm, 0, a, kb, vb, 0);
 
     int64_t row[2] = {t0 + warp * 16 + g, t0 + warp * 16 + g + 8};
     float ls[2], dl[2];
@@ -506,7 +515,7 @@ __global__ void __launch_bounds__(NT)
     const float c2 = a.scale * LOG2E;
     for (int64_t j = 0; j < tiles; j++) {
         int64_t s0 = j * KT;
-        if (j + 1 < tiles) load_kv_stage<D, KT>(sm, (int)((j + 1) & 1), kb, vb, s0 + KT, a.s);
+        if (j + 1 < tiles) load_kv_stage<D, KT>(sm, (int)((j + 1) & 1), a, kb, vb, s0 + KT);
         tile_ready(j, tiles);
         const __nv_bfloat16 *ks = sm + (j & 1) * 2 * TILE, *vs = ks + TILE;
         float sc[4][4], dp[4][4];
@@ -550,7 +559,7 @@ __global__ void __launch_bounds__(NT)
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
         if (row[r] >= a.t) continue;
-        __nv_bfloat16 *qrow = gq + (rb + row[r]) * D;
+        __nv_bfloat16 *qrow = row_at(gq, a.lgq, b, h, row[r]);
         HP__UNROLL
         for (int n = 0; n < NO; n++)
             store_pair(qrow + n * 8 + 2 * qd, dq[n][2 * r] * a.scale, dq[n][2 * r + 1] * a.scale);
@@ -666,7 +675,7 @@ extern "C" int hp__cu_flash_backward(cudaStream_t s, const hp__cu_attn *a, void 
         return (int)cudaErrorInvalidConfiguration;
     int64_t rows = a->b * a->h * a->t;
     unsigned blocks = (unsigned)((rows + 7) / 8 < 65535 * 8 ? (rows + 7) / 8 : 65535 * 8);
-    flash_delta_k<<<blocks, 256, 0, s>>>(delta, (cbf)gout, (cbf)out, rows, a->dv);
+    flash_delta_k<<<blocks, 256, 0, s>>>(*a, delta, (cbf)gout, (cbf)out);
     int e = HP__CU_LAUNCHED();
     if (e) return e;
     switch (a->d) {
