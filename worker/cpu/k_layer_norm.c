@@ -33,7 +33,8 @@ static void ln_rows(void *ctx, int64_t b, int64_t e, int thread) {
         for (int64_t k = 0; k < d; k++) v += ((double)x[k] - mu) * ((double)x[k] - mu);
         double var = d > 0 ? v / (double)d : 0;
         float rstd = (float)(1.0 / sqrt(var + j->eps)), m = (float)mu;
-        for (int64_t k = 0; k < d; k++) y[k] = (x[k] - m) * rstd * j->w[k] + j->b[k];
+        const float *w = j->w, *bias = j->b; /* locals: a store to y might change *j */
+        for (int64_t k = 0; k < d; k++) y[k] = (x[k] - m) * rstd * w[k] + bias[k];
         j->mean[r] = m;
         j->rstd[r] = rstd;
     }

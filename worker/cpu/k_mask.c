@@ -110,7 +110,9 @@ static void dropout_chunk(void *ctx, int64_t b, int64_t e, int thread) {
     hp_dropout_keep(j->site, j->threshold, b, e - b, j->keep + b);
     const float *x = j->x;
     float *y = j->y;
-    for (int64_t i = b; i < e; i++) y[i] = j->keep[i] ? x[i] * j->scale : 0.0f;
+    const uint8_t *keep = j->keep;
+    const float scale = j->scale; /* locals: a store to y might change *j */
+    for (int64_t i = b; i < e; i++) y[i] = keep[i] ? x[i] * scale : 0.0f;
 }
 
 /* native_dropout{p, fqn} -> (y, mask): the mask of hp/rng.h at the call's site (the global
@@ -140,7 +142,9 @@ static void dropout_bwd_chunk(void *ctx, int64_t b, int64_t e, int thread) {
     const mask_job *j = ctx;
     const float *g = j->x;
     float *y = j->y;
-    for (int64_t i = b; i < e; i++) y[i] = j->mask[i] ? g[i] * j->scale : 0.0f;
+    const uint8_t *mask = j->mask;
+    const float scale = j->scale; /* locals: a store to y might change *j */
+    for (int64_t i = b; i < e; i++) y[i] = mask[i] ? g[i] * scale : 0.0f;
 }
 
 /* native_dropout_backward(grad, mask){scale}: grad * scale where the mask kept, else 0. */

@@ -44,7 +44,8 @@ static void rms_rows(void *ctx, int64_t b, int64_t e, int thread) {
         float *y = j->y + r * d;
         double ss = dot_d(x, x, d);
         float rstd = (float)(1.0 / sqrt(ss / (double)d + j->eps));
-        for (int64_t k = 0; k < d; k++) y[k] = x[k] * rstd * j->w[k];
+        const float *w = j->w; /* a local: a store to y might change *j */
+        for (int64_t k = 0; k < d; k++) y[k] = x[k] * rstd * w[k];
         j->rstd[r] = rstd;
     }
 }
