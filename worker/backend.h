@@ -29,6 +29,7 @@
 #include "hp/job.h"
 #include "hp/optim.h"
 #include "hp/rng.h"
+#include "worker/attn_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,12 +43,7 @@ enum {
     HP_CALL_TRANS_A = 1 << 0, /* mm/bmm/addmm: operand a is given transposed (last two dims) */
     HP_CALL_TRANS_B = 1 << 1, /* mm/bmm/addmm: operand b is given transposed (last two dims) */
 };
-/* Attention (SDPA and its backward): input k (q, k, v; g_out, q, k, v, out) or output k (out;
- * gq, gk, gv) is stored [B, T, H, D], dims 1 and 2 exchanged, while its in_type/out_type is
- * the operand's [B, H, T, D] (hp/program.h: HP_INSTR_BTHD_*, the same bits). */
-#define HP_CALL_BTHD_IN(k)  (1u << (4 + (k)))
-#define HP_CALL_BTHD_OUT(k) (1u << (10 + (k)))
-#define HP_CALL_BTHD_MASK   (0x1fu << 4 | 0x7u << 10)
+/* Attention calls: HP_CALL_BTHD_IN/OUT (worker/attn_layout.h). */
 
 /* The call flags an op takes. */
 static inline unsigned hp_call_flags_allowed(hp_op op) {

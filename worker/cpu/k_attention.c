@@ -42,21 +42,11 @@ void hp__cpu_sdpa_backward_mode(int mode) {
     backward_mode = mode;
 }
 
-/* Where row (b, h, t) of a [B, H, T, W] operand starts: b·sb + h·sh + t·st elements in (rows
- * contiguous). [B, H, T, W] storage: st = W; [B, T, H, W] (HP_CALL_BTHD_*): sh = W. */
-typedef struct lay {
-    int64_t sb, sh, st;
-} lay;
-
-static lay lay_of(int64_t heads, int64_t t, int64_t w, bool bthd) {
-    return bthd ? (lay){t * heads * w, w, heads * w} : (lay){heads * t * w, t * w, w};
-}
-
 typedef struct attn {
     int64_t b, h, hkv, t, s, d, dv, group;
     float scale;
     bool causal;
-    lay lq, lk, lv, lo, lgo, lgq, lgk, lgv; /* q, k, v, out, g_out, gq, gk, gv */
+    hp_attn_lays l; /* the operands' layouts (worker/attn_layout.h) */
     const float *q, *k, *v;
     /* forward */
     float *out, *lse;
@@ -96,19 +86,7 @@ static hp_status attn_check(const hp_kernel_call *c, int iq, attn *a, hp_err *er
                 .v = c->in[iq + 2]};
     a->group = a->h / a->hkv;
     a->scale = (float)hp_node_float(c->node, HP_ATTR_SCALE, 1.0 / sqrt((double)(a->d ? a->d : 1)));
-    unsigned f = c->flags;
-    a->lq = lay_of(a->h, a->t, a->d, f & HP_CALL_BTHD_IN(iq));
-    a->lk = lay_of(a->hkv, a->s, a->d, f & HP_CALL_BTHD_IN(iq + 1));
-    a->lv = lay_of(a->hkv, a->s, a->dv, f & HP_CALL_BTHD_IN(iq + 2));
-    if (iq == 0) { /* forward: out */
-        a->lo = lay_of(a->h, a->t, a->dv, f & HP_CALL_BTHD_OUT(0));
-    } else { /* backward: g_out and out in, gq, gk, gv out */
-        a->lgo = lay_of(a->h, a->t, a->dv, f & HP_CALL_BTHD_IN(0));
-        a->lo = lay_of(a->h, a->t, a->dv, f & HP_CALL_BTHD_IN(4));
-        a->lgq = lay_of(a->h, a->t, a->d, f & HP_CALL_BTHD_OUT(0));
-        a->lgk = lay_of(a->hkv, a->s, a->d, f & HP_CALL_BTHD_OUT(1));
-        a->lgv = lay_of(a->hkv, a->s, a->dv, f & HP_CALL_BTHD_OUT(2));
-    }
+    a->l = hp_attn_lays_of(c->flags, iq == 1, a->h, a->hkv, a->t, a->s, a->d, a->dv);
     return HP_OK;
 }
 
@@ -119,7 +97,7 @@ static int64_t block_keys(const attn *a, int64_t t0, int64_t nq) {
 }
 
 /* Row (b, h, t) of an operand laid out as l; its rows are l.st apart. */
-static float *row_of(const float *base, lay l, int64_t b, int64_t h, int64_t t) {
+static float *row_of(const float *base, hp_attn_lay l, int64_t b, int64_t h, int64_t t) {
     return (float *)base + b * l.sb + h * l.sh + t * l.st;
 }
 
@@ -209,7 +187,7 @@ static void delta_rows(void *ctx, int64_t b, int64_t e, int thread) {
     const attn *a = ctx;
     for (int64_t r = b; r < e; r++) {
         int64_t t = r % a->t, h = r / a->t % a->h, bb = r / a->t / a->h;
-        const float *g = row_of(a->go, a->lgo, bb, h, t), *o = row_of(a->o, a->lo, bb, h, t);
+        const float *g = row_of(a->go, a->l.go, bb, h, t), *o = row_of(a->o, a->l.o, bb, h, t);
         double s = 0;
         for (int64_t c = 0; c < a->dv; c++) s += (double)g[c] * (double)o[c];
         a->delta[r] = (float)s;

@@ -281,7 +281,7 @@ ATTN_TARGET static void ATTN_SFX(fwd_task)(void *ctx, int64_t task, int thread) 
     int64_t t0 = qb * BQ, nq = a->t - t0 < BQ ? a->t - t0 : BQ;
     float *kt = a->scratch + thread * a->per_thread;
     float *s = kt + a->d * BK, *acc = s + BQ * BK, *m = acc + BQ * a->dv, *l = m + BQ;
-    const float *q = row_of(a->q, a->lq, b, h, t0);
+    const float *q = row_of(a->q, a->l.q, b, h, t0);
     for (int64_t i = 0; i < nq * a->dv; i++) acc[i] = 0;
     for (int64_t i = 0; i < nq; i++) {
         m[i] = -INFINITY;
@@ -289,12 +289,12 @@ ATTN_TARGET static void ATTN_SFX(fwd_task)(void *ctx, int64_t task, int thread) 
     }
     /* locals: with -fno-strict-aliasing a store through a float * could change *a */
     const int64_t d = a->d, dv = a->dv, keys = block_keys(a, t0, nq);
-    const int64_t ldq = a->lq.st, ldk = a->lk.st, ldv = a->lv.st, ldo = a->lo.st;
+    const int64_t ldq = a->l.q.st, ldk = a->l.k.st, ldv = a->l.v.st, ldo = a->l.o.st;
     const float scale = a->scale;
     const bool causal = a->causal;
     for (int64_t k0 = 0; k0 < keys; k0 += BK) {
         int64_t nk = keys - k0 < BK ? keys - k0 : BK;
-        ATTN_SFX(transpose_block)(kt, row_of(a->k, a->lk, b, hk, k0), nk, d, ldk);
+        ATTN_SFX(transpose_block)(kt, row_of(a->k, a->l.k, b, hk, k0), nk, d, ldk);
         ATTN_SFX(block_dots)(s, q, kt, nq, nk, d, ldq);
         for (int64_t i = 0; i < nq; i++) {
             float *si = s + i * BK;
@@ -319,9 +319,9 @@ ATTN_TARGET static void ATTN_SFX(fwd_task)(void *ctx, int64_t task, int thread) 
             float *ai = acc + i * dv;
             for (int64_t c = 0; c < dv; c++) ai[c] *= corr;
         }
-        ATTN_SFX(block_pv)(acc, dv, s, row_of(a->v, a->lv, b, hk, k0), ldv, nq, nk, dv);
+        ATTN_SFX(block_pv)(acc, dv, s, row_of(a->v, a->l.v, b, hk, k0), ldv, nq, nk, dv);
     }
-    float *out = row_of(a->out, a->lo, b, h, t0);
+    float *out = row_of(a->out, a->l.o, b, h, t0);
     float *lse = a->lse + (b * a->h + h) * a->t + t0;
     for (int64_t i = 0; i < nq; i++) {
         float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f; /* no visible key: out 0, lse -inf */
@@ -335,8 +335,8 @@ ATTN_TARGET static void ATTN_SFX(fwd_task)(void *ctx, int64_t task, int thread) 
 /* Loads the transposed key and value blocks k0.. (nk rows) of kv head hk. */
 ATTN_TARGET static void ATTN_SFX(load_kv)(const attn *a, const bwd_buf *w, int64_t b, int64_t hk,
                                           int64_t k0, int64_t nk) {
-    ATTN_SFX(transpose_block)(w->kt, row_of(a->k, a->lk, b, hk, k0), nk, a->d, a->lk.st);
-    ATTN_SFX(transpose_block)(w->vt, row_of(a->v, a->lv, b, hk, k0), nk, a->dv, a->lv.st);
+    ATTN_SFX(transpose_block)(w->kt, row_of(a->k, a->l.k, b, hk, k0), nk, a->d, a->l.k.st);
+    ATTN_SFX(transpose_block)(w->vt, row_of(a->v, a->l.v, b, hk, k0), nk, a->dv, a->l.v.st);
 }
 
 /* One (query block, key block) pair of head h: P and dS, then the gv/gk (kv) and gq (q)
@@ -344,14 +344,14 @@ ATTN_TARGET static void ATTN_SFX(load_kv)(const attn *a, const bwd_buf *w, int64
 ATTN_TARGET static void ATTN_SFX(bwd_block)(const attn *a, const bwd_buf *w, int64_t b, int64_t h,
                                             int64_t qb, int64_t k0, int64_t nk, bool kv, bool q) {
     int64_t hk = h / a->group, t0 = qb * BQ, nq = a->t - t0 < BQ ? a->t - t0 : BQ;
-    const float *qv = row_of(a->q, a->lq, b, h, t0), *go = row_of(a->go, a->lgo, b, h, t0);
+    const float *qv = row_of(a->q, a->l.q, b, h, t0), *go = row_of(a->go, a->l.go, b, h, t0);
     const float *lse = a->lse_in + (b * a->h + h) * a->t + t0;
     const float *delta = a->delta + (b * a->h + h) * a->t + t0;
     float *p = w->p, *dp = w->dp;
     const float scale = a->scale; /* locals: see fwd_task */
     const bool causal = a->causal;
-    ATTN_SFX(block_dots)(p, qv, w->kt, nq, nk, a->d, a->lq.st);
-    ATTN_SFX(block_dots)(dp, go, w->vt, nq, nk, a->dv, a->lgo.st);
+    ATTN_SFX(block_dots)(p, qv, w->kt, nq, nk, a->d, a->l.q.st);
+    ATTN_SFX(block_dots)(dp, go, w->vt, nq, nk, a->dv, a->l.go.st);
     for (int64_t i = 0; i < nq; i++) {
         int64_t vis = causal ? t0 + i + 1 - k0 : nk;
         vis = vis < 0 ? 0 : vis > nk ? nk : vis;
@@ -367,14 +367,14 @@ ATTN_TARGET static void ATTN_SFX(bwd_block)(const attn *a, const bwd_buf *w, int
         }
     }
     if (kv) {
-        float *gv = row_of(a->gv, a->lgv, b, hk, k0), *gk = row_of(a->gk, a->lgk, b, hk, k0);
-        ATTN_SFX(block_ptx)(gv, a->lgv.st, p, go, a->lgo.st, nq, nk, a->dv);
-        ATTN_SFX(block_ptx)(gk, a->lgk.st, dp, qv, a->lq.st, nq, nk, a->d);
+        float *gv = row_of(a->gv, a->l.gv, b, hk, k0), *gk = row_of(a->gk, a->l.gk, b, hk, k0);
+        ATTN_SFX(block_ptx)(gv, a->l.gv.st, p, go, a->l.go.st, nq, nk, a->dv);
+        ATTN_SFX(block_ptx)(gk, a->l.gk.st, dp, qv, a->l.q.st, nq, nk, a->d);
     }
     if (q) {
-        float *gq = row_of(a->gq, a->lgq, b, h, t0);
+        float *gq = row_of(a->gq, a->l.gq, b, h, t0);
         ATTN_SFX(block_pv)
-        (gq, a->lgq.st, dp, row_of(a->k, a->lk, b, hk, k0), a->lk.st, nq, nk, a->d);
+        (gq, a->l.gq.st, dp, row_of(a->k, a->l.k, b, hk, k0), a->l.k.st, nq, nk, a->d);
     }
 }
 

@@ -16,6 +16,8 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "worker/attn_layout.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -226,20 +228,11 @@ int hp__cu_rotary(cudaStream_t s, int dtype, void *y, const void *x, int64_t b, 
 /* The most head dim the attention kernels take. */
 #define HP__CU_ATTN_MAX_D 256
 
-/* Where row (b, h, t) of a [B, H, T, W] attention operand starts: b·sb + h·sh + t·st elements
- * in (each row contiguous). [B, H, T, W] storage: {H·T·W, T·W, W}; [B, T, H, W]
- * (HP_CALL_BTHD_*): {T·H·W, W, H·W}. */
-typedef struct hp__cu_lay {
-    int64_t sb, sh, st;
-} hp__cu_lay;
-
 typedef struct hp__cu_attn {
     int64_t b, h, hkv, t, s, d, dv;
     float scale;
     int causal;
-    /* the operands' layouts: q, k, v, out (the forward's output, the backward's input), g_out,
-     * gq, gk, gv */
-    hp__cu_lay lq, lk, lv, lo, lgo, lgq, lgk, lgv;
+    hp_attn_lays l; /* the operands' layouts (worker/attn_layout.h) */
 } hp__cu_attn;
 
 /* q [B, H, T, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] -> out [B, H, T, Dv], lse [B, H, T] (each

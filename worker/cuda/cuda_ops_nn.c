@@ -420,11 +420,6 @@ bool hp__cuda_native_bf16(const hp__cuda *cu, const hp_kernel_call *c) {
 
 /* ---- attention ------------------------------------------------------------------------------ */
 
-/* [B, H, T, W] storage, or [B, T, H, W] where the call's HP_CALL_BTHD_* flag says so. */
-static hp__cu_lay lay_of(int64_t heads, int64_t t, int64_t w, bool bthd) {
-    return bthd ? (hp__cu_lay){t * heads * w, w, heads * w} : (hp__cu_lay){heads * t * w, t * w, w};
-}
-
 static hp_status attn_check(const hp_kernel_call *c, int iq, unsigned dt, hp__cu_attn *a,
                             hp_err *err) {
     for (int k = iq; k < iq + 3; k++) HP_TRY(hp__cuda_dtype(c, 0, k, dt, err));
@@ -450,19 +445,7 @@ static hp_status attn_check(const hp_kernel_call *c, int iq, unsigned dt, hp__cu
                        .dv = v->shape[3],
                        .causal = hp_node_int(c->node, HP_ATTR_CAUSAL, 0) != 0};
     a->scale = (float)hp_node_float(c->node, HP_ATTR_SCALE, 1.0 / sqrt((double)(a->d ? a->d : 1)));
-    unsigned f = c->flags;
-    a->lq = lay_of(a->h, a->t, a->d, f & HP_CALL_BTHD_IN(iq));
-    a->lk = lay_of(a->hkv, a->s, a->d, f & HP_CALL_BTHD_IN(iq + 1));
-    a->lv = lay_of(a->hkv, a->s, a->dv, f & HP_CALL_BTHD_IN(iq + 2));
-    if (iq == 0) { /* forward: out */
-        a->lo = lay_of(a->h, a->t, a->dv, f & HP_CALL_BTHD_OUT(0));
-    } else { /* backward: g_out and out in; gq, gk, gv out */
-        a->lgo = lay_of(a->h, a->t, a->dv, f & HP_CALL_BTHD_IN(0));
-        a->lo = lay_of(a->h, a->t, a->dv, f & HP_CALL_BTHD_IN(4));
-        a->lgq = lay_of(a->h, a->t, a->d, f & HP_CALL_BTHD_OUT(0));
-        a->lgk = lay_of(a->hkv, a->s, a->d, f & HP_CALL_BTHD_OUT(1));
-        a->lgv = lay_of(a->hkv, a->s, a->dv, f & HP_CALL_BTHD_OUT(2));
-    }
+    a->l = hp_attn_lays_of(c->flags, iq == 1, a->h, a->hkv, a->t, a->s, a->d, a->dv);
     if (a->d > HP__CU_ATTN_MAX_D || a->dv > HP__CU_ATTN_MAX_D)
         return hp_errf(err, HP_UNSUPPORTED,
                        "head dims %lld / %lld: the cuda attention kernels take at most %d",

@@ -21,7 +21,7 @@
 #define BK   16 /* key (forward, gq) or query (gk, gv) rows per shared-memory tile */
 
 /* Row (b, h, t) of an operand laid out as l. */
-__device__ __forceinline__ float *row(const float *base, hp__cu_lay l, int64_t b, int64_t h,
+__device__ __forceinline__ float *row(const float *base, hp_attn_lay l, int64_t b, int64_t h,
                                       int64_t t) {
     return (float *)base + b * l.sb + h * l.sh + t * l.st;
 }
@@ -42,8 +42,8 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)blockIdx.x * BQ;
     int64_t t = t0 + threadIdx.x, hk = h / (a.h / a.hkv);
     bool live = t < a.t;
-    const float *qr = row(q, a.lq, b, h, live ? t : 0);
-    const float *kb = row(k, a.lk, b, hk, 0), *vb = row(v, a.lv, b, hk, 0);
+    const float *qr = row(q, a.l.q, b, h, live ? t : 0);
+    const float *kb = row(k, a.l.k, b, hk, 0), *vb = row(v, a.l.v, b, hk, 0);
     float qv[MAXD], acc[MAXD];
     for (int c = 0; c < a.d; c++) qv[c] = live ? qr[c] : 0.0f;
     for (int c = 0; c < a.dv; c++) acc[c] = 0.0f;
@@ -52,8 +52,8 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     for (int64_t s0 = 0; s0 < kend; s0 += BK) {
         int nk = kend - s0 < BK ? (int)(kend - s0) : BK;
-        load_tile(ks, kb, a.lk.st, s0, nk, a.d);
-        load_tile(vs, vb, a.lv.st, s0, nk, a.dv);
+        load_tile(ks, kb, a.l.k.st, s0, nk, a.d);
+        load_tile(vs, vb, a.l.v.st, s0, nk, a.dv);
         __syncthreads();
         if (live) {
             float sc[BK];
@@ -82,7 +82,7 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
         __syncthreads();
     }
     if (live) {
-        float *orow = row(out, a.lo, b, h, t);
+        float *orow = row(out, a.l.o, b, h, t);
         float inv = 1.0f / l;
         for (int c = 0; c < a.dv; c++) orow[c] = acc[c] * inv;
         lse[(b * a.h + h) * a.t + t] = m + logf(l);
@@ -94,7 +94,7 @@ __global__ void attn_fwd_k(hp__cu_attn a, float *out, float *lse, const float *q
 __global__ void attn_delta_k(hp__cu_attn a, float *delta, const float *gout, const float *out) {
     HP__CU_FOR(r, a.b * a.h * a.t) {
         int64_t t = r % a.t, h = r / a.t % a.h, b = r / a.t / a.h;
-        const float *g = row(gout, a.lgo, b, h, t), *o = row(out, a.lo, b, h, t);
+        const float *g = row(gout, a.l.go, b, h, t), *o = row(out, a.l.o, b, h, t);
         double acc = 0;
         for (int64_t c = 0; c < a.dv; c++) acc += (double)g[c] * (double)o[c];
         delta[r] = (float)acc;
@@ -109,8 +109,9 @@ __global__ void attn_gq_k(hp__cu_attn a, float *gq, const float *gout, const flo
     int64_t t = t0 + threadIdx.x, hk = h / (a.h / a.hkv);
     bool live = t < a.t;
     int64_t r = (b * a.h + h) * a.t + (live ? t : 0); /* lse's and delta's */
-    const float *qr = row(q, a.lq, b, h, live ? t : 0), *gr = row(gout, a.lgo, b, h, live ? t : 0);
-    const float *kb = row(k, a.lk, b, hk, 0), *vb = row(v, a.lv, b, hk, 0);
+    const float *qr = row(q, a.l.q, b, h, live ? t : 0),
+                *gr = row(gout, a.l.go, b, h, live ? t : 0);
+    const float *kb = row(k, a.l.k, b, hk, 0), *vb = row(v, a.l.v, b, hk, 0);
     float qv[MAXD], go[MAXD], dq[MAXD];
     for (int c = 0; c < a.d; c++) {
         qv[c] = live ? qr[c] : 0.0f;
@@ -122,8 +123,8 @@ __global__ void attn_gq_k(hp__cu_attn a, float *gq, const float *gout, const flo
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     for (int64_t s0 = 0; s0 < kend; s0 += BK) {
         int nk = kend - s0 < BK ? (int)(kend - s0) : BK;
-        load_tile(ks, kb, a.lk.st, s0, nk, a.d);
-        load_tile(vs, vb, a.lv.st, s0, nk, a.dv);
+        load_tile(ks, kb, a.l.k.st, s0, nk, a.d);
+        load_tile(vs, vb, a.l.v.st, s0, nk, a.dv);
         __syncthreads();
         if (live) {
             int vis = nk;
@@ -140,7 +141,7 @@ __global__ void attn_gq_k(hp__cu_attn a, float *gq, const float *gout, const flo
         __syncthreads();
     }
     if (live) {
-        float *gqr = row(gq, a.lgq, b, h, t);
+        float *gqr = row(gq, a.l.gq, b, h, t);
         for (int c = 0; c < a.d; c++) gqr[c] = dq[c] * a.scale;
     }
 }
@@ -152,7 +153,7 @@ __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gou
     int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * BQ;
     int64_t s = s_0 + threadIdx.x, group = a.h / a.hkv;
     bool live = s < a.s;
-    const float *kr = row(k, a.lk, b, hk, live ? s : 0), *vr = row(v, a.lv, b, hk, live ? s : 0);
+    const float *kr = row(k, a.l.k, b, hk, live ? s : 0), *vr = row(v, a.l.v, b, hk, live ? s : 0);
     float kv[MAXD], vv[MAXD], dk[MAXD], dv[MAXD];
     for (int c = 0; c < a.d; c++) {
         kv[c] = live ? kr[c] : 0.0f;
@@ -169,8 +170,8 @@ __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gou
         int64_t rbase = (b * a.h + h) * a.t;
         for (int64_t q0 = tbeg; q0 < a.t; q0 += BK) {
             int nq = a.t - q0 < BK ? (int)(a.t - q0) : BK;
-            load_tile(qs, row(q, a.lq, b, h, 0), a.lq.st, q0, nq, a.d);
-            load_tile(gs, row(gout, a.lgo, b, h, 0), a.lgo.st, q0, nq, a.dv);
+            load_tile(qs, row(q, a.l.q, b, h, 0), a.l.q.st, q0, nq, a.d);
+            load_tile(gs, row(gout, a.l.go, b, h, 0), a.l.go.st, q0, nq, a.dv);
             for (int i = threadIdx.x; i < nq; i += blockDim.x) {
                 ls[i] = lse[rbase + q0 + i];
                 ds_[i] = delta[rbase + q0 + i];
@@ -192,7 +193,7 @@ __global__ void attn_gkv_k(hp__cu_attn a, float *gk, float *gv, const float *gou
         }
     }
     if (live) {
-        float *gkr = row(gk, a.lgk, b, hk, s), *gvr = row(gv, a.lgv, b, hk, s);
+        float *gkr = row(gk, a.l.gk, b, hk, s), *gvr = row(gv, a.l.gv, b, hk, s);
         for (int c = 0; c < a.d; c++) gkr[c] = dk[c] * a.scale;
         for (int c = 0; c < a.dv; c++) gvr[c] = dv[c];
     }

@@ -3,7 +3,7 @@
  * k_mma.cuh). Head dims 16, 32, 48, 64, 80, 96 and 128 (d == dv; FLASH_DIMS), grouped-query heads
  * (query head h reads kv head h / (H / Hkv)), causal or not, any T and S (rows past the end read
  * zeros and are not stored). The T x S matrix never exists. Each operand is [B, H, T, D] or
- * [B, T, H, D] (hp__cu_lay: the lowering folds the heads' transposes into the call, and a row is
+ * [B, T, H, D] (hp_attn_lay: the lowering folds the heads' transposes into the call, and a row is
  * D contiguous elements either way; lse and delta are [B, H, T]).
  *
  * Forward: a block of 4 warps per (batch, head, 128 queries), each warp 32 query rows (two
@@ -64,9 +64,9 @@ __device__ __forceinline__ void load_rows(__nv_bfloat16 *s, const __nv_bfloat16 
     }
 }
 
-/* Row (b, h, t) of an operand laid out as l (hp__cu_lay). */
-__device__ __forceinline__ __nv_bfloat16 *row_at(const __nv_bfloat16 *base, hp__cu_lay l, int64_t b,
-                                                 int64_t h, int64_t t) {
+/* Row (b, h, t) of an operand laid out as l (hp_attn_lay). */
+__device__ __forceinline__ __nv_bfloat16 *row_at(const __nv_bfloat16 *base, hp_attn_lay l,
+                                                 int64_t b, int64_t h, int64_t t) {
     return (__nv_bfloat16 *)base + b * l.sb + h * l.sh + t * l.st;
 }
 
@@ -78,8 +78,8 @@ __device__ __forceinline__ void load_kv_stage(__nv_bfloat16 *sm, int stage, cons
                                               int64_t s0) {
     constexpr int TILE = R * (D + PAD);
     __nv_bfloat16 *st = sm + stage * 2 * TILE;
-    load_rows<D, R>(st, kb, a.lk.st, s0, a.s);
-    load_rows<D, R>(st + TILE, vb, a.lv.st, s0, a.s);
+    load_rows<D, R>(st, kb, a.l.k.st, s0, a.s);
+    load_rows<D, R>(st + TILE, vb, a.l.v.st, s0, a.s);
     hp__cp_async_commit();
 }
 
@@ -176,14 +176,14 @@ __global__ void __launch_bounds__(NT)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * QB;
     int64_t hk = h / (a.h / a.hkv);
-    const __nv_bfloat16 *qb = row_at(q, a.lq, b, h, 0);
-    const __nv_bfloat16 *kb = row_at(k, a.lk, b, hk, 0), *vb = row_at(v, a.lv, b, hk, 0);
+    const __nv_bfloat16 *qb = row_at(q, a.l.q, b, h, 0);
+    const __nv_bfloat16 *kb = row_at(k, a.l.k, b, hk, 0), *vb = row_at(v, a.l.v, b, hk, 0);
     int64_t t_last = t0 + QB - 1 < a.t - 1 ? t0 + QB - 1 : a.t - 1;
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     int64_t tiles = (kend + KN - 1) / KN;
     int64_t w0 = t0 + warp * 16 * MA; /* the warp's first query */
 
-    load_rows<D, QB>(sq, qb, a.lq.st, t0, a.t);
+    load_rows<D, QB>(sq, qb, a.l.q.st, t0, a.t);
     load_kv_stage<D, KN>(sm, 0, a, kb, vb, 0);
     hp__cp_async_wait<0>();
     __syncthreads();
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(NT)
             int64_t row = w0 + ma * 16 + g + 8 * r;
             if (row >= a.t) continue;
             float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            __nv_bfloat16 *orow = row_at(out, a.lo, b, h, row);
+            __nv_bfloat16 *orow = row_at(out, a.l.o, b, h, row);
             HP__UNROLL
             for (int n = 0; n < NO; n++)
                 store_pair(orow + n * 8 + 2 * qd, o[ma][n][2 * r] * inv, o[ma][n][2 * r + 1] * inv);
@@ -332,7 +332,7 @@ __global__ void flash_delta_k(hp__cu_attn a, float *delta, const __nv_bfloat16 *
     for (int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
          r += warps) {
         int64_t t = r % a.t, h = r / a.t % a.h, b = r / a.t / a.h;
-        const __nv_bfloat16 *g = row_at(gout, a.lgo, b, h, t), *o = row_at(out, a.lo, b, h, t);
+        const __nv_bfloat16 *g = row_at(gout, a.l.go, b, h, t), *o = row_at(out, a.l.o, b, h, t);
         float acc = 0.0f;
         for (int64_t c = lane; c < d; c += 32)
             acc += __bfloat162float(g[c]) * __bfloat162float(o[c]);
@@ -354,8 +354,8 @@ __device__ __forceinline__ void kv_stage_load(unsigned char *st, const hp__cu_at
     __nv_bfloat16 *qs = (__nv_bfloat16 *)st, *dos = qs + TILE;
     float *ls = (float *)(dos + TILE), *dl = ls + QT;
     int64_t rb = (b * a.h + h) * a.t; /* lse's and delta's */
-    load_rows<D, QT>(qs, row_at(q, a.lq, b, h, 0), a.lq.st, q0, a.t);
-    load_rows<D, QT>(dos, row_at(gout, a.lgo, b, h, 0), a.lgo.st, q0, a.t);
+    load_rows<D, QT>(qs, row_at(q, a.l.q, b, h, 0), a.l.q.st, q0, a.t);
+    load_rows<D, QT>(dos, row_at(gout, a.l.go, b, h, 0), a.l.go.st, q0, a.t);
     if (threadIdx.x < QT) {
         bool in = q0 + threadIdx.x < a.t;
         hp__cp_async4(ls + threadIdx.x, in ? lse + rb + q0 + threadIdx.x : nullptr, lse);
@@ -381,13 +381,13 @@ __global__ void __launch_bounds__(NT)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, hk = blockIdx.y, s_0 = (int64_t)blockIdx.x * BQ;
     int64_t group = a.h / a.hkv;
-    const __nv_bfloat16 *kb = row_at(k, a.lk, b, hk, 0), *vb = row_at(v, a.lv, b, hk, 0);
+    const __nv_bfloat16 *kb = row_at(k, a.l.k, b, hk, 0), *vb = row_at(v, a.l.v, b, hk, 0);
     /* the tiles: each query head of the group, its visible queries in steps of QT (causal: a
      * query before the block's first key sees none of its keys) */
     int64_t qbeg = a.causal ? (s_0 / QT) * QT : 0;
     int64_t nq = a.t > qbeg ? (a.t - qbeg + QT - 1) / QT : 0, tiles = group * nq;
-    load_rows<D, BQ>(ks, kb, a.lk.st, s_0, a.s);
-    load_rows<D, BQ>(vs, vb, a.lv.st, s_0, a.s);
+    load_rows<D, BQ>(ks, kb, a.l.k.st, s_0, a.s);
+    load_rows<D, BQ>(vs, vb, a.l.v.st, s_0, a.s);
     if (tiles > 0) kv_stage_load<D, QT>(stages, a, q, gout, lse, delta, b, hk * group, qbeg);
     hp__cp_async_commit();
 
@@ -459,8 +459,8 @@ __global__ void __launch_bounds__(NT)
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
         if (key[r] >= a.s) continue;
-        __nv_bfloat16 *gkr = row_at(gk, a.lgk, b, hk, key[r]),
-                      *gvr = row_at(gv, a.lgv, b, hk, key[r]);
+        __nv_bfloat16 *gkr = row_at(gk, a.l.gk, b, hk, key[r]),
+                      *gvr = row_at(gv, a.l.gv, b, hk, key[r]);
         HP__UNROLL
         for (int n = 0; n < NO; n++) {
             store_pair(gkr + n * 8 + 2 * qd, dk[n][2 * r] * a.scale, dk[n][2 * r + 1] * a.scale);
@@ -482,14 +482,14 @@ __global__ void __launch_bounds__(NT)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, qd = lane % 4;
     int64_t b = blockIdx.z, h = blockIdx.y, t0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * BQ;
     int64_t hk = h / (a.h / a.hkv), rb = (b * a.h + h) * a.t; /* rb: lse's and delta's */
-    const __nv_bfloat16 *kb = row_at(k, a.lk, b, hk, 0), *vb = row_at(v, a.lv, b, hk, 0);
+    const __nv_bfloat16 *kb = row_at(k, a.l.k, b, hk, 0), *vb = row_at(v, a.l.v, b, hk, 0);
     int64_t t_last = t0 + BQ - 1 < a.t - 1 ? t0 + BQ - 1 : a.t - 1;
     int64_t kend = a.causal ? (t_last + 1 < a.s ? t_last + 1 : a.s) : a.s;
     int64_t tiles = (kend + KT - 1) / KT;
 
     /* Q and dO into registers through the four tiles (BQ = 2 KT rows each) */
-    load_rows<D, BQ>(sm, row_at(q, a.lq, b, h, 0), a.lq.st, t0, a.t);
-    load_rows<D, BQ>(sm + 2 * TILE, row_at(gout, a.lgo, b, h, 0), a.lgo.st, t0, a.t);
+    load_rows<D, BQ>(sm, row_at(q, a.l.q, b, h, 0), a.l.q.st, t0, a.t);
+    load_rows<D, BQ>(sm + 2 * TILE, row_at(gout, a.l.go, b, h, 0), a.l.go.st, t0, a.t);
     hp__cp_async_commit();
     hp__cp_async_wait<0>();
     __syncthreads();
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(NT)
     HP__UNROLL
     for (int r = 0; r < 2; r++) {
         if (row[r] >= a.t) continue;
-        __nv_bfloat16 *qrow = row_at(gq, a.lgq, b, h, row[r]);
+        __nv_bfloat16 *qrow = row_at(gq, a.l.gq, b, h, row[r]);
         HP__UNROLL
         for (int n = 0; n < NO; n++)
             store_pair(qrow + n * 8 + 2 * qd, dq[n][2 * r] * a.scale, dq[n][2 * r + 1] * a.scale);
