@@ -568,10 +568,11 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 
-/* Keys per forward tile at MA 2: 32 at D = 128, where the scores of two atoms over 64 keys
- * would spill registers (ptxas, sm_90), else 64; BQ at MA 1. */
+/* Keys per forward tile at MA 2: 32 at D = 96 and 128, where the scores of two atoms over 64
+ * keys would spill registers (ptxas, sm_90: D = 96 at 255 registers and 56 bytes of spills once
+ * the operands took row strides), else 64; BQ at MA 1. */
 template <int D, int MA> constexpr int fwd_kn() {
-    return MA == 2 && D == 128 ? 32 : BQ;
+    return MA == 2 && D >= 96 ? 32 : BQ;
 }
 template <int D, int MA> constexpr size_t fwd_smem() { /* two stages of K and V; Q at MA 2 */
     return (size_t)(4 * fwd_kn<D, MA>() + (MA == 1 ? 0 : BQ * MA)) * (D + PAD) *
