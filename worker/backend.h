@@ -43,9 +43,8 @@ enum {
     HP_CALL_TRANS_A = 1 << 0, /* mm/bmm/addmm: operand a is given transposed (last two dims) */
     HP_CALL_TRANS_B = 1 << 1, /* mm/bmm/addmm: operand b is given transposed (last two dims) */
 };
-/* Attention calls: HP_CALL_BTHD_IN/OUT (worker/attn_layout.h). */
-
-/* The call flags an op takes. */
+/* Attention calls take HP_CALL_BTHD_IN/OUT (worker/attn_layout.h). The call flags an op
+ * takes: */
 static inline unsigned hp_call_flags_allowed(hp_op op) {
     switch (op) {
     case HP_OP_MM:
@@ -62,7 +61,8 @@ static inline unsigned hp_call_flags_allowed(hp_op op) {
 }
 
 /* One kernel launch: the node says the op, its attributes and its declared output types;
- * buffers are contiguous, row-major, of the types given. */
+ * buffers are contiguous, row-major, of the types given (but an attention operand under
+ * HP_CALL_BTHD_*, which lies in [B, T, H, D] order for its [B, H, T, D] type). */
 typedef struct hp_kernel_call {
     const hp_node *node;
     unsigned flags;
