@@ -22,6 +22,17 @@
                                       embedding of x with that dim moved first
   index_put(x, [..., idx], v, True)   its backward: embedding_dense_backward (aten_map's
                                       index_put hands this form over)
+  empty                               zeros (never read before written: fill_ follows)
+  repeat_interleave(repeats)          the index arange(n) with each entry r times, for one
+                                      repeat count r made from constants (x.repeat_interleave(r,
+                                      dim) records it before an index_select); then
+  index_select(x, dim, that index)    x viewed with a unit dim after dim, expanded r times and
+                                      reshaped (repeat_kv's form: no gather), and
+  index_add(zeros, dim, that, g)      g viewed [..., n, r, ...] and summed over r
+  native_group_norm (+ backward)      native_layer_norm over x viewed [N, G, C/G·HxW] without
+                                      affine, then the per-channel weight and bias; backward:
+                                      native_layer_norm_backward of dy·w, dw = Σ dy·x̂,
+                                      db = Σ dy over the batch and spatial dims
 """
 import torch
 import torch.fx
@@ -242,11 +253,71 @@ def _rows_back(cx, y, n, rest_shape, dim, t):
     return y
 
 
+def _empty(cx, node, args, kw):
+    t = _t(cx, node)
+    return cx.g.node("zeros", [], [t], {"shape": list(t[1]), "dtype": t[0]})
+
+
+def _from_constants(node):
+    """Whether FX node is computed from constants only (no placeholder upstream): the value
+    the trace recorded is then its value for every input."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            return False
+        todo.extend(n.all_input_nodes)
+    return True
+
+
+def _uniform_repeats(cx, node):
+    """(n, r) when FX value node is repeat_interleave(repeats) of n counts all r, made from
+    constants; None when it is not a repeat_interleave; Unsupported for other repeats."""
+    if not isinstance(node, torch.fx.Node) or node.target != aten.repeat_interleave.Tensor:
+        return None
+    reps = node.args[0]
+    if not _from_constants(reps):
+        raise Unsupported("repeats computed from the model's inputs (the output's length would "
+                          "depend on the data)")
+    counts = cx.results[reps].reshape(-1).tolist()
+    if not counts or any(c != counts[0] for c in counts):
+        raise Unsupported("repeats that differ (hp repeats every entry the same count)")
+    if counts[0] < 1:
+        raise Unsupported("a repeat count of %d" % counts[0])
+    return len(counts), int(counts[0])
+
+
+def _repeat_interleave(cx, node, args, kw):
+    n, r = _uniform_repeats(cx, node)
+    t = _t(cx, node)
+    idx = cx.g.node("arange", [], [(t[0], (n,))], {"start": 0, "end": n, "dtype": t[0]})
+    idx = cx.g.node("view", [idx], [(t[0], (n, 1))], {"shape": [n, 1]})
+    idx = cx.g.node("expand", [idx], [(t[0], (n, r))], {"shape": [n, r]})
+    return cx.g.node("view", [idx], [t], {"shape": [n * r]})
+
+
+def _repeat_along(cx, x, dim, r, t):
+    """x with each entry along dim repeated r times in place: viewed with a unit dim after
+    dim, expanded to r, reshaped (no gather)."""
+    shape = list(x.shape)
+    unit = shape[:dim + 1] + [1] + shape[dim + 1:]
+    big = shape[:dim + 1] + [r] + shape[dim + 1:]
+    v = cx.g.node("view", [x], [(x.dtype, tuple(unit))], {"shape": unit})
+    e = cx.g.node("expand", [v], [(x.dtype, tuple(big))], {"shape": big})
+    return cx.g.node("view", [e], [t], {"shape": list(t[1])})
+
+
 def _index_select(cx, node, args, kw):
     x, idx, t = cx.v(args[0]), cx.v(args[2]), _t(cx, node)
     if not x.shape or len(idx.shape) != 1:
         raise Unsupported("index_select of a 0-d tensor or with a non-vector index")
     dim = args[1] % len(x.shape)
+    rep = _uniform_repeats(cx, args[2])
+    if rep is not None and rep[0] == x.shape[dim]:
+        return _repeat_along(cx, x, dim, rep[1], t)
     w, rest = _rows_first(cx, x, dim)
     k = idx.shape[0]
     y = cx.g.node("embedding", [w, idx], [(x.dtype, (k, w.shape[1]))])
@@ -268,11 +339,17 @@ def _index_add(cx, node, args, kw):
     dim %= len(s.shape)
     if alpha != 1:
         g = cx.g.node("mul_scalar", [g], [(g.dtype, g.shape)], {"value": alpha})
-    rows, rest = _rows_first(cx, g, dim)
     n = s.shape[dim]
-    acc = cx.g.node("embedding_dense_backward", [rows, i], [(g.dtype, (n, rows.shape[1]))],
-                    {"num_weights": n})
-    y = _rows_back(cx, acc, n, rest, dim, (g.dtype, None))
+    rep = _uniform_repeats(cx, idx)
+    if rep is not None and rep[0] == n:  # a repeat_interleave's backward: sum each r copies
+        split = list(g.shape[:dim]) + [n, rep[1]] + list(g.shape[dim + 1:])
+        v = cx.g.node("view", [g], [(g.dtype, tuple(split))], {"shape": split})
+        y = cx.g.node("sum", [v], [(g.dtype, tuple(s.shape))], {"dims": [dim + 1]})
+    else:
+        rows, rest = _rows_first(cx, g, dim)
+        acc = cx.g.node("embedding_dense_backward", [rows, i], [(g.dtype, (n, rows.shape[1]))],
+                        {"num_weights": n})
+        y = _rows_back(cx, acc, n, rest, dim, (g.dtype, None))
     y = _as(cx, y, t[0])
     return y if _is_new_zeros(self_) else cx.g.node("add", [s, y], [t])
 
@@ -382,7 +459,85 @@ def _repeat(cx, node, args, kw):
     return cx.g.node("view", [e], [t], {"shape": list(t[1])})
 
 
+def _group_norm_view(cx, x, n, c, hxw, g):
+    """x [N, C, *] viewed [N, G, C/G·HxW] for group_norm; Unsupported when the sizes do not
+    say so."""
+    _float(x, "group_norm")
+    if g < 1 or c % g or n * c * hxw != _numel(x.shape) or len(x.shape) < 2 or x.shape[1] != c:
+        raise Unsupported("group_norm of %s with N=%d, C=%d, HxW=%d, %d groups"
+                          % (list(x.shape), n, c, hxw, g))
+    d = c // g * hxw
+    return cx.g.node("view", [x], [(x.dtype, (n, g, d))], {"shape": [n, g, d]}), d
+
+
+def _vec(cx, d, value, dtype):
+    return cx.g.node("full", [], [(dtype, (d,))], {"shape": [d], "value": value, "dtype": dtype})
+
+
+def _channel(cx, p, x, c):
+    """A per-channel parameter [C] viewed [C, 1] against x [N, C, HxW], in x's dtype."""
+    return _as(cx, cx.g.node("view", [cx.v(p)], [(cx.v(p).dtype, (c, 1))], {"shape": [c, 1]}),
+               x.dtype)
+
+
+def _native_group_norm(cx, node, args, kw):
+    x, w, b, n, c, hxw, g, eps = args[:8]
+    xv = cx.v(x)
+    ts = cx.types_of(node)
+    xg, d = _group_norm_view(cx, xv, n, c, hxw, g)
+    y, mean, rstd = cx.g.node("native_layer_norm", [xg, _vec(cx, d, 1.0, xv.dtype),
+                                                    _vec(cx, d, 0.0, xv.dtype)],
+                              [(xv.dtype, (n, g, d)), ("f32", (n, g, 1)), ("f32", (n, g, 1))],
+                              {"eps": eps})
+    y = cx.g.node("view", [y], [(xv.dtype, (n, c, hxw))], {"shape": [n, c, hxw]})
+    if w is not None:
+        y = cx.g.node("mul", [y, _channel(cx, w, xv, c)], [(xv.dtype, (n, c, hxw))])
+    if b is not None:
+        y = cx.g.node("add", [y, _channel(cx, b, xv, c)], [(xv.dtype, (n, c, hxw))])
+    y = cx.g.node("view", [y], [ts[0]], {"shape": list(ts[0][1])})
+    stats = []
+    for v, tt in ((mean, ts[1]), (rstd, ts[2])):
+        v = cx.g.node("view", [v], [("f32", (n, g))], {"shape": [n, g]})
+        stats.append(_as(cx, v, tt[0]))
+    return [y] + stats
+
+
+def _native_group_norm_backward(cx, node, args, kw):
+    dy, x, mean, rstd, w, n, c, hxw, g = args[:9]
+    xv, dyv = cx.v(x), cx.v(dy)
+    ts = cx.types_of(node)
+    xg, d = _group_norm_view(cx, xv, n, c, hxw, g)
+    mean3 = cx.g.node("view", [_as(cx, cx.v(mean), "f32")], [("f32", (n, g, 1))],
+                      {"shape": [n, g, 1]})
+    rstd3 = cx.g.node("view", [_as(cx, cx.v(rstd), "f32")], [("f32", (n, g, 1))],
+                      {"shape": [n, g, 1]})
+    ct = (xv.dtype, (n, c, hxw))
+    dy3 = cx.g.node("view", [_as(cx, dyv, xv.dtype)], [ct], {"shape": [n, c, hxw]})
+    out = [None, None, None]
+    if ts[0] is not None:
+        dyw = dy3 if w is None else cx.g.node("mul", [dy3, _channel(cx, w, xv, c)], [ct])
+        dyw = cx.g.node("view", [dyw], [(xv.dtype, (n, g, d))], {"shape": [n, g, d]})
+        dx = cx.g.node("native_layer_norm_backward",
+                       [dyw, xg, mean3, rstd3, _vec(cx, d, 1.0, xv.dtype)],
+                       [(xv.dtype, (n, g, d)), (xv.dtype, (d,)), (xv.dtype, (d,))])[0]
+        out[0] = cx.g.node("view", [dx], [ts[0]], {"shape": list(ts[0][1])})
+    if ts[1] is not None:  # Σ dy · x̂ over the batch and spatial dims; x̂ = (x − mean) · rstd
+        xhat = cx.g.node("mul", [cx.g.node("sub", [_as(cx, xg, "f32"), mean3],
+                                           [("f32", (n, g, d))]), rstd3], [("f32", (n, g, d))])
+        xhat = cx.g.node("view", [_as(cx, xhat, xv.dtype)], [ct], {"shape": [n, c, hxw]})
+        dw = cx.g.node("sum", [cx.g.node("mul", [dy3, xhat], [ct])], [(xv.dtype, (c,))],
+                       {"dims": [0, 2]})
+        out[1] = _as(cx, dw, ts[1][0])
+    if ts[2] is not None:
+        out[2] = _as(cx, cx.g.node("sum", [dy3], [(xv.dtype, (c,))], {"dims": [0, 2]}), ts[2][0])
+    return out
+
+
 TABLE = {
+    aten.empty.memory_format: _empty,
+    aten.repeat_interleave.Tensor: _repeat_interleave,
+    aten.native_group_norm.default: _native_group_norm,
+    aten.native_group_norm_backward.default: _native_group_norm_backward,
     aten.amin.default: _amin,
     aten.log1p.default: _log1p,
     aten.expm1.default: _expm1,

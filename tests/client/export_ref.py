@@ -9,6 +9,7 @@
                   --mha-forward-mask: the same, its mask made in forward by triu;
                   --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
                   --ops2: OpsNet2, more of them; --ops3: OpsNet3, the less common ones;
+                  --ops4: OpsNet4, repeat_interleave and GroupNorm;
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --loss-3d, --loss-3d-none: cross entropy of [B, V, T] scores (nll_loss2d),
@@ -21,7 +22,7 @@
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2, --ops3,
+                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2..4,
                   --label-smoothing E, --sum-loss, --loss-3d(-none), --gather-loss: the export's models and
                   loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
@@ -356,6 +357,38 @@ def make_ops3():
     return OpsNet3()
 
 
+class OpsNet4(nn.Module):
+    """Ops more models write than the GPT does: repeat_interleave (Mistral's grouped-query
+    keys and values, dim=2; along the positions; with no dim, flattened) and GroupNorm (over
+    [B, C, T] with affine, RWKV's over [B·T, C], and F.group_norm without affine), with their
+    backwards as torch records them (index_add, native_group_norm_backward)."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.kv = nn.Linear(C, C // 2)
+        self.gn = nn.GroupNorm(4, C)
+        self.ln_x = nn.GroupNorm(H, C)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.emb(idx)
+        kv = self.kv(x).view(b, t, H // 2, C // H)
+        x = x + 0.5 * torch.repeat_interleave(kv, repeats=2, dim=2).reshape(b, t, C)
+        half = x[:, :t // 2]
+        x = x + 0.3 * half.repeat_interleave(2, dim=1)
+        x = x + 0.2 * kv.repeat_interleave(2).view(b, t, C)
+        x = x + 0.5 * self.gn(x.transpose(1, 2)).transpose(1, 2)
+        x = x + 0.5 * self.ln_x(x.reshape(b * t, C)).view(b, t, C)
+        x = x + 0.3 * F.group_norm(x.transpose(1, 2), 2).transpose(1, 2)
+        return self.out(x)
+
+
+def make_ops4():
+    torch.manual_seed(80)
+    return OpsNet4()
+
+
 class ConvNet(nn.Module):
     def __init__(self):
         super().__init__()
@@ -480,6 +513,8 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops2(), flags[1:]
     if flags[:1] == ["--ops3"]:  # OpsNet3 instead of the GPT
         model, flags = make_ops3(), flags[1:]
+    if flags[:1] == ["--ops4"]:  # OpsNet4 instead of the GPT
+        model, flags = make_ops4(), flags[1:]
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
@@ -505,6 +540,8 @@ def do_train(d, steps, flags=()):
         ops, flags = make_ops2, flags[1:]
     if list(flags[:1]) == ["--ops3"]:
         ops, flags = make_ops3, flags[1:]
+    if list(flags[:1]) == ["--ops4"]:
+        ops, flags = make_ops4, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss

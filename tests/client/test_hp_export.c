@@ -391,6 +391,15 @@ Test(hp_export, less_common_ops_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops3", modes, variants, HP_ARRAY_LEN(modes), "--ops3");
 }
 
+/* OpsNet4: repeat_interleave (grouped-query keys along the heads, along the positions, and
+ * flattened; client/hp_export/aten_extra.py makes it a view, expand and reshape, its backward a
+ * sum) and GroupNorm (with and without affine, over [B, C, T] and [B·T, C]; layer norm over the
+ * groups), exported both ways, train to PyTorch's losses and weights. */
+Test(hp_export, repeat_interleave_and_group_norm_train_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops4", "--ops4"};
+    expect_exports_train_like_pytorch("ops4", modes, variants, HP_ARRAY_LEN(modes), "--ops4");
+}
+
 /* Cross entropy with label smoothing (0.1), which torch 1.13 records with index_put_,
  * masked_select, masked_scatter over `labels == -100` and 0-d f64 constants: exported both ways,
  * the GPT trains to PyTorch's losses and weights (the mask is false everywhere for token ids,
