@@ -540,15 +540,22 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     }
     *start = 0;
     HP_TRY(hp__train_init_buffers(t, err));
+    const char *init_from = o->init_from ? o->init_from : job->train.init_from;
+    bool from_file = init_from && init_from[0];
     if (o->resume) {
         if (!t->ckpt_dir[0]) hp__train_resume_root(o->resume, t->ckpt_dir, sizeof t->ckpt_dir);
         HP_TRY(hp__train_load_checkpoint(t, o->resume, start, err));
+        /* a checkpoint holds what training changes; the buffers (an exported model's RoPE
+         * tables) never change and are the weights file's, as at the start */
+        if (from_file && t->prog->n_bufs > 0) {
+            hp_status st = hp__train_load_weights(t, init_from, true, err);
+            if (st != HP_OK) return hp_err_prefix(err, "resume: the buffers of --init-from");
+        }
         if (t->metrics_open) HP_TRY(trim_metrics(t, *start, err));
         if (t->rank == 0) fprintf(t->log, "resumed from step %lld\n", (long long)*start);
         return HP_OK;
     }
-    const char *init_from = o->init_from ? o->init_from : job->train.init_from;
-    if (init_from && init_from[0]) return hp__train_load_weights(t, init_from, err);
+    if (from_file) return hp__train_load_weights(t, init_from, false, err);
     return hp__train_init_params(t, err);
 }
 

@@ -93,8 +93,9 @@ hp_status hp__train_param_runs(const trainer *t, int i, int rank, hp__run_fn fn,
 hp_status hp__train_init_buffers(trainer *t, hp_err *err);
 /* Fresh parameters: the counter-based init of every element held (sharding-independent). */
 hp_status hp__train_init_params(trainer *t, hp_err *err);
-/* Weights from a safetensors file keyed by FQN (extra tensors are ignored). */
-hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err);
+/* Weights from a safetensors file keyed by FQN (extra tensors are ignored); with buffers_only,
+ * the buffers alone (a resume: the checkpoint holds the parameters). */
+hp_status hp__train_load_weights(trainer *t, const char *path, bool buffers_only, hp_err *err);
 /* AdamW moments (zero, on the device), the tensor lists, the config and the LR schedule. */
 hp_status hp__train_alloc_optimizer(trainer *t, hp_err *err);
 void hp__train_free_optimizer(trainer *t);

@@ -114,13 +114,14 @@ static hp_status copy_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err
 }
 
 /* Every parameter from the file, and the buffers it holds (an exported model's state: RoPE
- * tables and the like; a buffer the file lacks keeps its init). Replicated buffers take the
- * whole tensor, as parameters take their boxes. */
-hp_status hp__train_load_weights(trainer *t, const char *path, hp_err *err) {
+ * tables and the like; a buffer the file lacks keeps its init); with buffers_only, the buffers
+ * alone. Replicated buffers take the whole tensor, as parameters take their boxes. */
+hp_status hp__train_load_weights(trainer *t, const char *path, bool buffers_only, hp_err *err) {
     hp_st_file *f = NULL;
     HP_TRY(hp_st_open(path, &f, err));
     hp_status st = HP_OK;
-    for (int i = 0; i < t->prog->n_params + t->prog->n_bufs && st == HP_OK; i++) {
+    for (int i = buffers_only ? t->prog->n_params : 0;
+         i < t->prog->n_params + t->prog->n_bufs && st == HP_OK; i++) {
         const hp_param_slot *ps = &t->prog->params[i];
         bool buffer = i >= t->prog->n_params;
         const hp_st_tensor *w = buffer ? hp_st_find(f, ps->fqn) : NULL;

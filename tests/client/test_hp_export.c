@@ -7,6 +7,7 @@
  * with FSDP. With dropout (p = 0.1) the world-2 FSDP run drops what the world-1 run drops. A
  * model with a Conv2d fails the export with one message listing what hp lacks. */
 #include "hp/base.h"
+#include "hp/checkpoint.h"
 #include "hp/data.h"
 
 #include "tests/util/cli_harness.h"
@@ -236,6 +237,36 @@ Test(hp_export, llama_in_torchtitan_fqns_trains_like_hp_llama3) {
  * imaginary products, RMSNorm as mul/rsqrt/mean) make an LP of 20k rows x 142k columns, past
  * GLPK's simplex in minutes; Clp's dual simplex plans it in seconds (autoshard_clp.c). The
  * plan trains to world 1's losses and weights. */
+/* The exported Llama's RoPE tables are buffers from its weights file. A checkpoint holds what
+ * training changes; a run resumed from one reloads the buffers from the job's --init-from, so
+ * it trains on as the uninterrupted run did, bit for bit (not from the tables' init spec, a
+ * normal distribution of their mean and deviation). */
+Test(hp_export, resumed_run_reloads_buffers_from_init_from) {
+    write_tokens();
+    char args[1024];
+    snprintf(args, sizeof args, "llama '%s' torch --steps %d --checkpoint-interval 5", dir, STEPS);
+    ref_ok(args, "llama export");
+    train_hp("job-llama-torch.pb", "full", 1);
+    train_hp("job-llama-torch.pb", "split", 1);
+    char root[320];
+    snprintf(root, sizeof root, "%s/split/checkpoints", dir);
+    hp_err e;
+    cr_assert_eq(hp_ckpt_remove_from(root, 6, &e), HP_OK, "%s", e.msg); /* back to step 5 */
+    hp_th_run r = hp_th_run_bin(dir, "worker/hp-worker",
+                                "--standalone '%s/job-llama-torch.pb' --out '%s/split' "
+                                "--resume '%s/split' --data '%s/tokens.bin' --threads 1",
+                                dir, dir, dir, dir);
+    cr_assert_eq(r.code, 0, "hp-worker --resume: %s", r.err);
+    cr_expect(strstr(r.out, "resumed from step 5"), "%s", r.out);
+    hp_th_run_free(&r);
+    char a[320], b[320];
+    snprintf(a, sizeof a, "%s/full", dir);
+    snprintf(b, sizeof b, "%s/split", dir);
+    cr_assert_eq(hp_th_read_losses(b, (double[STEPS + 1]){0}, STEPS + 1), STEPS);
+    hp_th_expect_losses_close(a, b, 0, 0, "resumed at step 5");
+    hp_th_expect_weights_close(a, b, 0, 0, "resumed at step 5");
+}
+
 Test(hp_export, llama_auto_sharded_at_dp_2_tp_2_trains_like_world_1) {
     write_tokens();
     char args[1024];
