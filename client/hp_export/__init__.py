@@ -8,7 +8,8 @@ captures the model's training step with make_fx (as HyperParallel's graph mode d
 forward + backward graph of `functional_call` and `torch.autograd.grad` (autodiff="torch"),
 or the forward only, hp's autodiff deriving the backward (autodiff="hp"). Placeholders are
 the parameters in FQN order (tied weights once: one parameter, gradients summed), the
-buffers, then the data `tokens` and `labels`; outputs the loss, then one gradient per
+buffers (the tensor constants the trace captured among them, as `_constants.NAME`), then the
+data `tokens` and `labels`; outputs the loss, then one gradient per
 parameter. The ATen graph is mapped to hp's ops (aten_map.TABLE, aten_extra.TABLE) and
 written as hp's text IR; `hpctl new --graph` builds the job from it with all of hpctl's flags
 and checks. The model's state goes to safetensors under its own FQNs and is the job's
@@ -109,7 +110,8 @@ def _buffer_init(name, t):
         return "ones"
     if bool((x == x.flatten()[0]).all()):
         return "constant(%s)" % hpir._float(x.flatten()[0].item())
-    if bool((x.flatten() == torch.arange(x.numel(), dtype=x.dtype)).all()):
+    if x.dtype != torch.bool and bool((x.flatten() == torch.arange(x.numel(),
+                                                                    dtype=x.dtype)).all()):
         return "arange"
     if not x.is_floating_point():
         raise Unsupported("buffer '%s' holds integers hp cannot recreate (a constant or "
@@ -175,6 +177,7 @@ class Captured:
     def __init__(self, gm, inputs, params, buffers, alias, paths, autodiff):
         self.gm, self.inputs, self.params, self.buffers = gm, inputs, params, buffers
         self.alias, self.paths, self.autodiff = alias, paths, autodiff
+        self.constants = {}  # buffer fqn -> the f32 tensor: constants the trace captured
 
 
 def capture(model, example_inputs, loss_fn=None, autodiff="torch"):
@@ -285,6 +288,7 @@ class _Convert:
                               "and tokens, labels" % (len(phs), np_, nb))
         problems = []
         causal = []  # buffers holding a causal mask: computed in the graph instead
+        casts = []
         for k, n in enumerate(phs):
             r = self.results[n]
             t = (dtype_name(r.dtype), tuple(r.shape))
@@ -303,9 +307,13 @@ class _Convert:
                     problems.append(str(e))
                     a = {"kind": "buffer", "fqn": fqn}
             else:
+                if k == np_ + nb:  # the captured constants are buffers, before the data
+                    casts = self._captured_constants(nodes, causal, problems)
                 a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
                 self.token_inputs.add(n)
             self.vals[n] = self.g.node("placeholder", [], [t], a)
+        for n, v, dtype in casts:
+            self.vals[n] = self.g.node("_to_copy", [v], [(dtype, v.shape)], {"dtype": dtype})
         for n, b in causal:
             # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)), or the
             # additive mask triu(full(-inf), 1): the same values computed in the graph from
@@ -322,6 +330,8 @@ class _Convert:
             self.vals[n] = m
         for n in nodes:
             if n.op in ("placeholder", "output"):
+                continue
+            if n in self.vals:  # a captured tensor constant (_captured_constants)
                 continue
             if n.op == "get_attr" and _is_scalar(self.results.get(n)):
                 # a 0-d constant the trace captured (a loss's scale factor, a fill value)
@@ -356,6 +366,53 @@ class _Convert:
         out = [n for n in nodes if n.op == "output"][0].args[0]
         self.g.outputs = [self.v(a) for a in out]
         return self.g.text()
+
+    def _captured_constants(self, nodes, causal, problems):
+        """The tensor constants the trace captured (torch.tensor([...]) in forward: ALiBi's
+        slopes) as buffers named _constants.NAME, placeholders of their own: a causal mask
+        joins `causal`; others get an init spec (_buffer_init: a constant or an arange hp
+        recreates) and, floats and integers or bools not so recreated, the weights file's
+        f32 copy (integers exact below 2^24), cast back by the (node, value, dtype) returned."""
+        cap, casts = self.cap, []
+        taken = {n for n, _ in cap.params} | {n for n, _ in cap.buffers}
+        cap.constants = {}
+        for n in nodes:
+            r = self.results.get(n)
+            if n.op != "get_attr" or not torch.is_tensor(r) or _is_scalar(r):
+                continue
+            r = r.detach()
+            fqn = "_constants." + str(n.target)
+            while fqn in taken:
+                fqn += "_"
+            taken.add(fqn)
+            try:
+                d = dtype_name(r.dtype)
+                if _is_causal_tril(r) or _is_causal_additive(r):
+                    causal.append((n, r))
+                    continue
+                try:
+                    init = _buffer_init(fqn, r)
+                except Unsupported:
+                    init = None  # integers hp cannot recreate: their f32 copy, cast back
+                if r.is_floating_point() or init is None:
+                    if not r.is_floating_point() and bool((r.long().abs() > 1 << 24).any()):
+                        raise Unsupported("%s: integers beyond 2^24 (hp holds them in f32)"
+                                          % fqn)
+                    f = r.float()
+                    cap.constants[fqn] = f
+                    v = self.g.node("placeholder", [], [("f32", tuple(r.shape))],
+                                    {"kind": "buffer", "fqn": fqn, "init": _init_spec(f)})
+                    if d == "f32":
+                        self.vals[n] = v
+                    else:
+                        casts.append((n, v, d))
+                else:
+                    self.vals[n] = self.g.node("placeholder", [], [(d, tuple(r.shape))],
+                                               {"kind": "buffer", "fqn": fqn, "init": init})
+            except Unsupported as e:
+                problems.append("the constant %s: %s" % (n.target, e))
+                self.vals[n] = _Poison()
+        return casts
 
     def _fail(self, n, op, why):
         path = self.cap.paths.get(n)
@@ -488,6 +545,7 @@ def export(model, example_inputs, loss_fn=default_loss, plan=None, train=None, o
             f.write(text)
         state = {n: p for n, p in cap.params}
         state.update({n: b for n, b in cap.buffers})
+        state.update(cap.constants)
         tied = ",".join("%s=%s" % (a, f) for a, f in sorted(cap.alias.items()) if a != f)
         wtmp = os.path.join(tmpdir, "weights.safetensors")
         safetensors.save(wtmp, state, {"format": "pt", "producer": "hp_export",

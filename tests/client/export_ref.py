@@ -361,7 +361,9 @@ class OpsNet4(nn.Module):
     """Ops more models write than the GPT does: repeat_interleave (Mistral's grouped-query
     keys and values, dim=2; along the positions; with no dim, flattened) and GroupNorm (over
     [B, C, T] with affine, RWKV's over [B·T, C], and F.group_norm without affine), with their
-    backwards as torch records them (index_add, native_group_norm_backward)."""
+    backwards as torch records them (index_add, native_group_norm_backward); and tensor
+    constants made in forward (torch.tensor of floats: ALiBi-like slopes; of integers: a
+    permutation to index by; of bools: a mask), which make_fx captures as constants."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
@@ -381,6 +383,10 @@ class OpsNet4(nn.Module):
         x = x + 0.5 * self.gn(x.transpose(1, 2)).transpose(1, 2)
         x = x + 0.5 * self.ln_x(x.reshape(b * t, C)).view(b, t, C)
         x = x + 0.3 * F.group_norm(x.transpose(1, 2), 2).transpose(1, 2)
+        slopes = torch.tensor([2.0 ** (-(i + 1) / 4) for i in range(C)])
+        perm = torch.tensor([(5 * i + 3) % C for i in range(C)])
+        keep = torch.tensor([i % 3 != 1 for i in range(C)])
+        x = x * slopes + 0.3 * x[:, :, perm].masked_fill(~keep, 0.0)
         return self.out(x)
 
 
