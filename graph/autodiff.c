@@ -27,13 +27,16 @@ typedef enum {
     OUT_NO_GRAD, /* varies, but no rule gives its gradient: a path through it is refused */
 } out_kind;
 
-/* nll_loss's total_weight counts targets: constant, so it never varies. The rstd of rms_norm and
+/* nll_loss's total_weight counts targets, and detach stops the gradient: constant, so they
+ * never vary. The rstd of rms_norm and
  * the logsumexp of attention do vary, but (as in PyTorch) their gradient is not defined: a
  * path from a parameter to the loss through them is an error, not a silent zero. */
 static out_kind output_kind(hp_op op, int k) {
     switch (op) {
     case HP_OP_NLL_LOSS_FORWARD:
         return k == 1 ? OUT_CONST : OUT_DIFF;
+    case HP_OP_DETACH:
+        return OUT_CONST;
     case HP_OP_RMS_NORM:
     case HP_OP_SDPA:
         return k == 1 ? OUT_NO_GRAD : OUT_DIFF;

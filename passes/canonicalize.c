@@ -188,6 +188,7 @@ static bool simplify(cand *c, const hp_graph *g, hp_value *fold) {
         while (g->nodes[c->in[0].node].op == HP_OP_EXPAND) c->in[0] = g->nodes[c->in[0].node].in[0];
         break;
     case HP_OP_CLONE:
+    case HP_OP_DETACH: /* its work was done in autodiff */
         *fold = c->in[0];
         return true;
     case HP_OP_TO_COPY:

@@ -14,6 +14,7 @@ static bool is_alias_op(const hp_graph *g, const hp_node *n) {
     case HP_OP_SQUEEZE:
     case HP_OP_UNSQUEEZE:
     case HP_OP_CLONE: /* values are immutable: a clone may share storage */
+    case HP_OP_DETACH:
         return true;
     case HP_OP_TO_COPY:
         return n->out[0].dtype == hp_graph_type(g, n->in[0])->dtype;

@@ -104,7 +104,7 @@ static void sched_fini(sched *s) {
 static bool is_movement(hp_op op) {
     if (hp_op_get(op)->flags & HP_OPF_VIEW) return true;
     return op == HP_OP_RESHAPE || op == HP_OP_SLICE_BACKWARD || op == HP_OP_TO_COPY ||
-           op == HP_OP_CLONE;
+           op == HP_OP_CLONE || op == HP_OP_DETACH;
 }
 
 static bool is_collective(hp_op op) {

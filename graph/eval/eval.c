@@ -134,6 +134,7 @@ static const hp__eval_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_UNSQUEEZE] = hp__eval_copy,
     [HP_OP_SQUEEZE] = hp__eval_copy,
     [HP_OP_CLONE] = hp__eval_copy,
+    [HP_OP_DETACH] = hp__eval_copy,
     [HP_OP_MM] = hp__eval_mm,
     [HP_OP_BMM] = hp__eval_bmm,
     [HP_OP_ADDMM] = hp__eval_addmm,

@@ -119,6 +119,28 @@ Test(autodiff, several_uses_accumulate) {
     hp_graph_free(g);
 }
 
+/* detach(x) is x with no gradient through it (torch's .detach(), a straight-through
+ * estimator): x * detach(x) has gradient x, not 2x; a loss all through detach gives zeros. */
+Test(autodiff, detach_stops_the_gradient) {
+    hp_graph *g = hp_graph_new();
+    hp_value x = param(g, "x", T(F, 3));
+    hp_value y = param(g, "y", T(F, 3));
+    hp_value d = hp_un(g, HP_OP_DETACH, x);
+    hp_value loss = hp_add(g, sum_all(g, hp_mul(g, x, d)), sum_all(g, hp_un(g, HP_OP_DETACH, y)));
+    autodiff_ok(g, loss);
+    double xv[3] = {1.5, -2, 0.25};
+    feeds f;
+    feeds_make(&f, g, (const double *[]){xv, xv});
+    hp_tensor out[3] = {0};
+    run(g, &f, out);
+    expect_values(&out[0], (double[]){1.5 * 1.5 + 4 + 0.0625 + 1.5 - 2 + 0.25}, 1, "loss");
+    expect_values(&out[1], xv, 3, "grad x");
+    expect_values(&out[2], (double[]){0, 0, 0}, 3, "grad y");
+    outs_free(out, 3);
+    feeds_free(&f);
+    hp_graph_free(g);
+}
+
 Test(autodiff, unused_param_gets_zeros) {
     hp_graph *g = hp_graph_new();
     hp_value a = param(g, "a", T(F, 2));

@@ -188,6 +188,8 @@ static const shape_case cases[] = {
     {HP_OP_SQUEEZE, {"f32[2,1,3]"}, {I(DIM, 0)}, 1, {0}, "cannot squeeze dim 0"},
     {HP_OP_CLONE, {"i64[2]"}, {{0}}, 0, {"i64[2]"}, NULL},
     {HP_OP_CLONE, {"i64[2]", "i64[2]"}, {{0}}, 0, {0}, "takes 1 inputs, got 2"},
+    {HP_OP_DETACH, {"f32[2,3]"}, {{0}}, 0, {"f32[2,3]"}, NULL},
+    {HP_OP_DETACH, {"f32[2]", "f32[2]"}, {{0}}, 0, {0}, "takes 1 inputs, got 2"},
     /* matrix products */
     {HP_OP_MM, {"f32[8,256]", "f32[256,768]"}, {{0}}, 0, {"f32[8,768]"}, NULL},
     {HP_OP_MM,

@@ -80,9 +80,9 @@ static op_case *cases_new(int *n) {
     CASE(ADD_SCALAR, 1, IN(F(12, 6)), 1, AF(VALUE, 0.5));
     CASE(MUL_SCALAR, 1, IN(F(12, 6)), 1, AF(VALUE, -2.5));
     CASE(POW, 1, IN(POS(12, 6)), 1, AF(EXPONENT, 1.5));
-    static const hp_op unary[] = {HP_OP_NEG,  HP_OP_EXP,     HP_OP_LOG,  HP_OP_SQRT, HP_OP_RSQRT,
-                                  HP_OP_TANH, HP_OP_SIGMOID, HP_OP_SILU, HP_OP_GELU, HP_OP_RELU,
-                                  HP_OP_SIN,  HP_OP_COS,     HP_OP_ERF,  HP_OP_CLONE};
+    static const hp_op unary[] = {HP_OP_NEG,  HP_OP_EXP,     HP_OP_LOG,  HP_OP_SQRT,  HP_OP_RSQRT,
+                                  HP_OP_TANH, HP_OP_SIGMOID, HP_OP_SILU, HP_OP_GELU,  HP_OP_RELU,
+                                  HP_OP_SIN,  HP_OP_COS,     HP_OP_ERF,  HP_OP_CLONE, HP_OP_DETACH};
     for (size_t i = 0; i < HP_ARRAY_LEN(unary); i++)
         c[k++] = (op_case){.op = unary[i], .n_in = 1, .in = IN(POS(12, 6))};
     CASE(GELU, 1, IN(F(6, 12)), 1, AI(APPROXIMATE, 1));

@@ -106,6 +106,7 @@ static hp_value build_op(hp_graph *g, hp_op op) {
     case HP_OP_SILU:
     case HP_OP_RELU:
     case HP_OP_CLONE:
+    case HP_OP_DETACH:
     case HP_OP_T:
         return hp_un(g, op, data(g, TY(F32, 2, 3)));
     case HP_OP_GELU:

@@ -17,7 +17,8 @@
 
 static bool is_move(hp_op op) {
     return (hp_op_get(op)->flags & HP_OPF_VIEW) || op == HP_OP_RESHAPE ||
-           op == HP_OP_SLICE_BACKWARD || op == HP_OP_TO_COPY || op == HP_OP_CLONE;
+           op == HP_OP_SLICE_BACKWARD || op == HP_OP_TO_COPY || op == HP_OP_CLONE ||
+           op == HP_OP_DETACH;
 }
 static bool is_coll(hp_op op) {
     return (hp_op_get(op)->flags & HP_OPF_COLLECTIVE) != 0;

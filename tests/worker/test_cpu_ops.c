@@ -806,6 +806,7 @@ static const op_case cases[] = {
     {HP_OP_UNSQUEEZE, case_simple_copy},
     {HP_OP_SQUEEZE, case_simple_copy},
     {HP_OP_CLONE, case_simple_copy},
+    {HP_OP_DETACH, case_simple_copy},
     {HP_OP_MM, case_matmul},
     {HP_OP_BMM, case_matmul},
     {HP_OP_ADDMM, case_matmul},

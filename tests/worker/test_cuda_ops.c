@@ -224,6 +224,7 @@ Test(cuda_ops, reductions_and_data_movement) {
     one(be, HP_OP_VIEW, &t2, 1, &vs, 1, -1, 1, 0);
     one(be, HP_OP_RESHAPE, &t2, 1, &vs, 1, -1, 1, 0);
     one(be, HP_OP_CLONE, &t2, 1, NULL, 0, -1, 1, 0);
+    one(be, HP_OP_DETACH, &t2, 1, NULL, 0, -1, 1, 0);
     hp_attr d0 = hp_attr_int(HP_ATTR_DIM, 0);
     one(be, HP_OP_UNSQUEEZE, &t2, 1, &d0, 1, -1, 1, 0);
     hp_type t1 = TY(HP_F32, 1, 7);

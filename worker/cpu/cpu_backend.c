@@ -71,6 +71,7 @@ static const hp__cpu_kernel kernels[HP_OP_COUNT] = {
     [HP_OP_UNSQUEEZE] = hp__cpu_copy_op,
     [HP_OP_SQUEEZE] = hp__cpu_copy_op,
     [HP_OP_CLONE] = hp__cpu_copy_op,
+    [HP_OP_DETACH] = hp__cpu_copy_op,
     [HP_OP_MM] = hp__cpu_mm,
     [HP_OP_BMM] = hp__cpu_bmm,
     [HP_OP_ADDMM] = hp__cpu_addmm,
@@ -364,6 +365,7 @@ static bool moves_bf16(hp_op op) {
     case HP_OP_UNSQUEEZE:
     case HP_OP_SQUEEZE:
     case HP_OP_CLONE:
+    case HP_OP_DETACH:
     case HP_OP_WAIT_TENSOR:
     case HP_OP_TO_COPY:
         return true;

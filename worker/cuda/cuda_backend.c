@@ -66,6 +66,7 @@ static const hp__cuda_entry entries[HP_OP_COUNT] = {
     [HP_OP_UNSQUEEZE] = hp__cuda_copy_op,
     [HP_OP_SQUEEZE] = hp__cuda_copy_op,
     [HP_OP_CLONE] = hp__cuda_copy_op,
+    [HP_OP_DETACH] = hp__cuda_copy_op,
     [HP_OP_MM] = hp__cuda_mm,
     [HP_OP_BMM] = hp__cuda_mm,
     [HP_OP_ADDMM] = hp__cuda_mm,
