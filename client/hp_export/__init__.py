@@ -10,7 +10,7 @@ or the forward only, hp's autodiff deriving the backward (autodiff="hp"). Placeh
 the parameters in FQN order (tied weights once: one parameter, gradients summed), the
 buffers (the tensor constants the trace captured among them, as `_constants.NAME`), then the
 data `tokens` and `labels`; outputs the loss, then one gradient per
-parameter. The ATen graph is mapped to hp's ops (aten_map.TABLE, aten_extra.TABLE) and
+parameter. The ATen graph is mapped to hp's ops (aten_map, aten_extra and aten_more's TABLEs) and
 written as hp's text IR; `hpctl new --graph` builds the job from it with all of hpctl's flags
 and checks. The model's state goes to safetensors under its own FQNs and is the job's
 --init-from.
@@ -33,7 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils import stateless
 import torch.utils._python_dispatch as _pd
 
-from . import aten_extra, aten_map, hpir, safetensors
+from . import aten_extra, aten_map, aten_more, hpir, safetensors
 from .hpir import Unsupported, dtype_name
 
 __all__ = ["export", "capture", "to_hpir", "ExportError", "default_loss"]
@@ -226,9 +226,34 @@ class _Poison:
     """The value of a node that failed to convert: its users are skipped, not reported."""
 
 
+# the largest value computed from constants alone that the export folds to a buffer
+_FOLD_MAX_ELEMENTS = 1 << 24
+
+
+def _foldable(n, results):
+    """Whether FX node n's recorded value is its value at every step: computed from constants
+    alone (no placeholder upstream), by no random op, a tensor of at most _FOLD_MAX_ELEMENTS."""
+    r = results.get(n)
+    if not torch.is_tensor(r) or r.numel() > _FOLD_MAX_ELEMENTS or \
+            not aten_extra._from_constants(n):
+        return False
+    seen, todo = set(), [n]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        if torch.Tag.nondeterministic_seeded in getattr(m.target, "tags", ()):
+            return False
+        todo.extend(m.all_input_nodes)
+    return True
+
+
 class _Convert:
-    def __init__(self, cap):
+    def __init__(self, cap, fold=()):
         self.cap = cap
+        self.fold = set(fold)  # FX nodes computed from constants hp has no op for: buffers
+        self.failed = []  # FX nodes that did not convert
         self.g = hpir.Graph()
         self.vals = {}
         self.results = {}
@@ -333,6 +358,9 @@ class _Convert:
                 continue
             if n in self.vals:  # a captured tensor constant (_captured_constants)
                 continue
+            if n.users and all(u in self.fold for u in n.users):
+                self.vals[n] = _Poison()  # only what is folded reads it
+                continue
             if n.op == "get_attr" and _is_scalar(self.results.get(n)):
                 # a 0-d constant the trace captured (a loss's scale factor, a fill value)
                 r = self.results[n]
@@ -343,7 +371,8 @@ class _Convert:
             if n.op != "call_function":
                 self._fail(n, "%s %s" % (n.op, n.target), "a constant tensor captured in the graph")
                 continue
-            fn = aten_map.TABLE.get(n.target) or aten_extra.TABLE.get(n.target)
+            fn = aten_map.TABLE.get(n.target) or aten_extra.TABLE.get(n.target) or \
+                aten_more.TABLE.get(n.target)
             if fn is None:
                 self._fail(n, aten_map.op_name(n.target), None)
                 continue
@@ -353,6 +382,17 @@ class _Convert:
                 self.vals[n] = _Poison()
             except Unsupported as e:
                 self._fail(n, aten_map.op_name(n.target), str(e))
+        if self.unmapped:
+            # what failed but is computed from constants alone (arange(n) // 4, an argsort of
+            # a constant) is the same at every step: its recorded value, as a buffer; again
+            # while that lets more convert (and fail)
+            fold = set(self.fold)
+            for n in self.failed:  # a tuple (sort's values, indices): the pieces taken
+                for m in [n] if torch.is_tensor(self.results.get(n)) else list(n.users):
+                    if _foldable(m, self.results):
+                        fold.add(m)
+            if fold != self.fold:
+                return _Convert(cap, fold).run()
         if problems or self.unmapped:
             lines = ["the model uses what hp cannot run yet (nothing was written):"]
             for key, cnt in self.unmapped.items():
@@ -369,7 +409,8 @@ class _Convert:
 
     def _captured_constants(self, nodes, causal, problems):
         """The tensor constants the trace captured (torch.tensor([...]) in forward: ALiBi's
-        slopes) as buffers named _constants.NAME, placeholders of their own: a causal mask
+        slopes), and the values in self.fold, as buffers named _constants.NAME (the FX node's
+        name for a value folded), placeholders of their own: a causal mask
         joins `causal`; others get an init spec (_buffer_init: a constant or an arange hp
         recreates) and, floats and integers or bools not so recreated, the weights file's
         f32 copy (integers exact below 2^24), cast back by the (node, value, dtype) returned."""
@@ -378,10 +419,11 @@ class _Convert:
         cap.constants = {}
         for n in nodes:
             r = self.results.get(n)
-            if n.op != "get_attr" or not torch.is_tensor(r) or _is_scalar(r):
+            if not (n in self.fold or n.op == "get_attr" and torch.is_tensor(r) and
+                    not _is_scalar(r)):
                 continue
             r = r.detach()
-            fqn = "_constants." + str(n.target)
+            fqn = "_constants." + str(n.target if n.op == "get_attr" else n.name)
             while fqn in taken:
                 fqn += "_"
             taken.add(fqn)
@@ -422,6 +464,7 @@ class _Convert:
             path = "(backward)" if self.cap.autodiff == "torch" and self._order[n] > self._last_fwd \
                 else "(model)"
         key = (path, op, why)
+        self.failed.append(n)
         self.unmapped[key] = self.unmapped.get(key, 0) + 1
         line = _user_line(n)
         if line and line not in self.where.setdefault(key, []):

@@ -4,7 +4,8 @@ emits hp nodes, returning the node's value(s); an op missing here, or an argumen
 represent (Unsupported), fails the export with every such op listed once.
 
 Most entries are one-to-one (hp's op names follow ATen). The others:
-  detach, alias, dropout p=0          fold away (the value itself)
+  detach                              folds away in a joint graph; hp's detach in a forward one
+  alias, dropout p=0                  fold away (the value itself)
   native_dropout p>0 (+ backward)     native_dropout (hp's counter-RNG mask, named by module
                                       path: `transformer.drop#0`) and its backward
   bernoulli_(empty_like(x), 1-p)      cast of native_dropout(x)'s mask: aten.dropout's CPU
@@ -71,6 +72,15 @@ def _fold(cx, node, args, kw):
     return cx.v(args[0])
 
 
+def _detach(cx, node, args, kw):
+    """The value itself in a joint graph (torch's backward is recorded already); hp's detach
+    in a forward graph, so hp's autodiff sends no gradient through it."""
+    x = cx.v(args[0])
+    if cx.cap.autodiff != "hp" or x.dtype not in _FINITE_MAX:
+        return x
+    return cx.g.node("detach", [x], [(x.dtype, x.shape)])
+
+
 def _reshape_alias(cx, node, args, kw):
     # make_fx emits _reshape_alias for a reshape that can be a view; a reshape's values are
     # the logical row-major order whatever the strides, which is what hp's view computes
@@ -90,6 +100,12 @@ def _binary(op, scalar_op):
         a, b = args[0], args[1]
         alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
         t = _t(cx, node)
+        if t[0] == "bool" and op in ("mul", "add") and _is_node(a) and _is_node(b):
+            # of two bools (isfinite's decomposition): and, or
+            va, vb = cx.v(a), cx.v(b)
+            if op == "mul":
+                return cx.g.node("where", [va, vb, cx.full(False, "bool")], [t])
+            return cx.g.node("where", [va, cx.full(True, "bool"), vb], [t])
         if _is_node(a) and _is_node(b):
             vb = _as(cx, cx.v(b), t[0])
             if alpha != 1:
@@ -232,11 +248,15 @@ def _softplus_backward(cx, node, args, kw):
 def _var(cx, node, args, kw):
     """var(x, dims, correction, keepdim) = Σ (x − mean)² / (n − correction), over dims (all
     when None)."""
-    x, t = cx.v(args[0]), _t(cx, node)
     dims = args[1] if len(args) > 1 else kw.get("dim")
     corr = kw.get("correction", args[2] if len(args) > 2 else 1)
-    corr = 1 if corr is None else corr
     keep = kw.get("keepdim", args[3] if len(args) > 3 else False)
+    return _var_of(cx, cx.v(args[0]), dims, corr, keep, _t(cx, node))
+
+
+def _var_of(cx, x, dims, corr, keep, t):
+    """var over dims (all when None or []) with correction (None: 1), of type t."""
+    corr = 1 if corr is None else corr
     rank = len(x.shape)
     dims = list(range(rank)) if dims is None or dims == [] else [d % rank for d in dims]
     n = 1
@@ -1118,7 +1138,7 @@ TABLE = {
     aten._reshape_alias.default: _reshape_alias,
     aten.expand.default: _shape_op("expand"),
     aten.clone.default: _one("clone"),
-    aten.detach.default: _fold,
+    aten.detach.default: _detach,
     aten.alias.default: _fold,
     aten.unsqueeze.default: _dim_op("unsqueeze"),
     aten.squeeze.dim: _dim_op("squeeze"),

@@ -9,7 +9,8 @@
                   --mha-forward-mask: the same, its mask made in forward by triu;
                   --ops (after those): OpsNet, the decomposed ops, instead of the GPT;
                   --ops2: OpsNet2, more of them; --ops3: OpsNet3, the less common ones;
-                  --ops4: OpsNet4, repeat_interleave and GroupNorm;
+                  --ops4: OpsNet4, repeat_interleave, GroupNorm, tensor constants;
+                  --ops5: OpsNet5, losses, logic and math of models beyond the GPT;
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --loss-3d, --loss-3d-none: cross entropy of [B, V, T] scores (nll_loss2d),
@@ -22,7 +23,7 @@
                   DIR/init.safetensors on DIR/tokens.bin (an llm.c shard of exactly B windows
                   of T+1 tokens) with torch.optim.AdamW, torchtitan's LR schedule and
                   clip_grad_norm_, as hp's job does; writes DIR/ref/metrics.jsonl (the losses)
-                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2..4,
+                  and DIR/ref/model.safetensors (the final weights); --mha, --ops, --ops2..5,
                   --label-smoothing E, --sum-loss, --loss-3d(-none), --gather-loss: the export's models and
                   loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
@@ -390,6 +391,63 @@ class OpsNet4(nn.Module):
         return self.out(x)
 
 
+class OpsNet5(nn.Module):
+    """Ops of models beyond the GPT (client/hp_export/aten_more.py): exp2, log2, log10, a
+    scalar's power, sinh, cosh, celu, GLU, addcmul, addcdiv, lerp, var_mean, max/min over a
+    dim and over all, argmax/argmin (their indices looking up embeddings), boolean logic (&, |, ^, any, all), cosine similarity (sqrt_,
+    clamp_min_), nan_to_num, rounding (a straight-through estimator), a one-hot of the tokens
+    by scatter_, integer arithmetic on constants (folded), and auxiliary losses (mse,
+    smooth_l1, huber, l1, kl_div both ways, binary cross entropy with and without logits)
+    scaling the logits, with the backwards torch records."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.a, self.b = nn.Linear(C, C), nn.Linear(C, 2 * C)
+        self.head = nn.Linear(C, 1)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.emb(idx)
+        u, w = self.a(x), F.glu(self.b(x), -1)
+        x = x + 0.1 * torch.exp2(0.5 * u) + 0.1 * torch.log2(u.abs() + 1)
+        x = x + 0.1 * torch.log10(w.abs() + 1) + 0.1 * torch.pow(1.5, w)
+        x = x + 0.05 * torch.sinh(u) + 0.05 * torch.cosh(0.5 * w) + 0.2 * F.celu(u, 0.5)
+        x = torch.addcmul(x, u, w, value=0.1) + 0.5 * torch.addcdiv(u, u, w.abs() + 1, value=0.1)
+        x = torch.lerp(x, u, 0.2) + 0.1 * torch.lerp(u, w, torch.sigmoid(x))
+        var, mean = torch.var_mean(x, -1, keepdim=True)
+        x = (x - mean) / torch.sqrt(var + 1e-5)
+        x = x + 0.3 * torch.max(u, -1, keepdim=True).values - 0.3 * torch.min(w, 1)[0].unsqueeze(1)
+        x = x + 0.01 * (u.max() - w.min()) + 0.2 * self.emb(u.argmax(-1) + w.argmin(-1))
+        x = x + 0.1 * self.emb(torch.max(u, -1)[1]) * (u > 3).any().float()
+        m = ((u > 0) & (w > 0)) | ((u < -0.5) ^ (w < -0.5))
+        x = torch.where(m, x, 0.5 * x) * (1 + 0.1 * (u > 1).any(-1, keepdim=True).float() -
+                                          0.1 * (w > -2).all(-1, keepdim=True).float())
+        x = x + 0.2 * F.cosine_similarity(u, w, -1).unsqueeze(-1)
+        x = x + 0.1 * torch.nan_to_num(torch.log(u))
+        x = x + (torch.round(u * 4) / 4 - u).detach() + 0.1 * torch.floor(w) + 0.1 * torch.ceil(w)
+        onehot = torch.zeros(b, t, V).scatter_(2, idx.unsqueeze(-1), 1.0)
+        x = x + 0.3 * onehot[..., :C] + 0.1 * ((torch.arange(C) // 4) % 3).float()
+        x = x + 0.1 * (torch.arange(C) & 1).float()
+        aux = F.mse_loss(u, w.detach()) + F.smooth_l1_loss(u, w.detach(), beta=0.5)
+        aux = aux + F.huber_loss(w, u.detach(), delta=0.7) + F.l1_loss(u, w)
+        aux = aux + F.kl_div(F.log_softmax(u, -1), F.softmax(w.detach(), -1),
+                             reduction="batchmean")
+        aux = aux + F.kl_div(F.log_softmax(u, -1), F.log_softmax(w, -1), reduction="batchmean",
+                             log_target=True)
+        logit = self.head(x).squeeze(-1)
+        tgt = (idx > V // 2).float()
+        aux = aux + F.binary_cross_entropy(torch.sigmoid(logit), tgt)
+        aux = aux + F.binary_cross_entropy_with_logits(logit, tgt, pos_weight=torch.tensor(2.0))
+        aux = aux + F.mse_loss(u, w, reduction="sum") / 100
+        return self.out(x) * (1 + 0.1 * torch.tanh(aux))
+
+
+def make_ops5():
+    torch.manual_seed(81)
+    return OpsNet5()
+
+
 def make_ops4():
     torch.manual_seed(80)
     return OpsNet4()
@@ -521,6 +579,8 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops3(), flags[1:]
     if flags[:1] == ["--ops4"]:  # OpsNet4 instead of the GPT
         model, flags = make_ops4(), flags[1:]
+    if flags[:1] == ["--ops5"]:  # OpsNet5 instead of the GPT
+        model, flags = make_ops5(), flags[1:]
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
@@ -548,6 +608,8 @@ def do_train(d, steps, flags=()):
         ops, flags = make_ops3, flags[1:]
     if list(flags[:1]) == ["--ops4"]:
         ops, flags = make_ops4, flags[1:]
+    if list(flags[:1]) == ["--ops5"]:
+        ops, flags = make_ops5, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss

@@ -431,6 +431,15 @@ Test(hp_export, repeat_interleave_and_group_norm_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops4", modes, variants, HP_ARRAY_LEN(modes), "--ops4");
 }
 
+/* OpsNet5: the ops of models beyond the GPT (client/hp_export/aten_more.py): regression,
+ * distillation and binary losses, GLU, max/min over a dim (their scatter backward), boolean
+ * logic, rounding, a one-hot by scatter_, elementwise math, and integer arithmetic on constants
+ * folded to buffers, exported both ways, train to PyTorch's losses and weights. */
+Test(hp_export, losses_logic_and_math_train_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops5", "--ops5"};
+    expect_exports_train_like_pytorch("ops5", modes, variants, HP_ARRAY_LEN(modes), "--ops5");
+}
+
 /* Cross entropy with label smoothing (0.1), which torch 1.13 records with index_put_,
  * masked_select, masked_scatter over `labels == -100` and 0-d f64 constants: exported both ways,
  * the GPT trains to PyTorch's losses and weights (the mask is false everywhere for token ids,

@@ -1,0 +1,601 @@
+"""Decompositions of ATen ops models beyond the GPT and the Llama write (regression and
+distillation losses, gated units, elementwise math, boolean logic, max over a dim) into hp's
+ops (graph/ops.def), beside aten_map.py and aten_extra.py; hp_export looks an op up in all
+three.
+
+  exp2(x), log2(x), log10(x)          exp(x · ln 2), log(x) / ln 2, log(x) / ln 10
+  pow(c, x) (a scalar base c > 0)     exp(x · ln c)
+  sinh(x), cosh(x)                    (eˣ ∓ e⁻ˣ) / 2; sinh by its Taylor polynomial to x⁷ where
+                                      |x| < 0.1 (the difference cancels there)
+  celu(x, α)                          elu with input scale 1/α (its backward is elu_backward)
+  floor, ceil, trunc, round           through an i64 cast (|x| < 2^23; larger floats are whole);
+                                      round half to even, as torch
+  isnan(x), nan_to_num(x, n, p, m)    not (x == x); NaN to n, ±inf to p / m (default: the
+                                      dtype's largest finite values)
+  bitwise_and/or/xor, logical_or      of bools: where(a, b, false), where(a, true, b),
+                                      where(a, not b, b)
+  any(x, dim), all(x, dim)            of bools: 0 < amax(x as f32); not any(not x)
+  glu(x, dim) (+ backward)            a · σ(b) of x's two halves along dim; the backward's
+                                      halves grad · σ(b) and grad · a · σ(b)(1 − σ(b))
+  addcmul, addcdiv, lerp              x + v · a · b, x + v · a / b, x + w · (y − x)
+  var_mean(x, dims, correction)       aten_map's var, and the mean
+  max/min(x, dim) → (values, index)   amax (min: −amax(−x)); the index the first position
+                                      holding it, as torch's (counted in f32: dims < 2^24)
+  argmax/argmin(x, dim)               that index alone (flattened when dim is None)
+  max/min(x)                          amax over every dim
+  scatter(x, dim, idx, src | value)   with one index along dim (max/min's backward, one-hot
+                                      labels by scatter_(1, y, 1)): where(position == idx,
+                                      src, x)
+  mse_loss, smooth_l1_loss,           their formulas, reduction none / mean / sum, and the
+  huber_loss (+ backwards)            backwards as torch's
+  xlogy(x, y)                         where(x == 0 and y is not NaN, 0, x · log y) (kl_div)
+  binary_cross_entropy (+ backward)   −w (y · max(log p, −100) + (1 − y) · max(log(1 − p),
+                                      −100)); backward grad · w · (p − y) / max(p(1 − p), 1e-12)
+  binary_cross_entropy_with_logits    (1 − y) · x + (1 + (pw − 1) · y) · (log1p(e^−|x|) +
+                                      max(−x, 0)), times weight (its backward torch records
+                                      as elementwise ops)
+  sqrt_, log_, clamp_min_, logical_or_, scatter_   in place, as their functional forms when
+                                      nothing reads the overwritten input afterwards
+"""
+import math
+
+import torch
+
+from . import aten_map
+from .aten_extra import _float, _log1p_of, _numel
+from .aten_map import Unsupported, _FINITE_MAX, _as, _inplace, _lt, _operand, _t
+
+aten = torch.ops.aten
+
+
+def _n(cx, op, ins, t, attrs=None):
+    return cx.g.node(op, ins, [t], attrs)
+
+
+def _scaled(cx, x, c):
+    t = (x.dtype, x.shape)
+    return _n(cx, "mul_scalar", [x], t, {"value": c})
+
+
+# ---- elementwise math ---------------------------------------------------------------------------
+
+def _exp_scaled(c):
+    def f(cx, node, args, kw):
+        x = cx.v(args[0])
+        _float(x, "exp2")
+        return _n(cx, "exp", [_scaled(cx, x, c)], _t(cx, node))
+    return f
+
+
+def _log_scaled(c, what):
+    def f(cx, node, args, kw):
+        x = cx.v(args[0])
+        _float(x, what)
+        return _scaled(cx, _n(cx, "log", [x], (x.dtype, x.shape)), c)
+    return f
+
+
+def _pow_scalar(cx, node, args, kw):
+    base, x, t = args[0], cx.v(args[1]), _t(cx, node)
+    _float(x, "pow of a scalar base")
+    if not isinstance(base, (int, float)) or base <= 0:
+        raise Unsupported("pow of the scalar base %r (hp takes a positive base)" % (base,))
+    return _n(cx, "exp", [_scaled(cx, x, math.log(base))], t)
+
+
+def _sinh_cosh(sign):
+    def f(cx, node, args, kw):
+        x, t = cx.v(args[0]), _t(cx, node)
+        _float(x, "sinh" if sign < 0 else "cosh")
+        e = _n(cx, "exp", [x], t)
+        en = _n(cx, "exp", [_n(cx, "neg", [x], t)], t)
+        y = _scaled(cx, _n(cx, "sub" if sign < 0 else "add", [e, en], t), 0.5)
+        if sign > 0:
+            return y
+        # x (1 + x²/6 (1 + x²/20 (1 + x²/42))): truncation below 1e-11 of x for |x| < 0.1
+        x2 = _n(cx, "mul", [x, x], t)
+        p = cx.full(1.0, x.dtype)
+        for k in (42.0, 20.0, 6.0):
+            p = _n(cx, "add_scalar", [_n(cx, "mul", [_scaled(cx, x2, 1.0 / k), p], t)], t,
+                   {"value": 1.0})
+        small = _n(cx, "mul", [x, p], t)
+        ax = aten_map._abs_of(cx, x)
+        return _n(cx, "where", [_lt(cx, ax, cx.full(0.1, x.dtype)), small, y], t)
+    return f
+
+
+def _celu(cx, node, args, kw):
+    alpha = args[1] if len(args) > 1 else kw.get("alpha", 1.0)
+    if alpha == 0:
+        raise Unsupported("celu with alpha 0")
+    return aten_map._elu(cx, node, [args[0], alpha, 1.0, 1.0 / alpha], {})
+
+
+def _floor_of(cx, x):
+    """floor(x): x through i64 and back, less 1 where that rounded up (a negative fraction);
+    |x| >= 2^23 holds integers already (and may not fit in i64)."""
+    t = (x.dtype, x.shape)
+    tr = _as(cx, _n(cx, "_to_copy", [x], ("i64", x.shape), {"dtype": "i64"}), x.dtype)
+    tr = _n(cx, "sub", [tr, _as(cx, _lt(cx, x, tr), x.dtype)], t)
+    small = _lt(cx, aten_map._abs_of(cx, x), cx.full(float(1 << 23), x.dtype))
+    return _n(cx, "where", [small, tr, x], t)  # NaN and ±inf stay
+
+
+def _rounding(which):
+    """floor, ceil (−floor(−x)), trunc (toward 0) and round (half to even, as torch)."""
+    def f(cx, node, args, kw):
+        x, t = cx.v(args[0]), _t(cx, node)
+        if x.dtype not in _FINITE_MAX:
+            return x  # integers are whole already
+        if which == "floor":
+            return _floor_of(cx, x)
+        if which == "ceil":
+            return _n(cx, "neg", [_floor_of(cx, _n(cx, "neg", [x], t))], t)
+        if which == "trunc":
+            neg = _lt(cx, x, cx.full(0.0, x.dtype))
+            up = _n(cx, "neg", [_floor_of(cx, _n(cx, "neg", [x], t))], t)
+            return _n(cx, "where", [neg, up, _floor_of(cx, x)], t)
+        r = _floor_of(cx, _n(cx, "add_scalar", [x], t, {"value": 0.5}))
+        tie = _n(cx, "eq", [_n(cx, "sub", [r, x], t), cx.full(0.5, x.dtype)], ("bool", x.shape))
+        half = _floor_of(cx, _scaled(cx, r, 0.5))
+        odd = _n(cx, "eq", [_n(cx, "sub", [r, _scaled(cx, half, 2.0)], t),
+                            cx.full(1.0, x.dtype)], ("bool", x.shape))
+        down = _n(cx, "where", [tie, odd, cx.full(False, "bool")], ("bool", x.shape))
+        return _n(cx, "sub", [r, _as(cx, down, x.dtype)], t)
+    return f
+
+
+def _isnan_of(cx, x):
+    s = ("bool", x.shape)
+    return _n(cx, "bitwise_not", [_n(cx, "eq", [x, x], s)], s)
+
+
+def _isnan(cx, node, args, kw):
+    x = cx.v(args[0])
+    _float(x, "isnan")
+    return _isnan_of(cx, x)
+
+
+def _nan_to_num(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    _float(x, "nan_to_num")
+    nan, pinf, ninf = (list(args[1:4]) + [None] * 3)[:3]
+    nan = kw.get("nan", nan)
+    pinf = kw.get("posinf", pinf)
+    ninf = kw.get("neginf", ninf)
+    big = _FINITE_MAX[x.dtype]
+    y = _n(cx, "where", [_isnan_of(cx, x), cx.full(0.0 if nan is None else nan, x.dtype), x], t)
+    for inf, to in ((math.inf, big if pinf is None else pinf),
+                    (-math.inf, -big if ninf is None else ninf)):
+        at = _n(cx, "eq", [x, cx.full(inf, x.dtype)], ("bool", x.shape))
+        y = _n(cx, "where", [at, cx.full(to, x.dtype), y], t)
+    return y
+
+
+# ---- boolean logic -----------------------------------------------------------------------------
+
+def _bools(cx, args, what):
+    a = cx.v(args[0])
+    b = _operand(cx, args[1], "bool")
+    if a.dtype != "bool" or b.dtype != "bool":
+        raise Unsupported("%s of %s and %s tensors (hp takes bools)" % (what, a.dtype, b.dtype))
+    return a, b
+
+
+def _logic(op):
+    def f(cx, node, args, kw):
+        a, b = _bools(cx, args, op)
+        t = _t(cx, node)
+        if op == "and":
+            return _n(cx, "where", [a, b, cx.full(False, "bool")], t)
+        if op == "or":
+            return _n(cx, "where", [a, cx.full(True, "bool"), b], t)
+        return _n(cx, "where", [a, _n(cx, "bitwise_not", [b], (b.dtype, b.shape)), b], t)
+    return f
+
+
+def _reduce_attrs(x, args, kw, at=1):
+    dim = args[at] if len(args) > at else kw.get("dim")
+    keep = args[at + 1] if len(args) > at + 1 else kw.get("keepdim", False)
+    dims = [] if dim is None else [d % len(x.shape) for d in
+                                   (dim if isinstance(dim, (list, tuple)) else [dim])]
+    a = {"dims": dims}
+    if keep:
+        a["keepdim"] = 1
+    return a
+
+
+def _any_of(cx, x, a, t):
+    m = _n(cx, "amax", [_as(cx, x, "f32")], ("f32", t[1]), a)
+    return _n(cx, "lt", [cx.full(0.0, "f32"), m], t)
+
+
+def _any_all(which):
+    def f(cx, node, args, kw):
+        x, t = cx.v(args[0]), _t(cx, node)
+        if x.dtype != "bool":
+            raise Unsupported("%s of a %s tensor (hp takes bools)" % (which, x.dtype))
+        a = _reduce_attrs(x, args, kw)
+        if which == "any":
+            return _any_of(cx, x, a, t)
+        nx = _n(cx, "bitwise_not", [x], (x.dtype, x.shape))
+        return _n(cx, "bitwise_not", [_any_of(cx, nx, a, t)], t)
+    return f
+
+
+# ---- gated units and fused arithmetic ------------------------------------------------------------
+
+def _halves(cx, x, dim):
+    dim %= len(x.shape)
+    n = x.shape[dim]
+    if n % 2:
+        raise Unsupported("glu over a dim of odd size %d" % n)
+    shape = list(x.shape)
+    shape[dim] = n // 2
+    t = (x.dtype, tuple(shape))
+    a = _n(cx, "slice", [x], t, {"dim": dim, "start": 0, "end": n // 2})
+    b = _n(cx, "slice", [x], t, {"dim": dim, "start": n // 2, "end": n})
+    return a, b, t, dim
+
+
+def _glu(cx, node, args, kw):
+    x = cx.v(args[0])
+    a, b, t, _ = _halves(cx, x, args[1] if len(args) > 1 else kw.get("dim", -1))
+    return _n(cx, "mul", [a, _n(cx, "sigmoid", [b], t)], _t(cx, node))
+
+
+def _glu_backward(cx, node, args, kw):
+    g, x = cx.v(args[0]), cx.v(args[1])
+    a, b, t, dim = _halves(cx, x, args[2])
+    s = _n(cx, "sigmoid", [b], t)
+    ga = _n(cx, "mul", [g, s], t)
+    one_minus = _n(cx, "add_scalar", [_n(cx, "neg", [s], t)], t, {"value": 1.0})
+    gb = _n(cx, "mul", [_n(cx, "mul", [ga, a], t), one_minus], t)
+    return cx.g.node("cat", [ga, gb], [_t(cx, node)], {"dim": dim})
+
+
+def _addc(op):
+    def f(cx, node, args, kw):
+        t = _t(cx, node)
+        x, a, b = (_as(cx, cx.v(v), t[0]) for v in args[:3])
+        value = args[3] if len(args) > 3 else kw.get("value", 1)
+        p = _n(cx, op, [a, b], (t[0], aten_map._bshape(a, b)))
+        if value != 1:
+            p = _scaled(cx, p, value)
+        return _n(cx, "add", [x, p], t)
+    return f
+
+
+def _lerp(cx, node, args, kw):
+    t = _t(cx, node)
+    x, y = _as(cx, cx.v(args[0]), t[0]), _as(cx, cx.v(args[1]), t[0])
+    d = _n(cx, "sub", [y, x], (t[0], aten_map._bshape(x, y)))
+    w = args[2]
+    if aten_map._is_node(w):
+        wv = _as(cx, cx.v(w), t[0])
+        d = _n(cx, "mul", [wv, d], (t[0], aten_map._bshape(wv, d)))
+    else:
+        d = _scaled(cx, d, w)
+    return _n(cx, "add", [x, d], t)
+
+
+def _var_mean(cx, node, args, kw):
+    x = cx.v(args[0])
+    ts = cx.types_of(node)
+    dims = args[1] if len(args) > 1 else kw.get("dim")
+    corr = kw.get("correction", args[2] if len(args) > 2 else 1)
+    keep = kw.get("keepdim", args[3] if len(args) > 3 else False)
+    v = aten_map._var_of(cx, x, dims, corr, keep, ts[0])
+    rank = len(x.shape)
+    dims = list(range(rank)) if dims is None or dims == [] else [d % rank for d in dims]
+    a = {"dims": dims}
+    if keep:
+        a["keepdim"] = 1
+    return [v, cx.g.node("mean", [x], [ts[1]], a)]
+
+
+# ---- max and min over a dim, and the scatter of their backward --------------------------------
+
+def _positions(cx, shape, dim, dtype):
+    """arange(shape[dim]) as dtype, viewed to broadcast along dim of a tensor of shape."""
+    n = shape[dim]
+    if dtype == "f32" and n >= 1 << 24:
+        raise Unsupported("a dim of %d elements (its positions count in f32)" % n)
+    p = _n(cx, "arange", [], (dtype, (n,)), {"start": 0, "end": n, "dtype": dtype})
+    view = [1] * len(shape)
+    view[dim] = n
+    return _n(cx, "view", [p], (dtype, tuple(view)), {"shape": view})
+
+
+def _extreme_dim(which, arg=False):
+    """max/min over a dim: [values, indices]; with arg, argmax/argmin: the indices alone (over
+    every element, flattened, when dim is None)."""
+    def f(cx, node, args, kw):
+        x = cx.v(args[0])
+        _float(x, which)
+        dim = args[1] if len(args) > 1 else kw.get("dim")  # keepdim: in the types
+        if arg:
+            t = _t(cx, node)
+            ts = [(x.dtype, t[1]), t]
+            if dim is None:  # over the flattened tensor
+                x = _n(cx, "view", [x], (x.dtype, (_numel(x.shape),)), {"shape": [-1]})
+                dim = 0
+        else:
+            ts = cx.types_of(node)
+        dim %= len(x.shape)
+        kshape = tuple(1 if i == dim else s for i, s in enumerate(x.shape))
+        src = x if which == "max" else _n(cx, "neg", [x], (x.dtype, x.shape))
+        m = _n(cx, "amax", [src], (x.dtype, kshape), {"dims": [dim], "keepdim": 1})
+        # the first position holding it: the least position where x equals it
+        n = x.shape[dim]
+        pos = _positions(cx, x.shape, dim, "f32")
+        at = _n(cx, "where", [_n(cx, "eq", [src, m], ("bool", x.shape)), pos,
+                              cx.full(float(n), "f32")], ("f32", x.shape))
+        first = _n(cx, "neg", [_n(cx, "amax", [_n(cx, "neg", [at], ("f32", x.shape))],
+                                  ("f32", kshape), {"dims": [dim], "keepdim": 1})],
+                   ("f32", kshape))
+        if which == "min":
+            m = _n(cx, "neg", [m], (x.dtype, kshape))
+        if tuple(ts[1][1]) != kshape:
+            m = _n(cx, "view", [m], ts[0], {"shape": list(ts[0][1])})
+            first = _n(cx, "view", [first], ("f32", ts[1][1]), {"shape": list(ts[1][1])})
+        first = _as(cx, first, ts[1][0])
+        return first if arg else [m, first]
+    return f
+
+
+def _extreme_all(which):
+    def f(cx, node, args, kw):
+        x, t = cx.v(args[0]), _t(cx, node)
+        _float(x, which)
+        if which == "max":
+            return _n(cx, "amax", [x], t, {"dims": []})
+        nx = _n(cx, "neg", [x], (x.dtype, x.shape))
+        return _n(cx, "neg", [_n(cx, "amax", [nx], t, {"dims": []})], t)
+    return f
+
+
+def _scatter(cx, node, args, kw):
+    """scatter(x, dim, index, src or value) for an index of one entry along dim, the others
+    x's: where(position == index, src, x)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    dim = args[1] % max(len(x.shape), 1)
+    idx = cx.v(args[2])
+    if kw.get("reduce") is not None or len(args) > 4:
+        raise Unsupported("scatter with reduce")
+    want = tuple(1 if i == dim else s for i, s in enumerate(x.shape))
+    if tuple(idx.shape) != want:
+        raise Unsupported("scatter with an index of shape %s into %s along dim %d (hp takes one "
+                          "index along dim)" % (list(idx.shape), list(x.shape), dim))
+    src = args[3] if len(args) > 3 else kw.get("src", kw.get("value"))
+    if aten_map._is_node(src):
+        s = cx.v(src)
+        if tuple(s.shape) != want:  # its first entry along dim is the one scattered
+            if len(s.shape) != len(want) or any(s.shape[i] != want[i]
+                                                for i in range(len(want)) if i != dim):
+                raise Unsupported("scatter of a src of shape %s into %s"
+                                  % (list(s.shape), list(x.shape)))
+            s = _n(cx, "slice", [s], (s.dtype, want), {"dim": dim, "start": 0, "end": 1})
+        s = _as(cx, s, t[0])
+    else:
+        s = cx.full(src, t[0])
+    hit = _n(cx, "eq", [_positions(cx, x.shape, dim, idx.dtype), idx], ("bool", x.shape))
+    return _n(cx, "where", [hit, s, x], t)
+
+
+# ---- losses ------------------------------------------------------------------------------------
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+def _reduction(args, kw, at):
+    r = args[at] if len(args) > at else kw.get("reduction", 1)
+    if r not in _REDUCTIONS:
+        raise Unsupported("reduction %r" % (r,))
+    return r
+
+
+def _reduce_loss(cx, l, r, t):
+    if r == 0:
+        return l
+    return _n(cx, "mean" if r == 1 else "sum", [l], t, {"dims": []})
+
+
+def _grad_of(cx, g, r, x, t):
+    """The incoming gradient against each element: g / numel for a mean."""
+    g = _as(cx, cx.v(g), t[0])
+    if r == 1:
+        g = _scaled(cx, g, 1.0 / max(_numel(x.shape), 1))
+    return g
+
+
+def _diff(cx, args, t):
+    x, y = _as(cx, cx.v(args[0]), t[0]), _as(cx, cx.v(args[1]), t[0])
+    _float(x, "a regression loss")
+    return x, _n(cx, "sub", [x, y], (t[0], aten_map._bshape(x, y)))
+
+
+def _mse(cx, node, args, kw):
+    t = _t(cx, node)
+    x, d = _diff(cx, args, (cx.v(args[0]).dtype, None))
+    return _reduce_loss(cx, _n(cx, "mul", [d, d], (x.dtype, d.shape)), _reduction(args, kw, 2), t)
+
+
+def _mse_backward(cx, node, args, kw):
+    t = _t(cx, node)
+    x, d = _diff(cx, args[1:], t)
+    g = _grad_of(cx, args[0], _reduction(args, kw, 3), x, t)
+    return _n(cx, "mul", [_scaled(cx, d, 2.0), g], t)
+
+
+def _huberish(kind):
+    """smooth_l1 (beta) and huber (delta): quadratic inside |d| < c, linear outside."""
+    def f(cx, node, args, kw):
+        t = _t(cx, node)
+        x, d = _diff(cx, args, (cx.v(args[0]).dtype, None))
+        c = args[3] if len(args) > 3 else kw.get("beta" if kind == "smooth_l1" else "delta", 1.0)
+        dt = (x.dtype, d.shape)
+        ad = aten_map._abs_of(cx, d)
+        if kind == "smooth_l1" and c == 0:
+            return _reduce_loss(cx, ad, _reduction(args, kw, 2), t)
+        quad = _scaled(cx, _n(cx, "mul", [d, d], dt), 0.5 / c if kind == "smooth_l1" else 0.5)
+        lin = _n(cx, "add_scalar", [ad], dt, {"value": -0.5 * c})
+        if kind == "huber":
+            lin = _scaled(cx, lin, c)
+        inside = _lt(cx, ad, cx.full(c, x.dtype))
+        return _reduce_loss(cx, _n(cx, "where", [inside, quad, lin], dt),
+                            _reduction(args, kw, 2), t)
+    return f
+
+
+def _huberish_backward(kind):
+    def f(cx, node, args, kw):
+        t = _t(cx, node)
+        x, d = _diff(cx, args[1:], t)
+        r = _reduction(args, kw, 3)
+        c = args[4] if len(args) > 4 else kw.get("beta" if kind == "smooth_l1" else "delta", 1.0)
+        g = _grad_of(cx, args[0], r, x, t)
+        zero = cx.full(0.0, t[0])
+        sign = _n(cx, "sub", [_as(cx, _lt(cx, zero, d), t[0]), _as(cx, _lt(cx, d, zero), t[0])],
+                  t)
+        if kind == "smooth_l1" and c == 0:
+            return _n(cx, "mul", [sign, g], t)
+        inner = _scaled(cx, d, 1.0 / c) if kind == "smooth_l1" else d
+        outer = sign if kind == "smooth_l1" else _scaled(cx, sign, c)
+        beyond = _lt(cx, cx.full(c, t[0]), aten_map._abs_of(cx, d))
+        return _n(cx, "mul", [_n(cx, "where", [beyond, outer, inner], t), g], t)
+    return f
+
+
+def _xlogy(cx, node, args, kw):
+    t = _t(cx, node)
+    x, y = _operand(cx, args[0], t[0]), _operand(cx, args[1], t[0])
+    x, y = _as(cx, x, t[0]), _as(cx, y, t[0])
+    _float(x, "xlogy")
+    p = _n(cx, "mul", [x, _n(cx, "log", [y], (t[0], y.shape))], t)
+    zero = _n(cx, "eq", [x, cx.full(0.0, t[0])], ("bool", x.shape))
+    keep = _n(cx, "where", [_isnan_of(cx, y), cx.full(False, "bool"), zero], ("bool", t[1]))
+    return _n(cx, "where", [keep, cx.full(0.0, t[0]), p], t)
+
+
+def _weighted(cx, l, w, t):
+    if w is None:
+        return l
+    wv = _as(cx, cx.v(w), t[0])
+    return _n(cx, "mul", [l, wv], (t[0], aten_map._bshape(l, wv)))
+
+
+def _bce(cx, node, args, kw):
+    t = _t(cx, node)
+    p, y = cx.v(args[0]), _as(cx, cx.v(args[1]), cx.v(args[0]).dtype)
+    _float(p, "binary_cross_entropy")
+    et = (p.dtype, p.shape)
+    floor = cx.full(-100.0, p.dtype)
+    lp = _floor(cx, _n(cx, "log", [p], et), floor, et)
+    one_minus = _n(cx, "add_scalar", [_n(cx, "neg", [p], et)], et, {"value": 1.0})
+    lq = _floor(cx, _n(cx, "log", [one_minus], et), floor, et)
+    ym = _n(cx, "add_scalar", [_n(cx, "neg", [y], et)], et, {"value": 1.0})
+    l = _n(cx, "neg", [_n(cx, "add", [_n(cx, "mul", [y, lp], et), _n(cx, "mul", [ym, lq], et)],
+                          et)], et)
+    w = args[2] if len(args) > 2 else kw.get("weight")
+    return _reduce_loss(cx, _weighted(cx, l, w, et), _reduction(args, kw, 3), t)
+
+
+def _floor(cx, v, lo, t):
+    """max(v, lo), NaN kept (torch clamps the logs so)."""
+    return _n(cx, "where", [_lt(cx, v, lo), lo, v], t)
+
+
+def _bce_backward(cx, node, args, kw):
+    t = _t(cx, node)
+    p, y = cx.v(args[1]), _as(cx, cx.v(args[2]), t[0])
+    w = args[3] if len(args) > 3 else kw.get("weight")
+    g = _grad_of(cx, args[0], _reduction(args, kw, 4), p, t)
+    one_minus = _n(cx, "add_scalar", [_n(cx, "neg", [p], t)], t, {"value": 1.0})
+    den = _n(cx, "mul", [p, one_minus], t)
+    eps = cx.full(1e-12, t[0])
+    den = _n(cx, "where", [_lt(cx, den, eps), eps, den], t)
+    r = _n(cx, "div", [_n(cx, "sub", [p, y], t), den], t)
+    return _weighted(cx, _n(cx, "mul", [r, g], t), w, t)
+
+
+def _bce_logits(cx, node, args, kw):
+    t = _t(cx, node)
+    x = cx.v(args[0])
+    _float(x, "binary_cross_entropy_with_logits")
+    y = _as(cx, cx.v(args[1]), x.dtype)
+    et = (x.dtype, x.shape)
+    w = args[2] if len(args) > 2 else kw.get("weight")
+    pw = args[3] if len(args) > 3 else kw.get("pos_weight")
+    # log(1 + e^−|x|) + max(−x, 0): log σ(x)'s negation without overflow
+    ax = aten_map._abs_of(cx, x)
+    soft = _log1p_of(cx, _n(cx, "exp", [_n(cx, "neg", [ax], et)], et))
+    nx = _n(cx, "neg", [x], et)
+    zero = cx.full(0.0, x.dtype)
+    soft = _n(cx, "add", [soft, _n(cx, "where", [_lt(cx, zero, nx), nx, zero], et)], et)
+    ym = _n(cx, "add_scalar", [_n(cx, "neg", [y], et)], et, {"value": 1.0})
+    if pw is not None:
+        pwv = _as(cx, cx.v(pw), x.dtype)
+        scale = _n(cx, "add_scalar", [_n(cx, "mul", [_n(cx, "add_scalar", [pwv], (x.dtype, pwv.shape),
+                                                         {"value": -1.0}), y], et)], et,
+                   {"value": 1.0})
+        soft = _n(cx, "mul", [scale, soft], et)
+    l = _n(cx, "add", [_n(cx, "mul", [ym, x], et), soft], et)
+    return _reduce_loss(cx, _weighted(cx, l, w, et), _reduction(args, kw, 4), t)
+
+
+TABLE = {
+    aten.exp2.default: _exp_scaled(math.log(2.0)),
+    aten.log2.default: _log_scaled(1.0 / math.log(2.0), "log2"),
+    aten.log10.default: _log_scaled(1.0 / math.log(10.0), "log10"),
+    aten.pow.Scalar: _pow_scalar,
+    aten.sinh.default: _sinh_cosh(-1),
+    aten.cosh.default: _sinh_cosh(1),
+    aten.celu.default: _celu,
+    aten.floor.default: _rounding("floor"),
+    aten.ceil.default: _rounding("ceil"),
+    aten.trunc.default: _rounding("trunc"),
+    aten.round.default: _rounding("round"),
+    aten.isnan.default: _isnan,
+    aten.nan_to_num.default: _nan_to_num,
+    aten.bitwise_and.Tensor: _logic("and"),
+    aten.bitwise_or.Tensor: _logic("or"),
+    aten.bitwise_xor.Tensor: _logic("xor"),
+    aten.logical_or.default: _logic("or"),
+    aten.logical_xor.default: _logic("xor"),
+    aten.any.dim: _any_all("any"),
+    aten.all.dim: _any_all("all"),
+    aten.any.default: _any_all("any"),
+    aten.all.default: _any_all("all"),
+    aten.glu.default: _glu,
+    aten.glu_backward.default: _glu_backward,
+    aten.addcmul.default: _addc("mul"),
+    aten.addcdiv.default: _addc("div"),
+    aten.lerp.Scalar: _lerp,
+    aten.lerp.Tensor: _lerp,
+    aten.var_mean.correction: _var_mean,
+    aten.max.dim: _extreme_dim("max"),
+    aten.min.dim: _extreme_dim("min"),
+    aten.argmax.default: _extreme_dim("max", arg=True),
+    aten.argmin.default: _extreme_dim("min", arg=True),
+    aten.max.default: _extreme_all("max"),
+    aten.min.default: _extreme_all("min"),
+    aten.scatter.src: _scatter,
+    aten.scatter.value: _scatter,
+    aten.mse_loss.default: _mse,
+    aten.mse_loss_backward.default: _mse_backward,
+    aten.smooth_l1_loss.default: _huberish("smooth_l1"),
+    aten.smooth_l1_loss_backward.default: _huberish_backward("smooth_l1"),
+    aten.huber_loss.default: _huberish("huber"),
+    aten.huber_loss_backward.default: _huberish_backward("huber"),
+    aten.xlogy.Tensor: _xlogy,
+    aten.binary_cross_entropy.default: _bce,
+    aten.binary_cross_entropy_backward.default: _bce_backward,
+    aten.binary_cross_entropy_with_logits.default: _bce_logits,
+    aten.sqrt_.default: _inplace(aten_map._one("sqrt")),
+    aten.log_.default: _inplace(aten_map._one("log")),
+    aten.clamp_min_.default: _inplace(aten_map._clamp_min),
+    aten.logical_or_.default: _inplace(_logic("or")),
+    aten.scatter_.src: _inplace(_scatter),
+    aten.scatter_.value: _inplace(_scatter),
+}
