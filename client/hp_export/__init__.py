@@ -234,8 +234,8 @@ def _foldable(n, results):
     """Whether FX node n's recorded value is its value at every step: computed from constants
     alone (no placeholder upstream), by no random op, a tensor of at most _FOLD_MAX_ELEMENTS."""
     r = results.get(n)
-    if not torch.is_tensor(r) or r.numel() > _FOLD_MAX_ELEMENTS or \
-            not aten_extra._from_constants(n):
+    if not torch.is_tensor(r) or r.dtype not in hpir.DTYPES or r.numel() > _FOLD_MAX_ELEMENTS \
+            or not aten_extra._from_constants(n):
         return False
     seen, todo = set(), [n]
     while todo:

@@ -11,7 +11,13 @@ three.
   floor, ceil, trunc, round           through an i64 cast (|x| < 2^23; larger floats are whole);
                                       round half to even, as torch
   isnan(x), nan_to_num(x, n, p, m)    not (x == x); NaN to n, ±inf to p / m (default: the
-                                      dtype's largest finite values)
+                                      dtype's largest finite values); isinf |x| == inf
+  logaddexp(a, b)                     max + log1p(e^−|a − b|) (the same infinity stays)
+  softshrink, hardshrink (+ backward) x ∓ λ beyond ±λ (hard: x), else 0; grad beyond ±λ
+  prelu(x, w) (+ backward)            where(x < 0, w · x, x), w over dim 1; Σ grad · x below 0
+  index_fill(x, dim, idx, v)          where(the position is one idx names, v, x)
+  new_ones, new_full, new_empty,      ones, full, zeros; a view
+  squeeze() (every unit dim)
   bitwise_and/or/xor, logical_or      of bools: where(a, b, false), where(a, true, b),
                                       where(a, not b, b)
   any(x, dim), all(x, dim)            of bools: 0 < amax(x as f32); not any(not x)
@@ -170,6 +176,104 @@ def _nan_to_num(cx, node, args, kw):
         at = _n(cx, "eq", [x, cx.full(inf, x.dtype)], ("bool", x.shape))
         y = _n(cx, "where", [at, cx.full(to, x.dtype), y], t)
     return y
+
+
+def _new_full(cx, node, args, kw):
+    t = _t(cx, node)
+    return _n(cx, "full", [], t, {"shape": list(t[1]), "value": args[2], "dtype": t[0]})
+
+
+def _squeeze_all(cx, node, args, kw):
+    t = _t(cx, node)
+    return _n(cx, "view", [cx.v(args[0])], t, {"shape": list(t[1])})
+
+
+def _isinf(cx, node, args, kw):
+    x = cx.v(args[0])
+    _float(x, "isinf")
+    return _isinf_of(cx, x)
+
+
+def _logaddexp(cx, node, args, kw):
+    """max(a, b) + log1p(exp(−|a − b|)); where both are the same infinity, that infinity."""
+    t = _t(cx, node)
+    a, b = _as(cx, cx.v(args[0]), t[0]), _as(cx, cx.v(args[1]), t[0])
+    _float(a, "logaddexp")
+    hi = _n(cx, "maximum", [a, b], t)
+    d = aten_map._abs_of(cx, _n(cx, "sub", [a, b], t))
+    y = _n(cx, "add", [hi, _log1p_of(cx, _n(cx, "exp", [_n(cx, "neg", [d], t)], t))], t)
+    b2 = ("bool", t[1])
+    same_inf = _n(cx, "where", [_n(cx, "eq", [a, b], b2), _isinf_of(cx, a), cx.full(False, "bool")],
+                  b2)
+    return _n(cx, "where", [same_inf, hi, y], t)
+
+
+def _isinf_of(cx, x):
+    return _n(cx, "eq", [aten_map._abs_of(cx, x), cx.full(math.inf, x.dtype)], ("bool", x.shape))
+
+
+def _shrink(kind):
+    """softshrink: x ∓ λ beyond ±λ, else 0; hardshrink: x beyond ±λ, else 0."""
+    def f(cx, node, args, kw):
+        x, t = cx.v(args[0]), _t(cx, node)
+        lam = args[1] if len(args) > 1 else kw.get("lambd", 0.5)
+        _float(x, kind)
+        zero = cx.full(0.0, x.dtype)
+        above = _lt(cx, cx.full(lam, x.dtype), x)
+        below = _lt(cx, x, cx.full(-lam, x.dtype))
+        hi, lo = x, x
+        if kind == "softshrink":
+            hi = _n(cx, "add_scalar", [x], t, {"value": -lam})
+            lo = _n(cx, "add_scalar", [x], t, {"value": lam})
+        return _n(cx, "where", [above, hi, _n(cx, "where", [below, lo, zero], t)], t)
+    return f
+
+
+def _shrink_backward(cx, node, args, kw):
+    """grad where |x| > λ, else 0 (soft and hard alike)."""
+    g, x, lam = cx.v(args[0]), cx.v(args[1]), args[2]
+    t = _t(cx, node)
+    beyond = _lt(cx, cx.full(lam, x.dtype), aten_map._abs_of(cx, x))
+    return _n(cx, "where", [beyond, _as(cx, g, t[0]), cx.full(0.0, t[0])], t)
+
+
+def _prelu_weight(cx, w, x):
+    """PReLU's weight [1] or [C] against x [N, C, ...]: viewed to broadcast over dim 1."""
+    wv = cx.v(w)
+    if _numel(wv.shape) == 1 or len(x.shape) < 2:
+        return wv if len(wv.shape) <= 1 else _n(cx, "view", [wv], (wv.dtype, (1,)), {"shape": [1]})
+    if _numel(wv.shape) != x.shape[1]:
+        raise Unsupported("prelu with %d weights for %d channels" % (_numel(wv.shape), x.shape[1]))
+    view = [1] * len(x.shape)
+    view[1] = x.shape[1]
+    return _n(cx, "view", [wv], (wv.dtype, tuple(view)), {"shape": view})
+
+
+def _prelu(cx, node, args, kw):
+    x, t = cx.v(args[0]), _t(cx, node)
+    _float(x, "prelu")
+    w = _as(cx, _prelu_weight(cx, args[1], x), x.dtype)
+    neg = _lt(cx, x, cx.full(0.0, x.dtype))
+    return _n(cx, "where", [neg, _n(cx, "mul", [x, w], t), x], t)
+
+
+def _prelu_backward(cx, node, args, kw):
+    """(grad where x > 0 else grad · w, Σ grad · x where x <= 0 over all but the channel dim)."""
+    g, x = cx.v(args[0]), cx.v(args[1])
+    ts = cx.types_of(node)
+    xt = (x.dtype, x.shape)
+    wv = cx.v(args[2])
+    w = _as(cx, _prelu_weight(cx, args[2], x), x.dtype)
+    pos = _lt(cx, cx.full(0.0, x.dtype), x)
+    gx = _n(cx, "where", [pos, g, _n(cx, "mul", [g, w], xt)], xt)
+    gw = _n(cx, "where", [pos, cx.full(0.0, x.dtype), _n(cx, "mul", [g, x], xt)], xt)
+    if _numel(wv.shape) == 1 or len(x.shape) < 2:
+        gw = _n(cx, "sum", [gw], (x.dtype, ()), {"dims": []})
+    else:
+        gw = _n(cx, "sum", [gw], (x.dtype, (x.shape[1],)),
+                {"dims": [d for d in range(len(x.shape)) if d != 1]})
+    gw = _n(cx, "view", [gw], (x.dtype, tuple(wv.shape)), {"shape": list(wv.shape)})
+    return [gx, _as(cx, gw, ts[1][0])]
 
 
 # ---- boolean logic -----------------------------------------------------------------------------
@@ -383,6 +487,29 @@ def _scatter(cx, node, args, kw):
     return _n(cx, "where", [hit, s, x], t)
 
 
+def _index_fill(cx, node, args, kw):
+    """index_fill(x, dim, idx, value): value where the position along dim is one idx names:
+    where(any(position == idx), value, x)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    dim = args[1] % max(len(x.shape), 1)
+    idx = cx.v(args[2])
+    if len(idx.shape) > 1:
+        raise Unsupported("index_fill with a %d-d index" % len(idx.shape))
+    k, n = _numel(idx.shape), x.shape[dim]
+    flat = idx if len(idx.shape) == 1 else _n(cx, "view", [idx], (idx.dtype, (1,)), {"shape": [1]})
+    pos = _n(cx, "arange", [], (idx.dtype, (n,)), {"start": 0, "end": n, "dtype": idx.dtype})
+    pos = _n(cx, "view", [pos], (idx.dtype, (n, 1)), {"shape": [n, 1]})
+    hits = _as(cx, _n(cx, "eq", [pos, flat], ("bool", (n, k))), "f32")
+    most = _n(cx, "amax", [hits], ("f32", (n,)), {"dims": [1]})
+    named = _n(cx, "lt", [cx.full(0.0, "f32"), most], ("bool", (n,)))
+    view = [1] * len(x.shape)
+    view[dim] = n
+    named = _n(cx, "view", [named], ("bool", tuple(view)), {"shape": view})
+    v = args[3]
+    v = _as(cx, cx.v(v), t[0]) if aten_map._is_node(v) else cx.full(v, t[0])
+    return _n(cx, "where", [named, v, x], t)
+
+
 # ---- losses ------------------------------------------------------------------------------------
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
@@ -536,9 +663,8 @@ def _bce_logits(cx, node, args, kw):
     ym = _n(cx, "add_scalar", [_n(cx, "neg", [y], et)], et, {"value": 1.0})
     if pw is not None:
         pwv = _as(cx, cx.v(pw), x.dtype)
-        scale = _n(cx, "add_scalar", [_n(cx, "mul", [_n(cx, "add_scalar", [pwv], (x.dtype, pwv.shape),
-                                                         {"value": -1.0}), y], et)], et,
-                   {"value": 1.0})
+        pwm1 = _n(cx, "add_scalar", [pwv], (x.dtype, pwv.shape), {"value": -1.0})
+        scale = _n(cx, "add_scalar", [_n(cx, "mul", [pwm1, y], et)], et, {"value": 1.0})
         soft = _n(cx, "mul", [scale, soft], et)
     l = _n(cx, "add", [_n(cx, "mul", [ym, x], et), soft], et)
     return _reduce_loss(cx, _weighted(cx, l, w, et), _reduction(args, kw, 4), t)
@@ -557,6 +683,20 @@ TABLE = {
     aten.trunc.default: _rounding("trunc"),
     aten.round.default: _rounding("round"),
     aten.isnan.default: _isnan,
+    aten.isinf.default: _isinf,
+    aten.logaddexp.default: _logaddexp,
+    aten.softshrink.default: _shrink("softshrink"),
+    aten.hardshrink.default: _shrink("hardshrink"),
+    aten.softshrink_backward.default: _shrink_backward,
+    aten.hardshrink_backward.default: _shrink_backward,
+    aten.prelu.default: _prelu,
+    aten.prelu_backward.default: _prelu_backward,
+    aten.index_fill.int_Scalar: _index_fill,
+    aten.index_fill.int_Tensor: _index_fill,
+    aten.new_ones.default: aten_map._creation("ones"),
+    aten.new_full.default: _new_full,
+    aten.new_empty.default: aten_map._creation("zeros"),
+    aten.squeeze.default: _squeeze_all,
     aten.nan_to_num.default: _nan_to_num,
     aten.bitwise_and.Tensor: _logic("and"),
     aten.bitwise_or.Tensor: _logic("or"),

@@ -393,23 +393,31 @@ class OpsNet4(nn.Module):
 
 class OpsNet5(nn.Module):
     """Ops of models beyond the GPT (client/hp_export/aten_more.py): exp2, log2, log10, a
-    scalar's power, sinh, cosh, celu, GLU, addcmul, addcdiv, lerp, var_mean, max/min over a
-    dim and over all, argmax/argmin (their indices looking up embeddings), boolean logic (&, |, ^, any, all), cosine similarity (sqrt_,
-    clamp_min_), nan_to_num, rounding (a straight-through estimator), a one-hot of the tokens
-    by scatter_, integer arithmetic on constants (folded), and auxiliary losses (mse,
-    smooth_l1, huber, l1, kl_div both ways, binary cross entropy with and without logits)
-    scaling the logits, with the backwards torch records."""
+    scalar's power, sinh, cosh, celu, PReLU (per channel, shared), logaddexp, soft- and
+    hardshrink, index_fill, new_full/new_ones, isinf, GLU, addcmul, addcdiv, lerp, var_mean,
+    max/min over a dim and over all, argmax/argmin (their indices looking up embeddings),
+    boolean logic (&, |, ^, any, all), cosine similarity (sqrt_, clamp_min_), nan_to_num,
+    rounding (a straight-through estimator), a one-hot of the tokens by scatter_, integer
+    arithmetic on constants (folded), and auxiliary losses (mse, smooth_l1, huber, l1, kl_div
+    both ways, binary cross entropy with and without logits) scaling the logits, with the
+    backwards torch records."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
         self.a, self.b = nn.Linear(C, C), nn.Linear(C, 2 * C)
         self.head = nn.Linear(C, 1)
+        self.prelu, self.prelu1 = nn.PReLU(C), nn.PReLU()
         self.out = nn.Linear(C, V)
 
     def forward(self, idx):
         b, t = idx.shape
         x = self.emb(idx)
         u, w = self.a(x), F.glu(self.b(x), -1)
+        x = x + 0.2 * self.prelu(u.transpose(1, 2)).transpose(1, 2) + 0.2 * self.prelu1(w)
+        x = x + 0.1 * torch.logaddexp(u, w) + 0.2 * F.softshrink(u, 0.3)
+        x = x + 0.2 * F.hardshrink(w, 0.2) + x.new_full(x.shape, 0.1) - x.new_ones(())
+        x = x.index_fill(-1, torch.tensor([1, 4]), 0.5)
+        x = torch.where(torch.isinf(x / (u.unsqueeze(0).squeeze() > 10)), 0.0, x)
         x = x + 0.1 * torch.exp2(0.5 * u) + 0.1 * torch.log2(u.abs() + 1)
         x = x + 0.1 * torch.log10(w.abs() + 1) + 0.1 * torch.pow(1.5, w)
         x = x + 0.05 * torch.sinh(u) + 0.05 * torch.cosh(0.5 * w) + 0.2 * F.celu(u, 0.5)
