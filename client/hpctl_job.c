@@ -546,6 +546,19 @@ static int graph_from_file(const char *verb, hp_job *job) {
     hp_graph *g = NULL;
     if (hp_graph_read_file(graph_path, &g, &err) != HP_OK)
         return hpctl_fail(HPCTL_USAGE, verb, "--graph: %s", err.msg);
+    for (int i = 0; i < g->n_nodes && g->nodes[i].op == HP_OP_PLACEHOLDER; i++) {
+        const hp_node *n = &g->nodes[i];
+        const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN);
+        if (hp_node_int(n, HP_ATTR_KIND, -1) == HP_INPUT_PARAM && n->out[0].dtype != HP_F32) {
+            const char *dt = hp_dtype_name(n->out[0].dtype);
+            hp_graph_free(g);
+            return hpctl_fail(HPCTL_USAGE, verb,
+                              "--graph %s: parameter '%s' is %s: hp holds parameters in f32 "
+                              "(the master weights); give the graph f32 parameters and ask for "
+                              "%s compute with --param-dtype %s",
+                              graph_path, fqn && fqn->s ? fqn->s : "?", dt, dt, dt);
+        }
+    }
     hp_graph_inputs in = hp_graph_count_inputs(g);
     if (g->n_outputs == 1 && in.n_params > 0) {
         if (hp_autodiff(g, g->outputs[0], &err) != HP_OK) {

@@ -485,6 +485,15 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
         HP_TRY(hp_compile(job, t->world, &t->compiled, err));
         t->prog = t->compiled->program;
     }
+    for (int i = 0; i < t->prog->n_params; i++) /* the optimizer's master weights are f32 */
+        if (t->prog->params[i].global.dtype != HP_F32)
+            return hp_errf(err, HP_UNSUPPORTED,
+                           "parameter '%s' is %s: hp holds parameters in f32 (the master "
+                           "weights); give the graph f32 parameters and ask for %s compute with "
+                           "--param-dtype %s",
+                           t->prog->params[i].fqn, hp_dtype_name(t->prog->params[i].global.dtype),
+                           hp_dtype_name(t->prog->params[i].global.dtype),
+                           hp_dtype_name(t->prog->params[i].global.dtype));
     uint64_t fp = 0;
     if (!o->program && t->world > 1) HP_TRY(program_fingerprint(t->prog, t->rank, &fp, err));
     HP_TRY(hp_program_set_rank(t->prog, t->rank, err));

@@ -8,6 +8,8 @@
  */
 #include "worker/train_internal.h"
 
+#include "worker/bf16.h"
+
 #include "hp/checkpoint.h"
 #include "hp/param_init.h"
 #include "hp/safetensors.h"
@@ -74,12 +76,65 @@ static hp_status init_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err
                                    count, err);
 }
 
+/* A buffer of another dtype (an exported model's i64 positions, a bool mask, a bf16 table):
+ * its init computed in f32 on the host (exact for the integers an arange or constant holds
+ * below 2^24), converted to the dtype and copied in. */
+typedef struct init_cast_ctx {
+    trainer *t;
+    uint8_t *dst;
+    const hp_param_slot *ps;
+} init_cast_ctx;
+
+static hp_status init_cast_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err *err) {
+    init_cast_ctx *c = ctx;
+    hp_dtype dt = c->ps->global.dtype;
+    size_t size = hp_dtype_size(dt);
+    float *f = hp_malloc((size_t)(count ? count : 1) * sizeof *f);
+    uint8_t *b = hp_malloc((size_t)(count ? count : 1) * size);
+    hp_status st = f && b ? HP_OK : hp_errf(err, HP_NOMEM, "out of memory");
+    if (st == HP_OK)
+        st = hp_param_init_fill(&c->ps->init, c->t->job->train.seed, c->ps->fqn, g, count, f, err);
+    for (int64_t k = 0; st == HP_OK && k < count; k++) {
+        switch (dt) {
+        case HP_I64:
+            ((int64_t *)b)[k] = (int64_t)f[k];
+            break;
+        case HP_I32:
+            ((int32_t *)b)[k] = (int32_t)f[k];
+            break;
+        case HP_BOOL:
+            b[k] = f[k] != 0;
+            break;
+        default:
+            ((uint16_t *)b)[k] = hp__bf16_round(f[k]);
+            break; /* HP_BF16 */
+        }
+    }
+    if (st == HP_OK)
+        st = c->t->be->vt->copy_in(c->t->be, c->dst + (size_t)l * size, b, (size_t)count * size,
+                                   err);
+    hp_free(f);
+    hp_free(b);
+    return st;
+}
+
 hp_status hp__train_init_buffers(trainer *t, hp_err *err) {
     for (int i = t->prog->n_params; i < t->prog->n_params + t->prog->n_bufs; i++) {
         const hp_param_slot *ps = &t->prog->params[i];
         if (ps->init.kind == HP_INIT_NONE) continue; /* the runtime's to fill: stays zero */
-        init_ctx c = {t, hp_exec_ptr(t->ex, ps->buffer), &ps->init, ps->fqn};
-        hp_status st = hp__train_param_runs(t, i, t->rank, init_run, &c, err);
+        hp_dtype dt = ps->global.dtype;
+        hp_status st;
+        if (dt == HP_F32) {
+            init_ctx c = {t, hp_exec_ptr(t->ex, ps->buffer), &ps->init, ps->fqn};
+            st = hp__train_param_runs(t, i, t->rank, init_run, &c, err);
+        } else if (dt == HP_I64 || dt == HP_I32 || dt == HP_BOOL || dt == HP_BF16) {
+            init_cast_ctx c = {t, hp_exec_ptr(t->ex, ps->buffer), ps};
+            st = hp__train_param_runs(t, i, t->rank, init_cast_run, &c, err);
+        } else {
+            st = hp_errf(err, HP_UNSUPPORTED,
+                         "a %s buffer (hp fills f32, bf16, integer and bool buffers)",
+                         hp_dtype_name(dt));
+        }
         if (st != HP_OK) return hp_err_prefix(err, "init buffer '%s'", ps->fqn);
     }
     return HP_OK;
@@ -113,6 +168,13 @@ static hp_status copy_run(void *ctx, int64_t g, int64_t l, int64_t count, hp_err
     return HP_OK;
 }
 
+/* Whether an init spec gives a buffer's values exactly (not a distribution standing in for
+ * values the weights file holds). */
+static bool exact_init(const hp_init *init) {
+    return init->kind == HP_INIT_ZEROS || init->kind == HP_INIT_ONES ||
+           init->kind == HP_INIT_CONSTANT || init->kind == HP_INIT_ARANGE;
+}
+
 /* Every parameter from the file, and the buffers it holds (an exported model's state: RoPE
  * tables and the like; a buffer the file lacks keeps its init); with buffers_only, the buffers
  * alone. Replicated buffers take the whole tensor, as parameters take their boxes. */
@@ -125,6 +187,13 @@ hp_status hp__train_load_weights(trainer *t, const char *path, bool buffers_only
         const hp_param_slot *ps = &t->prog->params[i];
         bool buffer = i >= t->prog->n_params;
         const hp_st_tensor *w = buffer ? hp_st_find(f, ps->fqn) : NULL;
+        if (buffer && w && ps->global.dtype != HP_F32 && !exact_init(&ps->init)) {
+            st = hp_errf(err, HP_UNSUPPORTED,
+                         "%s: buffer '%s' is %s: hp loads f32 buffers from a weights file (make "
+                         "it f32 in the model, or a constant or arange hp recreates)",
+                         path, ps->fqn, hp_dtype_name(ps->global.dtype));
+            break;
+        }
         if (buffer && (!w || ps->global.dtype != HP_F32)) continue; /* f32 state only */
         if (!buffer && (st = hp_st_get(f, ps->fqn, &w, err)) != HP_OK) break;
         bool same = w->rank == ps->global.rank;

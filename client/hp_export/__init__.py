@@ -333,9 +333,15 @@ class _Convert:
                     a = {"kind": "buffer", "fqn": fqn}
             else:
                 if k == np_ + nb:  # the captured constants are buffers, before the data
-                    casts = self._captured_constants(nodes, causal, problems)
+                    casts += self._captured_constants(nodes, causal, problems)
                 a = {"kind": "data", "fqn": "tokens" if k == np_ + nb else "labels"}
                 self.token_inputs.add(n)
+            if k < np_ + nb and t[0] in ("bf16", "f16"):
+                # a model in half precision: hp holds its state in f32 (the parameters are the
+                # optimizer's master weights; the weights file gets f32) and computes in the
+                # model's dtype from a cast of it, as --param-dtype does
+                casts.append((n, self.g.node("placeholder", [], [("f32", t[1])], a), t[0]))
+                continue
             self.vals[n] = self.g.node("placeholder", [], [t], a)
         for n, v, dtype in casts:
             self.vals[n] = self.g.node("_to_copy", [v], [(dtype, v.shape)], {"dtype": dtype})
@@ -404,7 +410,8 @@ class _Convert:
             lines += ["  " + p for p in problems]
             raise ExportError("\n".join(lines))
         out = [n for n in nodes if n.op == "output"][0].args[0]
-        self.g.outputs = [self.v(a) for a in out]
+        # the loss, and a half-precision model's gradients, in f32 (its parameters' dtype here)
+        self.g.outputs = [aten_map._as(self, self.v(a), "f32") for a in out]
         return self.g.text()
 
     def _captured_constants(self, nodes, causal, problems):
@@ -586,8 +593,9 @@ def export(model, example_inputs, loss_fn=default_loss, plan=None, train=None, o
         ir = os.path.join(tmpdir, os.path.basename(stem) + ".hpir")
         with open(ir, "w") as f:
             f.write(text)
-        state = {n: p for n, p in cap.params}
-        state.update({n: b for n, b in cap.buffers})
+        half = (torch.bfloat16, torch.float16)  # held in f32 (to_hpir's placeholders)
+        state = {n: p.float() if p.dtype in half else p for n, p in cap.params}
+        state.update({n: b.float() if b.dtype in half else b for n, b in cap.buffers})
         state.update(cap.constants)
         tied = ",".join("%s=%s" % (a, f) for a, f in sorted(cap.alias.items()) if a != f)
         wtmp = os.path.join(tmpdir, "weights.safetensors")

@@ -868,8 +868,12 @@ def _layer_norm(cx, node, args, kw):
     x = cx.v(x)
     if len(shape) != 1 or shape[0] != x.shape[-1]:
         raise Unsupported("normalized_shape %s (hp normalizes the last dim only)" % list(shape))
-    return cx.g.node("native_layer_norm", [x, _affine(cx, w, x, 1.0), _affine(cx, b, x, 0.0)],
-                     cx.types_of(node), {"eps": eps})
+    ts = cx.types_of(node)
+    stats = ("f32", tuple(list(x.shape[:-1]) + [1]))  # hp's statistics are f32, torch's x's
+    y, mean, rstd = cx.g.node("native_layer_norm",
+                              [x, _affine(cx, w, x, 1.0), _affine(cx, b, x, 0.0)],
+                              [ts[0], stats, stats], {"eps": eps})
+    return [y] + [_as(cx, v, t[0]) if t else v for v, t in ((mean, ts[1]), (rstd, ts[2]))]
 
 
 def _layer_norm_backward(cx, node, args, kw):
@@ -881,7 +885,8 @@ def _layer_norm_backward(cx, node, args, kw):
     d = xv.shape[-1]
     types = [ws[0] if ws[0] else (xv.dtype, xv.shape), (xv.dtype, (d,)), (xv.dtype, (d,))]
     return cx.g.node("native_layer_norm_backward",
-                     [cx.v(g), xv, cx.v(mean), cx.v(rstd), _affine(cx, w, xv, 1.0)], types)
+                     [cx.v(g), xv, _as(cx, cx.v(mean), "f32"), _as(cx, cx.v(rstd), "f32"),
+                      _affine(cx, w, xv, 1.0)], types)
 
 
 def _creation(op, value=None):

@@ -11,6 +11,7 @@
                   --ops2: OpsNet2, more of them; --ops3: OpsNet3, the less common ones;
                   --ops4: OpsNet4, repeat_interleave, GroupNorm, tensor constants;
                   --ops5: OpsNet5, losses, logic and math of models beyond the GPT;
+                  --bf16 (after those): the model in bf16 (model.to(torch.bfloat16));
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
                   --loss-3d, --loss-3d-none: cross entropy of [B, V, T] scores (nll_loss2d),
@@ -364,7 +365,8 @@ class OpsNet4(nn.Module):
     [B, C, T] with affine, RWKV's over [B·T, C], and F.group_norm without affine), with their
     backwards as torch records them (index_add, native_group_norm_backward); and tensor
     constants made in forward (torch.tensor of floats: ALiBi-like slopes; of integers: a
-    permutation to index by; of bools: a mask), which make_fx captures as constants."""
+    permutation to index by; of bools: a mask), which make_fx captures as constants; and
+    an i64 positions buffer and a bool buffer, which hp recreates from their init."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
@@ -372,10 +374,12 @@ class OpsNet4(nn.Module):
         self.gn = nn.GroupNorm(4, C)
         self.ln_x = nn.GroupNorm(H, C)
         self.out = nn.Linear(C, V)
+        self.register_buffer("pos", torch.arange(T))  # i64 and bool buffers hp recreates
+        self.register_buffer("on", torch.ones(C, dtype=torch.bool))
 
     def forward(self, idx):
         b, t = idx.shape
-        x = self.emb(idx)
+        x = self.emb(idx) + 0.5 * self.emb(self.pos[:t]).masked_fill(~self.on, 0.0)
         kv = self.kv(x).view(b, t, H // 2, C // H)
         x = x + 0.5 * torch.repeat_interleave(kv, repeats=2, dim=2).reshape(b, t, C)
         half = x[:, :t // 2]
@@ -589,13 +593,19 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops4(), flags[1:]
     if flags[:1] == ["--ops5"]:  # OpsNet5 instead of the GPT
         model, flags = make_ops5(), flags[1:]
+    half = flags[:1] == ["--bf16"]  # the model in bf16, as model.to(torch.bfloat16) makes it
+    if half:
+        flags = flags[1:]
     loss = hp_export.default_loss
     if flags[:1] == ["--label-smoothing"]:
         loss, flags = smoothed_loss(float(flags[1])), flags[2:]
     if flags[:1] and flags[0] in LOSSES:
         loss, flags = LOSSES[flags[0]] or sum_loss, flags[1:]
     x = torch.zeros(B, T, dtype=torch.int64)
-    hp_export.export(model or make(attn), (x, x.clone()), loss,
+    model = model or make(attn)
+    if half:
+        model = model.to(torch.bfloat16)
+    hp_export.export(model, (x, x.clone()), loss,
                      out="%s/job-%s.pb" % (d, name), weights=d + "/init.safetensors",
                      autodiff=autodiff, hpctl=os.environ.get("HPCTL"),
                      train={"lr": LR, "warmup": WARMUP, "weight_decay": WD, "grad_clip": CLIP,

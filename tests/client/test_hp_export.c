@@ -440,6 +440,63 @@ Test(hp_export, losses_logic_and_math_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops5", modes, variants, HP_ARRAY_LEN(modes), "--ops5");
 }
 
+/* A model in bf16 (model.to(torch.bfloat16)): hp holds its parameters in f32 (the weights
+ * file gets f32 of the bf16 values) and computes in bf16 from a cast of them, the loss and the
+ * gradients cast back to f32. Exported both ways, it trains: its first loss is PyTorch's f32
+ * loss of the same weights within bf16's rounding, its losses fall, and the two exports agree.
+ * A graph with bf16 parameters written by hand is refused with one line naming the fix. */
+Test(hp_export, bf16_model_trains_from_f32_masters) {
+    write_tokens();
+    char args[1024];
+    const char *modes[] = {"torch", "hp"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "export '%s' %s --as half-%d --bf16 --steps %d", dir,
+                 modes[k], k, STEPS);
+        ref_ok(args, "bf16 export");
+    }
+    char hpir[320];
+    snprintf(hpir, sizeof hpir, "%s/job-half-0.hpir", dir);
+    char *text = hp_th_slurp_or_empty(hpir);
+    cr_expect(strstr(text, "f32[64,32] = placeholder() {fqn=\"transformer.wte.weight\""),
+              "the parameters are not f32 placeholders:\n%.600s", text);
+    cr_expect(strstr(text, "_to_copy") && strstr(text, "{dtype=bf16}"), "no cast to bf16");
+    snprintf(args, sizeof args, "train '%s' %d", dir, STEPS);
+    ref_ok(args, "PyTorch's f32 run");
+    double ref[STEPS + 1], hp[2][STEPS + 1];
+    char path[320];
+    snprintf(path, sizeof path, "%s/ref", dir);
+    cr_assert_eq(hp_th_read_losses(path, ref, STEPS + 1), STEPS);
+    for (int k = 0; k < 2; k++) {
+        char job[64], run[64];
+        snprintf(job, sizeof job, "job-half-%d.pb", k);
+        snprintf(run, sizeof run, "half-%d", k);
+        train_hp(job, run, 1);
+        snprintf(path, sizeof path, "%s/%s", dir, run);
+        cr_assert_eq(hp_th_read_losses(path, hp[k], STEPS + 1), STEPS);
+        cr_expect(fabs(hp[k][0] - ref[0]) <= 0.02 * ref[0], "%s: first loss %g, PyTorch f32 %g",
+                  modes[k], hp[k][0], ref[0]);
+        cr_expect(hp[k][STEPS - 1] < hp[k][0], "%s: loss %g -> %g", modes[k], hp[k][0],
+                  hp[k][STEPS - 1]);
+    }
+    for (int i = 0; i < STEPS; i++)
+        cr_expect(fabs(hp[0][i] - hp[1][i]) <= 0.02 * fabs(hp[0][i]),
+                  "step %d: torch autodiff %g, hp autodiff %g", i + 1, hp[0][i], hp[1][i]);
+    /* the same graph with its parameters left in bf16 */
+    char bad[320];
+    snprintf(bad, sizeof bad, "%s/bad.hpir", dir);
+    FILE *f = fopen(bad, "w");
+    cr_assert(f);
+    fputs("hpir 1\n%0: bf16[4] = placeholder() {fqn=\"w\", init=ones, kind=param}\n"
+          "%1: bf16[] = sum(%0) {dims=[]}\n%2: f32[] = _to_copy(%1) {dtype=f32}\nreturn %2\n",
+          f);
+    fclose(f);
+    hp_th_run r = hp_th_hpctl(dir, 60, "new --graph '%s' -o '%s/bad.pb'", bad, dir);
+    cr_expect_eq(r.code, 2, "%s", r.err);
+    cr_expect(strstr(r.err, "parameter 'w' is bf16") && strstr(r.err, "--param-dtype bf16"),
+              "%s", r.err);
+    hp_th_run_free(&r);
+}
+
 /* Cross entropy with label smoothing (0.1), which torch 1.13 records with index_put_,
  * masked_select, masked_scatter over `labels == -100` and 0-d f64 constants: exported both ways,
  * the GPT trains to PyTorch's losses and weights (the mask is false everywhere for token ids,
