@@ -234,19 +234,10 @@ def _foldable(n, results):
     """Whether FX node n's recorded value is its value at every step: computed from constants
     alone (no placeholder upstream), by no random op, a tensor of at most _FOLD_MAX_ELEMENTS."""
     r = results.get(n)
-    if not torch.is_tensor(r) or r.dtype not in hpir.DTYPES or r.numel() > _FOLD_MAX_ELEMENTS \
-            or not aten_extra._from_constants(n):
+    if not torch.is_tensor(r) or r.dtype not in hpir.DTYPES or r.numel() > _FOLD_MAX_ELEMENTS:
         return False
-    seen, todo = set(), [n]
-    while todo:
-        m = todo.pop()
-        if m in seen:
-            continue
-        seen.add(m)
-        if torch.Tag.nondeterministic_seeded in getattr(m.target, "tags", ()):
-            return False
-        todo.extend(m.all_input_nodes)
-    return True
+    return not aten_extra._upstream(n, lambda m: m.op == "placeholder" or (
+        torch.Tag.nondeterministic_seeded in getattr(m.target, "tags", ())))
 
 
 class _Convert:

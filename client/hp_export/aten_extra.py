@@ -258,19 +258,24 @@ def _empty(cx, node, args, kw):
     return cx.g.node("zeros", [], [t], {"shape": list(t[1]), "dtype": t[0]})
 
 
-def _from_constants(node):
-    """Whether FX node is computed from constants only (no placeholder upstream): the value
-    the trace recorded is then its value for every input."""
+def _upstream(node, pred):
+    """Whether pred holds for FX node or any node its value is computed from."""
     seen, todo = set(), [node]
     while todo:
         n = todo.pop()
         if n in seen:
             continue
         seen.add(n)
-        if n.op == "placeholder":
-            return False
+        if pred(n):
+            return True
         todo.extend(n.all_input_nodes)
-    return True
+    return False
+
+
+def _from_constants(node):
+    """Whether FX node is computed from constants only (no placeholder upstream): the value
+    the trace recorded is then its value for every input."""
+    return not _upstream(node, lambda n: n.op == "placeholder")
 
 
 def _uniform_repeats(cx, node):
