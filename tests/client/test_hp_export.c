@@ -450,8 +450,8 @@ Test(hp_export, bf16_model_trains_from_f32_masters) {
     char args[1024];
     const char *modes[] = {"torch", "hp"};
     for (int k = 0; k < 2; k++) {
-        snprintf(args, sizeof args, "export '%s' %s --as half-%d --bf16 --steps %d", dir,
-                 modes[k], k, STEPS);
+        snprintf(args, sizeof args, "export '%s' %s --as half-%d --bf16 --steps %d", dir, modes[k],
+                 k, STEPS);
         ref_ok(args, "bf16 export");
     }
     char hpir[320];
@@ -492,8 +492,8 @@ Test(hp_export, bf16_model_trains_from_f32_masters) {
     fclose(f);
     hp_th_run r = hp_th_hpctl(dir, 60, "new --graph '%s' -o '%s/bad.pb'", bad, dir);
     cr_expect_eq(r.code, 2, "%s", r.err);
-    cr_expect(strstr(r.err, "parameter 'w' is bf16") && strstr(r.err, "--param-dtype bf16"),
-              "%s", r.err);
+    cr_expect(strstr(r.err, "parameter 'w' is bf16") && strstr(r.err, "--param-dtype bf16"), "%s",
+              r.err);
     hp_th_run_free(&r);
 }
 
