@@ -95,12 +95,13 @@ static hp_status init_cast_run(void *ctx, int64_t g, int64_t l, int64_t count, h
     if (st == HP_OK)
         st = hp_param_init_fill(&c->ps->init, c->t->job->train.seed, c->ps->fqn, g, count, f, err);
     for (int64_t k = 0; st == HP_OK && k < count; k++) {
+        double v = isnan(f[k]) ? 0 : f[k]; /* an integer saturates, as _to_copy's cast */
         switch (dt) {
         case HP_I64:
-            ((int64_t *)b)[k] = (int64_t)f[k];
+            ((int64_t *)b)[k] = v >= 0x1p63 ? INT64_MAX : v < -0x1p63 ? INT64_MIN : (int64_t)v;
             break;
         case HP_I32:
-            ((int32_t *)b)[k] = (int32_t)f[k];
+            ((int32_t *)b)[k] = v >= 0x1p31 ? INT32_MAX : v < -0x1p31 ? INT32_MIN : (int32_t)v;
             break;
         case HP_BOOL:
             b[k] = f[k] != 0;
