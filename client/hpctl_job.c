@@ -551,12 +551,13 @@ static int graph_from_file(const char *verb, hp_job *job) {
         const hp_attr *fqn = hp_node_attr(n, HP_ATTR_FQN);
         if (hp_node_int(n, HP_ATTR_KIND, -1) == HP_INPUT_PARAM && n->out[0].dtype != HP_F32) {
             const char *dt = hp_dtype_name(n->out[0].dtype);
-            hp_graph_free(g);
-            return hpctl_fail(HPCTL_USAGE, verb,
-                              "--graph %s: parameter '%s' is %s: hp holds parameters in f32 "
-                              "(the master weights); give the graph f32 parameters and ask for "
-                              "%s compute with --param-dtype %s",
-                              graph_path, fqn && fqn->s ? fqn->s : "?", dt, dt, dt);
+            int rc = hpctl_fail(HPCTL_USAGE, verb,
+                                "--graph %s: parameter '%s' is %s: hp holds parameters in f32 "
+                                "(the master weights); give the graph f32 parameters and ask "
+                                "for %s compute with --param-dtype %s",
+                                graph_path, fqn && fqn->s ? fqn->s : "?", dt, dt, dt);
+            hp_graph_free(g); /* after the message: the fqn is the graph's */
+            return rc;
         }
     }
     hp_graph_inputs in = hp_graph_count_inputs(g);

@@ -460,6 +460,7 @@ Test(hp_export, bf16_model_trains_from_f32_masters) {
     cr_expect(strstr(text, "f32[64,32] = placeholder() {fqn=\"transformer.wte.weight\""),
               "the parameters are not f32 placeholders:\n%.600s", text);
     cr_expect(strstr(text, "_to_copy") && strstr(text, "{dtype=bf16}"), "no cast to bf16");
+    free(text);
     snprintf(args, sizeof args, "train '%s' %d", dir, STEPS);
     ref_ok(args, "PyTorch's f32 run");
     double ref[STEPS + 1], hp[2][STEPS + 1];
