@@ -556,7 +556,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
         HP_TRY(hp__train_load_checkpoint(t, o->resume, start, err));
         /* a checkpoint holds what training changes; the buffers (an exported model's RoPE
          * tables) never change and are the weights file's, as at the start */
-        if (from_file && t->prog->n_bufs > 0) {
+        if (from_file && hp__train_buffers_from_file(t)) {
             hp_status st = hp__train_load_weights(t, init_from, true, err);
             if (st != HP_OK) return hp_err_prefix(err, "resume: the buffers of --init-from");
         }

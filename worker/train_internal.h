@@ -96,6 +96,9 @@ hp_status hp__train_init_params(trainer *t, hp_err *err);
 /* Weights from a safetensors file keyed by FQN (extra tensors are ignored); with buffers_only,
  * the buffers alone (a resume: the checkpoint holds the parameters). */
 hp_status hp__train_load_weights(trainer *t, const char *path, bool buffers_only, hp_err *err);
+/* Whether a buffer's values are the weights file's rather than its init spec's (a spec that
+ * only stands in for them: a distribution, not a constant or arange). */
+bool hp__train_buffers_from_file(const trainer *t);
 /* AdamW moments (zero, on the device), the tensor lists, the config and the LR schedule. */
 hp_status hp__train_alloc_optimizer(trainer *t, hp_err *err);
 void hp__train_free_optimizer(trainer *t);

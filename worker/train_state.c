@@ -176,6 +176,13 @@ static bool exact_init(const hp_init *init) {
            init->kind == HP_INIT_CONSTANT || init->kind == HP_INIT_ARANGE;
 }
 
+bool hp__train_buffers_from_file(const trainer *t) {
+    for (int i = t->prog->n_params; i < t->prog->n_params + t->prog->n_bufs; i++)
+        if (t->prog->params[i].init.kind != HP_INIT_NONE && !exact_init(&t->prog->params[i].init))
+            return true;
+    return false;
+}
+
 /* Every parameter from the file, and the buffers it holds (an exported model's state: RoPE
  * tables and the like; a buffer the file lacks keeps its init); with buffers_only, the buffers
  * alone. Replicated buffers take the whole tensor, as parameters take their boxes. */
