@@ -17,6 +17,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +60,6 @@ typedef struct opts {
     int slots;
 } opts;
 
-static uv_signal_t sig_term, sig_int, sig_hup;
 static uv_timer_t g_watchdog; /* WATCHDOG=1 (only when systemd set WatchdogSec) */
 static hpd *g_d;
 
@@ -158,24 +159,105 @@ static void reload(void) {
     hp__core_tick(g_d); /* more slots: queued jobs start now */
 }
 
-static void close_signals(void) {
-    uv_close((uv_handle_t *)&sig_term, NULL);
-    uv_close((uv_handle_t *)&sig_int, NULL);
-    uv_close((uv_handle_t *)&sig_hup, NULL);
+/* ---- signals -------------------------------------------------------------------------------
+ * SIGTERM, SIGINT and SIGHUP are blocked in every thread main starts (it blocks them first
+ * thing; gRPC's threads and libuv's pool inherit the mask), and one thread takes them with
+ * sigwait() and hands them to the loop. Left to the kernel, a process-wide signal goes to any
+ * thread that has it unblocked, and under ThreadSanitizer one that landed on a gRPC thread could
+ * stay pending there for good: hpd never stopped. Threads that exist before main (OpenBLAS
+ * starts its pool from a constructor) still have them unblocked: there a handler passes the
+ * signal on to the signal thread. Before the loop is ready, and once the first SIGTERM/SIGINT
+ * has started the shutdown, a signal takes its default action (terminate), as before and as a
+ * second Ctrl-C should. uv_spawn clears the mask in the processes it starts. */
+enum { SIGS_STARTING, SIGS_SERVING, SIGS_STOPPING };
+static sigset_t g_sig_set;
+static uv_mutex_t g_sig_mu;
+static int g_sig_state;        /* SIGS_*, under g_sig_mu */
+static unsigned g_sig_bits;    /* signals for the loop (1 << signum), under g_sig_mu */
+static uv_async_t g_sig_async; /* open only in SIGS_SERVING */
+static uv_thread_t g_sig_thread;
+
+static void sig_default(int signum) {
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigaction(signum, &dfl, NULL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, signum);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(signum);
+    _exit(128 + signum); /* not reached: all three terminate by default */
 }
 
-static void on_signal(uv_signal_t *h, int signum) {
-    if (signum == SIGHUP) {
-        reload();
-        return;
+static void sig_thread(void *arg) {
+    (void)arg;
+    for (;;) {
+        int signum = 0;
+        if (sigwait(&g_sig_set, &signum) != 0) continue;
+        uv_mutex_lock(&g_sig_mu);
+        bool serving = g_sig_state == SIGS_SERVING;
+        if (serving) {
+            g_sig_bits |= 1u << signum;
+            uv_async_send(&g_sig_async); /* under the lock: the loop closes it under the lock */
+        }
+        uv_mutex_unlock(&g_sig_mu);
+        if (!serving) sig_default(signum);
     }
-    hp__log("info", "event=shutdown signal=%s", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+/* On a thread that has them unblocked (one started before main): to the signal thread, where
+ * they are blocked and sigwait() takes them. pthread_kill is async-signal-safe. */
+static void sig_forward(int signum) {
+    int e = errno;
+    pthread_kill(g_sig_thread, signum);
+    errno = e;
+}
+
+/* First thing in main, before main starts any thread. */
+static int signals_block(void) {
+    sigemptyset(&g_sig_set);
+    sigaddset(&g_sig_set, SIGTERM);
+    sigaddset(&g_sig_set, SIGINT);
+    sigaddset(&g_sig_set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &g_sig_set, NULL);
+    int rc = uv_mutex_init(&g_sig_mu);
+    if (rc == 0) rc = uv_thread_create(&g_sig_thread, sig_thread, NULL);
+    if (rc != 0) {
+        fprintf(stderr, "hpd: cannot start the signal thread: %s\n", uv_strerror(rc));
+        return rc;
+    }
+    struct sigaction fw = {.sa_handler = sig_forward, .sa_flags = SA_RESTART};
+    sigfillset(&fw.sa_mask);
+    for (int sig = 1; sig < 32; sig++)
+        if (sigismember(&g_sig_set, sig)) sigaction(sig, &fw, NULL);
+    return 0;
+}
+
+static void on_signal(uv_async_t *h) {
+    (void)h;
+    uv_mutex_lock(&g_sig_mu);
+    unsigned bits = g_sig_bits;
+    g_sig_bits = 0;
+    uv_mutex_unlock(&g_sig_mu);
+    if (bits & (1u << SIGHUP)) reload();
+    if (!(bits & (1u << SIGTERM | 1u << SIGINT))) return;
+    hp__log("info", "event=shutdown signal=%s", bits & (1u << SIGTERM) ? "SIGTERM" : "SIGINT");
     hpd_sd_notify("STOPPING=1");
     if (uv_is_active((uv_handle_t *)&g_watchdog)) uv_close((uv_handle_t *)&g_watchdog, NULL);
     hpd_rpc_stop(g_d);
     hpd_http_stop(g_d);
     hpd_shutdown(g_d);
-    close_signals();
+    uv_mutex_lock(&g_sig_mu);
+    g_sig_state = SIGS_STOPPING;
+    uv_close((uv_handle_t *)&g_sig_async, NULL);
+    uv_mutex_unlock(&g_sig_mu);
+}
+
+/* The loop is ready: signals go to on_signal from now on. */
+static void signals_serve(uv_loop_t *loop) {
+    uv_async_init(loop, &g_sig_async, on_signal);
+    uv_mutex_lock(&g_sig_mu);
+    g_sig_state = SIGS_SERVING;
+    uv_mutex_unlock(&g_sig_mu);
 }
 
 /* STATE_DIR/token: 32 random bytes as hex, mode 0600, created once. */
@@ -278,6 +360,7 @@ static void on_watchdog(uv_timer_t *t) {
 }
 
 int main(int argc, char **argv) {
+    if (signals_block() != 0) return 1;
     hpd_sd_init();
     opts o = {.listen = "127.0.0.1:7070",
               .worker_listen = "127.0.0.1:0",
@@ -520,12 +603,7 @@ int main(int argc, char **argv) {
     }
     warn_exposed("grpc", o.listen, o.tls_cert != NULL, d->auth_all);
     if (strcmp(http_addr, "off") != 0) warn_exposed("http", http_addr, false, d->auth_all);
-    uv_signal_init(loop, &sig_term);
-    uv_signal_init(loop, &sig_int);
-    uv_signal_init(loop, &sig_hup);
-    uv_signal_start(&sig_term, on_signal, SIGTERM);
-    uv_signal_start(&sig_int, on_signal, SIGINT);
-    uv_signal_start(&sig_hup, on_signal, SIGHUP);
+    signals_serve(loop);
     char ghost[64];
     snprintf(ghost, sizeof ghost, "%.*s", (int)(strrchr(o.listen, ':') - o.listen), o.listen);
     printf("hpd listening grpc=%s:%d workers=%s state=%s http=%s launcher=%s\n", ghost, gport,

@@ -77,7 +77,7 @@ bench/fuzz.sh --time 30 --build build-fuzz --jobs "$jobs"
 
 # ThreadSanitizer over the threaded parts: the compute pool (worker/threads.c) and the shm
 # communicator's comm thread in hp-worker, the agent's threads, and in hpd the gRPC
-# completion-queue thread, the HTTP pool and the compile pool. Criterion cannot run under TSan
+# completion-queue thread, the HTTP pool, the compile pool and the signal thread. Criterion cannot run under TSan
 # (its arena is mapped at fixed addresses TSan reserves: Snaipe/Criterion#274), so the TSan
 # build holds hpd, hp-worker and hpctl only, and the release build's test drivers run against
 # them (HP_BINARY_DIR=build-tsan). Every report goes to build-tsan/tsan-reports/ and any file
@@ -104,7 +104,7 @@ set +e
     echo "tsan: hp-worker --standalone (world 2, 2 threads): ok"
     # The release build's drivers (they start hpd, hp-worker and hpctl from HP_BINARY_DIR).
     for t in test_agent test_fsdp_train test_tp_train test_rpc_python test_hpctl_remote test_harden \
-        test_http; do
+        test_http test_hpd_config; do
         start=$(date +%s)
         HP_BINARY_DIR=$tsan HP_SOURCE_DIR=$PWD build/tests/$t --jobs 1 --verbose=0
         echo "tsan: $t: ok ($(($(date +%s) - start)) s)"

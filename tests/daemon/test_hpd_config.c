@@ -173,6 +173,22 @@ static bool log_has(const char *s, int ms) {
     }
 }
 
+/* The SigBlk mask in /proc/PID/status; 0 when unreadable. */
+static unsigned long long sig_blocked(const char *pid) {
+    char p[300], line[256];
+    snprintf(p, sizeof p, "/proc/%s/status", pid);
+    FILE *f = fopen(p, "r");
+    unsigned long long m = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "SigBlk: %llx", &m) == 1) break;
+    fclose(f);
+    return m;
+}
+
+#define SIGBIT(s) (1ull << ((s)-1))
+#define STOP_SIGS (SIGBIT(SIGTERM) | SIGBIT(SIGINT) | SIGBIT(SIGHUP))
+
 Test(hpd_config, bad_file_stops_the_start_naming_file_and_line) {
     write_file(g_conf, "# hpd\nslots = 2\n\nbogus = 1\n");
     char args[600], want[400], *err;
@@ -255,6 +271,18 @@ Test(hpd_config, sighup_applies_live_keys_and_keeps_a_broken_config_out) {
     char *st = job_state(b);
     cr_expect_str_eq(st, "QUEUED", "one slot: the second job waits");
     free(st);
+    /* hpd blocks the stop signals in its threads (one sigwait()s them for the loop); the
+     * worker it spawned must not inherit that mask, or SIGTERM would not stop it. */
+    char cmd[200], wp[32] = "";
+    snprintf(cmd, sizeof cmd, "pgrep -f -- 'hp-worker [-]-coordinator .* [-]-job %s [-]-rank 0'",
+             a);
+    FILE *pg = popen(cmd, "r");
+    cr_assert(pg);
+    cr_assert(fgets(wp, sizeof wp, pg) && atoi(wp) > 0, "no hp-worker for %s", a);
+    pclose(pg);
+    wp[strcspn(wp, "\n")] = 0;
+    cr_expect_eq(sig_blocked(wp) & STOP_SIGS, 0ull, "the worker %s inherited blocked signals: %llx",
+                 wp, sig_blocked(wp));
 
     write_file(g_conf, "log-level = info\nslots = 2\nhttp = off\nworker = /nonexistent/hp-worker\n"
                        "on-sigterm = cancel\nheartbeat-ms = 3000\nlauncher = external\n"
@@ -320,4 +348,27 @@ Test(hpd_config, on_sigterm_cancel_leaves_jobs_cancelled_after_a_restart) {
     cr_expect(log_has("to=CANCELLED reason=\"cancelled: coordinator shut down\"", 0));
     free(id);
     free(done);
+}
+
+/* A SIGTERM or SIGINT the moment hpd is ready stops it, every time (a process-wide signal that
+ * the kernel gave a gRPC thread once stayed pending for good under ThreadSanitizer). */
+Test(hpd_config, a_stop_signal_right_after_ready_always_stops_hpd) {
+    write_file(g_conf, "http = off\n");
+    for (int i = 0; i < 12; i++) {
+        start_hpd("--config", g_conf, (char *)NULL);
+        if (i % 3 == 2) {
+            cr_assert_eq(kill(g_h.pid, SIGINT), 0);
+            int st = 0;
+            pid_t w = -1;
+            for (int k = 0; k < 3000 && (w = waitpid(g_h.pid, &st, WNOHANG)) == 0; k++)
+                usleep(10000);
+            cr_expect(w == g_h.pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "start %d: hpd did not exit 0 within 30 s of SIGINT", i);
+            if (w != g_h.pid) kill(g_h.pid, SIGKILL), waitpid(g_h.pid, NULL, 0);
+            g_h.pid = g_hpd = -1;
+        } else {
+            stop_hpd();
+        }
+        cr_assert(log_has("event=shutdown signal=SIG", 0), "start %d: no shutdown line", i);
+    }
 }
