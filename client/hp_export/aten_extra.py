@@ -23,6 +23,9 @@
   index_put(x, [..., idx], v, True)   its backward: embedding_dense_backward (aten_map's
                                       index_put hands this form over)
   empty                               zeros (never read before written: fill_ follows)
+  select_backward(g, sizes, dim, i)   x[:, 0]'s backward (a [CLS] or last-token pooling):
+                                      g viewed with a unit dim at dim, then slice_backward
+                                      into zeros of sizes at i
   repeat_interleave(repeats)          the index arange(n) with each entry r times, for one
                                       repeat count r made from constants (x.repeat_interleave(r,
                                       dim) records it before an index_select); then
@@ -538,8 +541,22 @@ def _native_group_norm_backward(cx, node, args, kw):
     return out
 
 
+def _select_backward(cx, node, args, kw):
+    g, sizes, dim, index = cx.v(args[0]), list(args[1]), args[2], args[3]
+    dim %= len(sizes)
+    n = sizes[dim]
+    i = index + n if index < 0 else index
+    if not 0 <= i < n:
+        raise Unsupported("select_backward at %d of a dim of %d" % (index, n))
+    one = [1 if d == dim else s for d, s in enumerate(sizes)]
+    g = cx.g.node("view", [g], [(g.dtype, tuple(one))], {"shape": one})
+    return cx.g.node("slice_backward", [g], [_t(cx, node)],
+                     {"shape": sizes, "dim": dim, "start": i, "end": i + 1})
+
+
 TABLE = {
     aten.empty.memory_format: _empty,
+    aten.select_backward.default: _select_backward,
     aten.repeat_interleave.Tensor: _repeat_interleave,
     aten.native_group_norm.default: _native_group_norm,
     aten.native_group_norm_backward.default: _native_group_norm_backward,

@@ -526,9 +526,7 @@ def _reduce(op):
     def f(cx, node, args, kw):
         dims = list(args[1]) if len(args) > 1 and args[1] is not None else []
         keep = kw.get("keepdim", args[2] if len(args) > 2 else False)
-        if kw.get("dtype") is not None:
-            raise Unsupported("dtype=%s" % kw["dtype"])
-        a = {"dims": dims}
+        a = {"dims": dims}  # a dtype= is the output's: the input is cast to it below
         if keep:
             a["keepdim"] = 1
         t = _t(cx, node)  # a sum of bools counts them in i64, as torch's
@@ -1168,6 +1166,7 @@ TABLE = {
     aten.mul.Tensor: _binary("mul", "mul_scalar"),
     aten.div.Tensor: _binary("div", None),
     aten.add.Scalar: _binary("add", "add_scalar"),
+    aten.sub.Scalar: _binary("sub", None),
     aten.mul.Scalar: _mul_scalar,
     aten.div.Scalar: _binary("div", None),
     aten.rsub.Scalar: _rsub,

@@ -5,6 +5,11 @@ three.
 
   exp2(x), log2(x), log10(x)          exp(x · ln 2), log(x) / ln 2, log(x) / ln 10
   pow(c, x) (a scalar base c > 0)     exp(x · ln c)
+  pow(a, b) of two tensors            exp(b · ln|a|), negated for a < 0 and an odd whole b, NaN
+                                      for a < 0 and a fractional b, 1 where b = 0
+  fmod(a, b), remainder(a, b)         a − trunc(a/b) · b, kept within |b| with a's sign
+                                      (remainder: then b's); floats
+  div(a, b, rounding_mode)            trunc or floor of the quotient; floats
   sinh(x), cosh(x)                    (eˣ ∓ e⁻ˣ) / 2; sinh by its Taylor polynomial to x⁷ where
                                       |x| < 0.1 (the difference cancels there)
   celu(x, α)                          elu with input scale 1/α (its backward is elu_backward)
@@ -89,6 +94,77 @@ def _pow_scalar(cx, node, args, kw):
     return _n(cx, "exp", [_scaled(cx, x, math.log(base))], t)
 
 
+def _pow_tensors(cx, node, args, kw):
+    """pow(a, b) of two tensors: exp(b · log|a|), negated for a negative a and an odd whole b,
+    NaN for a negative a and a fractional b, 1 where b is 0 (0⁰ too), as torch's."""
+    a, t = cx.v(args[0]), _t(cx, node)
+    _float(a, "pow")
+    a = _as(cx, a, t[0])
+    b = _as(cx, aten_map._operand(cx, args[1], t[0]), t[0])
+    la = _n(cx, "log", [aten_map._abs_of(cx, a)], (a.dtype, a.shape))
+    p = _n(cx, "exp", [_n(cx, "mul", [b, la], t)], t)
+    zero = cx.full(0.0, t[0])
+    neg = _lt(cx, a, zero)
+    whole = _n(cx, "eq", [b, _trunc_of(cx, b)], ("bool", b.shape))
+    half = _scaled(cx, b, 0.5)
+    odd = _n(cx, "bitwise_not", [_n(cx, "eq", [half, _trunc_of(cx, half)], ("bool", b.shape))],
+             ("bool", b.shape))
+    p = _n(cx, "where", [_n(cx, "where", [neg, odd, cx.full(False, "bool")], ("bool", t[1])),
+                         _n(cx, "neg", [p], t), p], t)
+    bad = _n(cx, "where", [neg, _n(cx, "bitwise_not", [whole], ("bool", b.shape)),
+                           cx.full(False, "bool")], ("bool", t[1]))
+    p = _n(cx, "where", [bad, cx.full(float("nan"), t[0]), p], t)
+    return _n(cx, "where", [_n(cx, "eq", [b, zero], ("bool", b.shape)), cx.full(1.0, t[0]), p], t)
+
+
+def _trunc_of(cx, x):
+    t = (x.dtype, x.shape)
+    up = _n(cx, "neg", [_floor_of(cx, _n(cx, "neg", [x], t))], t)
+    return _n(cx, "where", [_lt(cx, x, cx.full(0.0, x.dtype)), up, _floor_of(cx, x)], t)
+
+
+def _mod(which):
+    """fmod (the sign of a) and remainder (the sign of b) of floats, as torch's: a − trunc(a/b)·b,
+    brought into (−|b|, |b|) with a's sign where the quotient rounded across a whole number;
+    remainder adds b where that sign is not b's. Only the quotient rounds, so a result near 0
+    or ±b may differ from torch's exact one by a rounding of a."""
+    def f(cx, node, args, kw):
+        a, t = cx.v(args[0]), _t(cx, node)
+        _float(a, which)
+        a = _as(cx, a, t[0])
+        b = _as(cx, aten_map._operand(cx, args[1], t[0]), t[0])
+        q = _n(cx, "div", [a, b], t)
+        r = _n(cx, "sub", [a, _n(cx, "mul", [_trunc_of(cx, q), b], t)], t)
+        zero = cx.full(0.0, t[0])
+        ab = aten_map._abs_of(cx, b)
+        sa = _n(cx, "where", [_lt(cx, a, zero), _n(cx, "neg", [ab], (ab.dtype, ab.shape)), ab],
+                t)  # |b| with a's sign
+        flip = _lt(cx, _n(cx, "mul", [r, a], t), zero)
+        r = _n(cx, "where", [flip, _n(cx, "add", [r, sa], t), r], t)
+        if which == "fmod":
+            return r
+        off = _lt(cx, _n(cx, "mul", [r, b], t), zero)
+        return _n(cx, "where", [off, _n(cx, "add", [r, b], t), r], t)
+    return f
+
+
+def _div_mode(cx, node, args, kw):
+    """div(a, b, rounding_mode=None | 'trunc' | 'floor') of floats (fmod's backward records
+    the trunc one)."""
+    mode = kw.get("rounding_mode", args[2] if len(args) > 2 else None)
+    a, t = cx.v(args[0]), _t(cx, node)
+    if mode is not None and a.dtype not in _FINITE_MAX:
+        raise Unsupported("div with rounding_mode=%r of a %s tensor (hp rounds floats)"
+                          % (mode, a.dtype))
+    q = _n(cx, "div", [_as(cx, a, t[0]), _as(cx, aten_map._operand(cx, args[1], t[0]), t[0])],
+           t)
+    if mode is None:
+        return q
+    if mode not in ("trunc", "floor"):
+        raise Unsupported("div with rounding_mode=%r" % mode)
+    return _trunc_of(cx, q) if mode == "trunc" else _floor_of(cx, q)
+
+
 def _sinh_cosh(sign):
     def f(cx, node, args, kw):
         x, t = cx.v(args[0]), _t(cx, node)
@@ -138,9 +214,7 @@ def _rounding(which):
         if which == "ceil":
             return _n(cx, "neg", [_floor_of(cx, _n(cx, "neg", [x], t))], t)
         if which == "trunc":
-            neg = _lt(cx, x, cx.full(0.0, x.dtype))
-            up = _n(cx, "neg", [_floor_of(cx, _n(cx, "neg", [x], t))], t)
-            return _n(cx, "where", [neg, up, _floor_of(cx, x)], t)
+            return _trunc_of(cx, x)
         r = _floor_of(cx, _n(cx, "add_scalar", [x], t, {"value": 0.5}))
         tie = _n(cx, "eq", [_n(cx, "sub", [r, x], t), cx.full(0.5, x.dtype)], ("bool", x.shape))
         half = _floor_of(cx, _scaled(cx, r, 0.5))
@@ -675,6 +749,13 @@ TABLE = {
     aten.log2.default: _log_scaled(1.0 / math.log(2.0), "log2"),
     aten.log10.default: _log_scaled(1.0 / math.log(10.0), "log10"),
     aten.pow.Scalar: _pow_scalar,
+    aten.pow.Tensor_Tensor: _pow_tensors,
+    aten.div.Tensor_mode: _div_mode,
+    aten.div.Scalar_mode: _div_mode,
+    aten.fmod.Scalar: _mod("fmod"),
+    aten.fmod.Tensor: _mod("fmod"),
+    aten.remainder.Scalar: _mod("remainder"),
+    aten.remainder.Tensor: _mod("remainder"),
     aten.sinh.default: _sinh_cosh(-1),
     aten.cosh.default: _sinh_cosh(1),
     aten.celu.default: _celu,

@@ -11,6 +11,7 @@
                   --ops2: OpsNet2, more of them; --ops3: OpsNet3, the less common ones;
                   --ops4: OpsNet4, repeat_interleave, GroupNorm, tensor constants;
                   --ops5: OpsNet5, losses, logic and math of models beyond the GPT;
+                  --ops6: OpsNet6, a top-2 mixture of experts, sort, topk, gather/scatter;
                   --bf16 (after those): the model in bf16 (model.to(torch.bfloat16));
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
@@ -29,6 +30,7 @@
                   loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
+  export_ref.py longsort DIR                         one with a sort of 512 entries: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
                   to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
 
@@ -403,8 +405,9 @@ class OpsNet5(nn.Module):
     boolean logic (&, |, ^, any, all), cosine similarity (sqrt_, clamp_min_), nan_to_num,
     rounding (a straight-through estimator), a one-hot of the tokens by scatter_, integer
     arithmetic on constants (folded), and auxiliary losses (mse, smooth_l1, huber, l1, kl_div
-    both ways, binary cross entropy with and without logits) scaling the logits, with the
-    backwards torch records."""
+    both ways, binary cross entropy with and without logits) scaling the logits, pow of two
+    tensors (negative bases, whole and fractional exponents, 0⁰), fmod and remainder, a sum
+    with dtype=, with the backwards torch records."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
@@ -441,6 +444,12 @@ class OpsNet5(nn.Module):
         onehot = torch.zeros(b, t, V).scatter_(2, idx.unsqueeze(-1), 1.0)
         x = x + 0.3 * onehot[..., :C] + 0.1 * ((torch.arange(C) // 4) % 3).float()
         x = x + 0.1 * (torch.arange(C) & 1).float()
+        base = torch.tensor([-2.0, -1.5, 0.0, 0.5, 3.0, -0.7, 0.0, -2.0])
+        ex = torch.tensor([3.0, 2.0, 0.0, -1.0, 0.5, 1.0, 2.0, 0.5])
+        sp = torch.nan_to_num(torch.pow(base, ex), nan=0.25).sum(dtype=torch.float32)
+        x = x + 0.01 * sp + 0.1 * torch.fmod(u, 0.7) + 0.1 * torch.remainder(w, -0.6)
+        x = x + 0.1 * torch.fmod(w, u.abs() + 0.5) + 0.05 * torch.pow(u.abs() + 0.5, w)
+        x = x + 0.02 * torch.pow(-u.abs() - 0.5, torch.round(w.detach()).clamp(-2, 3))
         aux = F.mse_loss(u, w.detach()) + F.smooth_l1_loss(u, w.detach(), beta=0.5)
         aux = aux + F.huber_loss(w, u.detach(), delta=0.7) + F.l1_loss(u, w)
         aux = aux + F.kl_div(F.log_softmax(u, -1), F.softmax(w.detach(), -1),
@@ -453,6 +462,46 @@ class OpsNet5(nn.Module):
         aux = aux + F.binary_cross_entropy_with_logits(logit, tgt, pos_weight=torch.tensor(2.0))
         aux = aux + F.mse_loss(u, w, reduction="sum") / 100
         return self.out(x) * (1 + 0.1 * torch.tanh(aux))
+
+
+class OpsNet6(nn.Module):
+    """Selection by data (client/hp_export/aten_select.py): a mixture of four experts behind a
+    top-2 router (topk, a softmax over the two, the gates scattered back by scatter with two
+    indices), a descending sort of the router scores (its values, and its last index looking up
+    an embedding), topk of the smallest, argsort, gather and scatter_add with several indices
+    along a dim, a gather along the positions, and first- and last-position pooling (x[:, 0],
+    x[:, -1]: select_backward); with the backwards torch records (sort's and topk's are
+    scatters of every index)."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.router = nn.Linear(C, 4, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(C, 2 * C), nn.SiLU(),
+                                                   nn.Linear(2 * C, C)) for _ in range(4))
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        logits = self.router(x)
+        vals, sel = torch.topk(logits, 2, dim=-1)
+        gates = torch.zeros_like(logits).scatter(-1, sel, F.softmax(vals, -1))
+        x = x + sum(gates[..., e:e + 1] * ex(x) for e, ex in enumerate(self.experts))
+        s, order = torch.sort(logits, dim=-1, descending=True)
+        x = x + 0.1 * s[..., :1] - 0.1 * s[..., -1:] + 0.1 * self.emb(order[..., -1])
+        low, lowi = torch.topk(x[..., :8], 3, dim=-1, largest=False)
+        x = x + 0.1 * low.sum(-1, keepdim=True) + 0.05 * lowi.float().mean(-1, keepdim=True)
+        g = torch.gather(x, -1, torch.argsort(x[..., :6], dim=-1))
+        x = x + 0.1 * g.mean(-1, keepdim=True) + 0.05 * g[..., :1]
+        x = x.scatter_add(-1, lowi, 0.2 * low)
+        back = torch.gather(x, 1, sel[..., :1].expand(-1, -1, C)[:, :4])  # 4 positions' rows
+        x = x + 0.1 * back.mean(1, keepdim=True)
+        x = x + 0.1 * x[:, -1:].detach() + 0.1 * (x[:, 0] + x[:, -1]).unsqueeze(1)  # pooling
+        return self.out(x)
+
+
+def make_ops6():
+    torch.manual_seed(82)
+    return OpsNet6()
 
 
 def make_ops5():
@@ -593,6 +642,8 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops4(), flags[1:]
     if flags[:1] == ["--ops5"]:  # OpsNet5 instead of the GPT
         model, flags = make_ops5(), flags[1:]
+    if flags[:1] == ["--ops6"]:  # OpsNet6 instead of the GPT
+        model, flags = make_ops6(), flags[1:]
     half = flags[:1] == ["--bf16"]  # the model in bf16, as model.to(torch.bfloat16) makes it
     if half:
         flags = flags[1:]
@@ -628,6 +679,8 @@ def do_train(d, steps, flags=()):
         ops, flags = make_ops4, flags[1:]
     if list(flags[:1]) == ["--ops5"]:
         ops, flags = make_ops5, flags[1:]
+    if list(flags[:1]) == ["--ops6"]:
+        ops, flags = make_ops6, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss
@@ -666,10 +719,23 @@ def do_train(d, steps, flags=()):
                      {n: p.detach() for n, p in m.named_parameters()}, {"format": "pt"})
 
 
-def do_conv(d):
+class LongSortNet(nn.Module):
+    """A sort along T·C = 512 entries: more rounds than aten_select composes."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        s = torch.sort(x.flatten(1), -1).values.view(x.shape)
+        return self.out(x + 0.1 * s)
+
+
+def do_conv(d, model=ConvNet):
     x = torch.zeros(B, T, dtype=torch.int64)
     try:
-        hp_export.export(ConvNet(), (x, x.clone()), out=d + "/conv.pb",
+        hp_export.export(model(), (x, x.clone()), out=d + "/conv.pb",
                          hpctl=os.environ.get("HPCTL"))
     except hp_export.ExportError as e:
         print(e)
@@ -808,6 +874,8 @@ def main():
         do_train(d, int(sys.argv[3]), sys.argv[4:])
     elif mode == "conv":
         return do_conv(d)
+    elif mode == "longsort":
+        return do_conv(d, LongSortNet)
     elif mode == "llama":
         do_llama(d, sys.argv[3], sys.argv[4:])
     return 0

@@ -440,6 +440,25 @@ Test(hp_export, losses_logic_and_math_train_like_pytorch) {
     expect_exports_train_like_pytorch("ops5", modes, variants, HP_ARRAY_LEN(modes), "--ops5");
 }
 
+/* OpsNet6: selection by data (client/hp_export/aten_select.py): a top-2 mixture of experts
+ * (topk, the gates scattered back by two indices), sort and argsort, topk of the smallest,
+ * gather and scatter_add with several indices along a dim, exported both ways, train to
+ * PyTorch's losses and weights; a sort longer than the rounds hp composes is refused by name. */
+Test(hp_export, topk_router_sort_and_multi_index_gather_train_like_pytorch) {
+    const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops6", "--ops6"};
+    expect_exports_train_like_pytorch("ops6", modes, variants, HP_ARRAY_LEN(modes), "--ops6");
+    char args[512], out[320];
+    snprintf(args, sizeof args, "longsort '%s'", dir);
+    int rc = ref(args);
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    char *msg = hp_th_slurp_or_empty(out);
+    cr_expect_eq(rc, 1, "exit %d:\n%s", rc, msg);
+    cr_expect(strstr(msg, "sort of 512 entries along a dim (hp composes it of one round per "
+                          "entry, 64 at most)"),
+              "%s", msg);
+    free(msg);
+}
+
 /* A model in bf16 (model.to(torch.bfloat16)): hp holds its parameters in f32 (the weights
  * file gets f32 of the bf16 values) and computes in bf16 from a cast of them, the loss and the
  * gradients cast back to f32. Exported both ways, it trains: its first loss is PyTorch's f32
