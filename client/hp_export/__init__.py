@@ -63,6 +63,19 @@ def _params_and_aliases(model):
     return params, alias
 
 
+def _storage_key(t):
+    """What identifies a tensor's values in memory: the same key is the same tensor's data."""
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if torch.is_tensor(t) \
+        else None
+
+
+def _storage_of(t):
+    try:
+        return t.storage().data_ptr() if torch.is_tensor(t) else None
+    except (RuntimeError, NotImplementedError):  # a tensor without storage
+        return None
+
+
 def _buffers(model):
     return list(model.named_buffers())
 
@@ -251,6 +264,7 @@ class _Convert:
         self.unmapped = collections.OrderedDict()  # (path, op, reason) -> count
         self.where = {}  # (path, op, reason) -> the user's file:line of each, in order
         self.token_inputs = set()  # the tokens and labels placeholders (token ids, >= 0)
+        self.param_reads = []  # (get_attr node, placeholder): a parameter captured as a constant
         self.known_masks = {}  # FX node -> True / False: a bool mask with that value everywhere
 
     # the context aten_map's entries see
@@ -336,6 +350,8 @@ class _Convert:
             self.vals[n] = self.g.node("placeholder", [], [t], a)
         for n, v, dtype in casts:
             self.vals[n] = self.g.node("_to_copy", [v], [(dtype, v.shape)], {"dtype": dtype})
+        for n, ph in self.param_reads:
+            self.vals[n] = self.vals[ph]
         for n, b in causal:
             # nanoGPT's register_buffer("bias", tril(ones(T, T)).view(1, 1, T, T)), or the
             # additive mask triu(full(-inf), 1): the same values computed in the graph from
@@ -415,10 +431,34 @@ class _Convert:
         cap, casts = self.cap, []
         taken = {n for n, _ in cap.params} | {n for n, _ in cap.buffers}
         cap.constants = {}
+        phs = [n for n in nodes if n.op == "placeholder"]
+        owner = {_storage_key(p): (k, fqn) for k, (fqn, p) in enumerate(cap.params)}
+        shared = {_storage_of(p): fqn for fqn, p in cap.params}
         for n in nodes:
             r = self.results.get(n)
             if not (n in self.fold or n.op == "get_attr" and torch.is_tensor(r) and
                     not _is_scalar(r)):
+                continue
+            if n.op == "get_attr" and _storage_key(r) in owner:
+                # a parameter the module reads through a reference of its own (nn.LSTM's
+                # _flat_weights; checkpoint's recomputation), which the trace captured as a
+                # constant: it is the parameter (hp's autodiff differentiates it as such)
+                k, fqn = owner[_storage_key(r)]
+                if cap.autodiff == "torch":
+                    problems.append("the parameter %s is read other than through its module "
+                                    "attribute (a reference the module keeps, as nn.LSTM's "
+                                    "_flat_weights, or torch.utils.checkpoint's recomputation), "
+                                    "which PyTorch's traced backward does not follow: export "
+                                    "with autodiff=\"hp\"" % fqn)
+                    self.vals[n] = _Poison()
+                else:
+                    self.param_reads.append((n, phs[k]))
+                continue
+            if n.op == "get_attr" and _storage_of(r) in shared:
+                problems.append("a constant the trace captured (%s) is a view of the parameter "
+                                "%s: hp would not train it there; read the parameter itself"
+                                % (n.target, shared[_storage_of(r)]))
+                self.vals[n] = _Poison()
                 continue
             r = r.detach()
             fqn = "_constants." + str(n.target if n.op == "get_attr" else n.name)

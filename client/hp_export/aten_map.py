@@ -653,16 +653,72 @@ def _stack(cx, node, args, kw):
     return cx.g.node("cat", parts, [t], {"dim": dim})
 
 
+# Ops whose output shares its input's storage (getitem of the multi-output ones takes a piece);
+# an in-place op's output is its target too.
+_ALIASING = {aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
+             aten.alias.default, aten.detach.default, aten.expand.default, aten.slice.Tensor,
+             aten.select.int, aten.squeeze.dim, aten.squeeze.default, aten.unsqueeze.default,
+             aten.t.default, aten.transpose.int, aten.permute.default, aten.unbind.int,
+             aten.split.Tensor, aten.split_with_sizes.default, aten.unsafe_split.Tensor,
+             aten.unsafe_split_with_sizes.default, aten.chunk.default, aten.unsafe_chunk.default,
+             aten.diagonal.default, aten.as_strided.default}
+
+
+def _aliases_input(n):
+    """The FX value n's output shares storage with (its first argument), or None."""
+    if not _is_node(n) or n.op != "call_function":
+        return None
+    if n.target is operator.getitem:
+        return n.args[0]
+    name = getattr(getattr(n.target, "_schema", None), "name", "")
+    if n.target in _ALIASING or (name.endswith("_") and not name.endswith("__")):
+        return n.args[0] if n.args and _is_node(n.args[0]) else None
+    return None
+
+
+def _alias_family(n):
+    """Every FX value sharing storage with n: up to the tensor that owns it, then down again,
+    leaving out the other pieces of a split (or unbind) n is a piece of: they do not overlap."""
+    root, piece = n, {}
+    while _aliases_input(root) is not None:
+        if root.target is operator.getitem:
+            piece[root.args[0]] = root.args[1]
+        root = _aliases_input(root)
+    return _alias_descendants(root, piece)
+
+
+def _alias_descendants(n, piece=None):
+    seen, todo = {n}, [n]
+    while todo:
+        for u in todo.pop().users:
+            if u in seen or _aliases_input(u) is None or u.args[0] not in seen:
+                continue
+            if u.target is operator.getitem and piece and u.args[0] in piece and \
+                    u.args[1] != piece[u.args[0]]:
+                continue
+            seen.add(u)
+            todo.append(u)
+    return seen
+
+
 def _inplace(f):
-    """An in-place op as its functional form: right only when nothing reads the input it
-    overwrites after it (make_fx keeps the mutation, so a later reader would see new values)."""
+    """An in-place op as its functional form: right only when nothing reads what it overwrites
+    afterwards, through the input or through any other view of the same storage (make_fx keeps
+    the mutation, so a later reader would see new values; an RNN cell writes into the pieces of
+    its unsafe_split gates). Reading the op's own result, or views of it, is fine."""
     def g(cx, node, args, kw):
         target = args[0]
         if _is_node(target):
             at = cx._order[node]
-            for u in target.users:
-                if u is not node and cx._order[u] > at:
-                    raise Unsupported("in place on a value read afterwards")
+            family = _alias_family(target)
+            fresh = _alias_descendants(node)  # the overwritten values, read as such
+            for a in family - fresh:
+                for u in a.users:
+                    if u is not node and u not in family and cx._order.get(u, -1) > at:
+                        raise Unsupported("in place on a value read afterwards%s"
+                                          % ("" if a is target else " through another view"))
+                if a is not target and a not in fresh and cx._order.get(a, -1) > at:
+                    raise Unsupported("in place on a value read afterwards through another view")
         return f(cx, node, args, kw)
     return g
 

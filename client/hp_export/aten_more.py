@@ -45,8 +45,10 @@ three.
   binary_cross_entropy_with_logits    (1 − y) · x + (1 + (pw − 1) · y) · (log1p(e^−|x|) +
                                       max(−x, 0)), times weight (its backward torch records
                                       as elementwise ops)
-  sqrt_, log_, clamp_min_, logical_or_, scatter_   in place, as their functional forms when
-                                      nothing reads the overwritten input afterwards
+  sqrt_, log_, clamp_min_, logical_or_, scatter_, sigmoid_, tanh_, relu_, silu_, exp_,
+  neg_, gelu_, clamp_, mul_/add_ (scalar)   in place, as their functional forms when nothing
+                                      reads the overwritten values afterwards (through any view)
+  unsafe_split(_with_sizes)           split (an RNN's gates)
 """
 import math
 
@@ -817,6 +819,18 @@ TABLE = {
     aten.log_.default: _inplace(aten_map._one("log")),
     aten.clamp_min_.default: _inplace(aten_map._clamp_min),
     aten.logical_or_.default: _inplace(_logic("or")),
+    aten.sigmoid_.default: _inplace(aten_map._one("sigmoid")),
+    aten.tanh_.default: _inplace(aten_map._one("tanh")),
+    aten.relu_.default: _inplace(aten_map._one("relu")),
+    aten.silu_.default: _inplace(aten_map._one("silu")),
+    aten.exp_.default: _inplace(aten_map._one("exp")),
+    aten.neg_.default: _inplace(aten_map._one("neg")),
+    aten.gelu_.default: _inplace(aten_map._gelu),
+    aten.clamp_.default: _inplace(aten_map._clamp),
+    aten.mul_.Scalar: _inplace(aten_map._mul_scalar),
+    aten.add_.Scalar: _inplace(aten_map._binary("add", "add_scalar")),
+    aten.unsafe_split.Tensor: aten_map._split,
+    aten.unsafe_split_with_sizes.default: aten_map._split,
     aten.scatter_.src: _inplace(_scatter),
     aten.scatter_.value: _inplace(_scatter),
 }

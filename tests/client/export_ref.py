@@ -12,6 +12,7 @@
                   --ops4: OpsNet4, repeat_interleave, GroupNorm, tensor constants;
                   --ops5: OpsNet5, losses, logic and math of models beyond the GPT;
                   --ops6: OpsNet6, a top-2 mixture of experts, sort, topk, gather/scatter;
+                  --ops7: OpsNet7, nn.LSTM and in-place ops (autodiff hp);
                   --bf16 (after those): the model in bf16 (model.to(torch.bfloat16));
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
@@ -31,6 +32,8 @@
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
   export_ref.py conv DIR                             exports a model with a Conv2d: must fail
   export_ref.py longsort DIR                         one with a sort of 512 entries: must fail
+  export_ref.py refused DIR lstm|inplace-view|param-view torch|hp   exports OpsNet7, a write
+                  through a view read afterwards, or a kept view of a parameter: must fail
   export_ref.py llama DIR AUTODIFF [HPCTL FLAGS...]  exports the Llama below (torchtitan's FQNs)
                   to DIR/job-llama-AUTODIFF.pb, its state to DIR/llama.safetensors
 
@@ -504,6 +507,70 @@ def make_ops6():
     return OpsNet6()
 
 
+class OpsNet7(nn.Module):
+    """nn.LSTM, whose weights the module reads through its own _flat_weights list (the trace
+    captures them as constants: hp_export maps them back to the parameters) and whose cell
+    writes sigmoid_/tanh_ into the pieces of its unsafe_split gates; and in-place ops on fresh
+    values (sigmoid_, tanh_, relu_, silu_, gelu_, exp_, neg_, clamp_, mul_/add_ of a scalar).
+    Exported with autodiff="hp" only: torch's traced backward gives the LSTM no gradient."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.rnn = nn.LSTM(C, C, batch_first=True)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        h = self.rnn(x)[0]
+        y = x.clone()
+        y.mul_(2.0).add_(0.5).sigmoid_()
+        z = h.clone()
+        z.tanh_()
+        w = x.clone()
+        w.clamp_(-1, 1)
+        w.relu_()
+        v = x.clone()
+        v.neg_()
+        v.exp_()
+        u = h * 1.0
+        F.silu(u, inplace=True)
+        g = x * 1.0
+        F.relu(g, inplace=True)
+        return self.out(x + h + 0.5 * y + z + w + 0.01 * v + u + 0.1 * g)
+
+
+def make_ops7():
+    torch.manual_seed(83)
+    return OpsNet7()
+
+
+class InPlaceThroughView(nn.Module):
+    """x's view written in place, then x read: the functional form would miss the write."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx) * 1.0
+        y = x.view(B, T, 2, C // 2)[:, :, 0]
+        y.mul_(2.0)
+        return self.out(x)
+
+
+class FrozenViewNet(nn.Module):
+    """A view of a parameter kept aside at construction: the trace captures it as a constant."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.out = nn.Linear(C, V)
+        self.rows = [self.out.weight.data[:4]]
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        return self.out(x) + (x @ self.rows[0].t()).sum(-1, keepdim=True)
+
+
 def make_ops5():
     torch.manual_seed(81)
     return OpsNet5()
@@ -644,6 +711,8 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops5(), flags[1:]
     if flags[:1] == ["--ops6"]:  # OpsNet6 instead of the GPT
         model, flags = make_ops6(), flags[1:]
+    if flags[:1] == ["--ops7"]:  # OpsNet7 instead of the GPT
+        model, flags = make_ops7(), flags[1:]
     half = flags[:1] == ["--bf16"]  # the model in bf16, as model.to(torch.bfloat16) makes it
     if half:
         flags = flags[1:]
@@ -681,6 +750,8 @@ def do_train(d, steps, flags=()):
         ops, flags = make_ops5, flags[1:]
     if list(flags[:1]) == ["--ops6"]:
         ops, flags = make_ops6, flags[1:]
+    if list(flags[:1]) == ["--ops7"]:
+        ops, flags = make_ops7, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss
@@ -732,10 +803,10 @@ class LongSortNet(nn.Module):
         return self.out(x + 0.1 * s)
 
 
-def do_conv(d, model=ConvNet):
+def do_conv(d, model=ConvNet, autodiff="torch"):
     x = torch.zeros(B, T, dtype=torch.int64)
     try:
-        hp_export.export(model(), (x, x.clone()), out=d + "/conv.pb",
+        hp_export.export(model(), (x, x.clone()), out=d + "/conv.pb", autodiff=autodiff,
                          hpctl=os.environ.get("HPCTL"))
     except hp_export.ExportError as e:
         print(e)
@@ -876,6 +947,9 @@ def main():
         return do_conv(d)
     elif mode == "longsort":
         return do_conv(d, LongSortNet)
+    elif mode == "refused":  # refused DIR MODEL AUTODIFF: must fail
+        return do_conv(d, {"lstm": make_ops7, "inplace-view": InPlaceThroughView,
+                           "param-view": FrozenViewNet}[sys.argv[3]], sys.argv[4])
     elif mode == "llama":
         do_llama(d, sys.argv[3], sys.argv[4:])
     return 0

@@ -459,6 +459,33 @@ Test(hp_export, topk_router_sort_and_multi_index_gather_train_like_pytorch) {
     free(msg);
 }
 
+/* export_ref.py refused DIR ARGS: exit 1 with `want` in the message (nothing written). */
+static void expect_refused(const char *args, const char *want) {
+    char cmd[512], out[320];
+    snprintf(cmd, sizeof cmd, "refused '%s' %s", dir, args);
+    int rc = ref(cmd);
+    snprintf(out, sizeof out, "%s/py.out", dir);
+    char *msg = hp_th_slurp_or_empty(out);
+    cr_expect_eq(rc, 1, "%s: exit %d:\n%s", args, rc, msg);
+    cr_expect(strstr(msg, want), "%s: want '%s' in:\n%s", args, want, msg);
+    free(msg);
+}
+
+/* OpsNet7: nn.LSTM reads its weights through its own _flat_weights list, which make_fx
+ * captures as constants (they would never train: hp_export maps them back to the parameters)
+ * and writes into the pieces of its gates in place; with in-place ops on fresh values, exported
+ * with autodiff="hp" it trains to PyTorch's losses and weights. With torch's traced backward
+ * (no gradient through those constants) it is refused naming the parameter, as are a write
+ * through a view whose base is read afterwards and a view of a parameter kept aside. */
+Test(hp_export, lstm_and_in_place_ops_train_like_pytorch) {
+    const char *modes[] = {"hp"}, *variants[] = {"--ops7"};
+    expect_exports_train_like_pytorch("ops7", modes, variants, HP_ARRAY_LEN(modes), "--ops7");
+    expect_refused("lstm torch", "the parameter rnn.weight_ih_l0 is read other than through its "
+                                 "module attribute");
+    expect_refused("inplace-view hp", "in place on a value read afterwards through another view");
+    expect_refused("param-view hp", "is a view of the parameter out.weight");
+}
+
 /* A model in bf16 (model.to(torch.bfloat16)): hp holds its parameters in f32 (the weights
  * file gets f32 of the bf16 values) and computes in bf16 from a cast of them, the loss and the
  * gradients cast back to f32. Exported both ways, it trains: its first loss is PyTorch's f32
