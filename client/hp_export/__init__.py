@@ -11,7 +11,8 @@ the parameters in FQN order (tied weights once: one parameter, gradients summed)
 buffers (the tensor constants the trace captured among them, as `_constants.NAME`), then the
 data `tokens` and `labels`; outputs the loss, then one gradient per
 parameter. The ATen graph is mapped to hp's ops (the TABLEs of aten_select, aten_map,
-aten_extra and aten_more) and written as hp's text IR; `hpctl new --graph` builds the job from it with all of hpctl's flags
+aten_extra, aten_more and aten_conv) and written as hp's text IR; `hpctl new --graph` builds
+the job from it with all of hpctl's flags
 and checks. The model's state goes to safetensors under its own FQNs and is the job's
 --init-from.
 
@@ -33,7 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils import stateless
 import torch.utils._python_dispatch as _pd
 
-from . import aten_extra, aten_map, aten_more, aten_select, hpir, safetensors
+from . import aten_conv, aten_extra, aten_map, aten_more, aten_select, hpir, safetensors
 from .hpir import Unsupported, dtype_name
 
 __all__ = ["export", "capture", "to_hpir", "ExportError", "default_loss"]
@@ -385,7 +386,8 @@ class _Convert:
                 self._fail(n, "%s %s" % (n.op, n.target), "a constant tensor captured in the graph")
                 continue
             fn = aten_select.TABLE.get(n.target) or aten_map.TABLE.get(n.target) or \
-                aten_extra.TABLE.get(n.target) or aten_more.TABLE.get(n.target)
+                aten_extra.TABLE.get(n.target) or aten_more.TABLE.get(n.target) or \
+                aten_conv.TABLE.get(n.target)
             if fn is None:
                 self._fail(n, aten_map.op_name(n.target), None)
                 continue

@@ -13,6 +13,7 @@
                   --ops5: OpsNet5, losses, logic and math of models beyond the GPT;
                   --ops6: OpsNet6, a top-2 mixture of experts, sort, topk, gather/scatter;
                   --ops7: OpsNet7, nn.LSTM and in-place ops (autodiff hp);
+                  --ops8: OpsNet8, Conv1d (depthwise causal, dilated, grouped) and Conv2d;
                   --bf16 (after those): the model in bf16 (model.to(torch.bfloat16));
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
@@ -30,7 +31,7 @@
                   --label-smoothing E, --sum-loss, --loss-3d(-none), --gather-loss: the export's models and
                   loss; --dropout P: with
                   nanoGPT's dropouts drawing hp's masks (include/hp/rng.h, seed 0)
-  export_ref.py conv DIR                             exports a model with a Conv2d: must fail
+  export_ref.py conv DIR                             exports a model with a ConvTranspose2d: must fail
   export_ref.py longsort DIR                         one with a sort of 512 entries: must fail
   export_ref.py refused DIR lstm|inplace-view|param-view torch|hp   exports OpsNet7, a write
                   through a view read afterwards, or a kept view of a parameter: must fail
@@ -571,6 +572,37 @@ class FrozenViewNet(nn.Module):
         return self.out(x) + (x @ self.rows[0].t()).sum(-1, keepdim=True)
 
 
+class OpsNet8(nn.Module):
+    """Convolutions (client/hp_export/aten_conv.py): a causal depthwise Conv1d with kernel 4
+    (Mamba's), a Conv1d pair with padding, dilation 2 and 4 groups, and a Conv2d stack over
+    [B, 1, T, C] (3x3 with bias; then 3x2, stride (2, 1), dilation (1, 2), 2 groups, no
+    bias); with the backwards torch records (convolution_backward)."""
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, C)
+        self.dw = nn.Conv1d(C, C, 4, groups=C, padding=3)
+        self.a = nn.Conv1d(C, 2 * C, 3, padding=1)
+        self.b = nn.Conv1d(2 * C, C, 5, padding=4, dilation=2, groups=4)
+        self.c1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 4, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2),
+                            groups=2, bias=False)
+        self.out = nn.Linear(C, V)
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        h = x.transpose(1, 2)
+        x = x + F.silu(self.dw(h)[..., :T]).transpose(1, 2)
+        x = x + 0.5 * self.b(F.silu(self.a(x.transpose(1, 2)))).transpose(1, 2)
+        y = self.c2(F.gelu(self.c1(x.unsqueeze(1))))  # [B, 4, T/2, C-2]
+        y = y.mean(1).repeat_interleave(2, 1)
+        return self.out(x + 0.3 * F.pad(y, (0, 2)))
+
+
+def make_ops8():
+    torch.manual_seed(84)
+    return OpsNet8()
+
+
 def make_ops5():
     torch.manual_seed(81)
     return OpsNet5()
@@ -582,10 +614,11 @@ def make_ops4():
 
 
 class ConvNet(nn.Module):
+    """A transposed convolution: refused (aten_conv.py composes the forward kind)."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, 8)
-        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv = nn.ConvTranspose2d(1, 4, 3, padding=1)
         self.head = nn.Linear(32, V)
 
     def forward(self, idx):
@@ -713,6 +746,8 @@ def do_export(d, autodiff, flags):
         model, flags = make_ops6(), flags[1:]
     if flags[:1] == ["--ops7"]:  # OpsNet7 instead of the GPT
         model, flags = make_ops7(), flags[1:]
+    if flags[:1] == ["--ops8"]:  # OpsNet8 instead of the GPT
+        model, flags = make_ops8(), flags[1:]
     half = flags[:1] == ["--bf16"]  # the model in bf16, as model.to(torch.bfloat16) makes it
     if half:
         flags = flags[1:]
@@ -752,6 +787,8 @@ def do_train(d, steps, flags=()):
         ops, flags = make_ops6, flags[1:]
     if list(flags[:1]) == ["--ops7"]:
         ops, flags = make_ops7, flags[1:]
+    if list(flags[:1]) == ["--ops8"]:
+        ops, flags = make_ops8, flags[1:]
     if list(flags[:1]) == ["--dropout"]:  # with hp's masks
         DROPOUT, HP_MASK = float(flags[1]), True
     loss_fn = hp_export.default_loss
