@@ -13,7 +13,7 @@
                   --ops5: OpsNet5, losses, logic and math of models beyond the GPT;
                   --ops6: OpsNet6, a top-2 mixture of experts, sort, topk, gather/scatter;
                   --ops7: OpsNet7, nn.LSTM and in-place ops (autodiff hp);
-                  --ops8: OpsNet8, Conv1d (depthwise causal, dilated, grouped) and Conv2d;
+                  --ops8: OpsNet8, Conv1d (depthwise causal, dilated, grouped), Conv2d, pooling;
                   --bf16 (after those): the model in bf16 (model.to(torch.bfloat16));
                   --label-smoothing E (after those): cross entropy with label_smoothing=E;
                   --sum-loss (after those): cross entropy with reduction='sum', over B·T;
@@ -573,10 +573,11 @@ class FrozenViewNet(nn.Module):
 
 
 class OpsNet8(nn.Module):
-    """Convolutions (client/hp_export/aten_conv.py): a causal depthwise Conv1d with kernel 4
-    (Mamba's), a Conv1d pair with padding, dilation 2 and 4 groups, and a Conv2d stack over
-    [B, 1, T, C] (3x3 with bias; then 3x2, stride (2, 1), dilation (1, 2), 2 groups, no
-    bias); with the backwards torch records (convolution_backward)."""
+    """Convolutions and pooling (client/hp_export/aten_conv.py): a causal depthwise Conv1d
+    with kernel 4 (Mamba's), a Conv1d pair with padding, dilation 2 and 4 groups, a Conv2d
+    stack over [B, 1, T, C] (3x3 with bias; then 3x2, stride (2, 1), dilation (1, 2), 2
+    groups, no bias); avg and max pooling in 1-d and 2-d (padded, strided, dilated, without
+    count_include_pad) and adaptive average pooling; with the backwards torch records."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
@@ -595,7 +596,16 @@ class OpsNet8(nn.Module):
         x = x + 0.5 * self.b(F.silu(self.a(x.transpose(1, 2)))).transpose(1, 2)
         y = self.c2(F.gelu(self.c1(x.unsqueeze(1))))  # [B, 4, T/2, C-2]
         y = y.mean(1).repeat_interleave(2, 1)
-        return self.out(x + 0.3 * F.pad(y, (0, 2)))
+        x = x + 0.3 * F.pad(y, (0, 2))
+        h, q = x.transpose(1, 2), x.unsqueeze(1)  # [B, C, T], [B, 1, T, C]
+        a = F.avg_pool1d(h, 2).repeat_interleave(2, -1)
+        m = F.max_pool1d(h, 4, 2, 1).repeat_interleave(2, -1)[..., :T]
+        x = x + 0.3 * (a + m).transpose(1, 2) + 0.3 * F.max_pool2d(q, 3, 1, 1).squeeze(1)
+        x = x + 0.3 * F.avg_pool2d(q, 3, 1, 1, count_include_pad=False).squeeze(1)
+        d = F.adaptive_avg_pool2d(q, (4, 8)).squeeze(1)
+        x = x + 0.2 * d.repeat_interleave(4, 1).repeat_interleave(4, 2)
+        f = F.max_pool2d(q, (2, 2), dilation=(1, 2), stride=(2, 2), padding=(0, 1)).squeeze(1)
+        return self.out(x + 0.1 * f.repeat_interleave(2, 1).mean(-1, keepdim=True))
 
 
 def make_ops8():

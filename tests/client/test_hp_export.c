@@ -460,10 +460,10 @@ Test(hp_export, topk_router_sort_and_multi_index_gather_train_like_pytorch) {
 }
 
 /* OpsNet8: Conv1d (causal depthwise as Mamba's, padded, dilated, grouped) and Conv2d (strided,
- * dilated, grouped, with and without bias) as matrix products of the input's patches
- * (client/hp_export/aten_conv.py), exported both ways (torch's convolution_backward composed
- * the same way), train to PyTorch's losses and weights. */
-Test(hp_export, convolutions_train_like_pytorch) {
+ * dilated, grouped, with and without bias) as matrix products of the input's patches, and avg,
+ * max and adaptive pooling over the same patches (client/hp_export/aten_conv.py), exported both
+ * ways (torch's backwards composed the same way), train to PyTorch's losses and weights. */
+Test(hp_export, convolutions_and_pooling_train_like_pytorch) {
     const char *modes[] = {"torch", "hp"}, *variants[] = {"--ops8", "--ops8"};
     expect_exports_train_like_pytorch("ops8", modes, variants, HP_ARRAY_LEN(modes), "--ops8");
 }
