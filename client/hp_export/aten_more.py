@@ -10,6 +10,11 @@ three.
   fmod(a, b), remainder(a, b)         a − trunc(a/b) · b, kept within |b| with a's sign
                                       (remainder: then b's); floats
   div(a, b, rounding_mode)            trunc or floor of the quotient; floats
+  prod(x[, dim]), cumprod(x, dim)     pairwise products, log2(n) levels; cumprod a scan of
+                                      log2(n) rounds of y · (y shifted in by ones): exact where
+                                      torch's is, in another order (to rounding)
+  atan, asin, acos, atan2             Cephes' single-precision range reductions and
+                                      polynomials (≈ 1e-7); atan2 atan(y/x) with the quadrant
   sinh(x), cosh(x)                    (eˣ ∓ e⁻ˣ) / 2; sinh by its Taylor polynomial to x⁷ where
                                       |x| < 0.1 (the difference cancels there)
   celu(x, α)                          elu with input scale 1/α (its backward is elu_backward)
@@ -165,6 +170,156 @@ def _div_mode(cx, node, args, kw):
     if mode not in ("trunc", "floor"):
         raise Unsupported("div with rounding_mode=%r" % mode)
     return _trunc_of(cx, q) if mode == "trunc" else _floor_of(cx, q)
+
+
+# ---- products and inverse trigonometry ---------------------------------------------------------
+
+def _halve(cx, y, dim, op):
+    """y along dim reduced by op (mul) pairwise, log2(n) levels: exact where torch's is, in
+    another order (so to rounding)."""
+    n = y.shape[dim]
+    while n > 1:
+        h = n // 2
+        shape = list(y.shape)
+        shape[dim] = h
+        a = _n(cx, "slice", [y], (y.dtype, tuple(shape)), {"dim": dim, "start": 0, "end": h})
+        b = _n(cx, "slice", [y], (y.dtype, tuple(shape)), {"dim": dim, "start": h, "end": 2 * h})
+        z = _n(cx, op, [a, b], (y.dtype, tuple(shape)))
+        if n % 2:
+            last = list(y.shape)
+            last[dim] = 1
+            tail = _n(cx, "slice", [y], (y.dtype, tuple(last)), {"dim": dim, "start": n - 1,
+                                                                 "end": n})
+            shape[dim] = h + 1
+            z = _n(cx, "cat", [z, tail], (y.dtype, tuple(shape)), {"dim": dim})
+        y, n = z, shape[dim]
+    return y
+
+
+def _prod(cx, node, args, kw):
+    """prod(x) and prod(x, dim, keepdim): pairwise products over the dim (a flattened x)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    x = _as(cx, x, t[0])
+    if node.target == aten.prod.default:
+        n = _numel(x.shape)
+        x = _n(cx, "reshape", [x], (x.dtype, (n,)), {"shape": [n]})
+        dim = 0
+    else:
+        dim = args[1] % max(len(x.shape), 1)
+    if not x.shape:
+        return x
+    if x.shape[dim] == 0:
+        return _n(cx, "ones", [], t, {"shape": list(t[1]), "dtype": t[0]})
+    y = _halve(cx, x, dim, "mul")
+    return _n(cx, "reshape", [y], t, {"shape": list(t[1])})
+
+
+def _cumprod(cx, node, args, kw):
+    """cumprod(x, dim): log2(n) rounds of y · (y shifted by d along dim, ones shifted in)."""
+    x, t = cx.v(args[0]), _t(cx, node)
+    y = _as(cx, x, t[0])  # a dtype= is the output's
+    if not y.shape:
+        return y
+    dim = args[1] % len(y.shape)
+    n, d = y.shape[dim], 1
+    while d < n:
+        ones = list(y.shape)
+        ones[dim] = d
+        head = _n(cx, "ones", [], (y.dtype, tuple(ones)), {"shape": ones, "dtype": y.dtype})
+        keep = list(y.shape)
+        keep[dim] = n - d
+        body = _n(cx, "slice", [y], (y.dtype, tuple(keep)), {"dim": dim, "start": 0, "end": n - d})
+        shifted = _n(cx, "cat", [head, body], (y.dtype, tuple(y.shape)), {"dim": dim})
+        y = _n(cx, "mul", [y, shifted], (y.dtype, tuple(y.shape)))
+        d *= 2
+    return y
+
+
+def _poly(cx, z, coeffs):
+    """((c0 z + c1) z + c2) ... as nodes (Horner)."""
+    t = (z.dtype, z.shape)
+    acc = _scaled(cx, z, coeffs[0])
+    for c in coeffs[1:-1]:
+        acc = _n(cx, "mul", [_n(cx, "add_scalar", [acc], t, {"value": c}), z], t)
+    return _n(cx, "add_scalar", [acc], t, {"value": coeffs[-1]})
+
+
+def _atan_of(cx, x):
+    """Cephes' atanf: reduced to |x| ≤ tan(π/8) by π/2 − atan(1/x) above tan(3π/8) and
+    π/4 + atan((x − 1)/(x + 1)) above tan(π/8), then an odd polynomial (≈ 1e-7 relative)."""
+    t = (x.dtype, x.shape)
+    a = aten_map._abs_of(cx, x)
+    big = _lt(cx, cx.full(2.414213562373095, x.dtype), a)
+    mid = _lt(cx, cx.full(0.4142135623730950, x.dtype), a)
+    one = cx.full(1.0, x.dtype)
+    safe = _n(cx, "where", [big, a, one], t)  # no division by 0 on the lanes not taken
+    r = _n(cx, "where", [big, _n(cx, "neg", [_n(cx, "div", [one, safe], t)], t),
+                         _n(cx, "where", [mid, _n(cx, "div", [_n(cx, "add_scalar", [a], t,
+                                                                   {"value": -1.0}),
+                                                              _n(cx, "add_scalar", [a], t,
+                                                                 {"value": 1.0})], t), a], t)], t)
+    base = _n(cx, "where", [big, cx.full(math.pi / 2, x.dtype),
+                            _n(cx, "where", [mid, cx.full(math.pi / 4, x.dtype),
+                                             cx.full(0.0, x.dtype)], t)], t)
+    z = _n(cx, "mul", [r, r], t)
+    p = _poly(cx, z, [8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1,
+                      0.0])
+    y = _n(cx, "add", [base, _n(cx, "add", [_n(cx, "mul", [p, r], t), r], t)], t)
+    neg = _lt(cx, x, cx.full(0.0, x.dtype))
+    return _n(cx, "where", [neg, _n(cx, "neg", [y], t), y], t)
+
+
+def _asin_of(cx, x):
+    """Cephes' asinf: above |x| = 0.5, π/2 − 2 asin(√((1 − |x|)/2)); a polynomial below."""
+    t = (x.dtype, x.shape)
+    a = aten_map._abs_of(cx, x)
+    hi = _lt(cx, cx.full(0.5, x.dtype), a)
+    zh = _scaled(cx, _n(cx, "add_scalar", [_n(cx, "neg", [a], t)], t, {"value": 1.0}), 0.5)
+    zh = _n(cx, "where", [hi, zh, cx.full(0.0, x.dtype)], t)  # no sqrt of < 0 beyond |x| > 1
+    r = _n(cx, "where", [hi, _n(cx, "sqrt", [zh], t), a], t)
+    z = _n(cx, "mul", [r, r], t)
+    p = _poly(cx, z, [4.2163199048e-2, 2.4181311049e-2, 4.5470025998e-2, 7.4953002686e-2,
+                      1.6666752422e-1, 0.0])
+    y = _n(cx, "add", [_n(cx, "mul", [p, r], t), r], t)
+    y = _n(cx, "where", [hi, _n(cx, "add_scalar", [_scaled(cx, y, -2.0)], t,
+                                {"value": math.pi / 2}), y], t)
+    y = _n(cx, "where", [_lt(cx, cx.full(1.0, x.dtype), a), cx.full(float("nan"), x.dtype), y], t)
+    neg = _lt(cx, x, cx.full(0.0, x.dtype))
+    return _n(cx, "where", [neg, _n(cx, "neg", [y], t), y], t)
+
+
+def _inverse_trig(which):
+    def f(cx, node, args, kw):
+        x, t = cx.v(args[0]), _t(cx, node)
+        _float(x, which)
+        x = _as(cx, x, t[0])
+        if which == "atan":
+            return _atan_of(cx, x)
+        y = _asin_of(cx, x)
+        if which == "asin":
+            return y
+        return _n(cx, "add_scalar", [_n(cx, "neg", [y], t)], t, {"value": math.pi / 2})
+    return f
+
+
+def _atan2(cx, node, args, kw):
+    """atan2(y, x): atan(y / x), plus π (y ≥ 0) or −π (y < 0) where x < 0; ±π/2 where x = 0
+    (0 where both are), as torch's."""
+    t = _t(cx, node)
+    y, x = cx.v(args[0]), _as(cx, aten_map._operand(cx, args[1], t[0]), t[0])
+    _float(y, "atan2")
+    y = _as(cx, y, t[0])
+    zero, one = cx.full(0.0, t[0]), cx.full(1.0, t[0])
+    xz = _n(cx, "eq", [x, zero], ("bool", x.shape))
+    q = _n(cx, "div", [y, _n(cx, "where", [xz, one, x], (x.dtype, x.shape))], t)
+    a = _atan_of(cx, q)
+    yneg = _lt(cx, y, zero)
+    turn = _n(cx, "where", [yneg, cx.full(-math.pi, t[0]), cx.full(math.pi, t[0])], t)
+    a = _n(cx, "where", [_lt(cx, x, zero), _n(cx, "add", [a, turn], t), a], t)
+    side = _n(cx, "where", [yneg, cx.full(-math.pi / 2, t[0]),
+                            _n(cx, "where", [_n(cx, "eq", [y, zero], ("bool", y.shape)), zero,
+                                             cx.full(math.pi / 2, t[0])], t)], t)
+    return _n(cx, "where", [xz, side, a], t)
 
 
 def _sinh_cosh(sign):
@@ -752,6 +907,13 @@ TABLE = {
     aten.log10.default: _log_scaled(1.0 / math.log(10.0), "log10"),
     aten.pow.Scalar: _pow_scalar,
     aten.pow.Tensor_Tensor: _pow_tensors,
+    aten.prod.default: _prod,
+    aten.prod.dim_int: _prod,
+    aten.cumprod.default: _cumprod,
+    aten.atan.default: _inverse_trig("atan"),
+    aten.asin.default: _inverse_trig("asin"),
+    aten.acos.default: _inverse_trig("acos"),
+    aten.atan2.default: _atan2,
     aten.div.Tensor_mode: _div_mode,
     aten.div.Scalar_mode: _div_mode,
     aten.fmod.Scalar: _mod("fmod"),

@@ -411,7 +411,8 @@ class OpsNet5(nn.Module):
     arithmetic on constants (folded), and auxiliary losses (mse, smooth_l1, huber, l1, kl_div
     both ways, binary cross entropy with and without logits) scaling the logits, pow of two
     tensors (negative bases, whole and fractional exponents, 0⁰), fmod and remainder, a sum
-    with dtype=, with the backwards torch records."""
+    with dtype=, atan, asin, acos, atan2 (every quadrant, the axes), prod and cumprod, with the
+    backwards torch records."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
@@ -454,6 +455,16 @@ class OpsNet5(nn.Module):
         x = x + 0.01 * sp + 0.1 * torch.fmod(u, 0.7) + 0.1 * torch.remainder(w, -0.6)
         x = x + 0.1 * torch.fmod(w, u.abs() + 0.5) + 0.05 * torch.pow(u.abs() + 0.5, w)
         x = x + 0.02 * torch.pow(-u.abs() - 0.5, torch.round(w.detach()).clamp(-2, 3))
+        tv = torch.tensor([-1e4, -3.0, -1.0, -0.3, 0.0, 0.2, 0.5, 1.0, 2.5, 1e5])
+        sv = torch.tensor([-1.0, -0.7, -0.3, 0.0, 0.45, 0.55, 0.99, 1.0])
+        ys = torch.tensor([1.0, 1.0, -1.0, -1.0, 0.0, 2.0, -2.0, 0.0, 0.0])
+        xs = torch.tensor([2.0, -2.0, 3.0, -3.0, -1.0, 0.0, 0.0, 0.0, 1.0])
+        tr = torch.atan(tv).sum() + torch.asin(sv).sum() + 0.5 * torch.acos(sv).sum()
+        tr = tr + torch.atan2(ys, xs).sum() + torch.prod(tv[1:9]) + torch.cumprod(sv, 0).sum()
+        x = x + 0.01 * tr + 0.1 * torch.atan(u) + 0.1 * torch.asin(torch.tanh(w) * 0.9)
+        x = x + 0.05 * torch.acos(torch.tanh(u) * 0.8) + 0.1 * torch.atan2(u, w)
+        x = x + 0.1 * torch.prod(torch.sigmoid(u[..., :6]) + 0.5, -1, keepdim=True)
+        x = x + 0.1 * torch.cumprod(torch.sigmoid(w) + 0.5, 1) / 10
         aux = F.mse_loss(u, w.detach()) + F.smooth_l1_loss(u, w.detach(), beta=0.5)
         aux = aux + F.huber_loss(w, u.detach(), delta=0.7) + F.l1_loss(u, w)
         aux = aux + F.kl_div(F.log_softmax(u, -1), F.softmax(w.detach(), -1),
