@@ -83,6 +83,13 @@ class _Geometry:
         return start, start + self.s[i] * (self.o[i] - 1) + 1, self.s[i]
 
 
+def _regroup(cx, v, first, perm, flat):
+    """v reshaped to first, permuted by perm, reshaped to flat."""
+    v = _n(cx, "reshape", [v], (v.dtype, tuple(first)), {"shape": list(first)})
+    v = _n(cx, "permute", [v], (v.dtype, tuple(first[i] for i in perm)), {"perm": list(perm)})
+    return _n(cx, "reshape", [v], (v.dtype, tuple(flat)), {"shape": list(flat)})
+
+
 def _pad(cx, x, geo, value=0.0):
     """x with value concatenated around each spatial dim (differentiable for hp's autodiff)."""
     for i in range(geo.nd):
@@ -117,20 +124,13 @@ def _patches(cx, x, geo, value=0.0):
         pieces.append(_n(cx, "reshape", [v], (x.dtype, tuple(five)), {"shape": five}))
     kk = [geo.n, geo.kk, geo.g, geo.cg, geo.op]
     p = pieces[0] if len(pieces) == 1 else _n(cx, "cat", pieces, (x.dtype, tuple(kk)), {"dim": 1})
-    perm = [2, 0, 4, 1, 3]
-    p = _n(cx, "permute", [p], (x.dtype, tuple(kk[i] for i in perm)), {"perm": perm})
-    flat = [geo.g, geo.n * geo.op, geo.kk * geo.cg]
-    return _n(cx, "reshape", [p], (x.dtype, tuple(flat)), {"shape": flat})
+    return _regroup(cx, p, kk, [2, 0, 4, 1, 3], [geo.g, geo.n * geo.op, geo.kk * geo.cg])
 
 
 def _weight(cx, w, geo):
     """w [Cout, cg, k...] as [g, Πk·cg, og], matching _patches' order."""
-    four = [geo.g, geo.og, geo.cg, geo.kk]
-    v = _n(cx, "reshape", [w], (w.dtype, tuple(four)), {"shape": four})
-    perm = [0, 3, 2, 1]
-    v = _n(cx, "permute", [v], (w.dtype, tuple(four[i] for i in perm)), {"perm": perm})
-    flat = [geo.g, geo.kk * geo.cg, geo.og]
-    return _n(cx, "reshape", [v], (w.dtype, tuple(flat)), {"shape": flat})
+    return _regroup(cx, w, [geo.g, geo.og, geo.cg, geo.kk], [0, 3, 2, 1],
+                    [geo.g, geo.kk * geo.cg, geo.og])
 
 
 def _put_back(cx, pieces, geo, lead, dt):
@@ -180,11 +180,7 @@ def _convolution(cx, node, args, kw):
     w = _as(cx, w, x.dtype)
     y = _n(cx, "bmm", [_patches(cx, x, geo), _weight(cx, w, geo)],
            (x.dtype, (geo.g, geo.n * geo.op, geo.og)))
-    four = [geo.g, geo.n, geo.op, geo.og]
-    y = _n(cx, "reshape", [y], (x.dtype, tuple(four)), {"shape": four})
-    perm = [1, 0, 3, 2]
-    y = _n(cx, "permute", [y], (x.dtype, tuple(four[i] for i in perm)), {"perm": perm})
-    y = _n(cx, "reshape", [y], (x.dtype, t[1]), {"shape": list(t[1])})
+    y = _regroup(cx, y, [geo.g, geo.n, geo.op, geo.og], [1, 0, 3, 2], t[1])
     if b is not None:
         view = [1, geo.cout] + [1] * geo.nd
         bv = _n(cx, "view", [_as(cx, cx.v(b), x.dtype)], (x.dtype, tuple(view)), {"shape": view})
@@ -194,12 +190,8 @@ def _convolution(cx, node, args, kw):
 
 def _grad_rows(cx, dy, geo):
     """dy [N, Cout, O...] as [g, N·ΠO, og]."""
-    four = [geo.n, geo.g, geo.og, geo.op]
-    v = _n(cx, "reshape", [dy], (dy.dtype, tuple(four)), {"shape": four})
-    perm = [1, 0, 3, 2]
-    v = _n(cx, "permute", [v], (dy.dtype, tuple(four[i] for i in perm)), {"perm": perm})
-    flat = [geo.g, geo.n * geo.op, geo.og]
-    return _n(cx, "reshape", [v], (dy.dtype, tuple(flat)), {"shape": flat})
+    return _regroup(cx, dy, [geo.n, geo.g, geo.og, geo.op], [1, 0, 3, 2],
+                    [geo.g, geo.n * geo.op, geo.og])
 
 
 def _convolution_backward(cx, node, args, kw):
@@ -219,12 +211,8 @@ def _convolution_backward(cx, node, args, kw):
         pt = _n(cx, "transpose", [p], (dt, (geo.g, geo.kk * geo.cg, geo.n * geo.op)),
                 {"dim0": 1, "dim1": 2})
         dw = _n(cx, "bmm", [pt, g], (dt, (geo.g, geo.kk * geo.cg, geo.og)))
-        four = [geo.g, geo.kk, geo.cg, geo.og]
-        dw = _n(cx, "reshape", [dw], (dt, tuple(four)), {"shape": four})
-        perm = [0, 3, 2, 1]
-        dw = _n(cx, "permute", [dw], (dt, tuple(four[i] for i in perm)), {"perm": perm})
-        out[1] = _as(cx, _n(cx, "reshape", [dw], (dt, ts[1][1]), {"shape": list(ts[1][1])}),
-                     ts[1][0])
+        dw = _regroup(cx, dw, [geo.g, geo.kk, geo.cg, geo.og], [0, 3, 2, 1], ts[1][1])
+        out[1] = _as(cx, dw, ts[1][0])
     if ts[0] is not None:
         wv = _weight(cx, _as(cx, w, dt), geo)
         wt = _n(cx, "transpose", [wv], (dt, (geo.g, geo.og, geo.kk * geo.cg)),

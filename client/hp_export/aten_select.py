@@ -99,15 +99,19 @@ def _topk(cx, node, args, kw):
     return _ranked(cx, x, k, dim, largest, "topk")
 
 
+def _sort_args(node, args, kw, stable):
+    """(dim, descending) of sort/argsort's .default(x, dim, descending) or .stable(x, *,
+    stable, dim, descending) overload."""
+    if node.target == stable:
+        return kw.get("dim", -1), kw.get("descending", False)
+    return (args[1] if len(args) > 1 else kw.get("dim", -1),
+            args[2] if len(args) > 2 else kw.get("descending", False))
+
+
 def _sort(cx, node, args, kw):
-    """sort.default(x, dim=-1, descending=False) and sort.stable(x, *, stable, dim, descending):
-    ties by position either way, so stable or not gives the same."""
+    """sort: ties by position either way, so stable or not gives the same."""
     x = cx.v(args[0])
-    if node.target == aten.sort.stable:
-        dim, desc = kw.get("dim", -1), kw.get("descending", False)
-    else:
-        dim = args[1] if len(args) > 1 else kw.get("dim", -1)
-        desc = args[2] if len(args) > 2 else kw.get("descending", False)
+    dim, desc = _sort_args(node, args, kw, aten.sort.stable)
     if not x.shape:
         return [x, _n(cx, "zeros", [], ("i64", ()), {"shape": [], "dtype": "i64"})]
     dim = _dim(x, dim)
@@ -116,11 +120,7 @@ def _sort(cx, node, args, kw):
 
 def _argsort(cx, node, args, kw):
     x = cx.v(args[0])
-    if node.target == aten.argsort.stable:
-        dim, desc = kw.get("dim", -1), kw.get("descending", False)
-    else:
-        dim = args[1] if len(args) > 1 else kw.get("dim", -1)
-        desc = args[2] if len(args) > 2 else kw.get("descending", False)
+    dim, desc = _sort_args(node, args, kw, aten.argsort.stable)
     dim = _dim(x, dim)
     return _ranked(cx, x, x.shape[dim], dim, desc, "argsort")[1]
 
