@@ -65,14 +65,20 @@ def _params_and_aliases(model):
 
 
 def _storage_key(t):
-    """What identifies a tensor's values in memory: the same key is the same tensor's data."""
-    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) if torch.is_tensor(t) \
-        else None
+    """What identifies a tensor's values in memory: the same key is the same tensor's data
+    (None for what has no memory of its own: not a tensor, empty, on the meta device)."""
+    if not torch.is_tensor(t) or t.numel() == 0 or t.data_ptr() == 0:
+        return None
+    return (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
 def _storage_of(t):
+    """The address of the memory t is a view of (None as _storage_key)."""
+    if _storage_key(t) is None:
+        return None
     try:
-        return t.storage().data_ptr() if torch.is_tensor(t) else None
+        s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+        return s.data_ptr()
     except (RuntimeError, NotImplementedError):  # a tensor without storage
         return None
 
@@ -88,6 +94,13 @@ def _init_spec(t):
         return "zeros"
     if bool((x == 1).all()):
         return "ones"
+    fin = x[torch.isfinite(x)]
+    if fin.numel() < x.numel():
+        # ±inf or NaN (an additive mask of -inf): no init spec holds them, so a normal one of
+        # the finite values stands in, which marks the values as the weights file's to load
+        m = fin.mean().item() if fin.numel() else 0.0
+        sd = fin.std().item() if fin.numel() > 1 else 0.0
+        return "normal(%s,%s)" % (hpir._float(m), hpir._float(sd if sd > 0 else 1.0))
     if bool((x == x.flatten()[0]).all()):
         return "constant(%s)" % hpir._float(x.flatten()[0].item())
     std = x.std().item() if x.numel() > 1 else 0.0
@@ -436,6 +449,8 @@ class _Convert:
         phs = [n for n in nodes if n.op == "placeholder"]
         owner = {_storage_key(p): (k, fqn) for k, (fqn, p) in enumerate(cap.params)}
         shared = {_storage_of(p): fqn for fqn, p in cap.params}
+        owner.pop(None, None)
+        shared.pop(None, None)
         for n in nodes:
             r = self.results.get(n)
             if not (n in self.fold or n.op == "get_attr" and torch.is_tensor(r) and

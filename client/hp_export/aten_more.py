@@ -132,9 +132,10 @@ def _trunc_of(cx, x):
 
 def _mod(which):
     """fmod (the sign of a) and remainder (the sign of b) of floats, as torch's: a − trunc(a/b)·b,
-    brought into (−|b|, |b|) with a's sign where the quotient rounded across a whole number;
-    remainder adds b where that sign is not b's. Only the quotient rounds, so a result near 0
-    or ±b may differ from torch's exact one by a rounding of a."""
+    brought into (−|b|, |b|) with a's sign where the quotient rounded across a whole number
+    (by adding or taking off |b|); remainder then adds b where the sign is not b's; a for an
+    infinite b. Only the quotient rounds, so a result differs from torch's exact one by a
+    rounding of a, or by b where that lands it on the other side of a multiple of b."""
     def f(cx, node, args, kw):
         a, t = cx.v(args[0]), _t(cx, node)
         _float(a, which)
@@ -148,6 +149,12 @@ def _mod(which):
                 t)  # |b| with a's sign
         flip = _lt(cx, _n(cx, "mul", [r, a], t), zero)
         r = _n(cx, "where", [flip, _n(cx, "add", [r, sa], t), r], t)
+        over = _n(cx, "bitwise_not", [_lt(cx, aten_map._abs_of(cx, r), ab)], ("bool", t[1]))
+        over = _n(cx, "where", [_n(cx, "eq", [r, r], ("bool", t[1])), over,
+                                cx.full(False, "bool")], ("bool", t[1]))  # not for a NaN
+        r = _n(cx, "where", [over, _n(cx, "sub", [r, sa], t), r], t)
+        r = _n(cx, "where", [_n(cx, "eq", [ab, cx.full(float("inf"), t[0])], ("bool", ab.shape)),
+                             a, r], t)
         if which == "fmod":
             return r
         off = _lt(cx, _n(cx, "mul", [r, b], t), zero)

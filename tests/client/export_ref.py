@@ -461,6 +461,9 @@ class OpsNet5(nn.Module):
         xs = torch.tensor([2.0, -2.0, 3.0, -3.0, -1.0, 0.0, 0.0, 0.0, 1.0])
         tr = torch.atan(tv).sum() + torch.asin(sv).sum() + 0.5 * torch.acos(sv).sum()
         tr = tr + torch.atan2(ys, xs).sum() + torch.prod(tv[1:9]) + torch.cumprod(sv, 0).sum()
+        inf = torch.tensor([float("-inf"), 0.0, 1.0, float("inf")])  # a constant with ±inf
+        tr = tr + inf[:3].exp().sum() + torch.fmod(tv[:4], inf[3:]).sum()
+        tr = tr + torch.fmod(tv[1:9], 0.7).sum() + torch.remainder(tv[1:9], -0.4).sum()
         x = x + 0.01 * tr + 0.1 * torch.atan(u) + 0.1 * torch.asin(torch.tanh(w) * 0.9)
         x = x + 0.05 * torch.acos(torch.tanh(u) * 0.8) + 0.1 * torch.atan2(u, w)
         x = x + 0.1 * torch.prod(torch.sigmoid(u[..., :6]) + 0.5, -1, keepdim=True)
