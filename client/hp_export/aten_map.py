@@ -119,11 +119,12 @@ def _binary(op, scalar_op):
             if op == "sub":
                 raise Unsupported("a scalar minus a tensor")
             a, b = b, a
+        va = _as(cx, cx.v(a), t[0])  # an integer tensor times a float: promoted, as torch
         if op == "add":
-            return cx.g.node("add_scalar", [cx.v(a)], [t], {"value": b * alpha})
+            return cx.g.node("add_scalar", [va], [t], {"value": b * alpha})
         if op == "sub":
-            return cx.g.node("add_scalar", [cx.v(a)], [t], {"value": -b * alpha})
-        return cx.g.node(scalar_op, [cx.v(a)], [t], {"value": b})
+            return cx.g.node("add_scalar", [va], [t], {"value": -b * alpha})
+        return cx.g.node(scalar_op, [va], [t], {"value": b})
     return f
 
 
@@ -132,13 +133,14 @@ def _rsub(cx, node, args, kw):
     alpha = kw.get("alpha", args[2] if len(args) > 2 else 1)
     t = _t(cx, node)
     if not _is_node(args[1]):
-        nx = cx.g.node("mul_scalar", [x], [t], {"value": -alpha})
+        nx = cx.g.node("mul_scalar", [_as(cx, x, t[0])], [t], {"value": -alpha})
         return cx.g.node("add_scalar", [nx], [t], {"value": other})
     raise Unsupported("rsub of two tensors")
 
 
 def _mul_scalar(cx, node, args, kw):
-    return cx.g.node("mul_scalar", [cx.v(args[0])], [_t(cx, node)], {"value": args[1]})
+    t = _t(cx, node)
+    return cx.g.node("mul_scalar", [_as(cx, cx.v(args[0]), t[0])], [t], {"value": args[1]})
 
 
 def _pow(cx, node, args, kw):

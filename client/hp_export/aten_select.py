@@ -8,7 +8,7 @@ first; the single-index cases go on to aten_map / aten_more's decompositions.
                                       picked by where(position == it, x, 0) summed over dim (so
                                       the gradient goes to that entry alone, as torch's); the
                                       entry taken out of the rest. Sorted; ties by position,
-                                      smaller first, also for largest=False
+                                      smaller first, also for largest=False; NaN ranks highest
   sort(x, dim, descending, stable)    topk of every entry (stable: ties by position)
   argsort(x, dim, descending)         its indices
   gather(x, dim, idx)                 with several indices along dim: one round per index,
@@ -64,7 +64,10 @@ def _ranked(cx, x, k, dim, largest, what):
     kshape = _reduced(x.shape, dim)
     pos = _positions(cx, x.shape, dim, "f32")
     past = cx.full(float(n), "f32")
-    rest = x if largest else _n(cx, "neg", [x], (x.dtype, x.shape))
+    # NaN ranks above everything, as torch's: +inf in the key (its value is still x's NaN)
+    key = _n(cx, "where", [_n(cx, "eq", [x, x], ("bool", x.shape)), x,
+                           cx.full(float("inf"), x.dtype)], (x.dtype, x.shape))
+    rest = key if largest else _n(cx, "neg", [key], (x.dtype, x.shape))
     taken = None
     values, firsts = [], []
     for _ in range(k):
@@ -157,6 +160,8 @@ def _gather(cx, node, args, kw):
             if d != dim and s != x.shape[d]:
                 shape = tuple(s if i == d else n for i, n in enumerate(x.shape))
                 x = _n(cx, "slice", [x], (x.dtype, shape), {"dim": d, "start": 0, "end": s})
+    if not parts:  # an empty index: an empty result
+        return _n(cx, "zeros", [], t, {"shape": list(t[1]), "dtype": t[0]})
     vals = [_pick(cx, x, _n(cx, "eq", [pos, p], ("bool", x.shape)), dim) for p in parts]
     return vals[0] if len(vals) == 1 else _n(cx, "cat", vals, t, {"dim": dim})
 
