@@ -37,6 +37,8 @@ import torch.utils._python_dispatch as _pd
 from . import aten_conv, aten_extra, aten_map, aten_more, aten_select, hpir, safetensors
 from .hpir import Unsupported, dtype_name
 
+aten = torch.ops.aten
+
 __all__ = ["export", "capture", "to_hpir", "ExportError", "default_loss"]
 
 
@@ -572,13 +574,27 @@ class _nullcontext:
         return False
 
 
+# In-place ops that change their input's shape and strides, not its values.
+_META_INPLACE = {aten.transpose_.default, aten.t_.default, aten.squeeze_.dim,
+                 aten.unsqueeze_.default}
+
+
 class _Recorder(torch.fx.Interpreter):
     def __init__(self, gm, results):
         super().__init__(gm)
         self.results_ = results
 
     def run_node(self, n):
+        before = None
+        if n.op == "call_function" and n.target in _META_INPLACE and n.args and \
+                n.args[0] in self.results_ and torch.is_tensor(self.results_[n.args[0]]):
+            # the op reshapes the very tensor object its input node recorded: keep a view
+            # with the input's shape for that node (nn.GRU's output.transpose_(0, 1))
+            x = self.results_[n.args[0]]
+            before = x.as_strided(x.size(), x.stride(), x.storage_offset())
         r = super().run_node(n)
+        if before is not None:
+            self.results_[n.args[0]] = before
         self.results_[n] = r
         return r
 

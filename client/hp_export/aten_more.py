@@ -51,8 +51,9 @@ three.
                                       max(−x, 0)), times weight (its backward torch records
                                       as elementwise ops)
   sqrt_, log_, clamp_min_, logical_or_, scatter_, sigmoid_, tanh_, relu_, silu_, exp_,
-  neg_, gelu_, clamp_, mul_/add_ (scalar)   in place, as their functional forms when nothing
-                                      reads the overwritten values afterwards (through any view)
+  neg_, gelu_, clamp_, mul_/add_ (scalar), transpose_, t_, squeeze_, unsqueeze_   in place,
+                                      as their functional forms when nothing reads the
+                                      overwritten values afterwards (through any view)
   unsafe_split(_with_sizes)           split (an RNN's gates)
 """
 import math
@@ -998,6 +999,10 @@ TABLE = {
     aten.clamp_.default: _inplace(aten_map._clamp),
     aten.mul_.Scalar: _inplace(aten_map._mul_scalar),
     aten.add_.Scalar: _inplace(aten_map._binary("add", "add_scalar")),
+    aten.transpose_.default: _inplace(aten_map._transpose),
+    aten.t_.default: _inplace(aten_map.TABLE[aten.t.default]),
+    aten.squeeze_.dim: _inplace(aten_map.TABLE[aten.squeeze.dim]),
+    aten.unsqueeze_.default: _inplace(aten_map.TABLE[aten.unsqueeze.default]),
     aten.unsafe_split.Tensor: aten_map._split,
     aten.unsafe_split_with_sizes.default: aten_map._split,
     aten.scatter_.src: _inplace(_scatter),

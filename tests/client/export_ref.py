@@ -523,20 +523,25 @@ def make_ops6():
 
 
 class OpsNet7(nn.Module):
-    """nn.LSTM, whose weights the module reads through its own _flat_weights list (the trace
-    captures them as constants: hp_export maps them back to the parameters) and whose cell
-    writes sigmoid_/tanh_ into the pieces of its unsafe_split gates; and in-place ops on fresh
-    values (sigmoid_, tanh_, relu_, silu_, gelu_, exp_, neg_, clamp_, mul_/add_ of a scalar).
+    """nn.LSTM and nn.GRU (batch_first), whose weights the modules read through their own
+    _flat_weights lists (the trace captures them as constants: hp_export maps them back to the
+    parameters), whose cells write sigmoid_/tanh_/add_ into the pieces of their unsafe_split
+    gates and whose output GRU turns with transpose_; and in-place ops on fresh values
+    (sigmoid_, tanh_, relu_, silu_, exp_, neg_, clamp_, mul_/add_ of a scalar, transpose_).
     Exported with autodiff="hp" only: torch's traced backward gives the LSTM no gradient."""
     def __init__(self):
         super().__init__()
         self.emb = nn.Embedding(V, C)
         self.rnn = nn.LSTM(C, C, batch_first=True)
+        self.gru = nn.GRU(C, C, batch_first=True)
         self.out = nn.Linear(C, V)
 
     def forward(self, idx):
         x = self.emb(idx)
-        h = self.rnn(x)[0]
+        h = self.rnn(x)[0] + self.gru(x)[0]
+        t = x * 1.0
+        t.transpose_(1, 2)
+        x = x + 0.1 * t.transpose(1, 2)
         y = x.clone()
         y.mul_(2.0).add_(0.5).sigmoid_()
         z = h.clone()

@@ -480,10 +480,11 @@ static void expect_refused(const char *args, const char *want) {
     free(msg);
 }
 
-/* OpsNet7: nn.LSTM reads its weights through its own _flat_weights list, which make_fx
- * captures as constants (they would never train: hp_export maps them back to the parameters)
- * and writes into the pieces of its gates in place; with in-place ops on fresh values, exported
- * with autodiff="hp" it trains to PyTorch's losses and weights. With torch's traced backward
+/* OpsNet7: nn.LSTM and nn.GRU read their weights through their own _flat_weights lists, which
+ * make_fx captures as constants (they would never train: hp_export maps them back to the
+ * parameters), write into the pieces of their gates in place, and GRU turns its output with
+ * transpose_; with in-place ops on fresh values, exported with autodiff="hp" it trains to
+ * PyTorch's losses and weights. With torch's traced backward
  * (no gradient through those constants) it is refused naming the parameter, as are a write
  * through a view whose base is read afterwards and a view of a parameter kept aside. */
 Test(hp_export, lstm_and_in_place_ops_train_like_pytorch) {
