@@ -26,7 +26,11 @@ static const struct num_flag {
     double lo, hi;
     const char *help;
 } num_flags[] = {
-    {"--batch", FLAG_I64, offsetof(hp_job, model.batch), 1, 1 << 20, "local batch (sequences)"},
+    {"--batch", FLAG_I64, offsetof(hp_job, model.batch), 1, 1 << 20,
+     "sequences a micro-step, all ranks together"},
+    {"--global-batch", FLAG_I64, offsetof(hp_job, train.global_batch), 1, 1e12,
+     "sequences an optimizer step (a multiple of --batch: the mean gradient of that many "
+     "micro-steps; default --batch)"},
     {"--seq", FLAG_I64, offsetof(hp_job, model.seq), 1, 1 << 24, "sequence length"},
     {"--dim", FLAG_I64, offsetof(hp_job, model.dim), 1, 1 << 20, "model dim"},
     {"--layers", FLAG_I64, offsetof(hp_job, model.n_layers), 1, 4096, "layers"},
@@ -622,10 +626,27 @@ int hpctl_new(int argc, char **argv) {
 built:;
     /* The training shapes are the graph's: its first data input is [batch, seq, ...]. */
     hp_graph_inputs in = hp_graph_count_inputs(job->graph);
+    int64_t micro_batch = 0; /* a micro-step's sequences, all ranks together */
     if (in.n_data > 0) {
         const hp_type *t = &job->graph->nodes[in.n_params + in.n_buffers].out[0];
         if (t->rank >= 2) job->train.seq = t->shape[1];
-        if (t->rank >= 1) job->train.global_batch = t->shape[0];
+        if (t->rank >= 1) micro_batch = t->shape[0];
+    }
+    if (job->train.global_batch > 0) { /* --global-batch: gradient accumulation */
+        if (micro_batch <= 0) {
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--global-batch: the graph has no batched data input to accumulate");
+            goto done;
+        }
+        if (job->train.global_batch % micro_batch) {
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--global-batch: %lld is not a multiple of the batch of a micro-step, "
+                            "%lld (--batch, or the graph's)",
+                            (long long)job->train.global_batch, (long long)micro_batch);
+            goto done;
+        }
+    } else {
+        job->train.global_batch = micro_batch;
     }
     if (job->plan.loss_parallel) {
         bool has_tp = false;
@@ -646,18 +667,27 @@ built:;
     n_tp_plan_constraints = job->plan.n_constraints;
     for (int i = 0; i < n_places; i++)
         if ((rc = add_place(verb, "--place", places[i], job)) != HPCTL_OK) goto done;
-    if (job->train.global_batch > 0) {
-        /* --batch is the global batch of a step, split over the data-parallel ranks (known
-         * once the placements are): say so here rather than at compile time */
+    if (micro_batch > 0) {
+        /* --batch is a micro-step's batch, all ranks together, split over the data-parallel
+         * ranks (known once the placements are): say so here rather than at compile time */
         int dp = hp_job_dp_size(job);
-        if (job->train.global_batch % dp) {
+        if (micro_batch % dp) {
             rc = hpctl_fail(HPCTL_USAGE, verb,
                             "--batch: %lld sequences do not split over the mesh's %d "
                             "data-parallel ranks",
-                            (long long)job->train.global_batch, dp);
+                            (long long)micro_batch, dp);
             goto done;
         }
-        job->train.local_batch = job->train.global_batch / dp;
+        job->train.local_batch = micro_batch / dp;
+        if (job->train.global_batch / micro_batch > HP_MAX_GRAD_ACCUM) {
+            rc = hpctl_fail(HPCTL_USAGE, verb,
+                            "--global-batch: %lld is %lld micro-steps of %lld sequences; at "
+                            "most %d are supported",
+                            (long long)job->train.global_batch,
+                            (long long)(job->train.global_batch / micro_batch),
+                            (long long)micro_batch, HP_MAX_GRAD_ACCUM);
+            goto done;
+        }
     }
     /* as torchtitan: a default warmup longer than the run is cut to the run; one asked for is
      * refused naming its flag */
@@ -766,11 +796,18 @@ static void print_text(const hp_job *job, const job_summary *s) {
                (long long)c.dim, (long long)c.n_layers, (long long)c.n_heads,
                (long long)c.n_kv_heads, (long long)c.ffn_hidden, (long long)c.vocab);
     int dp = hp_job_dp_size(job);
-    printf("\nbatch       %lld x seq %lld per step (%lld per rank over %d data-parallel rank%s) = "
-           "%s tokens per rank per step\n",
-           (long long)(job->train.local_batch * dp), (long long)job->train.seq,
+    int64_t accum = hp_job_grad_accum(job);
+    const char *unit = accum > 1 ? "micro-step" : "step";
+    printf("\nbatch       %lld x seq %lld per %s (%lld per rank over %d data-parallel rank%s) = "
+           "%s tokens per rank per %s\n",
+           (long long)(job->train.local_batch * dp), (long long)job->train.seq, unit,
            (long long)job->train.local_batch, dp, dp == 1 ? "" : "s",
-           COMMAS(job->train.local_batch * job->train.seq));
+           COMMAS(job->train.local_batch * job->train.seq), unit);
+    if (accum > 1)
+        printf("            gradient accumulation: %lld micro-steps an optimizer step, global "
+               "batch %lld (%s tokens a step)\n",
+               (long long)accum, (long long)(job->train.local_batch * dp * accum),
+               COMMAS(job->train.local_batch * dp * accum * job->train.seq));
     printf("parameters  %s (%.1f MiB)", COMMAS(s->params), (double)s->param_bytes / (1 << 20));
     if (s->embedding_params) printf(", %s in the embedding", COMMAS(s->embedding_params));
     printf("\nflops/token %.4g (6*(N - embedding) + 12*L*d*T, torchtitan's convention)\n",
@@ -829,7 +866,13 @@ static int print_json(const hp_job *job, const job_summary *s) {
                         json_pack("{s:b, s:s, s:s}", "loss_parallel", (int)job->plan.loss_parallel,
                                   "param_dtype", hp_dtype_name(job->plan.param_dtype),
                                   "reduce_dtype", hp_dtype_name(job->plan.reduce_dtype)));
-    json_object_set_new(json_object_get(root, "train"), "on_nonfinite",
+    json_t *train = json_object_get(root, "train");
+    json_object_set_new(
+        train, "global_batch",
+        json_integer((json_int_t)(t->local_batch * hp_job_dp_size(job) * hp_job_grad_accum(job))));
+    json_object_set_new(train, "grad_accum_steps",
+                        json_integer((json_int_t)hp_job_grad_accum(job)));
+    json_object_set_new(train, "on_nonfinite",
                         json_string(t->on_nonfinite == HP_NONFINITE_SKIP ? "skip" : "stop"));
     json_dumpf(root, stdout, JSON_INDENT(2));
     putchar('\n');

@@ -33,6 +33,9 @@ static const char *const assumptions[] = {
     "2 more where it rewrites a bf16 parameter copy: those casts are not in the step)",
     "memory: parameters and gradients at their local (sharded) size, AdamW's two f32 moments "
     "per local element, activations as the liveness-planned arena",
+    "gradient accumulation (--global-batch): a step runs the program once per micro-step, "
+    "collectives included, and adds up all but the last micro-step's gradients in one f32 "
+    "buffer (12 bytes an element per addition, at memory bandwidth)",
 };
 /* 34884612 -> "33.3 MiB" */
 static const char *human(int64_t bytes, char *buf) {
@@ -275,6 +278,9 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
     if (m->param_copies)
         printf("  param copies %12s   param_dtype copies the optimizer rewrites\n",
                HUMAN(m->param_copies));
+    if (m->grad_accum)
+        printf("  grad accum   %12s   the micro-steps' gradients added up (f32)\n",
+               HUMAN(m->grad_accum));
     printf("  activations  %12s   liveness-planned arena\n", HUMAN(m->activations));
     printf("  comm         %12s\n", HUMAN(m->comm));
     printf("  total        %12s\n", HUMAN(m->total));
@@ -310,7 +316,8 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         }
         printf("%s", any ? "\n" : " none\n");
     }
-    printf("\ncommunication per step per rank: %s in %d collectives", HUMAN(last->comm_bytes),
+    printf("\ncommunication per %s per rank: %s in %d collectives",
+           c->cost.grad_accum > 1 ? "micro-step" : "step", HUMAN(last->comm_bytes),
            last->collectives);
     const char *sep = " (";
     for (int op = 0; op < HP_OP_COUNT; op++) {
@@ -324,13 +331,19 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
 
     const hp_cost_estimate *e = &c->cost;
     double hidden = e->comm_s > 0 ? 100 * (1 - e->exposed_comm_s / e->comm_s) : 100;
-    printf("\nestimate    step %s = compute %s + exposed comm %s + optimizer %s",
-           SECONDS(e->step_s), SECONDS(e->compute_s), SECONDS(e->exposed_comm_s),
-           SECONDS(e->optimizer_s));
+    if (e->grad_accum > 1)
+        printf("\nestimate    step %s = %lld micro-steps x (compute %s + exposed comm %s) + "
+               "accumulation %s + optimizer %s",
+               SECONDS(e->step_s), (long long)e->grad_accum, SECONDS(e->compute_s),
+               SECONDS(e->exposed_comm_s), SECONDS(e->accumulate_s), SECONDS(e->optimizer_s));
+    else
+        printf("\nestimate    step %s = compute %s + exposed comm %s + optimizer %s",
+               SECONDS(e->step_s), SECONDS(e->compute_s), SECONDS(e->exposed_comm_s),
+               SECONDS(e->optimizer_s));
     if (e->comm_s > 0) printf(" (comm %s in all, %.0f%% hidden)", SECONDS(e->comm_s), hidden);
-    printf("\n            %.4g FLOPs per rank per step; profile %s%s: %.4g FLOP/s x %.2g "
+    printf("\n            %.4g FLOPs per rank per %s; profile %s%s: %.4g FLOP/s x %.2g "
            "efficiency, memory %.4g B/s\n",
-           e->flops, e->profile,
+           e->flops, e->grad_accum > 1 ? "micro-step" : "step", e->profile,
            !strcmp(e->profile, "cpu") && !e->profile_measured
                ? " (assumed: `hp-worker --probe-profile` measures it)"
                : "",
@@ -431,9 +444,10 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
     json_object_set_new(root, "warnings", warnings);
     json_object_set_new(
         root, "memory",
-        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params, "grads",
-                  (json_int_t)m->grads, "optimizer", (json_int_t)m->optimizer, "param_copies",
-                  (json_int_t)m->param_copies, "activations", (json_int_t)m->activations, "comm",
+        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "params", (json_int_t)m->params,
+                  "grads", (json_int_t)m->grads, "optimizer", (json_int_t)m->optimizer,
+                  "param_copies", (json_int_t)m->param_copies, "grad_accum",
+                  (json_int_t)m->grad_accum, "activations", (json_int_t)m->activations, "comm",
                   (json_int_t)m->comm, "total", (json_int_t)m->total));
     json_object_set_new(root, "communication",
                         json_pack("{s:I, s:i, s:o, s:o}", "bytes_per_step",
@@ -456,6 +470,9 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                                   "bandwidth", e->bandwidth, "latency", e->latency, "profile",
                                   e->profile, "profile_measured", e->profile_measured,
                                   "compute_by_op", by_op));
+    json_t *est = json_object_get(root, "estimate");
+    json_object_set_new(est, "grad_accum_steps", json_integer((json_int_t)e->grad_accum));
+    json_object_set_new(est, "accumulate_s", json_real(e->accumulate_s));
     json_object_set_new(root, "assumptions", assume);
     if (c->autoshard) {
         const hp_autoshard_stats *st = hp_autoshard_get_stats(c->autoshard);

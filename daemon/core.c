@@ -646,13 +646,15 @@ static hp_status plan_summary(const hp_compiled *c, uint8_t **out, size_t *out_l
     s.passes = preps;
     Hp__V1__CostEstimate e;
     hp__v1__cost_estimate__init(&e);
+    /* a whole optimizer step: grad_accum runs of the program */
+    double micro = (double)c->cost.grad_accum;
     e.step_time_s = c->cost.step_s;
-    e.compute_s = c->cost.compute_s;
-    e.comm_s = c->cost.comm_s;
-    e.exposed_comm_s = c->cost.exposed_comm_s;
+    e.compute_s = micro * c->cost.compute_s;
+    e.comm_s = micro * c->cost.comm_s;
+    e.exposed_comm_s = micro * c->cost.exposed_comm_s;
     e.peak_memory_bytes = c->memory.total;
     e.param_bytes = c->memory.params;
-    e.flops_per_step = c->cost.flops;
+    e.flops_per_step = micro * c->cost.flops;
     s.estimate = &e;
     s.graph_nodes = c->graph ? c->graph->n_nodes : 0;
     s.instructions = c->program ? c->program->n_instrs : 0;

@@ -180,6 +180,25 @@ static const char *unsupported_dim(const char *name) {
     return NULL;
 }
 
+/* A micro-step's sequences, all ranks together: the graph's batch (its first data input's dim
+ * 0, whatever world it is run on), else the model's, else local_batch x the dp ranks. */
+static int64_t micro_batch(const hp_job *job) {
+    if (job->graph) {
+        hp_graph_inputs in = hp_graph_count_inputs(job->graph);
+        if (in.n_data > 0) {
+            const hp_type *t = &job->graph->nodes[in.n_params + in.n_buffers].out[0];
+            if (t->rank >= 1 && t->shape[0] > 0) return t->shape[0];
+        }
+    }
+    if (job->model.batch > 0) return job->model.batch;
+    return job->train.local_batch * hp_job_dp_size(job);
+}
+
+int64_t hp_job_grad_accum(const hp_job *job) {
+    int64_t micro = micro_batch(job), global = job->train.global_batch;
+    return global > 0 && micro > 0 && global / micro >= 1 ? global / micro : 1;
+}
+
 int hp_job_dp_size(const hp_job *job) {
     int world = job->resources.world_size > 0 ? job->resources.world_size : 1;
     if (job->plan.n_mesh > 1) {
@@ -634,15 +653,23 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
     HP_TRY(check_i64(t->local_batch, 1, HP_MAX_DIM, "train.local_batch", err));
     HP_TRY(check_i64(t->seq, 1, HP_MAX_DIM, "train.seq", err));
     HP_TRY(check_i64(t->global_batch, 0, HP_MAX_DIM, "train.global_batch", err));
-    /* The graph's batch is the global batch of a step (all ranks together); each of the
-     * data-parallel ranks reads local_batch of it. */
+    /* The graph's batch is one micro-step's batch, all ranks together; each of the
+     * data-parallel ranks reads local_batch of it. global_batch is a whole number of those:
+     * the gradient-accumulation steps. */
     int64_t world = hp_job_dp_size(job);
     const char *over = job->plan.n_mesh > 1 ? "the mesh's dp size" : "world_size";
     int64_t global = t->local_batch * world;
-    if (t->global_batch && t->global_batch != global)
+    if (t->global_batch && t->global_batch % global)
         return hp_errf(err, HP_INVALID,
-                       "train.global_batch: %lld must equal local_batch x %s = %lld",
+                       "train.global_batch: %lld is not a multiple of local_batch x %s = %lld "
+                       "(the gradient-accumulation steps are global_batch / that)",
                        (long long)t->global_batch, over, (long long)global);
+    if (t->global_batch / global > HP_MAX_GRAD_ACCUM)
+        return hp_errf(err, HP_INVALID,
+                       "train.global_batch: %lld is %lld micro-steps of %lld sequences; at most "
+                       "%d are supported",
+                       (long long)t->global_batch, (long long)(t->global_batch / global),
+                       (long long)global, HP_MAX_GRAD_ACCUM);
     if (job->model.batch && job->model.batch != global)
         return hp_errf(err, HP_INVALID,
                        "model.batch: %lld (the global batch) differs from train.local_batch x "

@@ -22,7 +22,9 @@
  *     is the exposed communication.
  *   * the optimizer: AdamW over the local parameters at memory bandwidth (28 bytes an element,
  *     and 2 more where it rewrites a parameter's bf16 copy; those casts are not the step's).
- *   step time = compute + exposed communication + optimizer.
+ *   * gradient accumulation: a step runs the program grad_accum times and adds up all but
+ *     the last run's gradients at memory bandwidth (12 bytes an element each).
+ *   step time = grad_accum x (compute + exposed communication) + accumulation + optimizer.
  * It does not model contention between the streams, nor the host's own work per step.
  */
 #include "passes/passes_internal.h"
@@ -81,7 +83,8 @@ double hp__node_flops(const hp_graph *g, int id) {
     }
 }
 
-void hp__memory_report(const hp_graph *g, const hp_program *p, hp_memory_report *m) {
+void hp__memory_report(const hp_graph *g, const hp_program *p, int64_t grad_accum,
+                       hp_memory_report *m) {
     memset(m, 0, sizeof *m);
     hp_graph_inputs in = hp_graph_count_inputs(g);
     int64_t numel = 0;
@@ -98,7 +101,11 @@ void hp__memory_report(const hp_graph *g, const hp_program *p, hp_memory_report 
             if (p->instrs[i].flags & HP_INSTR_PARAM_CAST)
                 m->param_copies += p->buffers[p->instrs[i].out[0]].bytes;
     }
-    m->total = m->params + m->grads + m->optimizer + m->param_copies + m->activations + m->comm;
+    /* the micro-steps' gradients add up in one f32 buffer per parameter (the last one adds
+     * it into its own gradients) */
+    if (grad_accum > 1) m->grad_accum = numel * (int64_t)sizeof(float);
+    m->total = m->params + m->grads + m->optimizer + m->param_copies + m->activations + m->comm +
+               m->grad_accum;
 }
 
 /* The mesh dim a collective runs on: its group's, else "dp", else the first; -1 none. */
@@ -222,7 +229,14 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
     c->optimizer_s += copy_bytes / prof.mem_bw;
     /* collectives nobody waited for still finish within the step */
     if (t_comm > t_compute) c->exposed_comm_s += t_comm - t_compute;
-    c->step_s = c->compute_s + c->exposed_comm_s + c->optimizer_s;
+    /* gradient accumulation: the program runs grad_accum times a step, and all but the last
+     * run's gradients are added up (2 f32 reads and a write an element each) */
+    c->grad_accum = hp_job_grad_accum(job);
+    for (int i = 0; i < gi.n_params; i++)
+        c->accumulate_s += (double)(c->grad_accum - 1) *
+                           (double)hp_type_numel(&g->nodes[i].out[0]) * 12.0 / prof.mem_bw;
+    c->step_s = (double)c->grad_accum * (c->compute_s + c->exposed_comm_s) + c->accumulate_s +
+                c->optimizer_s;
     hp_free(done);
     hp_free(runs);
     return HP_OK;

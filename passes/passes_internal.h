@@ -128,7 +128,8 @@ double hp__node_flops(const hp_graph *g, int id);
 /* Per-rank memory (cost.c): parameters and gradients are the parameter placeholders' (local
  * shard) bytes, the optimizer AdamW's two f32 moments per local element, activations and comm
  * the program's arenas (p may be NULL: then 0). */
-void hp__memory_report(const hp_graph *g, const hp_program *p, hp_memory_report *m);
+void hp__memory_report(const hp_graph *g, const hp_program *p, int64_t grad_accum,
+                       hp_memory_report *m);
 
 /* The cost model of one step of one rank (its assumptions are at the top of cost.c). */
 /* The cost model of one step of one rank (its assumptions are at the top of cost.c).

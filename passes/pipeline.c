@@ -602,7 +602,7 @@ static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err
     st = lower(&s, g, err);
     if (owned) g->lends = false; /* a rewrite of the compiled graph outside a compile copies */
     if (st != HP_OK) goto fail;
-    hp__memory_report(g, c->program, &c->memory);
+    hp__memory_report(g, c->program, hp_job_grad_accum(job), &c->memory);
     if ((st = hp__cost_estimate(g, c->program, job, &c->cost, err)) != HP_OK) goto fail;
     if (!owned && !(g = hp_graph_clone(g))) {
         st = hp_errf(err, HP_NOMEM, "out of memory compiling");

@@ -141,6 +141,10 @@ typedef struct hp_backend_vtable {
     /* hp_grad_scale: every element of the device spans times coef (the trainer clips through
      * adamw's grad_scale instead; this serves callers that scale gradients on their own). */
     hp_status (*scale)(hp_backend *b, const hp_fspan *x, int n, float coef, hp_err *err);
+    /* hp_grad_accumulate: dst[i] += src[i] over device spans (first: dst[i] = src[i]); the
+     * trainer adds up the gradients of a step's micro-steps (gradient accumulation). */
+    hp_status (*accumulate)(hp_backend *b, const hp_fspan *dst, const hp_fspan *src, int n,
+                            bool first, hp_err *err);
     /* hp_param_init_fill: elements [first, first + count) of parameter fqn's init into the
      * device buffer dst[0..count). */
     hp_status (*fill_init)(hp_backend *b, float *dst, const hp_init *spec, uint64_t seed,

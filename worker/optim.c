@@ -310,6 +310,42 @@ hp_status hp_grad_scale(const hp_fspan *grads, int n, float coef, hp_pool *pool,
     return HP_OK;
 }
 
+/* ---- gradient accumulation -------------------------------------------------------------- */
+
+typedef struct accum_ctx {
+    const hp_fspan *dst, *src;
+    int n;
+    bool first;
+} accum_ctx;
+
+static void accumulate_chunk(void *ctx, int64_t begin, int64_t end, int thread) {
+    (void)thread;
+    const accum_ctx *c = ctx;
+    FOR_EACH_PIECE(c->n, c->dst[t_].n, begin, end, {
+        float *d = c->dst[piece_t].data + piece_off;
+        const float *x = c->src[piece_t].data + piece_off;
+        if (c->first)
+            memcpy(d, x, (size_t)piece_len * sizeof *d);
+        else
+            for (int64_t i = 0; i < piece_len; i++) d[i] += x[i];
+    });
+}
+
+hp_status hp_grad_accumulate(const hp_fspan *dst, const hp_fspan *src, int n, bool first,
+                             hp_pool *pool, hp_err *err) {
+    int64_t total = 0, src_total = 0;
+    HP_TRY(check_spans("grad accumulate", dst, n, &total, err));
+    HP_TRY(check_spans("grad accumulate", src, n, &src_total, err));
+    for (int i = 0; i < n; i++)
+        if (dst[i].n != src[i].n)
+            return hp_errf(err, HP_INVALID,
+                           "grad accumulate: span %d has %lld elements, its source %lld", i,
+                           (long long)dst[i].n, (long long)src[i].n);
+    accum_ctx c = {dst, src, n, first};
+    hp_pool_parallel_for(pool, total, ELEM_GRAIN, accumulate_chunk, &c);
+    return HP_OK;
+}
+
 hp_status hp_clip_grad_norm(const hp_fspan *grads, int n, double max_norm, hp_pool *pool,
                             double *total_norm, hp_err *err) {
     if (!(max_norm > 0 && isfinite(max_norm)))

@@ -285,7 +285,7 @@ static hp_status global_grad_norm(trainer *t, double loss, double *norm, hp_err 
         hp_trace_add(t->trace, HP_TRACE_COMM, "all_reduce", t1, hp_trace_now_s(), -1,
                      (int64_t)sizeof sumsq);
     }
-    *norm = sqrt(sumsq);
+    *norm = sqrt(sumsq) / (double)t->accum; /* accumulated micro-steps: their mean's */
     return st;
 }
 
@@ -294,24 +294,54 @@ typedef struct step_out {
     bool skipped; /* non-finite: no optimizer update */
 } step_out;
 
-static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) {
+/* One run of the program on micro-batch `micro` (0-based, over the whole run): its data in,
+ * its dropout stream, its loss into *loss. */
+static hp_status micro_step(trainer *t, int64_t micro, double *loss, double *data_s, hp_err *err) {
     double t0 = now_s();
-    HP_TRY(hp_data_next(t->data, t->data_rank, step - 1, t->tokens, t->labels, err));
+    HP_TRY(hp_data_next(t->data, t->data_rank, micro, t->tokens, t->labels, err));
     size_t bytes = (size_t)(t->batch * t->seq) * sizeof(int64_t);
     HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->tokens_buf), t->tokens, bytes, err));
     HP_TRY(t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->labels_buf), t->labels, bytes, err));
-    o->data_s = now_s() - t0;
+    double t1 = now_s();
+    *data_s += t1 - t0;
+    hp_trace_add(t->trace, HP_TRACE_COMPUTE, "data", t0, t1, -1, -1);
+    hp_exec_set_rng(t->ex, t->job->train.seed, (uint64_t)micro + 1); /* dropout: hp/rng.h */
+    HP_TRY(hp_exec_step(t->ex, err));
+    return hp_exec_loss(t->ex, loss, err);
+}
+
+/* A step's micro-steps: with gradient accumulation the first ones' gradients add up in
+ * t->accum_grads and the last one adds them into its own, which the optimizer reads (their
+ * mean: the update scales them by 1 / accum). The loss is the micro-steps' mean. */
+static hp_status run_micro_steps(trainer *t, int64_t step, step_out *o, hp_err *err) {
+    int n = t->prog->n_params;
+    double sum = 0;
+    o->data_s = 0;
+    for (int64_t k = 0; k < t->accum; k++) {
+        double loss;
+        HP_TRY(micro_step(t, (step - 1) * t->accum + k, &loss, &o->data_s, err));
+        sum += loss;
+        if (k + 1 < t->accum) hp_exec_param_copies_current(t->ex); /* no update in between */
+        if (t->accum == 1) break;
+        double a0 = hp_trace_now_s();
+        bool last = k + 1 == t->accum;
+        HP_TRY(last ? t->be->vt->accumulate(t->be, t->grads, t->accum_grads, n, false, err)
+                    : t->be->vt->accumulate(t->be, t->accum_grads, t->grads, n, k == 0, err));
+        hp_trace_add(t->trace, HP_TRACE_COMPUTE, "grad_accumulate", a0, hp_trace_now_s(), -1, -1);
+    }
+    o->loss = sum / (double)t->accum;
+    return HP_OK;
+}
+
+static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) {
     bool prof = profiled(t, step);
     if (prof) {
         hp_trace_begin(t->trace, step);
-        hp_trace_add(t->trace, HP_TRACE_COMPUTE, "data", t0, t0 + o->data_s, -1, -1);
         trace_hooks(t, true);
     }
-    hp_exec_set_rng(t->ex, t->job->train.seed, (uint64_t)step); /* dropout masks: hp/rng.h */
-    hp_status st = hp_exec_step(t->ex, err);
+    hp_status st = run_micro_steps(t, step, o, err);
     if (prof) trace_hooks(t, false); /* hp_exec_step synchronized, or failed */
     HP_TRY(st);
-    HP_TRY(hp_exec_loss(t->ex, &o->loss, err));
     int n = t->prog->n_params;
     HP_TRY(global_grad_norm(t, o->loss, &o->grad_norm, err));
     o->lr = hp_lr_at(&t->lr, step);
@@ -335,9 +365,10 @@ static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) 
     double t1 = hp_trace_now_s();
     double clip = t->job->train.grad_clip;
     float coef = clip > 0 ? hp_clip_coef(o->grad_norm, clip) : 1.0f;
-    /* clipping scales the gradients as AdamW reads them: one pass over them fewer */
-    HP_TRY(t->be->vt->adamw(t->be, &t->adam, o->lr, coef < 1 ? coef : 1.0f, step, t->adam_params, n,
-                            err));
+    /* clipping scales the gradients as AdamW reads them, and so does the mean of accumulated
+     * micro-steps: one pass over them fewer */
+    float scale = (coef < 1 ? coef : 1.0f) / (float)t->accum;
+    HP_TRY(t->be->vt->adamw(t->be, &t->adam, o->lr, scale, step, t->adam_params, n, err));
     hp_exec_param_copies_current(t->ex); /* the update wrote each parameter's bf16 copy */
     hp_trace_add(t->trace, HP_TRACE_COMPUTE, "optimizer", t1, hp_trace_now_s(), -1, -1);
     return prof ? finish_trace(t, step, err) : HP_OK;
@@ -532,6 +563,7 @@ static hp_status setup(trainer *t, int64_t *start, hp_err *err) {
     t->device_memory = di.memory_bytes > 0 ? (uint64_t)di.memory_bytes : 0;
     t->peak_flops = di.peak_flops > 0 ? di.peak_flops : NAN;
     HP_TRY(hp_exec_new(t->prog, t->be, &t->ex, err));
+    t->accum = hp_job_grad_accum(job);
     HP_TRY(find_data(t, err));
     HP_TRY(open_data(t, err));
     HP_TRY(hp__train_alloc_optimizer(t, err));
@@ -615,7 +647,7 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         res->last_loss = o.loss;
         res->last_step = step;
         w.steps++;
-        w.tokens += t.batch * t.seq;
+        w.tokens += t.batch * t.seq * t.accum;
         w.data_s += o.data_s;
         bool stop =
             opts->stop &&

@@ -49,6 +49,8 @@ typedef struct trainer {
     float **m, **v;              /* AdamW moments per parameter (device buffers) */
     hp_adamw_param *adam_params; /* [n_params] device pointers */
     hp_fspan *grads;             /* [n_params] device spans */
+    int64_t accum;               /* micro-steps a step (hp_job_grad_accum) */
+    hp_fspan *accum_grads;       /* [n_params] accum > 1: the earlier micro-steps' gradients */
     hp_adamw_config adam;
     hp_lr_schedule lr;
     double flops_per_token, peak_flops;

@@ -259,6 +259,15 @@ hp_status hp__train_alloc_optimizer(trainer *t, hp_err *err) {
         t->adam_params[i] = (hp_adamw_param){hp__train_param(t, i), g, t->m[i], t->v[i], k, pb};
         t->grads[i] = (hp_fspan){g, k};
     }
+    if (t->accum > 1) { /* gradient accumulation: one f32 buffer beside each gradient */
+        if (!(t->accum_grads = hp_calloc((size_t)n + 1, sizeof *t->accum_grads)))
+            return hp_errf(err, HP_NOMEM, "out of memory for gradient accumulation");
+        for (int i = 0; i < n; i++) {
+            void *a = NULL;
+            HP_TRY(t->be->vt->alloc(t->be, (size_t)t->grads[i].n * sizeof(float), &a, err));
+            t->accum_grads[i] = (hp_fspan){a, t->grads[i].n};
+        }
+    }
     const hp_train_config *tc = &t->job->train;
     t->adam = (hp_adamw_config){tc->beta1, tc->beta2, tc->eps, tc->weight_decay};
     hp_lr_decay decay = tc->decay == HP_DECAY_COSINE ? HP_LR_DECAY_COSINE
@@ -273,10 +282,14 @@ void hp__train_free_optimizer(trainer *t) {
         for (int i = 0; i < t->prog->n_params; i++) t->be->vt->free(t->be, t->m[i]);
     if (t->v && t->be)
         for (int i = 0; i < t->prog->n_params; i++) t->be->vt->free(t->be, t->v[i]);
+    if (t->accum_grads && t->be)
+        for (int i = 0; i < t->prog->n_params; i++) t->be->vt->free(t->be, t->accum_grads[i].data);
     hp_free(t->m);
     hp_free(t->v);
     hp_free(t->adam_params);
     hp_free(t->grads);
+    hp_free(t->accum_grads);
+    t->accum_grads = NULL;
     t->m = t->v = NULL;
     t->adam_params = NULL;
     t->grads = NULL;

@@ -37,6 +37,8 @@ extern "C" {
 #define HP_JOB_FILE_MAX ((size_t)64 << 20)
 /* train.profile_steps holds at most this many steps. */
 #define HP_JOB_PROFILE_MAX 64
+/* Gradient-accumulation steps (train.global_batch over one micro-step's batch) at most. */
+#define HP_MAX_GRAD_ACCUM 65536
 
 /* ---- the parallel plan ----------------------------------------------------------------------- */
 typedef enum { HP_PLAN_FSDP = 0, HP_PLAN_AUTO = 1 } hp_plan_mode;
@@ -129,8 +131,11 @@ typedef struct hp_train_config {
     int64_t checkpoint_interval;     /* 0: never */
     char data_path[HP_JOB_PATH_MAX]; /* "": synthetic data */
     char init_from[HP_JOB_PATH_MAX]; /* "": fresh init */
-    int64_t global_batch;            /* 0: local_batch x data-parallel degree */
-    int64_t local_batch;
+    /* Sequences per optimizer step, all ranks together: local_batch x the data-parallel degree
+     * x the gradient-accumulation steps (hp_job_grad_accum), as torchtitan's
+     * global_batch_size. 0: local_batch x data-parallel degree (no accumulation). */
+    int64_t global_batch;
+    int64_t local_batch; /* sequences per rank per micro-step (a run of the graph) */
     int64_t seq;
     int n_profile_steps; /* steps to trace (worker/trace.h), each >= 1 */
     int64_t profile_steps[HP_JOB_PROFILE_MAX];
@@ -185,6 +190,12 @@ bool hp_plan_uses_placements(const hp_job *job, int world);
  * parallelism) splits it over the whole world, whatever its one mesh dim is called; a placed
  * one over the mesh dim named "dp" (1 without one: tensor-parallel ranks share their batch). */
 int hp_job_dp_size(const hp_job *job);
+
+/* The micro-steps (runs of the graph) whose mean gradient makes one optimizer step:
+ * train.global_batch over the graph's batch (= train.local_batch x hp_job_dp_size on a
+ * validated job; the graph's stays right when a run resizes the world), at least 1; 1 when
+ * global_batch is 0. hp_job_validate checks that it divides. */
+int64_t hp_job_grad_accum(const hp_job *job);
 
 /* The placement constraint that holds graph input `fqn`: the last of plan's constraints whose
  * exact FQN or glob names it (the order the flags gave them), -1 for none or a NULL fqn. */

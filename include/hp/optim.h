@@ -87,6 +87,12 @@ float hp_clip_coef(double total_norm, double max_norm);
  * as hp_grad_sumsq. */
 hp_status hp_grad_scale(const hp_fspan *grads, int n, float coef, hp_pool *pool, hp_err *err);
 
+/* Gradient accumulation: dst[i] += src[i] element by element (float32), span by span (first:
+ * dst[i] = src[i], whatever dst held). Errors as hp_grad_sumsq, and a span pair whose lengths
+ * differ; nothing is written then. */
+hp_status hp_grad_accumulate(const hp_fspan *dst, const hp_fspan *src, int n, bool first,
+                             hp_pool *pool, hp_err *err);
+
 /* Single-rank clip_grad_norm_: total = sqrt(sumsq); scales by hp_clip_coef if it is < 1;
  * returns the norm before clipping in *total_norm (may be NULL). max_norm must be > 0 and
  * finite (HP_INVALID otherwise). */

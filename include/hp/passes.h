@@ -162,16 +162,21 @@ int64_t hp_collective_bytes(const hp_graph *g, int id);
  * parameters (mixed precision) kept between steps and rewritten by the optimizer. */
 typedef struct hp_memory_report {
     int64_t params, grads, optimizer, param_copies, activations, comm, total;
+    int64_t grad_accum; /* gradient accumulation (hp_job_grad_accum > 1): one f32 gradient */
 } hp_memory_report;
 
-/* The cost model's estimate for one step of one rank, with its stated assumptions. */
+/* The cost model's estimate for one step of one rank, with its stated assumptions. A step
+ * is grad_accum micro-steps (runs of the program); compute, comm, flops and by_op are one
+ * micro-step's. */
 typedef struct hp_cost_estimate {
     double compute_s;      /* sum over kernels of the roofline on the device profile */
     double comm_s;         /* sum over collectives of latency + bytes / bandwidth */
     double exposed_comm_s; /* comm not hidden behind compute, given the schedule */
     double optimizer_s;    /* AdamW over the local parameters, at memory bandwidth */
-    double step_s;         /* compute + exposed comm + optimizer */
-    double flops;          /* per step per rank */
+    int64_t grad_accum;    /* micro-steps a step (hp_job_grad_accum) */
+    double accumulate_s;   /* adding the micro-steps' gradients (grad_accum - 1 passes) */
+    double step_s;         /* grad_accum x (compute + exposed comm) + accumulate + optimizer */
+    double flops;          /* per micro-step per rank */
     double peak_flops, efficiency, mem_bw; /* of the device profile */
     double bandwidth, latency;             /* of the mesh's dp link */
     char profile[16];                      /* the profile's name (hp/autoshard.h) */

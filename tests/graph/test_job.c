@@ -196,6 +196,7 @@ EDIT(e_path, j->train.data_path[3] = '\n')
 EDIT(e_local, j->train.local_batch = 0)
 EDIT(e_seq, j->train.seq = -1)
 EDIT(e_global, j->train.global_batch = 3)
+EDIT(e_global_accum, j->train.global_batch = (int64_t)8 << 20)
 EDIT(e_model_seq, j->train.seq = 16)
 /* what hpctl new writes: model.batch/seq 0, so only the graph's data inputs can disagree */
 EDIT(e_graph_seq, j->model.seq = j->model.batch = 0; j->train.seq = 7)
@@ -253,7 +254,9 @@ static const bad_case bad_cases[] = {
     {"train.data_path: '/da\\x0aa/fineweb", e_path},
     {"train.local_batch: 0", e_local},
     {"train.seq: -1", e_seq},
-    {"train.global_batch: 3 must equal local_batch x the mesh's dp size", e_global},
+    {"train.global_batch: 3 is not a multiple of local_batch x the mesh's dp size = 8", e_global},
+    {"train.global_batch: 8388608 is 1048576 micro-steps of 8 sequences; at most 65536",
+     e_global_accum},
     {"model.seq: 8 differs from train.seq 16", e_model_seq},
     {"train.seq: 7, but the graph's data input 'tokens' is [8, 8] (seq 8)", e_graph_seq},
     {"train.local_batch: 3 x 2 data-parallel ranks = 6, but the graph's data input 'tokens' is "
@@ -303,11 +306,18 @@ Test(job, fsdp_mode_global_batch) {
     job->plan.mode = HP_PLAN_FSDP;
     job->train.global_batch = 4; /* local 4 x dp 2 = 8 */
     cr_assert_eq(hp_job_validate(job, &err), HP_INVALID);
-    cr_assert(strstr(err.msg, "train.global_batch: 4 must equal local_batch x the mesh's dp size "
-                              "= 8"),
+    cr_assert(strstr(err.msg, "train.global_batch: 4 is not a multiple of local_batch x the "
+                              "mesh's dp size = 8"),
               "%s", err.msg);
     job->train.global_batch = 8;
     cr_assert_eq(hp_job_validate(job, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_job_grad_accum(job), 1);
+    job->train.global_batch = 0;
+    cr_assert_eq(hp_job_grad_accum(job), 1);
+    /* a whole number of micro-steps: gradient accumulation */
+    job->train.global_batch = 24;
+    cr_assert_eq(hp_job_validate(job, &err), HP_OK, "%s", err.msg);
+    cr_assert_eq(hp_job_grad_accum(job), 3);
     hp_job_free(job);
 }
 

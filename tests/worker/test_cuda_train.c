@@ -83,8 +83,8 @@ Test(cuda_train, cuda_job_without_a_device_fails_at_setup_with_one_line) {
 
 /* The small Llama 5 steps on cpu and on cuda with parameters in param_dtype: the losses of every
  * step and the final weights agree within tol (relative and absolute). */
-static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, double loss_tol,
-                        double weight_tol) {
+static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, int64_t global_batch,
+                        double loss_tol, double weight_tol) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/cpu", tmp);
     snprintf(b, sizeof b, "%s/cuda", tmp);
@@ -92,10 +92,12 @@ static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, double loss_to
     hp_err e = {0};
     hp_job *cpu = job_of(spec, 5, HP_DEVICE_CPU);
     cpu->plan.param_dtype = param_dtype;
+    cpu->train.global_batch = global_batch;
     hp_train_opts oc = {.out_dir = a, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(cpu, &oc, &res, &e), HP_OK, "cpu: %s", e.msg);
     hp_job *gpu = job_of(spec, 5, HP_DEVICE_CUDA);
     gpu->plan.param_dtype = param_dtype;
+    gpu->train.global_batch = global_batch;
     hp_train_opts og = {.out_dir = b, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(gpu, &og, &res, &e), HP_OK, "cuda: %s", e.msg);
     hp_th_expect_losses_close(a, b, loss_tol, loss_tol, "cuda vs cpu");
@@ -107,7 +109,16 @@ static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, double loss_to
 Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
-    cuda_vs_cpu(small_spec(), HP_F32, 1e-4, 1e-4);
+    cuda_vs_cpu(small_spec(), HP_F32, 0, 1e-4, 1e-4);
+    teardown();
+}
+
+/* Gradient accumulation (three micro-steps a step: the backend's accumulate, the update's
+ * 1/3) on cuda equals it on the cpu backend as closely as one micro-step does. */
+Test(cuda_train, gradient_accumulation_on_cuda_equals_cpu_within_1e4) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    cuda_vs_cpu(small_spec(), HP_F32, 3 * small_spec().batch, 1e-4, 1e-4);
     teardown();
 }
 
@@ -118,7 +129,7 @@ Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
 Test(cuda_train, small_llama_bf16_on_cuda_follows_cpu_bf16) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
-    cuda_vs_cpu(small_spec(), HP_BF16, 1e-2, 2e-2);
+    cuda_vs_cpu(small_spec(), HP_BF16, 0, 1e-2, 2e-2);
     teardown();
 }
 
@@ -129,7 +140,7 @@ Test(cuda_train, small_llama_bf16_flash_attention_follows_cpu_bf16) {
     setup();
     hp_model_spec s = small_spec();
     s.dim = 128, s.n_heads = 2, s.n_kv_heads = 1;
-    cuda_vs_cpu(s, HP_BF16, 1e-2, 2e-2);
+    cuda_vs_cpu(s, HP_BF16, 0, 1e-2, 2e-2);
     teardown();
 }
 

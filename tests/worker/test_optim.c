@@ -431,6 +431,36 @@ Test(optim, scaled_step_equals_scale_then_step) {
     for (int k = 0; k < 2; k++) free(p[k]), free(g[k]), free(m[k]), free(v[k]);
 }
 
+/* Gradient accumulation: the first call copies (whatever the destination held, NaN too),
+ * later ones add element by element, over spans that cross the pool's chunks; spans of
+ * different lengths are refused and nothing is written. */
+Test(optim, grad_accumulate_copies_then_adds) {
+    enum { N = 50003, M = 17 };
+    float *acc = malloc((N + M) * 4), *g = malloc((N + M) * 4);
+    for (int i = 0; i < N + M; i++) acc[i] = NAN;
+    hp_pool *pool = NULL;
+    hp_err e;
+    cr_assert_eq(hp_pool_new(3, &pool, &e), HP_OK, "%s", e.msg);
+    hp_fspan dst[2] = {{acc, N}, {acc + N, M}}, src[2] = {{g, N}, {g + N, M}};
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < N + M; i++) g[i] = (float)(i % 101) * 0.25f + (float)k;
+        cr_assert_eq(hp_grad_accumulate(dst, src, 2, k == 0, pool, &e), HP_OK, "%s", e.msg);
+    }
+    for (int i = 0; i < N + M; i++) {
+        float want = (float)(i % 101) * 0.25f;
+        want = (want + (want + 1.0f)) + (want + 2.0f); /* in float, in call order */
+        cr_assert_eq(acc[i], want, "element %d: %g vs %g", i, acc[i], want);
+    }
+    hp_fspan shorter[2] = {{g, N}, {g + N, M - 1}};
+    float before = acc[0];
+    cr_assert_eq(hp_grad_accumulate(dst, shorter, 2, false, pool, &e), HP_INVALID);
+    cr_assert(strstr(e.msg, "span 1 has 17 elements, its source 16"), "%s", e.msg);
+    cr_assert_eq(acc[0], before, "nothing is written on an error");
+    hp_pool_free(pool);
+    free(acc);
+    free(g);
+}
+
 /* ---- bad input --------------------------------------------------------------------------------
  */
 

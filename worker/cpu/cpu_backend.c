@@ -512,6 +512,11 @@ static hp_status cpu_scale(hp_backend *b, const hp_fspan *x, int n, float coef, 
     return hp_grad_scale(x, n, coef, as_cpu(b)->pool, err);
 }
 
+static hp_status cpu_accumulate(hp_backend *b, const hp_fspan *dst, const hp_fspan *src, int n,
+                                bool first, hp_err *err) {
+    return hp_grad_accumulate(dst, src, n, first, as_cpu(b)->pool, err);
+}
+
 static hp_status cpu_fill_init(hp_backend *b, float *dst, const hp_init *spec, uint64_t seed,
                                const char *fqn, int64_t first, int64_t count, hp_err *err) {
     return hp_param_init_fill_par(as_cpu(b)->pool, spec, seed, fqn, first, count, dst, err);
@@ -565,6 +570,7 @@ static const hp_backend_vtable cpu_vtable = {
     .adamw = cpu_adamw,
     .sum_squares = cpu_sum_squares,
     .scale = cpu_scale,
+    .accumulate = cpu_accumulate,
     .fill_init = cpu_fill_init,
     .memory_peak = cpu_memory_peak,
     .comm_busy = cpu_comm_busy,

@@ -779,6 +779,28 @@ static hp_status cuda_scale(hp_backend *b, const hp_fspan *x, int n, float coef,
     return HP_OK;
 }
 
+static hp_status cuda_accumulate(hp_backend *b, const hp_fspan *dst, const hp_fspan *src, int n,
+                                 bool first, hp_err *err) {
+    HP_TRY(check_spans("grad accumulate", dst, n, err));
+    HP_TRY(check_spans("grad accumulate", src, n, err));
+    for (int i = 0; i < n; i++)
+        if (dst[i].n != src[i].n)
+            return hp_errf(err, HP_INVALID,
+                           "grad accumulate: span %d has %lld elements, its source %lld", i,
+                           (long long)dst[i].n, (long long)src[i].n);
+    hp__cuda *cu = as_cuda(b);
+    int rec = hp__cuda_prof_begin(cu, HP_STREAM_COMPUTE);
+    double bytes = 0;
+    for (int i = 0; i < n; i++) {
+        HP__CUDA_TRY(hp__cu_accumulate(cu->stream[HP_STREAM_COMPUTE], dst[i].data, src[i].data,
+                                       dst[i].n, first),
+                     "cuda: grad accumulate");
+        bytes += (first ? 8.0 : 12.0) * (double)dst[i].n;
+    }
+    hp__cuda_prof_end(cu, rec, HP_STREAM_COMPUTE, HP__PROF_ACCUMULATE, bytes);
+    return HP_OK;
+}
+
 /* Init values are computed on the host (hp_param_init_fill: the counter-based RNG, the same
  * bits as on every backend) in chunks and copied in. */
 #define INIT_CHUNK ((int64_t)1 << 22)
@@ -871,6 +893,7 @@ static const hp_backend_vtable cuda_vtable = {
     .adamw = cuda_adamw,
     .sum_squares = cuda_sum_squares,
     .scale = cuda_scale,
+    .accumulate = cuda_accumulate,
     .fill_init = cuda_fill_init,
     .memory_peak = cuda_memory_peak,
     .comm_busy = cuda_comm_busy,

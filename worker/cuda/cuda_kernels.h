@@ -313,6 +313,8 @@ typedef struct hp__cu_span {
 } hp__cu_span;
 int hp__cu_sumsq(cudaStream_t s, double *partial, const hp__cu_span *spans, int n);
 int hp__cu_scale(cudaStream_t s, float *x, int64_t n, float coef);
+/* dst += src (first: dst = src), n floats: gradient accumulation. */
+int hp__cu_accumulate(cudaStream_t s, float *dst, const float *src, int64_t n, bool first);
 /* Records fault `code` with value v (the injected-error test's kernel). */
 int hp__cu_inject_fault(cudaStream_t s, hp__cu_fault *fault, long long code, long long v);
 

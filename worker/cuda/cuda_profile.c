@@ -56,6 +56,8 @@ static const char *slot_name(int slot) {
         return "grad_sumsq";
     case HP__PROF_SCALE:
         return "grad_scale";
+    case HP__PROF_ACCUMULATE:
+        return "grad_accumulate";
     case HP__PROF_STAGE:
         return "bf16_staging";
     default:

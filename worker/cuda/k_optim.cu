@@ -114,6 +114,17 @@ extern "C" int hp__cu_scale(cudaStream_t s, float *x, int64_t n, float coef) {
     return HP__CU_LAUNCHED();
 }
 
+__global__ void accumulate_k(float *dst, const float *src, int64_t n, bool first) {
+    HP__CU_FOR(i, n) dst[i] = first ? src[i] : dst[i] + src[i];
+}
+
+extern "C" int hp__cu_accumulate(cudaStream_t s, float *dst, const float *src, int64_t n,
+                                 bool first) {
+    if (n == 0) return 0;
+    accumulate_k<<<hp__cu_blocks(n), HP__CU_THREADS, 0, s>>>(dst, src, n, first);
+    return HP__CU_LAUNCHED();
+}
+
 __global__ void inject_k(hp__cu_fault *fault, long long code, long long v) {
     hp__fault(fault, code, v, 0, 0);
 }
