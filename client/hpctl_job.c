@@ -50,6 +50,10 @@ static const struct num_flag {
     {"--weight-decay", FLAG_F64, offsetof(hp_job, train.weight_decay), 0, 1e3, "AdamW decay"},
     {"--grad-clip", FLAG_F64, offsetof(hp_job, train.grad_clip), 0, 1e12,
      "max global grad norm (0: off)"},
+    {"--eval-interval", FLAG_I64, offsetof(hp_job, train.eval_interval), 0, 1e12,
+     "steps between evaluations on --eval-data (0: never; also after the last step)"},
+    {"--eval-steps", FLAG_I64, offsetof(hp_job, train.eval_steps), 1, HP_MAX_EVAL_STEPS,
+     "batches an evaluation reads (default 20)"},
 };
 
 static void new_usage(FILE *f) {
@@ -67,6 +71,8 @@ static void new_usage(FILE *f) {
           "                        the run (default) or skips its update (counted in the\n"
           "                        metrics' skipped_steps)\n"
           "  --data PATH           llm.c token shard (.bin); default: the built-in corpus\n"
+          "  --eval-data PATH      held-out token data for --eval-interval (the same forms as\n"
+          "                        --data: a shard, a directory or glob of shards, text:FILE)\n"
           "  --init-from PATH      initial weights (safetensors)\n"
           "  --device cpu|cuda     what the ranks compute on (default cpu); a device the\n"
           "                        workers cannot run is refused, never run on the CPU\n"
@@ -332,6 +338,7 @@ static bool takes_value(const char *a) {
                                         "--output",
                                         "--name",
                                         "--data",
+                                        "--eval-data",
                                         "--init-from",
                                         "--fsdp",
                                         "--device",
@@ -434,6 +441,9 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             rc = set_string(verb, a, v, job->name, sizeof job->name);
         } else if (!strcmp(a, "--data")) {
             rc = set_string(verb, a, v, job->train.data_path, sizeof job->train.data_path);
+        } else if (!strcmp(a, "--eval-data")) {
+            rc =
+                set_string(verb, a, v, job->train.eval_data_path, sizeof job->train.eval_data_path);
         } else if (!strcmp(a, "--init-from")) {
             rc = set_string(verb, a, v, job->train.init_from, sizeof job->train.init_from);
         } else if (!strcmp(a, "--fsdp")) {
@@ -699,6 +709,18 @@ built:;
         }
         job->train.warmup_steps = job->train.steps;
     }
+    hp_train_config *tc = &job->train;
+    if (tc->eval_interval == 0 && (tc->eval_steps || tc->eval_data_path[0])) {
+        rc = hpctl_fail(HPCTL_USAGE, verb, "%s: evaluation needs --eval-interval N (N > 0)",
+                        tc->eval_data_path[0] ? "--eval-data" : "--eval-steps");
+        goto done;
+    }
+    if (tc->eval_interval > 0 && !tc->eval_data_path[0]) {
+        rc = hpctl_fail(HPCTL_USAGE, verb,
+                        "--eval-interval: evaluation needs held-out data: --eval-data PATH");
+        goto done;
+    }
+    if (tc->eval_interval > 0 && tc->eval_steps == 0) tc->eval_steps = 20;
     if (hp_job_validate(job, &err) != HP_OK) {
         rc = hpctl_fail(HPCTL_USAGE, verb, "%s", err.msg);
         goto done;
@@ -829,6 +851,9 @@ static void print_text(const hp_job *job, const job_summary *s) {
     if (t->on_nonfinite == HP_NONFINITE_SKIP)
         printf("            a step with a non-finite loss or grad norm skips its update\n");
     printf("data        %s\n", t->data_path[0] ? t->data_path : "built-in corpus");
+    if (t->eval_interval > 0)
+        printf("eval        every %lld steps and after the last: %lld batches of %s\n",
+               (long long)t->eval_interval, (long long)t->eval_steps, t->eval_data_path);
     printf("plan        mesh");
     for (int i = 0; i < job->plan.n_mesh; i++)
         printf("%s%s=%d", i ? "," : " ", job->plan.mesh[i].name, job->plan.mesh[i].size);
@@ -870,6 +895,9 @@ static int print_json(const hp_job *job, const job_summary *s) {
     json_object_set_new(
         train, "global_batch",
         json_integer((json_int_t)(t->local_batch * hp_job_dp_size(job) * hp_job_grad_accum(job))));
+    json_object_set_new(train, "eval_interval", json_integer((json_int_t)t->eval_interval));
+    json_object_set_new(train, "eval_steps", json_integer((json_int_t)t->eval_steps));
+    json_object_set_new(train, "eval_data", json_string(t->eval_data_path));
     json_object_set_new(train, "grad_accum_steps",
                         json_integer((json_int_t)hp_job_grad_accum(job)));
     json_object_set_new(train, "on_nonfinite",

@@ -119,13 +119,15 @@ static bool state_final(Hp__V1__JobState s) {
 /* ---- JSON -------------------------------------------------------------------------------- */
 
 static json_t *metrics_json(const Hp__V1__StepMetrics *m) {
-    return json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:f}",
-                     "step", (json_int_t)m->step, "rank", m->rank, "loss", m->loss, "loss_max",
-                     m->loss_max, "grad_norm", m->grad_norm, "lr", m->lr, "tokens_per_s",
-                     m->tokens_per_s, "tflops", m->tflops, "mfu_pct", m->mfu_pct,
-                     "peak_memory_bytes", (json_int_t)m->peak_memory_bytes, "peak_memory_pct",
-                     m->peak_memory_pct, "step_time_s", m->step_time_s, "data_time_s",
-                     m->data_time_s, "time_unix_s", m->time_unix_s);
+    json_t *o = json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:f}",
+                          "step", (json_int_t)m->step, "rank", m->rank, "loss", m->loss, "loss_max",
+                          m->loss_max, "grad_norm", m->grad_norm, "lr", m->lr, "tokens_per_s",
+                          m->tokens_per_s, "tflops", m->tflops, "mfu_pct", m->mfu_pct,
+                          "peak_memory_bytes", (json_int_t)m->peak_memory_bytes, "peak_memory_pct",
+                          m->peak_memory_pct, "step_time_s", m->step_time_s, "data_time_s",
+                          m->data_time_s, "time_unix_s", m->time_unix_s);
+    if (o && m->evaluated) json_object_set_new(o, "eval_loss", json_real(m->eval_loss));
+    return o;
 }
 
 static json_t *job_json(const Hp__V1__JobInfo *j) {
@@ -280,6 +282,11 @@ static int on_event(void *ctx, const Hp__V1__JobEvent *ev) {
         } else {
             printf("step %s loss %.4f tps %.0f mfu %.2f%% eta %s\n", steps, m->loss,
                    m->tokens_per_s, m->mfu_pct, eta);
+        }
+        if (m->evaluated) { /* an evaluation after this step: its own line */
+            if (w->line_open) fputc('\n', stdout);
+            w->line_open = false;
+            printf("eval after step %lld: loss %.4f\n", (long long)m->step, m->eval_loss);
         }
     } else if (ev->event_case == HP__V1__JOB_EVENT__EVENT_LOG && ev->log) {
         if (w->line_open) fputc('\n', stdout);

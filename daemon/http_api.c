@@ -10,6 +10,7 @@
 #include "hp/v1/telemetry.pb-c.h"
 
 #include <errno.h>
+#include <math.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,15 +51,23 @@ static double num(double x) { /* JSON has no NaN/Inf */
 
 /* ---- objects ------------------------------------------------------------------------------ */
 static json_t *mrec_json(const hpd_mrec *m) {
-    return json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:f, s:I, "
-                     "s:f}",
-                     "step", (json_int_t)m->step, "rank", (int)m->rank, "loss", num(m->loss),
-                     "loss_max", num(m->loss_max), "grad_norm", num(m->grad_norm), "lr", num(m->lr),
-                     "tokens_per_s", num(m->tokens_per_s), "tflops", num(m->tflops), "mfu_pct",
-                     num(m->mfu_pct), "peak_memory_bytes", (json_int_t)m->peak_memory_bytes,
-                     "peak_memory_pct", num(m->peak_memory_pct), "step_time_s", num(m->step_time_s),
-                     "data_time_s", num(m->data_time_s), "exposed_comm_s", num(m->exposed_comm_s),
-                     "tokens", (json_int_t)m->tokens, "time_unix_s", num(m->time_unix_s));
+    json_t *o =
+        json_pack("{s:I, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:f, s:I, "
+                  "s:f}",
+                  "step", (json_int_t)m->step, "rank", (int)m->rank, "loss", num(m->loss),
+                  "loss_max", num(m->loss_max), "grad_norm", num(m->grad_norm), "lr", num(m->lr),
+                  "tokens_per_s", num(m->tokens_per_s), "tflops", num(m->tflops), "mfu_pct",
+                  num(m->mfu_pct), "peak_memory_bytes", (json_int_t)m->peak_memory_bytes,
+                  "peak_memory_pct", num(m->peak_memory_pct), "step_time_s", num(m->step_time_s),
+                  "data_time_s", num(m->data_time_s), "exposed_comm_s", num(m->exposed_comm_s),
+                  "tokens", (json_int_t)m->tokens, "time_unix_s", num(m->time_unix_s));
+    /* the held-out loss evaluated after this step, null when none was */
+    if (o && json_object_set_new(o, "eval_loss",
+                                 isfinite(m->eval_loss) ? json_real(m->eval_loss) : json_null())) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 static json_t *job_json(const hpd_snap_job *e) {
@@ -77,6 +86,10 @@ static json_t *job_json(const hpd_snap_job *e) {
     bad |= json_object_set_new(o, "launch_ref", http_jstr(v->launch_ref));
     bad |= json_object_set_new(o, "launch_state", http_jstr(v->launch_state));
     bad |= json_object_set_new(o, "last", e->has_last ? mrec_json(&e->last) : json_null());
+    bad |= json_object_set_new(o, "eval",
+                               e->has_eval ? json_pack("{s:f, s:I}", "loss", num(e->eval_loss),
+                                                       "step", (json_int_t)e->eval_step)
+                                           : json_null());
     if (bad) {
         json_decref(o);
         return NULL;

@@ -175,6 +175,10 @@ void http_prom(hpd_http *h, const hpd_snap *s, http_reply *r) {
     family(&b, "hp_job_loss", "gauge", "Training loss (global mean) at the latest step.");
     for (int i = 0; i < n; i++)
         if (jobs[i]->has_last) job_sample(&b, "hp_job_loss", jobs[i], jobs[i]->last.loss);
+    family(&b, "hp_job_eval_loss", "gauge",
+           "Held-out loss of the latest evaluation (train.eval_interval).");
+    for (int i = 0; i < n; i++)
+        if (jobs[i]->has_eval) job_sample(&b, "hp_job_eval_loss", jobs[i], jobs[i]->eval_loss);
     family(&b, "hp_job_grad_norm", "gauge", "Global gradient norm before clipping.");
     for (int i = 0; i < n; i++)
         if (jobs[i]->has_last) job_sample(&b, "hp_job_grad_norm", jobs[i], jobs[i]->last.grad_norm);

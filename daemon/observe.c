@@ -5,6 +5,7 @@
 #include "daemon/core.h"
 #include "daemon/jobsm.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,9 @@ struct hpd_obs {
 struct hpd_jstats {
     bool has_last;
     hpd_mrec last;
+    bool has_eval;
+    double eval_loss;
+    int64_t eval_step;
     int64_t steps_total, tokens_total, counted_step;
     uint64_t hist[HPD_HIST_N + 1];
     double hist_sum;
@@ -48,6 +52,7 @@ void hpd_mrec_from(hpd_mrec *r, const Hp__V1__StepMetrics *m) {
         .time_unix_s = m->time_unix_s,
         .peak_memory_bytes = m->peak_memory_bytes,
         .tokens = m->tokens,
+        .eval_loss = m->evaluated ? m->eval_loss : NAN,
     };
 }
 
@@ -140,6 +145,11 @@ void hp__obs_metrics(hpd *d, hpd_job *j, const Hp__V1__StepMetrics *m) {
     /* The job's own series: the aggregated record (-1) or rank 0's. */
     hpd_mrec_from(&s->last, m);
     s->has_last = true;
+    if (m->evaluated) {
+        s->has_eval = true;
+        s->eval_loss = m->eval_loss;
+        s->eval_step = m->step;
+    }
     if (m->step <= s->counted_step) return; /* a restarted attempt re-running steps */
     int64_t delta = m->step - s->counted_step;
     s->counted_step = m->step;
@@ -180,6 +190,9 @@ static hpd_snap_job *entry_build(hpd_job *j, double now_unix, uint64_t now_ms) {
     if (s) {
         e->has_last = s->has_last;
         e->last = s->last;
+        e->has_eval = s->has_eval;
+        e->eval_loss = s->eval_loss;
+        e->eval_step = s->eval_step;
         e->steps_total = s->steps_total;
         e->tokens_total = s->tokens_total;
         memcpy(e->hist, s->hist, sizeof e->hist);

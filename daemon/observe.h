@@ -28,6 +28,7 @@ typedef struct hpd_mrec {
     double loss, loss_max, grad_norm, lr, tokens_per_s, tflops, mfu_pct, peak_memory_pct;
     double step_time_s, data_time_s, exposed_comm_s, time_unix_s;
     int64_t peak_memory_bytes, tokens;
+    double eval_loss; /* NaN: no evaluation after this step */
 } hpd_mrec;
 
 void hpd_mrec_from(hpd_mrec *r, const Hp__V1__StepMetrics *m);
@@ -46,6 +47,9 @@ typedef struct hpd_snap_job {
     hpd_job_view v;
     bool has_last; /* last: the latest record of the lowest rank reporting */
     hpd_mrec last;
+    bool has_eval; /* the latest evaluation (train.eval_interval): its loss and step */
+    double eval_loss;
+    int64_t eval_step;
     int64_t steps_total, tokens_total;
     uint64_t hist[HPD_HIST_N + 1]; /* cumulative counts are made when printed */
     double hist_sum;

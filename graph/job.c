@@ -56,6 +56,9 @@ void hp_job_init_defaults(hp_job *job) {
     t->local_batch = 8;
     t->seq = 2048;
     t->on_nonfinite = HP_NONFINITE_STOP;
+    t->eval_interval = 0;
+    t->eval_steps = 0;
+    t->eval_data_path[0] = 0;
 
     hp_resources *r = &job->resources;
     r->world_size = 1;
@@ -650,6 +653,17 @@ static hp_status validate_train(const hp_job *job, hp_err *err) {
         check_field_str(t->data_path, sizeof t->data_path, false, false, "train.data_path", err));
     HP_TRY(
         check_field_str(t->init_from, sizeof t->init_from, false, false, "train.init_from", err));
+    HP_TRY(check_i64(t->eval_interval, 0, INT64_MAX, "train.eval_interval", err));
+    HP_TRY(check_field_str(t->eval_data_path, sizeof t->eval_data_path, false, false,
+                           "train.eval_data_path", err));
+    if (t->eval_interval > 0) {
+        HP_TRY(check_i64(t->eval_steps, 1, HP_MAX_EVAL_STEPS, "train.eval_steps", err));
+        if (!t->eval_data_path[0])
+            return hp_errf(err, HP_INVALID,
+                           "train.eval_data_path: evaluating every %lld steps needs held-out "
+                           "data (hpctl new --eval-data PATH)",
+                           (long long)t->eval_interval);
+    }
     HP_TRY(check_i64(t->local_batch, 1, HP_MAX_DIM, "train.local_batch", err));
     HP_TRY(check_i64(t->seq, 1, HP_MAX_DIM, "train.seq", err));
     HP_TRY(check_i64(t->global_batch, 0, HP_MAX_DIM, "train.global_batch", err));
@@ -804,6 +818,8 @@ static bool train_eq(const hp_train_config *a, const hp_train_config *b) {
            a->log_interval == b->log_interval && a->checkpoint_interval == b->checkpoint_interval &&
            !strncmp(a->data_path, b->data_path, sizeof a->data_path) &&
            !strncmp(a->init_from, b->init_from, sizeof a->init_from) &&
+           a->eval_interval == b->eval_interval && a->eval_steps == b->eval_steps &&
+           !strncmp(a->eval_data_path, b->eval_data_path, sizeof a->eval_data_path) &&
            a->global_batch == b->global_batch && a->local_batch == b->local_batch &&
            a->seq == b->seq && a->on_nonfinite == b->on_nonfinite &&
            a->n_profile_steps == b->n_profile_steps &&

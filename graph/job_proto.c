@@ -266,6 +266,9 @@ static Hp__V1__TrainConfig *export_train(exporter *x, const hp_train_config *t) 
     m->local_batch = t->local_batch;
     m->seq = t->seq;
     m->on_nonfinite = TO_PB(nonfinites, t->on_nonfinite);
+    m->eval_interval = t->eval_interval;
+    m->eval_steps = t->eval_steps;
+    m->eval_data_path = xstr(x, t->eval_data_path, sizeof t->eval_data_path);
     if (t->n_profile_steps > 0) {
         size_t n = (size_t)t->n_profile_steps;
         m->profile_steps = xalloc(x, n * sizeof *m->profile_steps);
@@ -498,6 +501,10 @@ static hp_status import_train(const Hp__V1__TrainConfig *m, hp_train_config *t, 
     t->global_batch = m->global_batch;
     t->local_batch = m->local_batch;
     t->seq = m->seq;
+    t->eval_interval = m->eval_interval;
+    t->eval_steps = m->eval_steps;
+    HP_TRY(copy_str(m->eval_data_path, t->eval_data_path, sizeof t->eval_data_path,
+                    "train.eval_data_path", err));
     t->on_nonfinite = HP_NONFINITE_STOP; /* unset: files from before the field stop */
     if (m->on_nonfinite != 0)
         FROM_PB(nonfinites, m->on_nonfinite, &t->on_nonfinite, "train.on_nonfinite");

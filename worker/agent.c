@@ -20,6 +20,7 @@
 #include "worker/train.h"
 
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -320,6 +321,10 @@ static void on_metrics(void *ctx, const hp_metrics *m) {
     sm.data_time_s = m->data_time_s;
     sm.exposed_comm_s = m->comm_time_s;
     sm.tokens = m->tokens;
+    if (isfinite(m->eval_loss)) {
+        sm.evaluated = true;
+        sm.eval_loss = m->eval_loss;
+    }
     sm.time_unix_s = now_unix_s();
     Hp__V1__Frame f = HP__V1__FRAME__INIT;
     f.body_case = HP__V1__FRAME__BODY_METRICS;

@@ -97,7 +97,7 @@ hp_status hp_dropout_site_of(const hp_kernel_call *c, hp_dropout_site *s, double
     }
     double p = hp_node_float(c->node, HP_ATTR_P, 0.0);
     if (!(p >= 0 && p < 1)) return hp_errf(err, HP_INVALID, "p %g is not in [0, 1)", p);
-    *p_out = p;
+    *p_out = c->site && c->site->eval ? 0.0 : p; /* evaluation: nothing dropped, scale 1 */
     return HP_OK;
 }
 

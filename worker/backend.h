@@ -206,8 +206,9 @@ hp_status hp_backend_available(hp_device_kind d, hp_err *err);
 
 /* The draw of a native_dropout call (node's fqn and p, the call's site, its input's shape):
  * seed, step and where this rank's piece sits, checked (the site's rank is the input's, the
- * piece inside the whole tensor, p in [0, 1)); *p_out is p. The cpu and cuda kernels draw the
- * same mask from it (hp_dropout_keep). */
+ * piece inside the whole tensor, p in [0, 1)); *p_out is p, or 0 where the site is in
+ * evaluation (hp_exec_set_eval). The cpu and cuda kernels draw the same mask from it
+ * (hp_dropout_keep). */
 hp_status hp_dropout_site_of(const hp_kernel_call *c, hp_dropout_site *s, double *p_out,
                              hp_err *err);
 

@@ -24,6 +24,7 @@ struct hp_exec {
     double exposed_s;       /* compute blocked on the comm stream */
     hp_dropout_site *sites; /* [n_instrs]: each native_dropout's (hp_exec_set_rng) */
     bool copies_current;    /* the HP_INSTR_PARAM_CAST outputs hold the parameters' values */
+    bool *forward;          /* [n_instrs]: the loss depends on it (hp_exec_forward), or NULL */
 };
 
 static double now_s(void) {
@@ -54,6 +55,7 @@ void hp_exec_free(hp_exec *e) {
             if (e->events[i]) e->b->vt->event_free(e->b, e->events[i]);
     hp_free(e->events);
     hp_free(e->sites);
+    hp_free(e->forward);
     hp_free(e->calls);
     hp_free(e->in_ptrs);
     hp_free(e->out_ptrs);
@@ -116,6 +118,10 @@ static hp_status dropout_site(const hp_program *p, const hp_node *n, const hp_ty
         }
     }
     return HP_OK;
+}
+
+void hp_exec_set_eval(hp_exec *e, bool eval) {
+    for (int32_t i = 0; e->sites && i < e->p->n_instrs; i++) e->sites[i].eval = eval;
 }
 
 void hp_exec_set_rng(hp_exec *e, uint64_t seed, uint64_t step) {
@@ -206,14 +212,42 @@ void hp_exec_param_copies_current(hp_exec *e) {
     e->copies_current = true;
 }
 
-hp_status hp_exec_step(hp_exec *e, hp_err *err) {
+/* The instructions the loss depends on: walking back from the end, an instruction is needed
+ * when it writes storage that a later needed one reads (or the loss); its inputs then are. */
+static hp_status plan_forward(hp_exec *e, hp_err *err) {
+    const hp_program *p = e->p;
+    bool *needed = hp_calloc((size_t)p->n_buffers + 1, 1);
+    e->forward = hp_calloc((size_t)p->n_instrs + 1, sizeof *e->forward);
+    if (!needed || !e->forward) {
+        hp_free(needed);
+        hp_free(e->forward);
+        e->forward = NULL;
+        return hp_errf(err, HP_NOMEM, "out of memory planning the forward pass");
+    }
+    needed[hp_program_root(p, p->loss)] = true;
+    for (int32_t i = p->n_instrs - 1; i >= 0; i--) {
+        const hp_instr *ins = &p->instrs[i];
+        for (int k = 0; k < ins->n_out && !e->forward[i]; k++)
+            e->forward[i] = needed[hp_program_root(p, ins->out[k])];
+        for (int k = 0; e->forward[i] && k < ins->n_in; k++)
+            needed[hp_program_root(p, ins->in[k])] = true;
+    }
+    hp_free(needed);
+    return HP_OK;
+}
+
+/* Issues the instructions (forward_only: those the loss depends on) and waits for the device. */
+static hp_status run(hp_exec *e, bool forward_only, hp_err *err) {
     const hp_program *p = e->p;
     hp_backend *b = e->b;
     bool copies_current = e->copies_current;
-    e->copies_current = false; /* after this step, until the caller says otherwise */
+    /* after a step, the copies are stale until the caller says otherwise; a forward pass
+     * changes no parameter */
+    if (!forward_only) e->copies_current = false;
     for (int32_t i = 0; i < p->n_instrs; i++) {
         const hp_instr *ins = &p->instrs[i];
         const exec_call *c = &e->calls[i];
+        if (forward_only && !e->forward[i]) continue;
         double t0 = e->trace ? now_s() : 0;
         hp_status st = HP_OK;
         if ((ins->flags & HP_INSTR_PARAM_CAST) && copies_current) {
@@ -223,14 +257,18 @@ hp_status hp_exec_step(hp_exec *e, hp_err *err) {
             if (st != HP_OK) return st;
             continue;
         }
-        if (c->wait_for >= 0) {
+        bool collective = hp_op_get(c->call.node->op)->flags & HP_OPF_COLLECTIVE;
+        /* without the instructions it skips, a forward pass does not have the stream order
+         * the memory plan was made for: its collectives start on an idle device */
+        if (forward_only && collective) st = b->vt->synchronize(b, err);
+        if (st == HP_OK && c->wait_for >= 0) {
             double w0 = now_s();
             st = b->vt->event_wait(b, e->events[c->wait_for], ins->stream, err);
             if (ins->stream == HP_STREAM_COMPUTE) e->exposed_s += now_s() - w0;
         }
         if (st == HP_OK && c->call.node->op != HP_OP_WAIT_TENSOR) {
             /* a wait is only its event wait: its output is its input's storage */
-            if (hp_op_get(c->call.node->op)->flags & HP_OPF_COLLECTIVE)
+            if (collective)
                 st = b->vt->collective(b, ins->stream, &c->call, err);
             else
                 st = b->vt->launch(b, ins->stream, &c->call, err);
@@ -245,6 +283,15 @@ hp_status hp_exec_step(hp_exec *e, hp_err *err) {
         if (e->trace) e->trace(e->trace_ctx, i, t0, now_s());
     }
     return b->vt->synchronize(b, err);
+}
+
+hp_status hp_exec_step(hp_exec *e, hp_err *err) {
+    return run(e, false, err);
+}
+
+hp_status hp_exec_forward(hp_exec *e, hp_err *err) {
+    if (!e->forward) HP_TRY(plan_forward(e, err));
+    return run(e, true, err);
 }
 
 double hp_exec_exposed_seconds(const hp_exec *e) {

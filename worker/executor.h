@@ -41,6 +41,16 @@ void hp_exec_set_rng(hp_exec *e, uint64_t seed, uint64_t step);
  * the last step, that the copies are current. */
 hp_status hp_exec_step(hp_exec *e, hp_err *err);
 
+/* Runs only the instructions the loss depends on (the forward pass, and the collectives it
+ * needs: every rank of a program skips the same ones) and waits for the device: the loss of
+ * the data in the input buffers, for evaluation. Gradients are left as they were or
+ * overwritten; the parameters and their copies are not touched. */
+hp_status hp_exec_forward(hp_exec *e, hp_err *err);
+
+/* Evaluation mode for the next runs (torch's model.eval()): every native_dropout keeps its
+ * input, unscaled. */
+void hp_exec_set_eval(hp_exec *e, bool eval);
+
 /* The parameters' bf16 copies (hp_program_param_cast's buffers) hold the parameters' values:
  * the caller left the parameters alone since the last step, or updated every one of them with
  * its copy (hp_adamw_param.param_bf16). The next step skips the casts. */

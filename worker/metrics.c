@@ -89,6 +89,7 @@ hp_status hp_metrics_compute(const hp_metrics_window *w, hp_metrics *out, hp_err
         .comm_time_s = w->comm_s / steps,
         .comm_busy_s = w->comm_busy_s / steps,
         .skipped_steps = (double)w->skipped_steps,
+        .eval_loss = w->has_eval ? w->eval_loss : NAN,
         .flops_per_token = w->flops_per_token,
     };
     return HP_OK;

@@ -166,6 +166,13 @@ static hp_status open_data(trainer *t, hp_err *err) {
                          .world = t->data_world,
                          .seed = t->job->train.seed};
     HP_TRY(hp_data_open(&dc, &t->data, err));
+    const hp_train_config *tc = &t->job->train;
+    if (tc->eval_interval > 0) { /* the same batches at every evaluation: in order */
+        dc.path = tc->eval_data_path;
+        dc.sequential = true;
+        if (hp_data_open(&dc, &t->eval_data, err) != HP_OK)
+            return hp_err_prefix(err, "eval data (train.eval_data_path)");
+    }
     return HP_OK;
 }
 
@@ -331,6 +338,32 @@ static hp_status run_micro_steps(trainer *t, int64_t step, step_out *o, hp_err *
     }
     o->loss = sum / (double)t->accum;
     return HP_OK;
+}
+
+/* The mean loss of the first eval_steps batches of the eval data, forward only with dropout
+ * off (every rank takes part: the program's collectives). */
+static hp_status evaluate(trainer *t, double *loss, hp_err *err) {
+    int64_t n = t->job->train.eval_steps;
+    size_t bytes = (size_t)(t->batch * t->seq) * sizeof(int64_t);
+    double sum = 0;
+    hp_status st = HP_OK;
+    hp_exec_set_eval(t->ex, true);
+    for (int64_t k = 0; k < n && st == HP_OK; k++) {
+        double l = 0;
+        st = hp_data_next(t->eval_data, t->data_rank, k, t->tokens, t->labels, err);
+        if (st == HP_OK)
+            st =
+                t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->tokens_buf), t->tokens, bytes, err);
+        if (st == HP_OK)
+            st =
+                t->be->vt->copy_in(t->be, hp_exec_ptr(t->ex, t->labels_buf), t->labels, bytes, err);
+        if (st == HP_OK) st = hp_exec_forward(t->ex, err);
+        if (st == HP_OK) st = hp_exec_loss(t->ex, &l, err);
+        sum += l;
+    }
+    hp_exec_set_eval(t->ex, false);
+    *loss = sum / (double)n;
+    return st;
 }
 
 static hp_status train_step(trainer *t, int64_t step, step_out *o, hp_err *err) {
@@ -611,6 +644,7 @@ static void teardown(trainer *t) {
     hp_free(t->instr_of_node);
     hp_free(t->profile);
     hp_data_free(t->data);
+    hp_data_free(t->eval_data);
     hp_free(t->tokens);
     hp_free(t->labels);
     hp_compiled_free(t->compiled);
@@ -622,6 +656,7 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
                    hp_err *err) {
     trainer t = {.job = job, .opts = opts, .log = opts->log ? opts->log : stdout};
     memset(res, 0, sizeof *res);
+    res->last_eval_loss = NAN;
     int64_t start = 0;
     hp_status st = setup(&t, &start, err);
     if (st != HP_OK) {
@@ -642,6 +677,22 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         if ((st = train_step(&t, step, &o, err)) != HP_OK) {
             hp_err_prefix(err, "step %lld", (long long)step);
             goto done;
+        }
+        int64_t every = job->train.eval_interval;
+        bool evaluated = every > 0 && (step % every == 0 || step == t.total_steps);
+        if (evaluated) {
+            double e0 = now_s(), eval_loss;
+            if ((st = evaluate(&t, &eval_loss, err)) != HP_OK) {
+                hp_err_prefix(err, "evaluation after step %lld", (long long)step);
+                goto done;
+            }
+            if (t.rank == 0)
+                fprintf(t.log, "eval: step: %lld loss: %.4f batches: %lld\n", (long long)step,
+                        eval_loss, (long long)job->train.eval_steps);
+            w.has_eval = true;
+            w.eval_loss = eval_loss;
+            res->last_eval_loss = eval_loss;
+            window_start += now_s() - e0; /* the window's throughput is training's */
         }
         if (step == start + 1) res->first_loss = o.loss;
         res->last_loss = o.loss;
@@ -676,7 +727,8 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         }
         bool asked = asked_n > ckpt_requests_done;
         if (asked) ckpt_requests_done = asked_n;
-        if (step == 1 || (interval > 0 && step % interval == 0) || step == t.total_steps || stop) {
+        if (step == 1 || (interval > 0 && step % interval == 0) || step == t.total_steps || stop ||
+            evaluated) {
             uint64_t mem = 0;
             if (t.be->vt->memory_peak(t.be, &mem, err) != HP_OK) mem = 0; /* unknown: 0 */
             w.step = step;
@@ -699,6 +751,7 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             if ((st = log_metrics(&t, &lw, err)) != HP_OK) goto done;
             w.steps = w.tokens = 0;
             w.data_s = 0;
+            w.has_eval = false;
             window_start = now_s();
         }
         bool ckpt_now = t.ckpt_dir[0] && ((ckpt > 0 && step % ckpt == 0) || stop || asked);

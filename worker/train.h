@@ -94,6 +94,7 @@ typedef struct hp_train_opts {
 typedef struct hp_train_result {
     int64_t first_step, last_step; /* 1-based steps this call ran */
     double first_loss, last_loss;
+    double last_eval_loss; /* the last evaluation's loss; NaN when none ran */
     int64_t skipped_steps; /* optimizer updates skipped: non-finite loss or grad norm */
     bool interrupted;      /* stopped by *stop */
 } hp_train_result;

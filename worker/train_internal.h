@@ -43,6 +43,7 @@ typedef struct trainer {
     bool host_visible; /* the backend's info: device pointers are host pointers */
     hp_exec *ex;
     hp_data *data;
+    hp_data *eval_data; /* train.eval_interval > 0: the held-out data, read in order */
     int32_t tokens_buf, labels_buf;
     int64_t batch, seq, total_steps;
     int64_t *tokens, *labels;    /* [B*T] host staging */

@@ -39,6 +39,8 @@ extern "C" {
 #define HP_JOB_PROFILE_MAX 64
 /* Gradient-accumulation steps (train.global_batch over one micro-step's batch) at most. */
 #define HP_MAX_GRAD_ACCUM 65536
+/* Batches one evaluation reads at most (train.eval_steps). */
+#define HP_MAX_EVAL_STEPS 1000000
 
 /* ---- the parallel plan ----------------------------------------------------------------------- */
 typedef enum { HP_PLAN_FSDP = 0, HP_PLAN_AUTO = 1 } hp_plan_mode;
@@ -140,6 +142,12 @@ typedef struct hp_train_config {
     int n_profile_steps; /* steps to trace (worker/trace.h), each >= 1 */
     int64_t profile_steps[HP_JOB_PROFILE_MAX];
     hp_nonfinite_action on_nonfinite; /* default stop */
+    /* Evaluation: every eval_interval steps (and after the last), the mean loss of the first
+     * eval_steps batches of eval_data_path (read in order, the same batches each time), run
+     * forward only with dropout off; not trained on. 0: never. */
+    int64_t eval_interval;
+    int64_t eval_steps;                   /* >= 1 when eval_interval > 0 */
+    char eval_data_path[HP_JOB_PATH_MAX]; /* the held-out data; required when evaluating */
 } hp_train_config;
 
 typedef enum { HP_DEVICE_CPU = 0, HP_DEVICE_CUDA = 1 } hp_device_kind;

@@ -54,6 +54,8 @@ typedef struct hp_metrics_window {
     uint64_t memory_bytes;                /* peak over the window */
     uint64_t device_memory;               /* device size in bytes; 0: unknown */
     int64_t skipped_steps;                /* updates skipped so far (non-finite), >= 0 */
+    bool has_eval;                        /* the last step was followed by an evaluation */
+    double eval_loss;                     /* its loss (has_eval) */
 } hp_metrics_window;
 
 /* Fills *out from *w. Errors (HP_INVALID, naming the field): any bound above violated or a

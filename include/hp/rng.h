@@ -23,6 +23,7 @@
 #ifndef HP_RNG_H
 #define HP_RNG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -66,6 +67,7 @@ typedef struct hp_dropout_site {
     uint64_t stream; /* hp_rng_stream_id(the node's fqn) */
     int rank;
     int64_t local[HP_RNG_MAX_RANK], off[HP_RNG_MAX_RANK], global[HP_RNG_MAX_RANK];
+    bool eval; /* evaluation (torch's model.eval()): the dropout keeps everything, unscaled */
 } hp_dropout_site;
 
 /* The stream a site's mask draws from: s->stream + s->step * 0x9E3779B97F4A7C15 (mod 2^64). */

@@ -1,6 +1,7 @@
 /* tests/worker/test_cuda_train.c — whole training runs on the cuda backend: a small Llama
  * (the debugmodel's layout, reduced) trained on cuda equals the same run on the cpu backend
- * within 1e-4 (losses of every step, final weights), and the debugmodel trains 20 steps on one
+ * within 1e-4 (losses of every step, final weights; with gradient accumulation too; the eval
+ * loss of held-out batches), and the debugmodel trains 20 steps on one
  * GPU with the loss falling. With the real binaries, on NCCL: FSDP at world 2 and the Llama TP
  * plan on a dp=2 x tp=2 mesh (one NCCL communicator per mesh dim) equal world 1 within 1e-4,
  * and two ranks on one GPU fail with NCCL's refusal. A cuda job on a machine without a device
@@ -9,6 +10,7 @@
 #include "cuda_check.h"
 #include "tests/util/cli_harness.h"
 
+#include "hp/data.h"
 #include "hp/device.h"
 #include "hp/job.h"
 #include "hp/models.h"
@@ -16,6 +18,7 @@
 
 #include "tests/util/run_compare.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +122,36 @@ Test(cuda_train, gradient_accumulation_on_cuda_equals_cpu_within_1e4) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
     cuda_vs_cpu(small_spec(), HP_F32, 3 * small_spec().batch, 1e-4, 1e-4);
+    teardown();
+}
+
+/* Evaluation (the executor's forward pass on held-out batches) on cuda gives the cpu backend's
+ * eval loss within 1e-4. */
+Test(cuda_train, evaluation_on_cuda_equals_cpu_within_1e4) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    char shard[512];
+    snprintf(shard, sizeof shard, "%s/val.bin", tmp);
+    uint32_t tok[3000];
+    for (int i = 0; i < 3000; i++) tok[i] = (uint32_t)(i * 7919 % 128);
+    hp_err e = {0};
+    cr_assert_eq(hp_data_write_shard(shard, tok, 3000, 1, &e), HP_OK, "%s", e.msg);
+    double got[2];
+    for (int d = 0; d < 2; d++) {
+        hp_job *job = job_of(small_spec(), 3, d ? HP_DEVICE_CUDA : HP_DEVICE_CPU);
+        job->train.eval_interval = 3;
+        job->train.eval_steps = 2;
+        snprintf(job->train.eval_data_path, sizeof job->train.eval_data_path, "%s", shard);
+        char out[600];
+        snprintf(out, sizeof out, "%s/%s", tmp, d ? "cuda" : "cpu");
+        hp_train_opts o = {.out_dir = out, .threads = 2, .log = stderr};
+        hp_train_result res;
+        cr_assert_eq(hp_train(job, &o, &res, &e), HP_OK, "%s", e.msg);
+        got[d] = res.last_eval_loss;
+        hp_job_free(job);
+    }
+    cr_expect(isfinite(got[0]) && fabs(got[1] - got[0]) <= 1e-4 * fabs(got[0]),
+              "eval loss: cuda %.9g, cpu %.9g", got[1], got[0]);
     teardown();
 }
 

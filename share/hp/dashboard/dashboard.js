@@ -2,7 +2,8 @@
  *
  * Polls the read-only JSON API every 2 s: the job list, and for the selected job its detail
  * (ranks, state history), its metrics (incrementally, through next_since) and a rank's log tail.
- * Plots loss, tokens/s, MFU and peak memory against step with Chart.js (global `Chart`, 3.x,
+ * Plots loss (and the held-out eval loss of a job that evaluates), tokens/s, MFU and peak
+ * memory against step with Chart.js (global `Chart`, 3.x,
  * linear x axis: there is no date adapter).
  *
  * Rules: every string from the API goes into the DOM through textContent (never innerHTML); an
@@ -265,7 +266,8 @@
 
     function newSeries(id) {
         /* Each map: rank -> [{x: step, y: value}] sorted by step, one point per step. */
-        return {id: id, since: 0, restarts: null, loss: {}, tps: {}, mfu: {}, mem: {}};
+        return {id: id, since: 0, restarts: null, loss: {}, evalLoss: {}, tps: {}, mfu: {},
+                mem: {}};
     }
 
     function put(map, rank, step, v) {
@@ -289,6 +291,7 @@
             if (!r || !isNum(r.step)) return;
             var rank = isNum(r.rank) ? r.rank : 0;
             put(S.loss, rank, r.step, r.loss);
+            put(S.evalLoss, rank, r.step, r.eval_loss); /* null unless evaluated after it */
             put(S.tps, rank, r.step, r.tokens_per_s);
             put(S.mfu, rank, r.step, r.mfu_pct);
             put(S.mem, rank, r.step, isNum(r.peak_memory_bytes) ? r.peak_memory_bytes / 1048576
@@ -438,6 +441,10 @@
             if (pts.length >= 10)
                 ds.push(lineDataset("smoothed", ema(pts, SMOOTHING), color(0),
                                     {pointRadius: 0, borderWidth: 2}));
+            /* the held-out loss (train.eval_interval), where the job evaluates */
+            var evRanks = ranksOf(S.evalLoss);
+            if (evRanks.length)
+                ds.push(lineDataset("eval", S.evalLoss[evRanks[0]], color(1), {pointRadius: 3}));
             charts.loss.data.datasets = ds;
             charts.loss.options.plugins.legend.display = ds.length > 1;
             charts.loss.update("none");
