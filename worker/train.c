@@ -680,19 +680,20 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
         }
         int64_t every = job->train.eval_interval;
         bool evaluated = every > 0 && (step % every == 0 || step == t.total_steps);
+        double eval_loss = NAN;
         if (evaluated) {
-            double e0 = now_s(), eval_loss;
+            /* the window's throughput and communication are training's */
+            double e0 = now_s(), x0 = hp_exec_exposed_seconds(t.ex), b0 = t.be->vt->comm_busy(t.be);
             if ((st = evaluate(&t, &eval_loss, err)) != HP_OK) {
                 hp_err_prefix(err, "evaluation after step %lld", (long long)step);
                 goto done;
             }
-            if (t.rank == 0)
-                fprintf(t.log, "eval: step: %lld loss: %.4f batches: %lld\n", (long long)step,
-                        eval_loss, (long long)job->train.eval_steps);
             w.has_eval = true;
             w.eval_loss = eval_loss;
             res->last_eval_loss = eval_loss;
-            window_start += now_s() - e0; /* the window's throughput is training's */
+            window_start += now_s() - e0;
+            exposed_mark += hp_exec_exposed_seconds(t.ex) - x0;
+            busy_mark += t.be->vt->comm_busy(t.be) - b0;
         }
         if (step == start + 1) res->first_loss = o.loss;
         res->last_loss = o.loss;
@@ -754,6 +755,9 @@ hp_status hp_train(const hp_job *job, const hp_train_opts *opts, hp_train_result
             w.has_eval = false;
             window_start = now_s();
         }
+        if (evaluated && t.rank == 0) /* after the step's line */
+            fprintf(t.log, "eval: step: %lld loss: %.4f batches: %lld\n", (long long)step,
+                    eval_loss, (long long)job->train.eval_steps);
         bool ckpt_now = t.ckpt_dir[0] && ((ckpt > 0 && step % ckpt == 0) || stop || asked);
         if (ckpt_now && (st = hp__train_save_checkpoint(&t, step, err)) != HP_OK) {
             hp_err_prefix(err, "checkpoint at step %lld", (long long)step);
