@@ -95,16 +95,18 @@ export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 log_path=$tsan/tsan
 set +e
 (
     set -e
-    # A world-2 FSDP run with two compute threads per rank: the pool, the comm thread, shm.
+    # A world-2 FSDP run with two compute threads per rank: the pool, the comm thread, shm;
+    # two micro-steps a step (gradient accumulation) and forward-only evaluations.
     "$tsan/client/hpctl" new --model llama3:debugmodel --layers 2 --dim 64 --heads 4 \
-        --kv-heads 2 --ffn-hidden 128 --vocab 256 --seq 32 --batch 4 --steps 4 \
-        --checkpoint-interval 2 --mesh dp=2 --fsdp 'layers.*' -o "$tsan/tsan-job.pb" >/dev/null
+        --kv-heads 2 --ffn-hidden 128 --vocab 256 --seq 32 --batch 4 --global-batch 8 --steps 4 \
+        --checkpoint-interval 2 --mesh dp=2 --fsdp 'layers.*' --eval-interval 2 --eval-steps 2 \
+        --eval-data text:/usr/share/common-licenses/GPL-3 -o "$tsan/tsan-job.pb" >/dev/null
     HP_CPU_PEAK_FLOPS=1e11 "$tsan/worker/hp-worker" --standalone "$tsan/tsan-job.pb" --threads 2 \
         --out "$tsan/tsan-run" >/dev/null
-    echo "tsan: hp-worker --standalone (world 2, 2 threads): ok"
+    echo "tsan: hp-worker --standalone (world 2, 2 threads, accumulation, evaluation): ok"
     # The release build's drivers (they start hpd, hp-worker and hpctl from HP_BINARY_DIR).
     for t in test_agent test_fsdp_train test_tp_train test_rpc_python test_hpctl_remote test_harden \
-        test_http test_hpd_config; do
+        test_http test_hpd_config test_evaluation; do
         start=$(date +%s)
         HP_BINARY_DIR=$tsan HP_SOURCE_DIR=$PWD build/tests/$t --jobs 1 --verbose=0
         echo "tsan: $t: ok ($(($(date +%s) - start)) s)"

@@ -9,6 +9,7 @@
 #include "tests/util/cli_harness.h"
 #include "tests/util/hpd_harness.h"
 #include "tests/util/run_compare.h"
+#include "tests/util/train_fixture.h"
 
 #include "hp/data.h"
 #include "hp/eval.h"
@@ -32,23 +33,16 @@
 static char tmp[256];
 
 static void setup(void) {
-    snprintf(tmp, sizeof tmp, "/tmp/hp-eval-XXXXXX");
-    cr_assert(mkdtemp(tmp));
+    hp_th_test_dir(tmp, sizeof tmp, "hp-eval");
 }
 static void teardown(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    cr_assert_eq(system(cmd), 0);
+    hp_th_test_dir_remove(tmp);
 }
 
 TestSuite(evaluation, .init = setup, .fini = teardown, .timeout = 600);
 
 static hp_model_spec tiny_spec(void) {
-    hp_model_spec s;
-    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &s, NULL), HP_OK);
-    s.dim = 64, s.n_layers = 2, s.n_heads = 4, s.n_kv_heads = 2, s.ffn_hidden = 96;
-    s.vocab = 128, s.batch = 2, s.seq = 16;
-    return s;
+    return hp_th_tiny_spec(2);
 }
 
 /* A held-out llm.c shard of n tokens < vocab at tmp/NAME. */
@@ -129,24 +123,20 @@ Test(evaluation, forward_pass_gives_the_step_loss_without_the_backward) {
 
 /* ---- the trainer's evaluation ---------------------------------------------------------------- */
 
-static hp_job *eval_job(const char *eval_data, int64_t steps, int64_t every) {
-    hp_model_spec spec = tiny_spec();
-    hp_job *job = hp_job_new();
-    cr_assert(job);
-    job->model = spec;
-    hp_err e;
-    cr_assert_eq(hp_model_build_joint(&spec, &job->graph, &e), HP_OK, "%s", e.msg);
-    job->train.steps = steps;
-    job->train.local_batch = spec.batch;
-    job->train.seq = spec.seq;
-    job->train.log_interval = 1;
-    job->train.lr = 1e-3;
-    job->train.eval_interval = every;
+static const char *g_eval_data; /* eval_job's, for edit_eval */
+static int64_t g_every;
+
+static void edit_eval(hp_job *job) {
+    job->train.eval_interval = g_every;
     job->train.eval_steps = 3;
-    if (eval_data)
-        snprintf(job->train.eval_data_path, sizeof job->train.eval_data_path, "%s", eval_data);
-    cr_assert_eq(hp_job_validate(job, &e), HP_OK, "%s", e.msg);
-    return job;
+    if (g_eval_data)
+        snprintf(job->train.eval_data_path, sizeof job->train.eval_data_path, "%s", g_eval_data);
+}
+
+static hp_job *eval_job(const char *eval_data, int64_t steps, int64_t every) {
+    g_eval_data = eval_data;
+    g_every = every;
+    return hp_th_tiny_job(2, 0, steps, edit_eval);
 }
 
 /* The reference evaluator's loss of job's graph at the weights of dir/model.safetensors over

@@ -9,6 +9,7 @@
  * shows the accumulation in inspect and plan. */
 #include "tests/util/cli_harness.h"
 #include "tests/util/run_compare.h"
+#include "tests/util/train_fixture.h"
 
 #include "hp/base.h"
 #include "hp/job.h"
@@ -25,13 +26,10 @@
 static char tmp[256];
 
 static void setup(void) {
-    snprintf(tmp, sizeof tmp, "/tmp/hp-accum-XXXXXX");
-    cr_assert(mkdtemp(tmp));
+    hp_th_test_dir(tmp, sizeof tmp, "hp-accum");
 }
 static void teardown(void) {
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    cr_assert_eq(system(cmd), 0);
+    hp_th_test_dir_remove(tmp);
 }
 
 TestSuite(grad_accum, .init = setup, .fini = teardown, .timeout = 600);
@@ -40,24 +38,7 @@ TestSuite(grad_accum, .init = setup, .fini = teardown, .timeout = 600);
 
 /* The tiny Llama with `batch` sequences a micro-step and `global` an optimizer step. */
 static hp_job *job_of(int64_t batch, int64_t global, int64_t steps) {
-    hp_model_spec s;
-    cr_assert_eq(hp_model_spec_parse("llama3:debugmodel", &s, NULL), HP_OK);
-    s.dim = 64, s.n_layers = 2, s.n_heads = 4, s.n_kv_heads = 2, s.ffn_hidden = 96;
-    s.vocab = 128, s.batch = batch, s.seq = 16;
-    hp_job *job = hp_job_new();
-    cr_assert(job);
-    job->model = s;
-    hp_err e;
-    cr_assert_eq(hp_model_build_joint(&s, &job->graph, &e), HP_OK, "%s", e.msg);
-    job->train.steps = steps;
-    job->train.local_batch = batch;
-    job->train.global_batch = global;
-    job->train.seq = s.seq;
-    job->train.log_interval = 1;
-    job->train.warmup_steps = 2;
-    job->train.lr = 1e-3;
-    cr_assert_eq(hp_job_validate(job, &e), HP_OK, "%s", e.msg);
-    return job;
+    return hp_th_tiny_job(batch, global, steps, NULL);
 }
 
 static void train_into(hp_job *job, const char *name, const hp_train_opts *base) {
