@@ -88,9 +88,12 @@ static hp_job *full_job(void) {
     t->checkpoint_interval = 500;
     snprintf(t->data_path, sizeof t->data_path, "/data/fineweb edu/train_*.bin");
     snprintf(t->init_from, sizeof t->init_from, "ckpt/step-500");
-    t->local_batch = 4; /* x dp 2: the tp ranks of a dp group share a batch */
-    t->global_batch = 8;
+    t->local_batch = 4;   /* x dp 2: the tp ranks of a dp group share a batch */
+    t->global_batch = 16; /* 2 micro-steps a step */
     t->seq = 8;
+    t->eval_interval = 100;
+    t->eval_steps = 7;
+    snprintf(t->eval_data_path, sizeof t->eval_data_path, "/data/fineweb edu/val_*.bin");
 
     job->resources.world_size = 4;
     job->resources.device = HP_DEVICE_CUDA;
@@ -198,6 +201,12 @@ EDIT(e_seq, j->train.seq = -1)
 EDIT(e_global, j->train.global_batch = 3)
 EDIT(e_global_accum, j->train.global_batch = (int64_t)8 << 20)
 EDIT(e_model_seq, j->train.seq = 16)
+EDIT(e_eval_interval, j->train.eval_interval = -2)
+EDIT(e_eval_no_data, j->train.eval_interval = 10; j->train.eval_data_path[0] = 0)
+EDIT(e_eval_steps, j->train.eval_interval = 10; j->train.eval_steps = 0;
+     snprintf(j->train.eval_data_path, sizeof j->train.eval_data_path, "val.bin"))
+EDIT(e_eval_path, j->train.eval_interval = 10; j->train.eval_steps = 4;
+     snprintf(j->train.eval_data_path, sizeof j->train.eval_data_path, "v\tal.bin"))
 /* what hpctl new writes: model.batch/seq 0, so only the graph's data inputs can disagree */
 EDIT(e_graph_seq, j->model.seq = j->model.batch = 0; j->train.seq = 7)
 EDIT(e_graph_batch, j->model.seq = j->model.batch = 0; j->train.local_batch = 3;
@@ -258,6 +267,10 @@ static const bad_case bad_cases[] = {
     {"train.global_batch: 8388608 is 1048576 micro-steps of 8 sequences; at most 65536",
      e_global_accum},
     {"model.seq: 8 differs from train.seq 16", e_model_seq},
+    {"train.eval_interval: -2", e_eval_interval},
+    {"train.eval_data_path: evaluating every 10 steps needs held-out data", e_eval_no_data},
+    {"train.eval_steps: 0 must be in [1, 1000000]", e_eval_steps},
+    {"train.eval_data_path: 'v\\x09al.bin'", e_eval_path},
     {"train.seq: 7, but the graph's data input 'tokens' is [8, 8] (seq 8)", e_graph_seq},
     {"train.local_batch: 3 x 2 data-parallel ranks = 6, but the graph's data input 'tokens' is "
      "[8, 8] (global batch 8)",
