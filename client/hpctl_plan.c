@@ -36,6 +36,8 @@ static const char *const assumptions[] = {
     "gradient accumulation (--global-batch): a step runs the program once per micro-step, "
     "collectives included, and adds up all but the last micro-step's gradients in one f32 "
     "buffer (12 bytes an element per addition, at memory bandwidth)",
+    "evaluation (--eval-interval): an evaluated batch runs the nodes the loss depends on, its "
+    "collectives not overlapped with compute",
 };
 /* 34884612 -> "33.3 MiB" */
 static const char *human(int64_t bytes, char *buf) {
@@ -348,6 +350,13 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
                ? " (assumed: `hp-worker --probe-profile` measures it)"
                : "",
            e->peak_flops, e->efficiency, e->mem_bw);
+    if (job->train.eval_interval > 0) {
+        double ev = (double)job->train.eval_steps * e->forward_s;
+        printf("            evaluation every %lld steps: %lld batches x forward %s = %s (%s a step "
+               "on average)\n",
+               (long long)job->train.eval_interval, (long long)job->train.eval_steps,
+               SECONDS(e->forward_s), SECONDS(ev), SECONDS(ev / (double)job->train.eval_interval));
+    }
     print_compute_by_op(e);
     if (c->autoshard) print_autoshard(job, c->autoshard);
     printf("\nassumptions\n");
@@ -473,6 +482,7 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
     json_t *est = json_object_get(root, "estimate");
     json_object_set_new(est, "grad_accum_steps", json_integer((json_int_t)e->grad_accum));
     json_object_set_new(est, "accumulate_s", json_real(e->accumulate_s));
+    json_object_set_new(est, "eval_batch_s", json_real(e->forward_s));
     json_object_set_new(root, "assumptions", assume);
     if (c->autoshard) {
         const hp_autoshard_stats *st = hp_autoshard_get_stats(c->autoshard);

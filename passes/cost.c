@@ -25,6 +25,8 @@
  *   * gradient accumulation: a step runs the program grad_accum times and adds up all but
  *     the last run's gradients at memory bandwidth (12 bytes an element each).
  *   step time = grad_accum x (compute + exposed communication) + accumulation + optimizer.
+ *   * an evaluated batch (forward_s): the nodes the loss depends on, each collective after
+ *     the compute before it (hp_exec_forward synchronizes before collectives).
  * It does not model contention between the streams, nor the host's own work per step.
  */
 #include "passes/passes_internal.h"
@@ -237,6 +239,34 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
                            (double)hp_type_numel(&g->nodes[i].out[0]) * 12.0 / prof.mem_bw;
     c->step_s = (double)c->grad_accum * (c->compute_s + c->exposed_comm_s) + c->accumulate_s +
                 c->optimizer_s;
+    /* an evaluated batch: the nodes the loss depends on, each collective after the compute
+     * before it (hp_exec_forward synchronizes before each) */
+    bool *needed = hp_calloc((size_t)g->n_nodes + 1, 1);
+    if (!needed) {
+        hp_free(done);
+        hp_free(runs);
+        return hp_errf(err, HP_NOMEM, "out of memory estimating the step");
+    }
+    if (g->n_outputs > 0) needed[g->outputs[0].node] = true;
+    for (int i = g->n_nodes - 1; i >= 0; i--) {
+        const hp_node *n = &g->nodes[i];
+        if (!needed[i]) continue;
+        for (int k = 0; k < n->n_in; k++) needed[n->in[k].node] = true;
+        if (n->op == HP_OP_PLACEHOLDER) continue;
+        if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
+            const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
+            int d = mesh_dim(&job->plan, grp ? grp->s : NULL);
+            double bw = d >= 0 ? link[d].bandwidth : def.bandwidth,
+                   lat = d >= 0 ? link[d].latency : def.latency;
+            c->forward_s += n->op == HP_OP_LOCAL_CHUNK
+                                ? (double)type_bytes(&n->out[0]) / prof.mem_bw
+                                : lat + (double)hp_collective_bytes(g, i) / bw;
+        } else if (runs[i]) {
+            double bytes = 0;
+            c->forward_s += node_time(g, i, &prof, hp__node_flops(g, i), &bytes);
+        }
+    }
+    hp_free(needed);
     hp_free(done);
     hp_free(runs);
     return HP_OK;

@@ -176,6 +176,7 @@ typedef struct hp_cost_estimate {
     int64_t grad_accum;    /* micro-steps a step (hp_job_grad_accum) */
     double accumulate_s;   /* adding the micro-steps' gradients (grad_accum - 1 passes) */
     double step_s;         /* grad_accum x (compute + exposed comm) + accumulate + optimizer */
+    double forward_s;      /* one evaluated batch: the loss's nodes, collectives not overlapped */
     double flops;          /* per micro-step per rank */
     double peak_flops, efficiency, mem_bw; /* of the device profile */
     double bandwidth, latency;             /* of the mesh's dp link */

@@ -356,6 +356,17 @@ Test(evaluation, what_cannot_work_is_refused) {
     cr_expect(strstr(s.out, "eval        every 2 steps and after the last: 20 batches of"), "%s",
               s.out);
     hp_th_run_free(&s);
+    /* the plan prices an evaluated batch: the forward pass, about a third of a step */
+    s = hp_th_run_bin(tmp, "client/hpctl", "plan %s/m.pb --json", tmp);
+    const char *fb = strstr(s.out, "\"eval_batch_s\":"), *cs = strstr(s.out, "\"compute_s\":");
+    cr_assert(fb && cs, "%s", s.out);
+    double fwd = strtod(fb + 15, NULL), comp = strtod(cs + 12, NULL);
+    cr_expect(fwd > 0.2 * comp && fwd < 0.5 * comp, "an eval batch %g s, a step's compute %g s",
+              fwd, comp);
+    hp_th_run_free(&s);
+    s = hp_th_run_bin(tmp, "client/hpctl", "plan %s/m.pb", tmp);
+    cr_expect(strstr(s.out, "evaluation every 2 steps: 20 batches x forward "), "%s", s.out);
+    hp_th_run_free(&s);
 }
 
 /* GET http://addr/path with curl: the body (malloc'd, "" on failure), spaces removed. */
