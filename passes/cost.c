@@ -149,6 +149,20 @@ static double node_time(const hp_graph *g, int id, const hp_device_profile *p, d
     return t + p->kernel_s;
 }
 
+/* Collective node id's time: the latency and bandwidth of its mesh dim's link (def without
+ * one); local_chunk runs on the comm stream but exchanges nothing: a local copy. */
+static double collective_time(const hp_graph *g, int id, const hp_job *job,
+                              const hp_link_class *link, hp_link_class def,
+                              const hp_device_profile *prof) {
+    const hp_node *n = &g->nodes[id];
+    if (n->op == HP_OP_LOCAL_CHUNK) return (double)type_bytes(&n->out[0]) / prof->mem_bw;
+    const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
+    int d = mesh_dim(&job->plan, grp ? grp->s : NULL);
+    double bw = d >= 0 ? link[d].bandwidth : def.bandwidth,
+           lat = d >= 0 ? link[d].latency : def.latency;
+    return lat + (double)hp_collective_bytes(g, id) / bw;
+}
+
 hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_job *job,
                             hp_cost_estimate *c, hp_err *err) {
     memset(c, 0, sizeof *c);
@@ -192,13 +206,7 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
         done[i] = 0;
         if (n->op == HP_OP_PLACEHOLDER) continue;
         if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
-            const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
-            int d = mesh_dim(&job->plan, grp ? grp->s : NULL);
-            double bw = d >= 0 ? link[d].bandwidth : def.bandwidth,
-                   lat = d >= 0 ? link[d].latency : def.latency;
-            /* local_chunk runs on the comm stream but exchanges nothing: a local copy */
-            double t = n->op == HP_OP_LOCAL_CHUNK ? (double)type_bytes(&n->out[0]) / prof.mem_bw
-                                                  : lat + (double)hp_collective_bytes(g, i) / bw;
+            double t = collective_time(g, i, job, link, def, &prof);
             double start = t_comm > t_compute ? t_comm : t_compute;
             c->comm_s += t;
             t_comm = done[i] = start + t;
@@ -254,13 +262,7 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
         for (int k = 0; k < n->n_in; k++) needed[n->in[k].node] = true;
         if (n->op == HP_OP_PLACEHOLDER) continue;
         if (hp_op_get(n->op)->flags & HP_OPF_COLLECTIVE) {
-            const hp_attr *grp = hp_node_attr(n, HP_ATTR_GROUP);
-            int d = mesh_dim(&job->plan, grp ? grp->s : NULL);
-            double bw = d >= 0 ? link[d].bandwidth : def.bandwidth,
-                   lat = d >= 0 ? link[d].latency : def.latency;
-            c->forward_s += n->op == HP_OP_LOCAL_CHUNK
-                                ? (double)type_bytes(&n->out[0]) / prof.mem_bw
-                                : lat + (double)hp_collective_bytes(g, i) / bw;
+            c->forward_s += collective_time(g, i, job, link, def, &prof);
         } else if (runs[i]) {
             double bytes = 0;
             c->forward_s += node_time(g, i, &prof, hp__node_flops(g, i), &bytes);

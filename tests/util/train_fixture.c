@@ -3,7 +3,6 @@
 
 #include <criterion/criterion.h>
 #include <stdio.h>
-#include <stdlib.h>
 
 hp_model_spec hp_th_tiny_spec(int64_t batch) {
     hp_model_spec s;
@@ -30,15 +29,4 @@ hp_job *hp_th_tiny_job(int64_t batch, int64_t global, int64_t steps, void (*edit
     if (edit) edit(job);
     cr_assert_eq(hp_job_validate(job, &e), HP_OK, "%s", e.msg);
     return job;
-}
-
-void hp_th_test_dir(char *dir, size_t len, const char *prefix) {
-    snprintf(dir, len, "/tmp/%s-XXXXXX", prefix);
-    cr_assert(mkdtemp(dir), "mkdtemp %s", dir);
-}
-
-void hp_th_test_dir_remove(const char *dir) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0, "%s", cmd);
 }

@@ -26,10 +26,10 @@
 static char tmp[256];
 
 static void setup(void) {
-    hp_th_test_dir(tmp, sizeof tmp, "hp-accum");
+    hp_th_tmpdir_make(tmp, sizeof tmp, "hp-accum");
 }
 static void teardown(void) {
-    hp_th_test_dir_remove(tmp);
+    hp_th_tmpdir_remove(tmp);
 }
 
 TestSuite(grad_accum, .init = setup, .fini = teardown, .timeout = 600);
