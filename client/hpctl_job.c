@@ -100,6 +100,10 @@ static void new_usage(FILE *f) {
           "  --param-dtype DT      mixed precision: all-gather and compute parameters in DT\n"
           "                        (f32 or bf16; the f32 master weights stay f32)\n"
           "  --reduce-dtype DT     reduce gradients in DT (f32, the only one supported)\n"
+          "  --ac none|full|selective  activation checkpointing: the backward recomputes each\n"
+          "                        repeated block's forward (full), or its cheap ops between the\n"
+          "                        kept matrix products and attention (selective); default none\n"
+          "  --ac-every N          checkpoint every N-th block only (default 1: all)\n"
           "  --mode fsdp|auto      auto: placements chosen by the auto-sharding ILP (default\n"
           "                        fsdp: the hand-written plan above)\n"
           "  --param-memory-budget LOW,HIGH  auto: parameter bytes per rank as fractions of\n"
@@ -347,6 +351,8 @@ static bool takes_value(const char *a) {
                                         "--param-memory-budget",
                                         "--device-profile",
                                         "--gpus-per-node",
+                                        "--ac",
+                                        "--ac-every",
                                         "--place",
                                         "--constrain",
                                         "--tp-plan",
@@ -487,6 +493,14 @@ static int new_flags(int argc, char **argv, hp_job *job, const char **model, con
             int64_t n;
             rc = hpctl_parse_i64(verb, a, v, 1, HP_MAX_WORLD, &n);
             if (rc == HPCTL_OK) job->plan.gpus_per_node = (int)n;
+        } else if (!strcmp(a, "--ac")) {
+            hp_err e = {0};
+            if (hp_ac_mode_parse(v, &job->plan.ac_mode, &e) != HP_OK)
+                rc = hpctl_fail(HPCTL_USAGE, verb, "--ac: %s", e.msg);
+        } else if (!strcmp(a, "--ac-every")) {
+            int64_t n;
+            rc = hpctl_parse_i64(verb, a, v, 1, HP_MAX_AC_EVERY, &n);
+            if (rc == HPCTL_OK) job->plan.ac_every = (int)n;
         } else if (!strcmp(a, "--place") || !strcmp(a, "--constrain")) {
             if (n_places == MAX_PLACES)
                 rc = hpctl_fail(HPCTL_USAGE, verb, "--place: more than %d", MAX_PLACES);
@@ -863,6 +877,14 @@ static void print_text(const hp_job *job, const job_summary *s) {
            job->plan.n_fsdp_patterns, job->plan.n_constraints,
            job->plan.loss_parallel ? "on" : "off", hp_dtype_name(job->plan.param_dtype),
            hp_dtype_name(job->plan.reduce_dtype));
+    if (job->plan.ac_mode != HP_AC_NONE) {
+        printf("            activation checkpointing %s", hp_ac_mode_name(job->plan.ac_mode));
+        if (job->plan.ac_every > 1)
+            printf(", every %d-th block", job->plan.ac_every);
+        else
+            printf(", every block");
+        printf("\n");
+    }
     printf("resources   world %d, device %s\n", job->resources.world_size,
            hp_device_name(job->resources.device));
 }
@@ -887,10 +909,12 @@ static int print_json(const hp_job *job, const job_summary *s) {
         (json_int_t)t->seq, "data", t->data_path[0] ? t->data_path : "", "resources", "world_size",
         job->resources.world_size, "device", hp_device_name(job->resources.device));
     if (!root) return hpctl_fail(HPCTL_ERROR, "inspect", "out of memory building JSON");
-    json_object_set_new(root, "plan",
-                        json_pack("{s:b, s:s, s:s}", "loss_parallel", (int)job->plan.loss_parallel,
-                                  "param_dtype", hp_dtype_name(job->plan.param_dtype),
-                                  "reduce_dtype", hp_dtype_name(job->plan.reduce_dtype)));
+    json_object_set_new(
+        root, "plan",
+        json_pack("{s:b, s:s, s:s, s:{s:s, s:i}}", "loss_parallel", (int)job->plan.loss_parallel,
+                  "param_dtype", hp_dtype_name(job->plan.param_dtype), "reduce_dtype",
+                  hp_dtype_name(job->plan.reduce_dtype), "activation_checkpoint", "mode",
+                  hp_ac_mode_name(job->plan.ac_mode), "every", job->plan.ac_every));
     json_t *train = json_object_get(root, "train");
     json_object_set_new(
         train, "global_batch",

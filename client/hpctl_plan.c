@@ -238,14 +238,14 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         printf("note: %s: hpd and hp-worker of this build refuse the job\n", derr.msg);
     printf("\n");
 
-    printf("%-18s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
+    printf("%-22s %-4s %9s %11s %12s %16s %10s\n", "pass", "ran", "nodes in", "nodes out",
            "collectives", "comm/step/rank", "time");
     for (int i = 0; i < c->n_passes; i++) {
         const hp_pass_report *r = &c->passes[i];
         bool lower = !strcmp(r->name, "lower");
         char out[32];
         snprintf(out, sizeof out, lower ? "%d instr" : "%d", r->nodes_out);
-        printf("%-18s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
+        printf("%-22s %-4s %9d %11s %12d %16s %10s\n", r->name, r->ran ? "yes" : "no", r->nodes_in,
                out, r->collectives, HUMAN(r->comm_bytes), r->ran ? SECONDS(r->seconds) : "-");
     }
     for (int i = 0; i < c->n_passes; i++) {
@@ -262,6 +262,12 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
         if (r->fused_swiglu)
             printf("%s: fused %d MLP gate%s (silu, mul and their backwards) into swiglu\n", r->name,
                    r->fused_swiglu, r->fused_swiglu == 1 ? "" : "s");
+        if (r->ac_blocks)
+            printf("%s: the backward recomputes %d block%s' forward (%s): %d node%s, %.3g TFLOP "
+                   "a micro-step\n",
+                   r->name, r->ac_blocks, r->ac_blocks == 1 ? "" : "s",
+                   hp_ac_mode_name(job->plan.ac_mode), r->ac_recomputed,
+                   r->ac_recomputed == 1 ? "" : "s", r->ac_recompute_flops / 1e12);
         if (r->placed_by_spmd[0])
             printf("%s: placed by spmd, since the per-rank batch rewrite refuses the graph: %s\n",
                    r->name, r->placed_by_spmd);
@@ -382,6 +388,10 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                                  r->fused_cross_entropy, "fused_swiglu", r->fused_swiglu);
         if (r->placed_by_spmd[0])
             json_object_set_new(pass, "placed_by_spmd", json_string(r->placed_by_spmd));
+        if (r->ac_blocks)
+            json_object_update_new(pass, json_pack("{s:i, s:i, s:f}", "ac_blocks", r->ac_blocks,
+                                                   "ac_recomputed", r->ac_recomputed,
+                                                   "ac_recompute_flops", r->ac_recompute_flops));
         json_array_append_new(passes, pass);
     }
     for (int i = 0; i < c->n_warnings; i++)

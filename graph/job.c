@@ -31,6 +31,8 @@ void hp_job_init_defaults(hp_job *job) {
     p->reduce_dtype = HP_F32;
     p->mem_low = 0.0;
     p->mem_high = 1.0;
+    p->ac_mode = HP_AC_NONE;
+    p->ac_every = 1;
 
     hp_pass_config *c = &job->passes;
     c->enable_overlap = true;
@@ -257,6 +259,25 @@ int hp_plan_constraint_for(const hp_plan *plan, const char *fqn) {
 /* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more
  * character swallowed. O(len(pattern) * len(fqn)) at worst, unlike a backtracking fnmatch, whose
  * time a pattern such as "*a*a*a*a*b" can make exponential (patterns come from job files). */
+static const char *const ac_names[] = {"none", "full", "selective"};
+
+const char *hp_ac_mode_name(hp_ac_mode m) {
+    return (unsigned)m < HP_ARRAY_LEN(ac_names) ? ac_names[m] : NULL;
+}
+
+hp_status hp_ac_mode_parse(const char *s, hp_ac_mode *m, hp_err *err) {
+    for (size_t i = 0; i < HP_ARRAY_LEN(ac_names); i++) {
+        if (s && !strcmp(s, ac_names[i])) {
+            *m = (hp_ac_mode)i;
+            return HP_OK;
+        }
+    }
+    char q[HP__QUOTE_MAX];
+    return hp_errf(err, HP_INVALID,
+                   "activation checkpointing mode '%s' is not one of none, full, selective",
+                   hp__quote(s ? s : "", q));
+}
+
 bool hp_fqn_match(const char *pattern, const char *fqn) {
     const char *star = NULL, *resume = NULL;
     while (*fqn) {
@@ -478,6 +499,18 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
     if (p->gpus_per_node < 0 || p->gpus_per_node > HP_MAX_WORLD)
         return hp_errf(err, HP_INVALID, "plan.gpus_per_node: %d is not in [0, %d]",
                        p->gpus_per_node, HP_MAX_WORLD);
+    if (!hp_ac_mode_name(p->ac_mode))
+        return hp_errf(err, HP_INVALID,
+                       "plan.activation_checkpoint.mode: %d is not none, full or selective",
+                       (int)p->ac_mode);
+    if (p->ac_every < 1 || p->ac_every > HP_MAX_AC_EVERY)
+        return hp_errf(err, HP_INVALID, "plan.activation_checkpoint.every: %d is not in [1, %d]",
+                       p->ac_every, HP_MAX_AC_EVERY);
+    if (p->ac_every != 1 && p->ac_mode == HP_AC_NONE)
+        return hp_errf(err, HP_INVALID,
+                       "plan.activation_checkpoint.every: %d with mode none checkpoints nothing "
+                       "(set mode full or selective)",
+                       p->ac_every);
 
     if (p->n_fsdp_fqns < 0 || p->n_fsdp_fqns > HP_PLAN_MAX_ITEMS)
         return hp_errf(err, HP_LIMIT, "plan.fsdp_fqns: %d entries, limit %d", p->n_fsdp_fqns,
@@ -770,6 +803,7 @@ static bool plan_eq(const hp_plan *a, const hp_plan *b) {
         a->loss_parallel != b->loss_parallel || a->mem_high != b->mem_high ||
         a->param_dtype != b->param_dtype || a->reduce_dtype != b->reduce_dtype ||
         a->n_constraints != b->n_constraints || a->gpus_per_node != b->gpus_per_node ||
+        a->ac_mode != b->ac_mode || a->ac_every != b->ac_every ||
         strcmp(a->device_profile, b->device_profile))
         return false;
     for (int d = 0; d < a->n_mesh; d++) {

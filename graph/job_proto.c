@@ -25,6 +25,10 @@ typedef struct enum_map {
 
 static const enum_map modes[] = {{HP_PLAN_FSDP, HP__V1__PARALLEL_MODE__PARALLEL_MODE_FSDP},
                                  {HP_PLAN_AUTO, HP__V1__PARALLEL_MODE__PARALLEL_MODE_AUTO}};
+static const enum_map ac_modes[] = {
+    {HP_AC_NONE, HP__V1__ACTIVATION_CHECKPOINT_MODE__ACTIVATION_CHECKPOINT_MODE_NONE},
+    {HP_AC_FULL, HP__V1__ACTIVATION_CHECKPOINT_MODE__ACTIVATION_CHECKPOINT_MODE_FULL},
+    {HP_AC_SELECTIVE, HP__V1__ACTIVATION_CHECKPOINT_MODE__ACTIVATION_CHECKPOINT_MODE_SELECTIVE}};
 static const enum_map decays[] = {{HP_DECAY_LINEAR, HP__V1__DECAY_KIND__DECAY_KIND_LINEAR},
                                   {HP_DECAY_COSINE, HP__V1__DECAY_KIND__DECAY_KIND_COSINE},
                                   {HP_DECAY_NONE, HP__V1__DECAY_KIND__DECAY_KIND_NONE}};
@@ -201,6 +205,16 @@ static Hp__V1__ParallelPlan *export_plan(exporter *x, const hp_plan *p) {
     if (p->device_profile[0])
         m->device_profile = xstr(x, p->device_profile, sizeof p->device_profile);
     m->gpus_per_node = p->gpus_per_node;
+    if (p->ac_mode != HP_AC_NONE || p->ac_every != 1) {
+        Hp__V1__ActivationCheckpoint *ac;
+        XNEW(x, ac, hp__v1__activation_checkpoint__init);
+        if (ac) {
+            ac->mode = TO_PB(ac_modes, p->ac_mode);
+            /* 0 reads as the default, 1: an out-of-range value goes out as one readers refuse */
+            ac->every = p->ac_every >= 1 ? p->ac_every : -1;
+            m->activation_checkpoint = ac;
+        }
+    }
     Hp__V1__MemoryBudget *b;
     XNEW(x, b, hp__v1__memory_budget__init);
     if (b) {
@@ -439,6 +453,13 @@ static hp_status import_plan(const Hp__V1__ParallelPlan *m, hp_plan *p, hp_err *
     HP_TRY(copy_str(m->device_profile, p->device_profile, sizeof p->device_profile,
                     "plan.device_profile", err));
     p->gpus_per_node = m->gpus_per_node;
+    p->ac_mode = HP_AC_NONE; /* absent or unset: none, every block */
+    p->ac_every = 1;
+    if (m->activation_checkpoint) { /* present: its mode must be set */
+        FROM_PB(ac_modes, m->activation_checkpoint->mode, &p->ac_mode,
+                "plan.activation_checkpoint.mode");
+        if (m->activation_checkpoint->every) p->ac_every = m->activation_checkpoint->every;
+    }
     p->mem_low = m->param_memory_budget ? m->param_memory_budget->low : 0.0;
     p->mem_high = m->param_memory_budget ? m->param_memory_budget->high : 1.0;
 

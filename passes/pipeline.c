@@ -64,6 +64,9 @@ static bool mixed_on(const hp_pass_ctx *ctx) {
 static bool unplaced(const hp_pass_ctx *ctx) {
     return !placed(ctx);
 }
+static bool ac_on(const hp_pass_ctx *ctx) {
+    return ctx->job->plan.ac_mode != HP_AC_NONE;
+}
 static bool overlap_on(const hp_pass_ctx *ctx) {
     return ctx->job->passes.enable_overlap;
 }
@@ -233,6 +236,7 @@ static const hp__pass_entry pipeline[] = {
     {"dce", hp_pass_dce, always, hp__dce_no_op},
     {"canonicalize", hp_pass_canonicalize, always, NULL},
     {"fuse_attention", hp_pass_fuse_attention, always, NULL},
+    {"activation_checkpoint", hp_pass_activation_checkpoint, ac_on, NULL},
     {"loss_parallel", hp_pass_loss_parallel_run, loss_parallel_on, NULL},
     {"spmd", pass_spmd, placed, NULL},
     {"fsdp", pass_fsdp, multi_rank, NULL},

@@ -64,16 +64,22 @@ static bool all_digits(const char *s, size_t n) {
     return true;
 }
 
-size_t hp__fsdp_unit_len(const char *fqn) {
-    size_t len = strlen(fqn), last_dot = len, start = 0;
-    for (size_t i = 0; i <= len; i++) {
-        if (i < len && fqn[i] != '.') continue;
-        /* component [start, i) */
-        if (i < len && start > 0 && all_digits(fqn + start, i - start)) return i;
-        if (i < len) last_dot = i;
+size_t hp__block_len(const char *fqn) {
+    size_t len = strlen(fqn), start = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (fqn[i] != '.') continue;
+        /* component [start, i), followed by more */
+        if (start > 0 && all_digits(fqn + start, i - start)) return i;
         start = i + 1;
     }
-    return last_dot;
+    return 0;
+}
+
+size_t hp__fsdp_unit_len(const char *fqn) {
+    size_t block = hp__block_len(fqn);
+    if (block) return block;
+    const char *last = strrchr(fqn, '.');
+    return last ? (size_t)(last - fqn) : strlen(fqn);
 }
 
 bool hp__same_unit(const hp_graph *g, int32_t a, int32_t b) {

@@ -32,6 +32,12 @@ void hp__users_fini(hp__users *u); /* idempotent */
  * "norm.weight"; a one-component FQN is its own unit). Returns the prefix length. */
 size_t hp__fsdp_unit_len(const char *fqn);
 
+/* The repeated block of a parameter: the length of its FQN's prefix through the first
+ * all-digit component that is neither the first nor the last ("layers.3" of
+ * "layers.3.attention.wq.weight", "model.layers.0" of "model.layers.0.mlp.w1"); 0 when there is
+ * none ("tok_embeddings.weight", "norm.weight"). */
+size_t hp__block_len(const char *fqn);
+
 /* Do placeholders a and b of g belong to the same FSDP unit? A placeholder without an FQN is
  * a unit of its own. */
 bool hp__same_unit(const hp_graph *g, int32_t a, int32_t b);

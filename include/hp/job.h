@@ -45,6 +45,18 @@ extern "C" {
 /* ---- the parallel plan ----------------------------------------------------------------------- */
 typedef enum { HP_PLAN_FSDP = 0, HP_PLAN_AUTO = 1 } hp_plan_mode;
 
+/* Activation checkpointing (torchtitan's [activation_checkpoint] mode; the activation_checkpoint
+ * pass, passes/activation_checkpoint.c): what the backward recomputes instead of keeping from
+ * the forward. NONE keeps everything; FULL keeps only what leaves a repeated block ("layers.3"),
+ * recomputing the rest of the block for its backward; SELECTIVE also keeps the block's matrix
+ * products and attention outputs, recomputing the cheap ops between them. */
+typedef enum { HP_AC_NONE = 0, HP_AC_FULL = 1, HP_AC_SELECTIVE = 2 } hp_ac_mode;
+/* "none", "full", "selective"; NULL for an out-of-range value. */
+const char *hp_ac_mode_name(hp_ac_mode m);
+/* Parses one of those names; HP_INVALID naming the text and the choices. */
+hp_status hp_ac_mode_parse(const char *s, hp_ac_mode *m, hp_err *err);
+#define HP_MAX_AC_EVERY 65536
+
 /* A link class for the cost model: bytes per second and seconds per message. */
 typedef struct hp_link_class {
     double bandwidth; /* bytes/s, > 0 */
@@ -96,6 +108,10 @@ typedef struct hp_plan {
      * job's device. gpus_per_node: ranks per node (0: the profile's default). */
     char device_profile[16];
     int gpus_per_node;
+    /* Activation checkpointing: the mode, applied to every ac_every-th repeated block (the
+     * ac_every-th, 2 ac_every-th, ...: torchtitan's layer frequency); 1 (the default): all. */
+    hp_ac_mode ac_mode;
+    int ac_every;
 } hp_plan;
 
 /* ---- the compiler's pass config -------------------------------------------------------------- */

@@ -2,7 +2,8 @@
  * per-rank (SPMD) graph and Program, with a report of what each pass did.
  *
  * The order is one readable list in passes/pipeline.c:
- *   dce → canonicalize → fuse_attention → fsdp → overlap → bucketing
+ *   dce → canonicalize → fuse_attention → activation_checkpoint → loss_parallel → spmd | fsdp
+ *   → mixed_precision → fuse_cross_entropy → fuse_swiglu → overlap → bucketing
  *   → (memory plan + lowering: hp_lower)
  * Between passes the verifier runs (always: it costs a few ms on the 405B graph;
  * HP_VERIFY_PASSES=0 turns it off); each pass reports nodes in/out, collectives after it,
@@ -42,6 +43,10 @@ typedef struct hp_pass_report {
     int fused_cross_entropy;
     /* fuse_swiglu: MLP gates (silu, mul and their backward) it made swiglu */
     int fused_swiglu;
+    /* activation_checkpoint: blocks whose forward the backward recomputes, nodes it copies for
+     * that, and their FLOPs (hp/passes.h's cost convention: matrix products and attention) */
+    int ac_blocks, ac_recomputed;
+    double ac_recompute_flops;
     /* fsdp: why the 1-D FSDP rewrite refused the graph, which spmd then placed ("": it did not) */
     char placed_by_spmd[HP_ERR_MSG_MAX];
 } hp_pass_report;
@@ -74,6 +79,15 @@ hp_status hp_pass_canonicalize(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **
 /* The unfused causal attention of exported models into the fused op (canonicalize_attention.c):
  * expects a canonicalized graph, returns one. */
 hp_status hp_pass_fuse_attention(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
+/* Activation checkpointing (passes/activation_checkpoint.c): the backward recomputes the
+ * forward of the repeated blocks ("layers.N") that plan.ac_mode and plan.ac_every select instead
+ * of keeping it; the outputs are the input's bit for bit. On the global joint graph, after
+ * fuse_attention. hp_activation_checkpoint is the pass with explicit options (r may be NULL;
+ * its ac_* counters are added to). */
+hp_status hp_pass_activation_checkpoint(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out,
+                                        hp_err *err);
+hp_status hp_activation_checkpoint(const hp_graph *in, hp_ac_mode mode, int every,
+                                   hp_pass_report *r, hp_graph **out, hp_err *err);
 hp_status hp_pass_fsdp(const hp_graph *in, hp_pass_ctx *ctx, hp_graph **out, hp_err *err);
 /* The mixed-precision policy (plan.param_dtype / reduce_dtype) on a per-rank graph (1-D FSDP
  * or DDP, world 1, or placed by spmd): passes/mixed_precision.c. */

@@ -287,7 +287,7 @@ Test(hpctl_plan, json_memory_is_one_nth) {
     cr_expect_eq(flops, 0);
     cr_expect_gt(json_real_value(json_object_get(json_object_get(by_op, "mm"), "flops")), 0);
     cr_expect_gt(json_array_size(json_object_get(w2, "assumptions")), 3);
-    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 12); /* 11 passes + lower */
+    cr_expect_eq(json_array_size(json_object_get(w2, "passes")), 13); /* 12 passes + lower */
     json_decref(w1);
     json_decref(w2);
     json_decref(w3);
@@ -491,7 +491,7 @@ Test(hpctl_plan, bf16_param_dtype_halves_all_gather_bytes) {
     cr_assert_eq(r.code, 0, "%s", r.err);
     cr_expect(strstr(r.out, "precision   param bf16"), "%s", r.out);
     cr_expect(strstr(r.out, "param copies"), "%s", r.out);
-    cr_expect(strstr(r.out, "mixed_precision    yes"), "%s", r.out);
+    cr_expect(strstr(r.out, "mixed_precision        yes"), "%s", r.out);
     cr_expect(strstr(r.out, "fuse_cross_entropy: fused 1 loss (_log_softmax, nll_loss and their "
                             "backwards) into fused_cross_entropy"),
               "%s", r.out);

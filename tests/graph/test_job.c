@@ -59,6 +59,9 @@ static hp_job *full_job(void) {
     hp_placement loss[2] = {{HP_PLACE_PARTIAL, 0, HP_REDUCE_AVG}, {HP_PLACE_REPLICATE, 0, 0}};
     cr_assert_eq(hp_job_add_constraint(job, NULL, 0, loss, 2, &err), HP_OK);
 
+    job->plan.ac_mode = HP_AC_SELECTIVE;
+    job->plan.ac_every = 3;
+
     hp_pass_config *c = &job->passes;
     c->enable_overlap = false;
     c->bucket_bytes = 1 << 20;
@@ -211,6 +214,9 @@ EDIT(e_eval_path, j->train.eval_interval = 10; j->train.eval_steps = 4;
 EDIT(e_graph_seq, j->model.seq = j->model.batch = 0; j->train.seq = 7)
 EDIT(e_graph_batch, j->model.seq = j->model.batch = 0; j->train.local_batch = 3;
      j->train.global_batch = 0)
+EDIT(e_ac_mode, j->plan.ac_mode = (hp_ac_mode)7)
+EDIT(e_ac_every, j->plan.ac_every = 0)
+EDIT(e_ac_every_none, j->plan.ac_mode = HP_AC_NONE; j->plan.ac_every = 2)
 EDIT(e_switch_unknown, snprintf(j->passes.switches[1].name, HP_PASS_NAME_MAX, "fsdpp"))
 
 static const bad_case bad_cases[] = {
@@ -275,8 +281,12 @@ static const bad_case bad_cases[] = {
     {"train.local_batch: 3 x 2 data-parallel ranks = 6, but the graph's data input 'tokens' is "
      "[8, 8] (global batch 8)",
      e_graph_batch},
+    {"plan.activation_checkpoint.mode: 7 is not none, full or selective", e_ac_mode},
+    {"plan.activation_checkpoint.every: 0 is not in [1, 65536]", e_ac_every},
+    {"plan.activation_checkpoint.every: 2 with mode none checkpoints nothing", e_ac_every_none},
     {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, fuse_attention, "
-     "loss_parallel, spmd, fsdp, mixed_precision, fuse_cross_entropy, fuse_swiglu, overlap, "
+     "activation_checkpoint, loss_parallel, spmd, fsdp, mixed_precision, fuse_cross_entropy, "
+     "fuse_swiglu, overlap, "
      "bucketing)",
      e_switch_unknown},
 };
@@ -543,6 +553,9 @@ MSG_EDIT(m_places_many, m->plan->constraints[1]->n_placements = HP_MESH_MAX_DIMS
 MSG_EDIT(m_graph_op, m->graph->nodes[20]->op = "matmul_fast")
 MSG_EDIT(m_graph_ref, m->graph->nodes[20]->inputs[0]->node = 4000)
 MSG_EDIT(m_world, m->resources->world_size = -2)
+MSG_EDIT(m_ac_unset, m->plan->activation_checkpoint->mode = 0)
+MSG_EDIT(m_ac_unknown, m->plan->activation_checkpoint->mode = 9)
+MSG_EDIT(m_ac_every, m->plan->activation_checkpoint->every = -4)
 
 Test(job_bad, hostile_fields) {
     expect_msg_error(m_version0, HP_INVALID, "job: format_version is 0");
@@ -568,6 +581,9 @@ Test(job_bad, hostile_fields) {
     expect_msg_error(m_graph_op, HP_NOT_FOUND, "node 20: unknown op 'matmul_fast'");
     expect_msg_error(m_graph_ref, HP_INVALID, "node 20");
     expect_msg_error(m_world, HP_INVALID, "resources.world_size: -2");
+    expect_msg_error(m_ac_unset, HP_INVALID, "plan.activation_checkpoint.mode: unset");
+    expect_msg_error(m_ac_unknown, HP_INVALID, "plan.activation_checkpoint.mode: unknown value 9");
+    expect_msg_error(m_ac_every, HP_INVALID, "plan.activation_checkpoint.every: -4");
 }
 
 /* A string field patched on the wire: the message is built with `sentinel` in a string, packed,

@@ -475,14 +475,14 @@ Test(pipeline, dumps_by_name) {
     job->passes.n_dump = 1;
     hp_compiled *c = compile_ok(job, 1);
     static const char *const want[] = {"00-input.hpir", "01-dce.hpir", "02-canonicalize.hpir",
-                                       "12-lower.txt"};
+                                       "13-lower.txt"};
     char path[256];
     for (size_t i = 0; i < HP_ARRAY_LEN(want); i++) {
         snprintf(path, sizeof path, "%s/%s", dir, want[i]);
         struct stat st;
         cr_expect(stat(path, &st) == 0 && st.st_size > 0, "%s missing", path);
     }
-    snprintf(path, sizeof path, "%s/06-fsdp.hpir", dir);
+    snprintf(path, sizeof path, "%s/07-fsdp.hpir", dir);
     cr_expect_neq(access(path, F_OK), 0, "fsdp did not run, yet it was dumped");
     /* the canonicalize dump is the graph that pass produced (lowering starts from it) */
     hp_graph *g = NULL;
