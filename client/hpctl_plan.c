@@ -219,7 +219,56 @@ static void print_compute_by_op(const hp_cost_estimate *e) {
     }
 }
 
-static void print_text(const hp_job *job, const hp_compiled *c) {
+/* What a rank's memory needs against what the profile's device holds; over it, what the
+ * activation checkpointing modes (every block) would need where that is less (each compiled
+ * here). */
+typedef struct mem_fit {
+    double capacity; /* bytes; 0: unknown */
+    bool over;
+    int64_t with_ac[3]; /* total under each hp_ac_mode; 0: not compiled */
+} mem_fit;
+
+static void fit_memory(hp_job *job, int world, const hp_compiled *c, mem_fit *f) {
+    *f = (mem_fit){.capacity = c->cost.mem_capacity};
+    f->over = f->capacity > 0 && (double)c->memory.total > f->capacity;
+    if (!f->over) return;
+    hp_ac_mode mine = job->plan.ac_mode;
+    int every = job->plan.ac_every;
+    for (int m = HP_AC_FULL; m <= HP_AC_SELECTIVE; m++) {
+        if ((m == (int)mine && every == 1) || (mine == HP_AC_FULL && every == 1)) continue;
+        job->plan.ac_mode = (hp_ac_mode)m;
+        job->plan.ac_every = 1;
+        hp_compiled *alt = NULL;
+        hp_err e = {0};
+        if (hp_compile(job, world, &alt, &e) == HP_OK && alt->memory.total < c->memory.total)
+            f->with_ac[m] = alt->memory.total; /* only what would help */
+        hp_compiled_free(alt);
+    }
+    job->plan.ac_mode = mine;
+    job->plan.ac_every = every;
+}
+
+static void print_fit(const hp_compiled *c, const mem_fit *f) {
+    if (!(f->capacity > 0)) return;
+    bool cpu = !strcmp(c->cost.profile, "cpu");
+    printf("  device       %12s   %s: %.0f%% used\n", HUMAN((int64_t)f->capacity),
+           cpu ? "a rank's share of this host's RAM" : "the profile's GPU memory",
+           100.0 * (double)c->memory.total / f->capacity);
+    if (!f->over) return;
+    printf("note: a rank needs %s, more than the %s device holds (%s)", HUMAN(c->memory.total),
+           c->cost.profile, HUMAN((int64_t)f->capacity));
+    const char *sep = "; activation checkpointing would need: ";
+    for (int m = HP_AC_FULL; m <= HP_AC_SELECTIVE; m++) {
+        int k = m == HP_AC_FULL ? HP_AC_SELECTIVE : HP_AC_FULL; /* selective first */
+        if (!f->with_ac[k]) continue;
+        printf("%s--ac %s %s%s", sep, hp_ac_mode_name((hp_ac_mode)k), HUMAN(f->with_ac[k]),
+               (double)f->with_ac[k] > f->capacity ? " (over too)" : "");
+        sep = ", ";
+    }
+    printf("; sharding more (--fsdp, a larger dp) or a smaller --batch also helps\n");
+}
+
+static void print_text(const hp_job *job, const hp_compiled *c, const mem_fit *fit) {
     if (job->model.family[0])
         printf("job         %s (%s:%s), world %d, mesh", job->name, job->model.family,
                job->model.flavor, c->world);
@@ -263,11 +312,13 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
             printf("%s: fused %d MLP gate%s (silu, mul and their backwards) into swiglu\n", r->name,
                    r->fused_swiglu, r->fused_swiglu == 1 ? "" : "s");
         if (r->ac_blocks)
-            printf("%s: the backward recomputes %d block%s' forward (%s): %d node%s, %.3g TFLOP "
+            printf("%s: the backward recomputes %d block%s' forward (%s): %d node%s, %.3g %s "
                    "a micro-step\n",
                    r->name, r->ac_blocks, r->ac_blocks == 1 ? "" : "s",
                    hp_ac_mode_name(job->plan.ac_mode), r->ac_recomputed,
-                   r->ac_recomputed == 1 ? "" : "s", r->ac_recompute_flops / 1e12);
+                   r->ac_recomputed == 1 ? "" : "s",
+                   r->ac_recompute_flops / (r->ac_recompute_flops >= 1e11 ? 1e12 : 1e9),
+                   r->ac_recompute_flops >= 1e11 ? "TFLOP" : "GFLOP");
         if (r->placed_by_spmd[0])
             printf("%s: placed by spmd, since the per-rank batch rewrite refuses the graph: %s\n",
                    r->name, r->placed_by_spmd);
@@ -292,6 +343,7 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
     printf("  activations  %12s   liveness-planned arena\n", HUMAN(m->activations));
     printf("  comm         %12s\n", HUMAN(m->comm));
     printf("  total        %12s\n", HUMAN(m->total));
+    print_fit(c, fit);
 
     const hp_program *prog = c->program;
     printf("\nparameters (%d): placements and local shape per rank\n", prog->n_params);
@@ -369,7 +421,7 @@ static void print_text(const hp_job *job, const hp_compiled *c) {
     for (size_t i = 0; i < HP_ARRAY_LEN(assumptions); i++) print_wrapped(assumptions[i]);
 }
 
-static int print_json(const hp_job *job, const hp_compiled *c) {
+static int print_json(const hp_job *job, const hp_compiled *c, const mem_fit *fit) {
     json_t *root = json_object(), *passes = json_array(), *warnings = json_array(),
            *mesh = json_array(), *kinds = json_object(), *assume = json_array();
     for (int d = 0; d < job->plan.n_mesh; d++)
@@ -468,6 +520,19 @@ static int print_json(const hp_job *job, const hp_compiled *c) {
                   "param_copies", (json_int_t)m->param_copies, "grad_accum",
                   (json_int_t)m->grad_accum, "activations", (json_int_t)m->activations, "comm",
                   (json_int_t)m->comm, "total", (json_int_t)m->total));
+    json_t *mem = json_object_get(root, "memory");
+    if (fit->capacity > 0) {
+        json_object_set_new(mem, "device_capacity", json_integer((json_int_t)fit->capacity));
+        json_object_set_new(mem, "fits", json_boolean(!fit->over));
+    }
+    if (fit->with_ac[HP_AC_FULL] || fit->with_ac[HP_AC_SELECTIVE]) {
+        json_t *w = json_object();
+        for (int k = HP_AC_FULL; k <= HP_AC_SELECTIVE; k++)
+            if (fit->with_ac[k])
+                json_object_set_new(w, hp_ac_mode_name((hp_ac_mode)k),
+                                    json_integer((json_int_t)fit->with_ac[k]));
+        json_object_set_new(mem, "total_with_ac", w);
+    }
     json_object_set_new(root, "communication",
                         json_pack("{s:I, s:i, s:o, s:o}", "bytes_per_step",
                                   (json_int_t)last->comm_bytes, "collectives", last->collectives,
@@ -604,10 +669,11 @@ int hpctl_plan(int argc, char **argv) {
         else
             fputs(text, stdout);
         hp_free(text);
-    } else if (json)
-        rc = print_json(job, c);
-    else
-        print_text(job, c);
+    } else {
+        mem_fit fit;
+        fit_memory(job, (int)world, c, &fit);
+        rc = json ? print_json(job, c, &fit) : (print_text(job, c, &fit), HPCTL_OK);
+    }
     hp_compiled_free(c);
     hp_job_free(job);
     return rc;

@@ -173,6 +173,7 @@ hp_status hp__cost_estimate(const hp_graph *g, const hp_program *prog, const hp_
     c->peak_flops = prof.peak_flops;
     c->efficiency = prof.efficiency;
     c->mem_bw = prof.mem_bw;
+    c->mem_capacity = prof.mem_capacity;
     c->profile_measured = prof.measured;
     snprintf(c->profile, sizeof c->profile, "%s", prof.name);
     int dp = mesh_dim(&job->plan, NULL);

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define CPU_PROFILE_VERSION 2
 
@@ -36,18 +37,26 @@ typedef struct known {
     const char *name;
     double peak, efficiency, mem_bw, kernel_s;
     hp_link_class intra, inter;
+    double mem_mib; /* the memory the driver reports (nvidia-smi's total, MiB) */
 } known;
 
 static const known GPUS[] = {
-    /* name   peak      eff   HBM      launch  NVLink busbw  lat     IB per GPU  lat */
-    {"h100", 989e12, 0.60, 3.35e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}},
-    {"h200", 989e12, 0.60, 4.8e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}},
-    {"a100", 312e12, 0.60, 2.0e12, 4e-6, {230e9, 10e-6}, {22e9, 25e-6}},
-    {"b200", 2.25e15, 0.60, 8.0e12, 3e-6, {720e9, 8e-6}, {45e9, 20e-6}},
+    /* name   peak      eff   HBM      launch  NVLink busbw  lat     IB per GPU  lat   memory */
+    {"h100", 989e12, 0.60, 3.35e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}, 81559},
+    {"h200", 989e12, 0.60, 4.8e12, 3e-6, {360e9, 8e-6}, {45e9, 20e-6}, 143771},
+    {"a100", 312e12, 0.60, 2.0e12, 4e-6, {230e9, 10e-6}, {22e9, 25e-6}, 81920},
+    {"b200", 2.25e15, 0.60, 8.0e12, 3e-6, {720e9, 8e-6}, {45e9, 20e-6}, 183359},
 };
 
-/* Assumed figures of a CPU nobody probed: conservative, flagged measured = false. */
-static const known CPU_ASSUMED = {"cpu", 1e11, 0.8, 1e10, 5e-6, {4e9, 30e-6}, {4e9, 30e-6}};
+/* Assumed figures of a CPU nobody probed: conservative, flagged measured = false (its memory
+ * is the host's RAM, always read: hp_device_profile_get). */
+static const known CPU_ASSUMED = {"cpu", 1e11, 0.8, 1e10, 5e-6, {4e9, 30e-6}, {4e9, 30e-6}, 0};
+
+/* The host's RAM in bytes (0 when unknown). */
+static double host_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0;
+}
 
 static uint64_t fnv1a(const char *s) {
     uint64_t h = 1469598103934665603ull;
@@ -79,6 +88,7 @@ static void from_known(const known *k, hp_device_profile *out) {
     out->kernel_s = k->kernel_s;
     out->intra = k->intra;
     out->inter = k->inter;
+    out->mem_capacity = k->mem_mib * 1048576.0;
 }
 
 static bool attn_plausible(const hp_device_profile *p) {
@@ -162,6 +172,7 @@ hp_status hp_device_profile_get(const char *name, int gpus_per_node, hp_device_p
         hp_err e;
         if (hp_cpu_profile_load(out, &e) != HP_OK) from_known(&CPU_ASSUMED, out);
         out->gpus_per_node = gpus_per_node > 0 ? gpus_per_node : 0;
+        out->mem_capacity = host_memory();
         return HP_OK;
     }
     for (size_t i = 0; name && i < HP_ARRAY_LEN(GPUS); i++) {
@@ -187,6 +198,7 @@ hp_status hp_device_profile_for_job(const hp_job *job, hp_device_profile *out, h
         int share = per_host < world ? per_host : world;
         out->peak_flops /= share;
         out->mem_bw /= share;
+        out->mem_capacity /= share;
         /* more ranks than CPUs: a rank that waits sleeps, and a woken one waits for a CPU */
         if (out->cpus > 0 && share > out->cpus && out->oversubscribed_latency > out->intra.latency)
             out->intra.latency = out->inter.latency = out->oversubscribed_latency;

@@ -147,8 +147,11 @@ hp_status hp_exec_new(const hp_program *p, hp_backend *b, hp_exec **out, hp_err 
     hp_status st;
     for (int m = HP_MEM_PARAM; m < HP_MEM_COUNT; m++) {
         if ((st = b->vt->alloc(b, (size_t)p->arena_bytes[m], &e->region[m], err)) != HP_OK) {
-            hp_err_prefix(err, "allocating the %s arena (%lld bytes)",
-                          hp_mem_class_name((hp_mem_class)m), (long long)p->arena_bytes[m]);
+            hp_err_prefix(err, "allocating the %s arena (%lld bytes%s)",
+                          hp_mem_class_name((hp_mem_class)m), (long long)p->arena_bytes[m],
+                          m == HP_MEM_ACT ? "; hpctl new --ac selective or --ac full, or a "
+                                            "smaller --batch, shrinks it: hpctl plan shows each"
+                                          : "");
             goto fail;
         }
         e->bytes += p->arena_bytes[m];

@@ -26,6 +26,7 @@ typedef struct hp_device_profile {
     double peak_flops;   /* dense FLOP/s of the compute dtype (bf16 on GPUs, f32 on cpu) */
     double efficiency;   /* fraction of the peak a large matmul reaches */
     double mem_bw;       /* bytes/s of device memory */
+    double mem_capacity; /* bytes one rank may hold: the GPU's memory; a cpu rank's share of RAM */
     double kernel_s;     /* fixed cost of one kernel launch */
     hp_link_class intra; /* a mesh dim inside one node */
     hp_link_class inter; /* a mesh dim spanning nodes */

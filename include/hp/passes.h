@@ -193,9 +193,10 @@ typedef struct hp_cost_estimate {
     double forward_s;      /* one evaluated batch: the loss's nodes, collectives not overlapped */
     double flops;          /* per micro-step per rank */
     double peak_flops, efficiency, mem_bw; /* of the device profile */
-    double bandwidth, latency;             /* of the mesh's dp link */
-    char profile[16];                      /* the profile's name (hp/autoshard.h) */
-    bool profile_measured;                 /* cpu: probed on this machine */
+    double mem_capacity;       /* bytes one rank may hold on the profile's device (0: unknown) */
+    double bandwidth, latency; /* of the mesh's dp link */
+    char profile[16];          /* the profile's name (hp/autoshard.h) */
+    bool profile_measured;     /* cpu: probed on this machine */
     /* compute_s by op: the kernels of each op, their roofline time, FLOPs and bytes moved */
     struct {
         int count;

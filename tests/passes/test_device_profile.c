@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char cache[64];
 
@@ -168,8 +169,9 @@ Test(device_profile, ranks_beyond_the_cpus_pay_the_oversubscribed_latency) {
 Test(device_profile, every_known_name_resolves_and_an_unknown_one_lists_them) {
     static const struct {
         const char *name;
-        double peak;
-    } gpus[] = {{"h100", 989e12}, {"h200", 989e12}, {"a100", 312e12}, {"b200", 2.25e15}};
+        double peak, mem_gib; /* nvidia-smi's total, rounded down */
+    } gpus[] = {{"h100", 989e12, 79}, {"h200", 989e12, 140}, {"a100", 312e12, 80},
+                {"b200", 2.25e15, 179}};
     hp_err err = {0};
     for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
         hp_device_profile p;
@@ -177,10 +179,16 @@ Test(device_profile, every_known_name_resolves_and_an_unknown_one_lists_them) {
         cr_assert_eq(hp_device_profile_get(gpus[i].name, 0, &p, &err), HP_OK, "%s", err.msg);
         cr_expect_eq(p.peak_flops, gpus[i].peak, "%s", gpus[i].name);
         cr_expect(p.mem_bw > 0 && p.intra.bandwidth > p.inter.bandwidth, "%s", gpus[i].name);
+        cr_expect(p.mem_capacity >= gpus[i].mem_gib * 1073741824.0 &&
+                      p.mem_capacity < (gpus[i].mem_gib + 1) * 1073741824.0,
+                  "%s: %g bytes", gpus[i].name, p.mem_capacity);
     }
     hp_device_profile p;
     cr_assert(hp_device_profile_known("cpu"));
     cr_assert_eq(hp_device_profile_get("cpu", 0, &p, &err), HP_OK, "%s", err.msg);
+    /* the host's RAM */
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    cr_expect_eq(p.mem_capacity, ram);
     cr_expect(!hp_device_profile_known("h900") && !hp_device_profile_known(""));
     cr_expect_neq(hp_device_profile_get("h900", 0, &p, &err), HP_OK);
     cr_expect(strstr(err.msg, "'h900' is unknown (" HP_DEVICE_PROFILES ")"), "%s", err.msg);

@@ -343,6 +343,37 @@ Test(activation_checkpoint, a_graph_without_blocks_gets_a_warning) {
 
 /* ---- hpctl ---------------------------------------------------------------------------------- */
 
+/* The plan compares a rank's memory with what the profile's device holds; over it, it prices
+ * the checkpointing modes that would need less (the 8B on one H100 needs about 196 GiB; full
+ * checkpointing takes 64 GiB of activations off it, still too much). */
+Test(activation_checkpoint, the_plan_says_what_fits_the_device) {
+    hp_th_run r = hp_th_run_bin(tmp, "client/hpctl",
+                                "new --model llama3:8B --device-profile h100 -o %s/big.pb", tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s/big.pb", tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "  device           79.6 GiB   the profile's GPU memory: 246% used"),
+              "%s", r.out);
+    cr_expect(strstr(r.out, "more than the h100 device holds (79.6 GiB); activation "
+                            "checkpointing would need: --ac selective 173.9 GiB (over too), "
+                            "--ac full 131.9 GiB (over too)"),
+              "%s", r.out);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "plan --json %s/big.pb", tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "\"fits\": false") && strstr(r.out, "\"total_with_ac\""), "%s", r.out);
+    hp_th_run_free(&r);
+    /* the tiny job fits this host's RAM: no note, nothing priced twice */
+    r = hp_th_run_bin(tmp, "client/hpctl", "new " MODEL " -o %s/small.pb", tmp);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s/small.pb", tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "a rank's share of this host's RAM"), "%s", r.out);
+    cr_expect(!strstr(r.out, "note: a rank needs"), "%s", r.out);
+    hp_th_run_free(&r);
+}
+
 Test(activation_checkpoint, hpctl_shows_it_and_refuses_what_cannot_work) {
     hp_th_run r = hp_th_run_bin(tmp, "client/hpctl",
                                 "new " MODEL " --ac selective --ac-every 2 "

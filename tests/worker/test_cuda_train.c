@@ -86,8 +86,8 @@ Test(cuda_train, cuda_job_without_a_device_fails_at_setup_with_one_line) {
 
 /* The small Llama 5 steps on cpu and on cuda with parameters in param_dtype: the losses of every
  * step and the final weights agree within tol (relative and absolute). */
-static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, int64_t global_batch,
-                        double loss_tol, double weight_tol) {
+static void cuda_vs_cpu_ac(hp_model_spec spec, hp_dtype param_dtype, int64_t global_batch,
+                           hp_ac_mode gpu_ac, double loss_tol, double weight_tol) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/cpu", tmp);
     snprintf(b, sizeof b, "%s/cuda", tmp);
@@ -101,12 +101,18 @@ static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, int64_t global
     hp_job *gpu = job_of(spec, 5, HP_DEVICE_CUDA);
     gpu->plan.param_dtype = param_dtype;
     gpu->train.global_batch = global_batch;
+    gpu->plan.ac_mode = gpu_ac;
     hp_train_opts og = {.out_dir = b, .threads = 2, .log = stderr};
     cr_assert_eq(hp_train(gpu, &og, &res, &e), HP_OK, "cuda: %s", e.msg);
     hp_th_expect_losses_close(a, b, loss_tol, loss_tol, "cuda vs cpu");
     hp_th_expect_weights_close(a, b, weight_tol, weight_tol, "cuda vs cpu");
     hp_job_free(cpu);
     hp_job_free(gpu);
+}
+
+static void cuda_vs_cpu(hp_model_spec spec, hp_dtype param_dtype, int64_t global_batch,
+                        double loss_tol, double weight_tol) {
+    cuda_vs_cpu_ac(spec, param_dtype, global_batch, HP_AC_NONE, loss_tol, weight_tol);
 }
 
 Test(cuda_train, small_llama_on_cuda_equals_cpu_within_1e4) {
@@ -122,6 +128,15 @@ Test(cuda_train, gradient_accumulation_on_cuda_equals_cpu_within_1e4) {
     CU_SKIP_WITHOUT_DEVICE();
     setup();
     cuda_vs_cpu(small_spec(), HP_F32, 3 * small_spec().batch, 1e-4, 1e-4);
+    teardown();
+}
+
+/* Activation checkpointing (the blocks' forward recomputed in the backward, the arena planned
+ * for it) on cuda equals the cpu backend without it as closely as a plain step does. */
+Test(cuda_train, activation_checkpointing_on_cuda_equals_cpu_within_1e4) {
+    CU_SKIP_WITHOUT_DEVICE();
+    setup();
+    cuda_vs_cpu_ac(small_spec(), HP_F32, 0, HP_AC_FULL, 1e-4, 1e-4);
     teardown();
 }
 
