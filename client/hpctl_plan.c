@@ -231,7 +231,7 @@ typedef struct mem_fit {
 static void fit_memory(hp_job *job, int world, const hp_compiled *c, mem_fit *f) {
     *f = (mem_fit){.capacity = c->cost.mem_capacity};
     f->over = f->capacity > 0 && (double)c->memory.total > f->capacity;
-    if (!f->over) return;
+    if (!f->over || c->ac_auto) return; /* auto compiled them all already */
     hp_ac_mode mine = job->plan.ac_mode;
     int every = job->plan.ac_every;
     for (int m = HP_AC_FULL; m <= HP_AC_SELECTIVE; m++) {
@@ -249,6 +249,18 @@ static void fit_memory(hp_job *job, int world, const hp_compiled *c, mem_fit *f)
 }
 
 static void print_fit(const hp_compiled *c, const mem_fit *f) {
+    if (c->ac_auto) {
+        printf("  --ac auto chose %s", hp_ac_mode_name(c->ac_mode));
+        if (c->ac_mode != HP_AC_NONE && c->ac_every > 1) printf(" every %d-th block", c->ac_every);
+        if (c->ac_fits)
+            printf(": the shortest estimated step within %.0f%% of the %s profile's %s\n",
+                   100 * HP_AC_AUTO_MEMORY_FRACTION, c->cost.profile,
+                   HUMAN((int64_t)c->cost.mem_capacity));
+        else
+            printf(": nothing fits within %.0f%% of the %s profile's %s; this needs the least\n",
+                   100 * HP_AC_AUTO_MEMORY_FRACTION, c->cost.profile,
+                   HUMAN((int64_t)c->cost.mem_capacity));
+    }
     if (!(f->capacity > 0)) return;
     bool cpu = !strcmp(c->cost.profile, "cpu");
     printf("  device       %12s   %s: %.0f%% used\n", HUMAN((int64_t)f->capacity),
@@ -314,9 +326,8 @@ static void print_text(const hp_job *job, const hp_compiled *c, const mem_fit *f
         if (r->ac_blocks)
             printf("%s: the backward recomputes %d block%s' forward (%s): %d node%s, %.3g %s "
                    "a micro-step\n",
-                   r->name, r->ac_blocks, r->ac_blocks == 1 ? "" : "s",
-                   hp_ac_mode_name(job->plan.ac_mode), r->ac_recomputed,
-                   r->ac_recomputed == 1 ? "" : "s",
+                   r->name, r->ac_blocks, r->ac_blocks == 1 ? "" : "s", hp_ac_mode_name(c->ac_mode),
+                   r->ac_recomputed, r->ac_recomputed == 1 ? "" : "s",
                    r->ac_recompute_flops / (r->ac_recompute_flops >= 1e11 ? 1e12 : 1e9),
                    r->ac_recompute_flops >= 1e11 ? "TFLOP" : "GFLOP");
         if (r->placed_by_spmd[0])
@@ -524,6 +535,11 @@ static int print_json(const hp_job *job, const hp_compiled *c, const mem_fit *fi
     if (fit->capacity > 0) {
         json_object_set_new(mem, "device_capacity", json_integer((json_int_t)fit->capacity));
         json_object_set_new(mem, "fits", json_boolean(!fit->over));
+    }
+    if (c->ac_auto) {
+        json_t *ch = json_pack("{s:s, s:i, s:b}", "mode", hp_ac_mode_name(c->ac_mode), "every",
+                               c->ac_every, "fits", (int)c->ac_fits);
+        json_object_set_new(root, "activation_checkpoint_auto", ch);
     }
     if (fit->with_ac[HP_AC_FULL] || fit->with_ac[HP_AC_SELECTIVE]) {
         json_t *w = json_object();

@@ -259,7 +259,7 @@ int hp_plan_constraint_for(const hp_plan *plan, const char *fqn) {
 /* The classic wildcard walk: on a mismatch, retry from just after the last '*' with one more
  * character swallowed. O(len(pattern) * len(fqn)) at worst, unlike a backtracking fnmatch, whose
  * time a pattern such as "*a*a*a*a*b" can make exponential (patterns come from job files). */
-static const char *const ac_names[] = {"none", "full", "selective"};
+static const char *const ac_names[] = {"none", "full", "selective", "auto"};
 
 const char *hp_ac_mode_name(hp_ac_mode m) {
     return (unsigned)m < HP_ARRAY_LEN(ac_names) ? ac_names[m] : NULL;
@@ -274,7 +274,7 @@ hp_status hp_ac_mode_parse(const char *s, hp_ac_mode *m, hp_err *err) {
     }
     char q[HP__QUOTE_MAX];
     return hp_errf(err, HP_INVALID,
-                   "activation checkpointing mode '%s' is not one of none, full, selective",
+                   "activation checkpointing mode '%s' is not one of none, full, selective, auto",
                    hp__quote(s ? s : "", q));
 }
 
@@ -501,11 +501,16 @@ static hp_status validate_plan(const hp_job *job, hp_err *err) {
                        p->gpus_per_node, HP_MAX_WORLD);
     if (!hp_ac_mode_name(p->ac_mode))
         return hp_errf(err, HP_INVALID,
-                       "plan.activation_checkpoint.mode: %d is not none, full or selective",
+                       "plan.activation_checkpoint.mode: %d is not none, full, selective or auto",
                        (int)p->ac_mode);
     if (p->ac_every < 1 || p->ac_every > HP_MAX_AC_EVERY)
         return hp_errf(err, HP_INVALID, "plan.activation_checkpoint.every: %d is not in [1, %d]",
                        p->ac_every, HP_MAX_AC_EVERY);
+    if (p->ac_every != 1 && p->ac_mode == HP_AC_AUTO)
+        return hp_errf(err, HP_INVALID,
+                       "plan.activation_checkpoint.every: %d with mode auto, which chooses the "
+                       "frequency itself",
+                       p->ac_every);
     if (p->ac_every != 1 && p->ac_mode == HP_AC_NONE)
         return hp_errf(err, HP_INVALID,
                        "plan.activation_checkpoint.every: %d with mode none checkpoints nothing "

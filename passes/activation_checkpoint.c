@@ -233,9 +233,10 @@ static hp_status checkpoint(const hp_graph *in, hp_ac_mode mode, int every, hp_p
                             int *n_blocks, hp_graph **out, hp_err *err) {
     *out = NULL;
     *n_blocks = 0;
-    if (!hp_ac_mode_name(mode) || every < 1)
-        return hp_errf(err, HP_INVALID, "activation_checkpoint: mode %d every %d", (int)mode,
-                       every);
+    if (!hp_ac_mode_name(mode) || mode == HP_AC_AUTO || every < 1)
+        return hp_errf(err, HP_INVALID,
+                       "activation_checkpoint: mode %d every %d (auto is resolved by hp_compile)",
+                       (int)mode, every);
     int n = in->n_nodes;
     if (mode == HP_AC_NONE || in->n_outputs < 2 || n == 0) return hp__dce(in, out, NULL, err);
     ac_state s = {.g = in, .n = n, .loss = in->outputs[0].node};

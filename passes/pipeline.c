@@ -548,9 +548,64 @@ static hp_status lower(compile_state *s, const hp_graph *g, hp_err *err) {
 
 static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err *err);
 
+/* plan.ac_mode auto: none first (the common case: it fits, one compile); else every candidate,
+ * keeping the shortest estimated step that fits, or, when none does, the smallest. */
+static const struct {
+    hp_ac_mode mode;
+    int every;
+} ac_candidates[] = {
+    {HP_AC_NONE, 1}, {HP_AC_SELECTIVE, 1}, {HP_AC_FULL, 4}, {HP_AC_FULL, 2}, {HP_AC_FULL, 1}};
+
+static bool ac_fits(const hp_compiled *c) {
+    return !(c->cost.mem_capacity > 0) ||
+           (double)c->memory.total <= HP_AC_AUTO_MEMORY_FRACTION * c->cost.mem_capacity;
+}
+
+static bool ac_better(const hp_compiled *a, const hp_compiled *best) {
+    if (!best) return true;
+    bool fa = ac_fits(a), fb = ac_fits(best);
+    if (fa != fb) return fa;
+    return fa ? a->cost.step_s < best->cost.step_s : a->memory.total < best->memory.total;
+}
+
+static hp_status compile_auto(const hp_job *job, int world, hp_compiled **out, hp_err *err) {
+    hp_job each = *job; /* read-only: the copy shares the job's graph and arrays */
+    hp_compiled *best = NULL;
+    hp_status st = HP_OK;
+    for (size_t k = 0; k < HP_ARRAY_LEN(ac_candidates) && st == HP_OK; k++) {
+        each.plan.ac_mode = ac_candidates[k].mode;
+        each.plan.ac_every = ac_candidates[k].every;
+        hp_compiled *c = NULL;
+        if ((st = compile(&each, world, &c, err)) != HP_OK) break;
+        if (ac_better(c, best)) {
+            hp_compiled_free(best);
+            best = c;
+        } else {
+            hp_compiled_free(c);
+        }
+        if (k == 0 && ac_fits(best)) break;
+    }
+    if (st != HP_OK) {
+        hp_compiled_free(best);
+        return st;
+    }
+    best->ac_auto = true;
+    best->ac_fits = ac_fits(best);
+    if (!best->ac_fits && best->n_warnings < HP_MAX_WARNINGS)
+        snprintf(best->warnings[best->n_warnings++], HP_ERR_MSG_MAX,
+                 "activation_checkpoint: auto: no mode fits %.0f%% of the %s profile's %.1f GiB a "
+                 "rank; the smallest, %s every %d, needs %.1f GiB (shard more, or a smaller batch)",
+                 100 * HP_AC_AUTO_MEMORY_FRACTION, best->cost.profile,
+                 best->cost.mem_capacity / 1073741824.0, hp_ac_mode_name(best->ac_mode),
+                 best->ac_every, (double)best->memory.total / 1073741824.0);
+    *out = best;
+    return HP_OK;
+}
+
 hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *err) {
     hp_arena_cache_begin(); /* each pass's input graph's chunks go to the next pass's graph */
-    hp_status st = compile(job, world, out, err);
+    hp_status st = job->plan.ac_mode == HP_AC_AUTO ? compile_auto(job, world, out, err)
+                                                   : compile(job, world, out, err);
     hp_arena_cache_end();
     return st;
 }
@@ -568,6 +623,8 @@ static hp_status compile(const hp_job *job, int world, hp_compiled **out, hp_err
         goto fail;
     }
     c->world = world;
+    c->ac_mode = job->plan.ac_mode;
+    c->ac_every = job->plan.ac_every;
     *ctx = (hp_pass_ctx){.job = job, .world = world};
     if (!g) {
         if ((st = hp_model_build_joint(&job->model, &g, err)) != HP_OK) goto fail;

@@ -49,9 +49,11 @@ typedef enum { HP_PLAN_FSDP = 0, HP_PLAN_AUTO = 1 } hp_plan_mode;
  * pass, passes/activation_checkpoint.c): what the backward recomputes instead of keeping from
  * the forward. NONE keeps everything; FULL keeps only what leaves a repeated block ("layers.3"),
  * recomputing the rest of the block for its backward; SELECTIVE also keeps the block's matrix
- * products and attention outputs, recomputing the cheap ops between them. */
-typedef enum { HP_AC_NONE = 0, HP_AC_FULL = 1, HP_AC_SELECTIVE = 2 } hp_ac_mode;
-/* "none", "full", "selective"; NULL for an out-of-range value. */
+ * products and attention outputs, recomputing the cheap ops between them. AUTO: hp_compile
+ * picks, of none, selective and full every 4th, 2nd or every block, the one with the shortest
+ * estimated step whose memory fits the device profile's (hp_compiled.ac_mode). */
+typedef enum { HP_AC_NONE = 0, HP_AC_FULL = 1, HP_AC_SELECTIVE = 2, HP_AC_AUTO = 3 } hp_ac_mode;
+/* "none", "full", "selective", "auto"; NULL for an out-of-range value. */
 const char *hp_ac_mode_name(hp_ac_mode m);
 /* Parses one of those names; HP_INVALID naming the text and the choices. */
 hp_status hp_ac_mode_parse(const char *s, hp_ac_mode *m, hp_err *err);

@@ -219,9 +219,19 @@ typedef struct hp_compiled {
     /* plan.mode auto on more than one rank: the solved auto-sharding problem (stats, explain;
      * hp/autoshard.h), else NULL */
     struct hp_autoshard *autoshard;
+    /* the activation checkpointing compiled: the plan's, or what plan.ac_mode auto chose
+     * (ac_auto) — and then ac_fits: whether the choice fits the profile's memory */
+    hp_ac_mode ac_mode;
+    int ac_every;
+    bool ac_auto, ac_fits;
 } hp_compiled;
 
-/* Compiles job for `world` ranks (world <= 0: the job's resources.world_size). Errors: the
+/* The share of a device profile's memory (hp_cost_estimate.mem_capacity) plan.ac_mode auto
+ * fills at most: the rest is the CUDA context's, cuBLAS's workspace and NCCL's buffers. */
+#define HP_AC_AUTO_MEMORY_FRACTION 0.9
+
+/* Compiles job for `world` ranks (world <= 0: the job's resources.world_size). With
+ * plan.ac_mode auto it compiles the candidates (see hp/job.h) and keeps the chosen one. Errors: the
  * job invalid for that world (mesh, batch divisibility), a pass failing (prefixed with its
  * name), the verifier failing after a pass ("after fsdp: node 12 (mm): ..."). */
 hp_status hp_compile(const hp_job *job, int world, hp_compiled **out, hp_err *err);

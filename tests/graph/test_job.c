@@ -281,7 +281,7 @@ static const bad_case bad_cases[] = {
     {"train.local_batch: 3 x 2 data-parallel ranks = 6, but the graph's data input 'tokens' is "
      "[8, 8] (global batch 8)",
      e_graph_batch},
-    {"plan.activation_checkpoint.mode: 7 is not none, full or selective", e_ac_mode},
+    {"plan.activation_checkpoint.mode: 7 is not none, full, selective or auto", e_ac_mode},
     {"plan.activation_checkpoint.every: 0 is not in [1, 65536]", e_ac_every},
     {"plan.activation_checkpoint.every: 2 with mode none checkpoints nothing", e_ac_every_none},
     {"passes.passes[1].name: 'fsdpp' names no pass (the passes: dce, canonicalize, fuse_attention, "

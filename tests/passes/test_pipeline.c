@@ -712,3 +712,31 @@ Test(pipeline, pass_names_def_matches_the_pipeline) {
                  HP_ARRAY_LEN(names));
     for (int i = 0; i < n; i++) cr_expect_str_eq(e[i].name, names[i], "pass %d", i);
 }
+
+/* The overlap pass keeps communication behind compute without holding memory in proportion
+ * to the model's depth: a reduce-scatter's wait comes no later than the issue of the reductions
+ * two positions and two buckets' bytes after it, so what it holds beyond the unreordered graph
+ * (one prefetched layer's gathered parameters, a few buckets of unsharded gradients) is the
+ * same at 8 and 16 layers. (Waits sunk to the gradients' use at the end of the step kept every
+ * layer's alive: 9.9 layers more at 8.) */
+Test(pipeline, overlap_holds_memory_independent_of_depth) {
+    int64_t excess[2], layer = (4 * 512 * 512 + 3 * 512 * 2048) * 4; /* a layer's f32 weights */
+    for (int d = 0; d < 2; d++) {
+        const model_case wide = {"llama3:debugmodel", 512, 8 << d, 8, 8, 2048, 128, 2, 16};
+        hp_job *job = make_job(&wide, 2, true);
+        int64_t arena[2];
+        for (int on = 0; on < 2; on++) {
+            job->passes.enable_overlap = on;
+            hp_compiled *c = compile_ok(job, 2);
+            arena[on] = c->memory.activations;
+            hp_compiled_free(c);
+        }
+        excess[d] = arena[1] - arena[0];
+        hp_job_free(job);
+    }
+    cr_expect_lt(excess[1] - excess[0], layer / 2,
+                 "overlap holds %.1f layers more at 8 layers, %.1f at 16",
+                 (double)excess[0] / (double)layer, (double)excess[1] / (double)layer);
+    cr_expect_lt(excess[0], layer + 4 * (int64_t)(25 << 20), "%.1f layers more at 8",
+                 (double)excess[0] / (double)layer);
+}

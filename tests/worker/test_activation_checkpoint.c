@@ -374,6 +374,50 @@ Test(activation_checkpoint, the_plan_says_what_fits_the_device) {
     hp_th_run_free(&r);
 }
 
+/* --ac auto: the fastest of none, selective and full every 4th, 2nd or every block that fits
+ * 90% of the profile's memory. The 8B at dp=8 and one sequence a rank on H100s needs 106.6 GiB
+ * without checkpointing, 84.6 selective, 90.6 and 74.4 every 4th and 2nd block: only full (43.2)
+ * fits 71.6; the tiny job fits as it is and compiles once; a batch no mode fits gets the
+ * smallest and a warning. Through the library too: hp_compile reports the choice. */
+Test(activation_checkpoint, auto_picks_the_fastest_mode_that_fits) {
+    const char *big = "--model llama3:8B --mesh dp=8 --fsdp 'layers.*' --device cuda "
+                      "--device-profile h100 --ac auto";
+    hp_th_run r = hp_th_run_bin(tmp, "client/hpctl", "new %s --batch 8 -o %s/a8.pb", big, tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s/a8.pb", tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "--ac auto chose full: the shortest estimated step within 90% of the "
+                            "h100 profile's 79.6 GiB"),
+              "%s", r.out);
+    cr_expect(strstr(r.out, "the backward recomputes 32 blocks' forward (full)"), "%s", r.out);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "new %s --batch 64 -o %s/a64.pb", big, tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "plan --json %s/a64.pb", tmp);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    cr_expect(strstr(r.out, "auto: no mode fits 90% of the h100 profile's 79.6 GiB a rank; the "
+                            "smallest, full every 1"),
+              "%s", r.out);
+    cr_expect(strstr(r.out, "\"activation_checkpoint_auto\"") && strstr(r.out, "\"fits\": false"),
+              "%s", r.out);
+    hp_th_run_free(&r);
+
+    /* the tiny job on this host: none fits, one compile, the pass does not run */
+    hp_job *job = hp_th_tiny_job(2, 0, 2, NULL);
+    job->plan.ac_mode = HP_AC_AUTO;
+    hp_compiled *c = NULL;
+    hp_err e = {0};
+    cr_assert_eq(hp_compile(job, 1, &c, &e), HP_OK, "%s", e.msg);
+    cr_expect(c->ac_auto && c->ac_fits);
+    cr_expect_eq(c->ac_mode, HP_AC_NONE);
+    for (int i = 0; i < c->n_passes; i++)
+        if (!strcmp(c->passes[i].name, "activation_checkpoint")) cr_expect(!c->passes[i].ran);
+    hp_compiled_free(c);
+    hp_job_free(job);
+}
+
 Test(activation_checkpoint, hpctl_shows_it_and_refuses_what_cannot_work) {
     hp_th_run r = hp_th_run_bin(tmp, "client/hpctl",
                                 "new " MODEL " --ac selective --ac-every 2 "
