@@ -242,7 +242,7 @@ static hp_status bound_waits(sched *s, int64_t bucket_bytes, hp_err *err) {
     if (n_ec <= IN_FLIGHT) return HP_OK;
     gather_use *ec = hp_malloc((size_t)n_ec * sizeof *ec);
     int64_t *bytes = hp_malloc(((size_t)n_ec + 1) * sizeof *bytes); /* prefix sums */
-    int32_t *dist = hp_malloc((size_t)n_ec * sizeof *dist); /* distinct positions up to k */
+    int32_t *dist = hp_malloc((size_t)n_ec * sizeof *dist);         /* distinct positions up to k */
     if (!ec || !bytes || !dist) {
         hp_free(ec);
         hp_free(bytes);
@@ -264,8 +264,7 @@ static hp_status bound_waits(sched *s, int64_t bucket_bytes, hp_err *err) {
     int m = 0;
     for (int k = 0; k < n_ec; k++) {
         if (m <= k) m = k + 1;
-        while (m < n_ec && (dist[m] - dist[k] < IN_FLIGHT || bytes[m] - bytes[k + 1] < budget))
-            m++;
+        while (m < n_ec && (dist[m] - dist[k] < IN_FLIGHT || bytes[m] - bytes[k + 1] < budget)) m++;
         if (m == n_ec) break; /* no such collective: the waits stay where they were */
         sched_key bound = {.pos = ec[m].use, .sub = 2, .tie = -1, .id = 0};
         int32_t c = ec[k].id;

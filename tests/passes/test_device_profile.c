@@ -170,8 +170,8 @@ Test(device_profile, every_known_name_resolves_and_an_unknown_one_lists_them) {
     static const struct {
         const char *name;
         double peak, mem_gib; /* nvidia-smi's total, rounded down */
-    } gpus[] = {{"h100", 989e12, 79}, {"h200", 989e12, 140}, {"a100", 312e12, 80},
-                {"b200", 2.25e15, 179}};
+    } gpus[] = {
+        {"h100", 989e12, 79}, {"h200", 989e12, 140}, {"a100", 312e12, 80}, {"b200", 2.25e15, 179}};
     hp_err err = {0};
     for (size_t i = 0; i < sizeof gpus / sizeof gpus[0]; i++) {
         hp_device_profile p;
