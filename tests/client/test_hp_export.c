@@ -167,7 +167,7 @@ Test(hp_export, gpt_attention_fuses_and_trains_like_unfused) {
         hp_th_run_free(&r);
         r = hp_th_hpctl(dir, 60, "plan '%s/job-%s-unfused.pb'", dir, modes[i]);
         cr_assert_eq(r.code, 0, "hpctl plan: %s", r.err);
-        cr_expect(strstr(r.out, "\nfuse_attention     no "), "%s: %s", modes[i], r.out);
+        cr_expect(strstr(r.out, "\nfuse_attention         no "), "%s: %s", modes[i], r.out);
         cr_expect(!strstr(r.out, "fused 2 causal"), "%s: %s", modes[i], r.out);
         hp_th_run_free(&r);
         char job[64], run[64], fused_dir[320], unfused_dir[320];
