@@ -881,7 +881,9 @@ static void print_text(const hp_job *job, const job_summary *s) {
            hp_dtype_name(job->plan.reduce_dtype));
     if (job->plan.ac_mode != HP_AC_NONE) {
         printf("            activation checkpointing %s", hp_ac_mode_name(job->plan.ac_mode));
-        if (job->plan.ac_every > 1)
+        if (job->plan.ac_mode == HP_AC_AUTO)
+            printf(": the fastest mode that fits the device (hpctl plan shows the choice)");
+        else if (job->plan.ac_every > 1)
             printf(", every %d-th block", job->plan.ac_every);
         else
             printf(", every block");
