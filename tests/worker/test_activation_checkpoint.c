@@ -343,35 +343,39 @@ Test(activation_checkpoint, a_graph_without_blocks_gets_a_warning) {
 
 /* ---- hpctl ---------------------------------------------------------------------------------- */
 
+/* hpctl new NEW_ARGS -o tmp/NAME.pb, then hpctl plan [--json] on it: the plan's output (free). */
+static char *plan_of(const char *new_args, const char *name, bool json) {
+    hp_th_run r = hp_th_run_bin(tmp, "client/hpctl", "new %s -o %s/%s.pb", new_args, tmp, name);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    hp_th_run_free(&r);
+    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s%s/%s.pb", json ? "--json " : "", tmp, name);
+    cr_assert_eq(r.code, 0, "%s", r.err);
+    char *out = r.out;
+    r.out = NULL;
+    hp_th_run_free(&r);
+    return out;
+}
+
 /* The plan compares a rank's memory with what the profile's device holds; over it, it prices
  * the checkpointing modes that would need less (the 8B on one H100 needs about 196 GiB; full
  * checkpointing takes 64 GiB of activations off it, still too much). */
 Test(activation_checkpoint, the_plan_says_what_fits_the_device) {
-    hp_th_run r = hp_th_run_bin(tmp, "client/hpctl",
-                                "new --model llama3:8B --device-profile h100 -o %s/big.pb", tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    hp_th_run_free(&r);
-    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s/big.pb", tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "  device           79.6 GiB   the profile's GPU memory: 246% used"),
-              "%s", r.out);
-    cr_expect(strstr(r.out, "more than the h100 device holds (79.6 GiB); activation "
-                            "checkpointing would need: --ac selective 173.9 GiB (over too), "
-                            "--ac full 131.9 GiB (over too)"),
-              "%s", r.out);
-    hp_th_run_free(&r);
-    r = hp_th_run_bin(tmp, "client/hpctl", "plan --json %s/big.pb", tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "\"fits\": false") && strstr(r.out, "\"total_with_ac\""), "%s", r.out);
-    hp_th_run_free(&r);
+    char *out = plan_of("--model llama3:8B --device-profile h100", "big", false);
+    cr_expect(strstr(out, "  device           79.6 GiB   the profile's GPU memory: 246% used"),
+              "%s", out);
+    cr_expect(strstr(out, "more than the h100 device holds (79.6 GiB); activation "
+                          "checkpointing would need: --ac selective 173.9 GiB (over too), "
+                          "--ac full 131.9 GiB (over too)"),
+              "%s", out);
+    free(out);
+    out = plan_of("--model llama3:8B --device-profile h100", "big", true);
+    cr_expect(strstr(out, "\"fits\": false") && strstr(out, "\"total_with_ac\""), "%s", out);
+    free(out);
     /* the tiny job fits this host's RAM: no note, nothing priced twice */
-    r = hp_th_run_bin(tmp, "client/hpctl", "new " MODEL " -o %s/small.pb", tmp);
-    hp_th_run_free(&r);
-    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s/small.pb", tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "a rank's share of this host's RAM"), "%s", r.out);
-    cr_expect(!strstr(r.out, "note: a rank needs"), "%s", r.out);
-    hp_th_run_free(&r);
+    out = plan_of(MODEL, "small", false);
+    cr_expect(strstr(out, "a rank's share of this host's RAM"), "%s", out);
+    cr_expect(!strstr(out, "note: a rank needs"), "%s", out);
+    free(out);
 }
 
 /* --ac auto: the fastest of none, selective and full every 4th, 2nd or every block that fits
@@ -380,29 +384,21 @@ Test(activation_checkpoint, the_plan_says_what_fits_the_device) {
  * fits 71.6; the tiny job fits as it is and compiles once; a batch no mode fits gets the
  * smallest and a warning. Through the library too: hp_compile reports the choice. */
 Test(activation_checkpoint, auto_picks_the_fastest_mode_that_fits) {
-    const char *big = "--model llama3:8B --mesh dp=8 --fsdp 'layers.*' --device cuda "
-                      "--device-profile h100 --ac auto";
-    hp_th_run r = hp_th_run_bin(tmp, "client/hpctl", "new %s --batch 8 -o %s/a8.pb", big, tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    hp_th_run_free(&r);
-    r = hp_th_run_bin(tmp, "client/hpctl", "plan %s/a8.pb", tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "--ac auto chose full: the shortest estimated step within 90% of the "
-                            "h100 profile's 79.6 GiB"),
-              "%s", r.out);
-    cr_expect(strstr(r.out, "the backward recomputes 32 blocks' forward (full)"), "%s", r.out);
-    hp_th_run_free(&r);
-    r = hp_th_run_bin(tmp, "client/hpctl", "new %s --batch 64 -o %s/a64.pb", big, tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    hp_th_run_free(&r);
-    r = hp_th_run_bin(tmp, "client/hpctl", "plan --json %s/a64.pb", tmp);
-    cr_assert_eq(r.code, 0, "%s", r.err);
-    cr_expect(strstr(r.out, "auto: no mode fits 90% of the h100 profile's 79.6 GiB a rank; the "
-                            "smallest, full every 1"),
-              "%s", r.out);
-    cr_expect(strstr(r.out, "\"activation_checkpoint_auto\"") && strstr(r.out, "\"fits\": false"),
-              "%s", r.out);
-    hp_th_run_free(&r);
+#define BIG "--model llama3:8B --mesh dp=8 --fsdp 'layers.*' --device cuda --device-profile h100 "
+    char *out = plan_of(BIG "--ac auto --batch 8", "a8", false);
+    cr_expect(strstr(out, "--ac auto chose full: the shortest estimated step within 90% of the "
+                          "h100 profile's 79.6 GiB"),
+              "%s", out);
+    cr_expect(strstr(out, "the backward recomputes 32 blocks' forward (full)"), "%s", out);
+    free(out);
+    out = plan_of(BIG "--ac auto --batch 64", "a64", true);
+    cr_expect(strstr(out, "auto: no mode fits 90% of the h100 profile's 79.6 GiB a rank; the "
+                          "smallest, full every 1"),
+              "%s", out);
+    cr_expect(strstr(out, "\"activation_checkpoint_auto\"") && strstr(out, "\"fits\": false"), "%s",
+              out);
+    free(out);
+#undef BIG
 
     /* the tiny job on this host: none fits, one compile, the pass does not run */
     hp_job *job = hp_th_tiny_job(2, 0, 2, NULL);
